@@ -1,0 +1,248 @@
+"""Typed configuration for every mtrain command, registered in Hydra's ConfigStore.
+
+The YAML files under `configs/` only set values; the dataclasses here define which keys
+exist and their types, so a typo (`model.d_modle=512`) or a wrong type (`train.lr=fast`)
+fails at composition time, naming the key, before any work starts.
+
+Config groups mirror the package: `data/` -> mtrain.data, `tokenizer/` ->
+mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
+`decode/` -> mtrain.decode; `experiment/` presets combine them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class SplitsConfig:
+    """Names of the splits as the local files (or the Hub dataset) call them."""
+
+    train: str = "train"
+    valid: str = "val"
+    test: str = "test_2016_flickr"
+
+
+@dataclass
+class HubConfig:
+    """Where the corpus lives on the Hugging Face Hub (used when no local copy is found)."""
+
+    id: Optional[str] = None  # e.g. "wmt/wmt14"
+    config: Optional[str] = None  # e.g. "de-en"
+    # Our split name (train/valid/test) -> the Hub's split name.
+    splits: Dict[str, str] = field(
+        default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
+    )
+    # Column holding a {lang: text} dict (wmt14 style); when null, one column per
+    # language named by `src_field`/`tgt_field` (defaulting to the language codes).
+    translation_field: Optional[str] = "translation"
+    src_field: Optional[str] = None
+    tgt_field: Optional[str] = None
+
+
+@dataclass
+class CleanConfig:
+    """Filters applied to training pairs (validation/test sets are never filtered)."""
+
+    max_len: int = 256  # subword tokens per side
+    min_len: int = 1
+    max_len_ratio: float = 3.0  # longer/shorter side, in subword tokens
+    drop_identical: bool = False
+    deduplicate: bool = False
+    normalize: Optional[str] = None  # NFKC | NFC | null
+
+
+@dataclass
+class DataConfig:
+    name: str = "multi30k"
+    src: str = "de"
+    tgt: str = "en"
+    # Resolution order: local_dir, then $MTRAIN_DATA_DIR/<name>, then the Hub.
+    local_dir: Optional[str] = None
+    format: str = "text"  # text | tsv | jsonl
+    # File name per split and language; `.gz` is tried too. For tsv/jsonl the
+    # {lang} placeholder is absent: "{split}.tsv".
+    pattern: str = "{split}.{lang}"
+    splits: SplitsConfig = field(default_factory=SplitsConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    # Keep only the first N training pairs (quick experiments and tests).
+    train_limit: Optional[int] = None
+    # What to do with a line that is not valid UTF-8: skip the pair and count it, or fail.
+    invalid_utf8: str = "skip"  # skip | error
+    # Name of the test set in sacreBLEU's catalogue, for the report (e.g. "wmt14/full").
+    sacrebleu_test_set: Optional[str] = None
+    # Encoded corpora and tokenizers are cached here, keyed by data+settings hashes.
+    cache_dir: Optional[str] = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
+    num_workers: int = 1  # processes for encoding during preparation
+    chunk_size: int = 100_000  # pairs per preparation chunk
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 8000
+    model_type: str = "unigram"  # unigram | bpe
+    joint: bool = True  # one vocabulary for both languages
+    character_coverage: float = 1.0
+    max_sentences: int = 2_000_000  # SentencePiece samples at most this many sentences
+    # Explicit special ids (JoeyNMT/fairseq-compatible layout).
+    unk_id: int = 0
+    pad_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+
+
+@dataclass
+class ModelConfig:
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    layers: Optional[int] = None  # sets both stacks when given (handy for sweeps)
+    d_model: int = 256
+    heads: int = 4
+    ffn_dim: int = 1024
+    activation: str = "relu"  # relu | gelu | swiglu
+    dropout: float = 0.1  # residual and embedding dropout
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    norm_position: str = "pre"  # pre | post
+    norm_type: str = "layernorm"  # layernorm | rmsnorm
+    shared_norm: bool = False  # one norm shared by all sublayers of a layer (ablation)
+    final_norm: bool = True  # a norm after the last layer of each stack
+    positions: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    max_positions: int = 1024
+    # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.
+    cross_q_proj: bool = True
+    cross_k_proj: bool = True
+    cross_v_proj: bool = True
+    detach_memory: bool = False  # stop gradients from reaching the encoder (ablation)
+    decoder_order: str = "self_cross_ffn"  # self_cross_ffn | cross_self_ffn | self_ffn_cross
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
+    tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
+    vocab_multiple: int = 8  # pad the vocabulary rows to a multiple (tensor-core shapes)
+    # sdpa: torch's scaled_dot_product_attention; math: explicit matmul+softmax (faster on
+    # CPU for the short sentences of small corpora); auto: measured choice per device.
+    attention_impl: str = "auto"  # auto | sdpa | math
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # per batch: sentences x padded length of the longer side
+    update_freq: int = 1  # gradient accumulation steps per update
+    lr: float = 5e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    scheduler: str = "inverse_sqrt"  # inverse_sqrt | cosine | linear | constant
+    warmup_updates: int = 4000
+    min_lr: float = 0.0
+    # Horizon of cosine/linear decay, in updates. When null and train.max_time is set,
+    # the decay follows elapsed training time instead (ends at the time budget).
+    decay_updates: Optional[int] = None
+    clip_norm: float = 1.0  # 0 disables
+    label_smoothing: float = 0.1
+    max_updates: Optional[int] = None
+    max_epochs: Optional[int] = None
+    max_time: Optional[str] = None  # "90s", "20m", "2h"
+    patience: Optional[int] = None  # validations without a val-BLEU gain before stopping
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: Optional[int] = None  # CPU intra-op threads (null: torch's default)
+    validate_every: int = 500
+    valid_bleu: bool = True
+    valid_max_sentences: Optional[int] = None
+    log_every: int = 50
+    keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
+    resume: bool = False
+    compile: bool = False
+    max_bad_updates: int = 5  # consecutive non-finite updates before aborting
+    max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
+    instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
+    instrument_every: int = 100
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 5
+    length_penalty: float = 1.0  # alpha of length normalisation score / len**alpha
+    max_len_a: float = 1.5  # max output length = a * source length + b
+    max_len_b: int = 10
+    min_len: int = 1
+    nbest: int = 1
+    max_tokens: int = 8000  # source tokens per decoding batch
+    no_repeat_ngram: int = 0
+    sampling: str = "none"  # none | topk | topp
+    top_k: int = 0
+    top_p: float = 0.9
+    temperature: float = 1.0
+    valid_beam: int = 1  # beam used for validation BLEU during training (1 = greedy)
+
+
+@dataclass
+class FitConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    seed: int = 1
+
+
+@dataclass
+class TranslateConfig:
+    run: Optional[str] = None  # a run directory written by `mtrain fit`
+    checkpoint: str = "best"  # best | last | a path
+    input: Optional[str] = None  # null: stdin
+    output: Optional[str] = None  # null: stdout
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"
+    precision: str = "auto"
+    num_threads: Optional[int] = None
+    max_input_tokens: int = 1024  # longer inputs are truncated with a warning
+    attention: Optional[str] = None  # directory for cross-attention heat maps
+    attention_layer: str = "last"  # last | all | an index
+    engine: str = "torch"  # torch | ctranslate2
+
+
+@dataclass
+class EvalConfig:
+    run: Optional[str] = None
+    runs: Optional[str] = None  # a sweep directory (or comma-separated run dirs) to compare
+    split: str = "test"  # valid | test, of the run's data config
+    hyp: Optional[str] = None
+    ref: List[str] = field(default_factory=list)
+    checkpoint: str = "best"
+    average_last: int = 0  # average the last N checkpoints before decoding
+    metrics: List[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
+    tokenize: str = "13a"
+    lowercase: bool = False
+    chrf_word_order: int = 0  # 2 gives chrF++
+    baseline: Optional[str] = None  # run to compare against with paired bootstrap
+    bootstrap_samples: int = 1000
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"
+    precision: str = "auto"
+    num_threads: Optional[int] = None
+    engine: str = "torch"
+
+
+def register_configs() -> None:
+    """Register the schemas so YAML files in configs/ are validated against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="fit_schema", node=FitConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="train", name="train_schema", node=TrainConfig)
+    cs.store(group="decode", name="decode_schema", node=DecodeConfig)
+
+
+def to_plain(cfg: Any) -> Dict[str, Any]:
+    """A config as plain Python containers (for checkpoints and JSON reports)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
