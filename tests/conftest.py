@@ -1,0 +1,45 @@
+"""Shared fixtures: where the real corpora are, and small slices of them."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """`$MTRAIN_DATA_DIR`, else ../shared/data next to the repository (as in CI)."""
+    return Path(os.environ.get("MTRAIN_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = shared_data_dir()
+    if not (path / "multi30k" / "train.de.gz").exists():
+        pytest.skip(f"real corpora not found under {path} (set MTRAIN_DATA_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_slice(tmp_path_factory, data_dir) -> Path:
+    """A 2,000/100/100-pair slice of Multi30k de-en in the `{split}.{lang}` layout."""
+    out = tmp_path_factory.mktemp("m30k_slice")
+    sizes = {"train": 2000, "val": 100, "test_2016_flickr": 100}
+    for split, n in sizes.items():
+        for lang in ("de", "en"):
+            with gzip.open(data_dir / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            (out / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    # Tests share 2 cores; more threads than that only adds contention.
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
