@@ -1,0 +1,1 @@
+"""Training: loss, optimiser and schedule, checkpoints, the training loop, DDP."""

@@ -1,0 +1,71 @@
+"""DDP through torchrun: process-group setup and the few collectives the trainer needs.
+
+`mtrain fit` runs unchanged with or without torchrun: without the torchrun environment
+variables the context is a single process (rank 0 of 1) and every helper is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistributedContext:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def sum(self, value: float) -> float:
+        """Sum a Python number over all ranks."""
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is True on any rank (e.g. a stop request)."""
+        return self.sum(1.0 if flag else 0.0) > 0
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(device_name: str) -> DistributedContext:
+    """Join the process group torchrun describes (nccl on GPU, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistributedContext()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
+    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+def shutdown_distributed(context: DistributedContext) -> None:
+    if context.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,60 @@
+"""Throughput accounting: tokens per second and model FLOPs utilisation (MFU).
+
+MFU = achieved model FLOPs per second / the device's peak. The model's FLOPs per target
+token come from `model.flops_per_token`; the peak comes from a table of GPU datasheet
+figures (dense, no sparsity) or, on a CPU, from timing a large matrix product once.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+# Dense peak TFLOP/s by GPU name fragment: (bf16/fp16 tensor cores, tf32/fp32).
+_GPU_PEAK_TFLOPS = {
+    "H200": (989.0, 494.0),
+    "H100": (989.0, 494.0),
+    "A100": (312.0, 156.0),
+    "L40S": (362.0, 181.0),
+    "A10G": (125.0, 62.5),
+    "L4": (121.0, 60.0),
+    "V100": (125.0, 15.7),
+    "T4": (65.0, 8.1),
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> Optional[float]:
+    """Peak FLOP/s of `device` at `precision`, or None when unknown."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for fragment, (half, single) in _GPU_PEAK_TFLOPS.items():
+            if fragment in name:
+                return (half if precision in ("bf16", "fp16") else single) * 1e12
+        return None
+    return measured_cpu_matmul_flops(precision)
+
+
+@lru_cache(maxsize=None)
+def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 8) -> float:
+    """FLOP/s of a large square matmul on this CPU with the current thread count."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm up kernels and caches
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    seconds = time.perf_counter() - start
+    return 2.0 * size**3 * repeats / seconds
+
+
+def model_flops_utilization(
+    flops_per_target_token: float, target_tokens_per_second: float, peak: Optional[float]
+) -> Optional[float]:
+    """Share (0..1) of the peak that the model's useful FLOPs reach."""
+    if not peak:
+        return None
+    return flops_per_target_token * target_tokens_per_second / peak
