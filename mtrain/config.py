@@ -177,6 +177,10 @@ class DecodeConfig:
     top_k: int = 0
     top_p: float = 0.9
     temperature: float = 1.0
+    seed: int = 1  # sampling's random generator (same seed, same samples)
+    # true: a sentence stops once `beam` hypotheses finished (fairseq); false: only once no
+    # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
+    early_stopping: bool = True
     valid_beam: int = 1  # beam used for validation BLEU during training (1 = greedy)
 
 
