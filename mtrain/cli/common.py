@@ -20,7 +20,11 @@ log = logging.getLogger("mtrain")
 
 
 def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn an MtrainError raised by `app` into one line on stderr and exit status 2."""
+    """Turn an MtrainError raised by `app` into one line on stderr and exit status 2.
+
+    In a multirun sweep the failing job is reported and the sweep goes on: one diverged
+    ablation must not cancel the others.
+    """
 
     @functools.wraps(app)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -28,6 +32,16 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             return app(*args, **kwargs)
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)
+            if _in_multirun():
+                log.error("job failed: %s", error)
+                return None
             sys.exit(2)
 
     return wrapper
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

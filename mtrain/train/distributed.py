@@ -40,6 +40,10 @@ class DistributedContext:
         dist.all_reduce(tensor)
         return float(tensor.item())
 
+    def broadcast_from_main(self, value: float) -> float:
+        """Rank 0's value of a Python number, on every rank."""
+        return self.sum(value if self.is_main else 0.0)
+
     def any(self, flag: bool) -> bool:
         """True on every rank when `flag` is True on any rank (e.g. a stop request)."""
         return self.sum(1.0 if flag else 0.0) > 0

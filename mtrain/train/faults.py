@@ -1,0 +1,108 @@
+"""Faults during training: stop signals, non-finite updates, out-of-memory batches.
+
+Each is turned into a decision the training loop can act on at an update boundary, so
+that a checkpoint is never written mid-update and a user is told what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+from typing import Optional
+
+import torch
+
+from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain")
+
+
+class StopSignal:
+    """SIGTERM/SIGINT ask for a checkpoint at the next update boundary; a second one exits now."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. inside some test runners)
+                pass
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.requested:
+            log.warning("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.requested = True
+        log.warning(
+            "%s received: finishing this update, writing a checkpoint, then exiting "
+            "(send it again to exit at once)", signal.Signals(signum).name
+        )
+
+
+class NonFiniteGuard:
+    """Counts updates skipped for a non-finite loss or gradient; aborts after too many in a row."""
+
+    def __init__(self, max_consecutive: int) -> None:
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+
+    def record(self, finite: bool, update: int) -> None:
+        if finite:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.total += 1
+        log.warning("update %d: non-finite loss or gradient; update skipped (%d in a row)", update, self.consecutive)
+        if self.consecutive >= self.max_consecutive:
+            raise TrainingDiverged(
+                f"training diverged: {self.consecutive} consecutive updates had a non-finite loss or "
+                f"gradient (at update {update}); the last good checkpoint is kept. Lower train.lr, "
+                "raise train.warmup_updates, or use train.precision=fp32"
+            )
+
+
+class TrainingDiverged(MtrainError):
+    """Raised when too many consecutive updates are non-finite."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in str(error) or "can't allocate memory" in str(error)
+    )
+
+
+class OutOfMemoryGuard:
+    """Skips batches that ran out of memory; aborts after too many in a row."""
+
+    def __init__(self, max_consecutive: int) -> None:
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+
+    def record_failure(self, shape: str, max_tokens: int) -> None:
+        self.consecutive += 1
+        self.total += 1
+        log.warning("out of memory on a batch of shape %s; batch skipped (%d in a row)", shape, self.consecutive)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self.consecutive >= self.max_consecutive:
+            raise MtrainError(
+                f"out of memory on {self.consecutive} consecutive batches; lower train.max_tokens "
+                f"(now {max_tokens}) and raise train.update_freq to keep the tokens per update"
+            )
+
+    def record_success(self) -> None:
+        self.consecutive = 0

@@ -1,0 +1,35 @@
+"""The training loss: padding never counts; label smoothing as defined."""
+
+import torch
+import torch.nn.functional as F
+
+from mtrain.train.loss import sequence_loss
+
+PAD = 1
+
+
+def test_padding_positions_do_not_count():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7)
+    targets = torch.tensor([[4, 5, 3, PAD], [6, 3, PAD, PAD]])
+    loss, nll = sequence_loss(logits, targets, PAD, label_smoothing=0.1)
+    changed = logits.clone()
+    changed[0, 3] = torch.randn(7) * 100
+    changed[1, 2:] = torch.randn(2, 7) * 100
+    loss2, nll2 = sequence_loss(changed, targets, PAD, label_smoothing=0.1)
+    assert torch.allclose(loss, loss2) and torch.allclose(nll, nll2)
+    expected_nll = sum(
+        -F.log_softmax(logits[b, t], -1)[targets[b, t]] for b in range(2) for t in range(4) if targets[b, t] != PAD
+    )
+    assert torch.allclose(nll, expected_nll)
+
+
+def test_label_smoothing_formula():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3, 5)
+    targets = torch.tensor([[2, 4, 3]])
+    eps = 0.2
+    loss, _ = sequence_loss(logits, targets, PAD, label_smoothing=eps)
+    logp = F.log_softmax(logits[0], -1)
+    expected = sum((1 - eps) * -logp[t, targets[0, t]] + eps * -logp[t].mean() for t in range(3))
+    assert torch.allclose(loss, expected, atol=1e-5)
