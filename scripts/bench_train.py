@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Training throughput of a config on this machine: tokens/s, MFU and peak memory.
+
+Runs real training updates (the trainer's own `train_step`) on the prepared corpus of the
+config and prints, per precision, target tokens/s, source+target tokens/s, updates/s,
+MFU and peak memory. Several precisions (or other overrides) are measured back to back in
+one process so their ratio is meaningful on a noisy machine.
+
+    python scripts/bench_train.py experiment=multi30k_cpu --precisions fp32,bf16 --updates 60
+    python scripts/bench_train.py model=transformer_base train.max_tokens=8192 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
+from mtrain.data import prepare_data  # noqa: E402
+from mtrain.model import build_model  # noqa: E402
+from mtrain.train.distributed import DistributedContext  # noqa: E402
+from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
+from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
+from mtrain.train.trainer import Trainer  # noqa: E402
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path) -> dict:
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
+                        data.tokenizer.pad_id).to(device)
+    trainer = Trainer(cfg, run_dir, data, model, device, precision, DistributedContext())
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tgt = src = sentences = 0
+    start = None
+    for step in range(warmup + updates):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            tgt = src = sentences = 0
+        batches = trainer._next_batches()
+        trainer._set_learning_rate()
+        stats = trainer.train_step(batches)
+        trainer.state.update += 1
+        tgt += stats["tgt_tokens"]
+        src += stats["src_tokens"]
+        sentences += stats["sentences"]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    tgt_per_s = tgt / seconds
+    flops = model.flops_per_token(max(1, round(src / sentences)), max(1, round(tgt / sentences)))
+    mfu = model_flops_utilization(flops, tgt_per_s, peak_flops(device, precision))
+    if trainer.writer is not None:
+        trainer.writer.close()
+    return {
+        "precision": precision,
+        "tgt_tok_s": tgt_per_s,
+        "src_tgt_tok_s": (tgt + src) / seconds,
+        "updates_s": updates / seconds,
+        "mfu": mfu,
+        "peak_mb": peak_memory_mb(device),
+        "loss": float(stats["loss_sum"]) / max(stats["tgt_tokens"], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the fit config")
+    parser.add_argument("--precisions", default="auto", help="comma-separated: fp32,bf16,fp16,auto")
+    parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="fit", overrides=args.overrides)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = resolve_device(args.device)
+    data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *a: None)
+    run_dir = Path("/tmp/mtrain-bench-train")
+    print(f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
+          f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
+          f"{args.updates} timed updates after {args.warmup} warm-up")
+    print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'MFU':>7} {'peak MB':>8}")
+    for name in args.precisions.split(","):
+        precision = resolve_precision(name, device)
+        r = measure(cfg, data, device, precision, args.updates, args.warmup, run_dir)
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        print(f"{r['precision']:>9} {r['tgt_tok_s']:>10.0f} {r['src_tgt_tok_s']:>10.0f} "
+              f"{r['updates_s']:>7.2f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
