@@ -232,12 +232,28 @@ class EvalConfig:
     engine: str = "torch"
 
 
+@dataclass
+class AverageConfig:
+    run: Optional[str] = None  # average the last `last` update_<N>.pt checkpoints of this run
+    last: int = 5
+    checkpoints: List[str] = field(default_factory=list)  # or exactly these files
+    out: Optional[str] = None  # default: <run>/checkpoints/average_last<N>.pt
+
+
+@dataclass
+class ReportConfig:
+    sweep: Optional[str] = None  # a sweep directory or comma-separated run dirs (`mtrain report DIR`)
+    out: Optional[str] = None  # default: <sweep>/report
+
+
 def register_configs() -> None:
     """Register the schemas so YAML files in configs/ are validated against them."""
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="average_schema", node=AverageConfig)
+    cs.store(name="report_schema", node=ReportConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
