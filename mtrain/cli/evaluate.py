@@ -1,0 +1,106 @@
+"""`mtrain eval`: score a run (decode + sacreBLEU), a hypothesis file, or compare runs.
+
+    mtrain eval run=RUN split=test [average_last=5]     decode, score, write RUN/eval/test.*
+    mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
+    mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Dict, List, Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain")
+
+
+def run_eval(cfg: DictConfig) -> Dict[str, Any]:
+    """Dispatch to one of the three modes; returns what was computed (for tests and scripts)."""
+    from mtrain.evaluate.metrics import check_metric_names
+
+    check_metric_names(cfg.metrics)
+    if cfg.runs:
+        if cfg.run or cfg.hyp:
+            raise MtrainError("runs=... compares runs; do not combine it with run= or hyp=")
+        return compare(cfg)
+    if cfg.hyp:
+        from mtrain.evaluate.report import score_hypotheses
+
+        return score_hypotheses(cfg, log=print)
+    if cfg.run:
+        from mtrain.evaluate.report import evaluate_run
+
+        return evaluate_run(cfg, log=print)
+    raise MtrainError("nothing to evaluate: give run=RUN_DIR, hyp=FILE ref=FILE, or runs=SWEEP_DIR")
+
+
+def compare(cfg: DictConfig) -> Dict[str, Any]:
+    """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
+    from mtrain.evaluate.compare import compare_runs, comparison_notes
+    from mtrain.evaluate.runs import discover_runs
+
+    runs = discover_runs(cfg.runs)
+    refs = _comparison_references(cfg, runs)
+    comparison = compare_runs(runs, refs, cfg.baseline, cfg.split, list(cfg.metrics), cfg.bootstrap_samples,
+                              cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
+    print(comparison.table().to_text())
+    for note in comparison_notes(comparison):
+        print(note)
+    return {"comparison": comparison}
+
+
+def _comparison_references(cfg: DictConfig, runs) -> Optional[List[List[str]]]:
+    """`ref=` if given, else the split of the baseline run's data config (None if unreadable)."""
+    from mtrain.evaluate.references import read_reference_files, read_split_text
+    from mtrain.evaluate.report import _run_config
+
+    if cfg.ref:
+        return read_reference_files(list(cfg.ref)).references
+    candidates = [run for run in runs if cfg.baseline in (None, "", run.name, str(run.path))] or runs
+    try:
+        return read_split_text(_run_config(candidates[0].path).data, cfg.split).references
+    except MtrainError as error:
+        print(f"no references for the paired bootstrap ({error})", file=sys.stderr)
+        return None
+
+
+def hydra_quote(value: str) -> str:
+    """A value quoted for a Hydra override, so commas, spaces and brackets stay literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def friendly_overrides(argv: List[str]) -> List[str]:
+    """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
+
+    Hydra would reject a plain string for the list `ref` and read `A,B` as a sweep.
+    """
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key == "ref" and value and not value.startswith("["):
+            arg = "ref=[" + ",".join(hydra_quote(part) for part in value.split(",")) + "]"
+        elif sep and key in ("runs", "run", "hyp") and "," in value and value[0] not in "'\"":
+            arg = f"{key}={hydra_quote(value)}"
+        out.append(arg)
+    return out
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
+@user_errors_as_messages
+def _app(cfg: DictConfig) -> None:
+    run_eval(cfg)
+
+
+def main() -> None:
+    sys.argv = sys.argv[:1] + friendly_overrides(sys.argv[1:])
+    _app()
+
+
+if __name__ == "__main__":
+    main()

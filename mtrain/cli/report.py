@@ -1,0 +1,63 @@
+"""`mtrain report SWEEP_DIR [out=DIR]`: a Markdown table and loss/BLEU plots of a sweep.
+
+The sweep directory may be given as the first argument (`mtrain report multirun/...`) or as
+`sweep=...`; comma-separated run directories work too (then `out=` is required).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List
+
+import hydra
+from omegaconf import DictConfig
+
+from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.evaluate import hydra_quote
+from mtrain.errors import MtrainError
+
+
+def run_report(cfg: DictConfig):
+    from mtrain.evaluate.sweep import write_sweep_report
+
+    if not cfg.sweep:
+        raise MtrainError("no sweep given: `mtrain report SWEEP_DIR` (or sweep=DIR, or sweep=RUN1,RUN2 out=DIR)")
+    if cfg.out:
+        out = Path(cfg.out)
+    elif "," in cfg.sweep:
+        raise MtrainError("several run directories given: choose where the report goes with out=DIR")
+    else:
+        out = Path(cfg.sweep) / "report"
+    return write_sweep_report(cfg.sweep, out)
+
+
+# Hydra's own options that take a value (`--cfg job`): their value is not a sweep directory.
+_OPTIONS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+                       "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+
+
+def positional_sweep(argv: List[str]) -> List[str]:
+    """`mtrain report DIR ...` -> `sweep='DIR' ...` (Hydra only takes key=value)."""
+    out = []
+    for index, arg in enumerate(argv):
+        follows_option = index > 0 and argv[index - 1] in _OPTIONS_WITH_VALUE
+        if "=" not in arg and not arg.startswith("-") and not follows_option:
+            arg = f"sweep={hydra_quote(arg)}"
+        out.append(arg)
+    return out
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="report", version_base="1.3")
+@user_errors_as_messages
+def _app(cfg: DictConfig) -> None:
+    run_report(cfg)
+
+
+def main() -> None:
+    sys.argv = sys.argv[:1] + positional_sweep(sys.argv[1:])
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Comparing runs: one table of what differs and what it scored, plus sacreBLEU's paired
+bootstrap resampling of every run against a baseline on the saved test hypotheses.
+
+The bootstrap is sacreBLEU's own `PairedTest` (what `sacrebleu REF -i BASE SYS --paired-bs`
+runs), so its means, 95% confidence intervals and p-values match the command line's for the
+same files, seed (`$SACREBLEU_SEED`, default 12345) and number of resamples.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from sacrebleu.significance import PairedTest
+
+from mtrain.errors import MtrainError
+from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
+from mtrain.evaluate.runs import RunSummary, describe, differing_overrides
+from mtrain.evaluate.tables import Table, format_cell, format_duration
+
+
+@dataclass
+class PairedResult:
+    """One system's score on one metric, with the bootstrap estimate of its true mean."""
+
+    score: float
+    mean: float
+    ci: float  # half-width of the 95% confidence interval around `mean`
+    p_value: Optional[float] = None  # None for the baseline itself
+
+
+@dataclass
+class Comparison:
+    runs: List[RunSummary]
+    keys: List[str]  # overrides whose values differ between runs
+    split: str = "test"
+    baseline: Optional[str] = None
+    # run name -> metric -> result; runs without hypotheses are absent (see `skipped`).
+    paired: Dict[str, Dict[str, PairedResult]] = field(default_factory=dict)
+    signatures: Dict[str, str] = field(default_factory=dict)
+    skipped: Dict[str, str] = field(default_factory=dict)  # run name -> why
+    num_samples: int = 0
+    bootstrap_note: Optional[str] = None  # why there is no bootstrap, when there is none
+
+    def table(self) -> Table:
+        return runs_table(self.runs, self.keys, self)
+
+
+def paired_bootstrap(
+    named_hyps: Sequence[Tuple[str, Sequence[str]]],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    num_samples: int = 1000,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> Tuple[Dict[str, Dict[str, PairedResult]], Dict[str, str]]:
+    """Paired bootstrap resampling of systems 2..n against the first (the baseline).
+
+    Returns `(results[system][metric], signatures[metric])`; signatures carry the seed and
+    the number of resamples.
+    """
+    names = check_metric_names(metrics)
+    if len(named_hyps) < 2:
+        raise MtrainError("paired bootstrap needs at least two runs with hypotheses")
+    if num_samples < 1:
+        raise MtrainError(f"bootstrap_samples={num_samples}: must be at least 1")
+    for system, hyps in named_hyps:
+        check_lengths(len(hyps), [len(stream) for stream in refs], f"hypotheses of {system}")
+    refs = [list(stream) for stream in refs]
+    # Metrics cache the references' statistics, as the command line sets them up.
+    sacre_metrics = {
+        name.upper(): build_metric(name, tokenize, lowercase, chrf_word_order, references=refs)
+        for name in names
+    }
+    # sacreBLEU narrates each step at INFO; the table says it all.
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)
+    test = PairedTest([(system, list(hyps)) for system, hyps in named_hyps], sacre_metrics,
+                      references=None, test_type="bs", n_samples=num_samples)
+    signatures, scores = test()
+    # `scores` is keyed by the metrics' display names (BLEU, chrF2++, TER) in our order.
+    display_names = [key for key in scores if key != "System"]
+    results: Dict[str, Dict[str, PairedResult]] = {system: {} for system, _ in named_hyps}
+    for name, display in zip(names, display_names):
+        for (system, _), result in zip(named_hyps, scores[display]):
+            results[system][name] = PairedResult(
+                float(result.score), float(result.mean), float(result.ci),
+                None if result.p_value is None else float(result.p_value),
+            )
+    return results, {name: signatures[display].format() for name, display in zip(names, display_names)}
+
+
+def compare_runs(
+    runs: List[RunSummary],
+    refs: Optional[Sequence[Sequence[str]]],
+    baseline: Optional[str] = None,
+    split: str = "test",
+    metrics: Sequence[str] = ("bleu", "chrf"),
+    num_samples: int = 1000,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> Comparison:
+    """The comparison of `runs`; the bootstrap runs when `refs` and two runs' hypotheses exist."""
+    if not runs:
+        raise MtrainError("runs: no runs to compare")
+    ordered = _baseline_first(runs, baseline)
+    comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
+                            baseline=ordered[0].name, num_samples=num_samples)
+    named_hyps = []
+    for run in ordered:
+        path = run.hyp_path(split)
+        if path.is_file():
+            named_hyps.append((run.name, read_lines(path, "hypotheses")))
+        else:
+            comparison.skipped[run.name] = f"no {path.relative_to(run.path)}"
+    if len(named_hyps) < 2:
+        comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {split} hypotheses"
+        return comparison
+    if refs is None:
+        comparison.bootstrap_note = "no paired bootstrap: no references (pass ref=FILE)"
+        return comparison
+    if named_hyps[0][0] != ordered[0].name:
+        raise MtrainError(
+            f"baseline {ordered[0].name}: has no {split} hypotheses ({ordered[0].hyp_path(split)}); "
+            f"run `mtrain eval run={ordered[0].path} split={split}` first or choose another baseline="
+        )
+    for run_name, hyps in named_hyps:
+        check_lengths(len(hyps), [len(stream) for stream in refs],
+                      str(next(r for r in ordered if r.name == run_name).hyp_path(split)))
+    comparison.paired, comparison.signatures = paired_bootstrap(
+        named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
+    return comparison
+
+
+def _baseline_first(runs: List[RunSummary], baseline: Optional[str]) -> List[RunSummary]:
+    if baseline is None or baseline == "":
+        return list(runs)
+    for index, run in enumerate(runs):
+        if str(baseline) in (run.name, str(run.path)) or _same_path(run.path, baseline):
+            return [run] + runs[:index] + runs[index + 1:]
+    raise MtrainError(
+        f"baseline={baseline}: not one of the runs ({', '.join(run.name for run in runs)})"
+    )
+
+
+def _same_path(path: Path, other: str) -> bool:
+    try:
+        return path.resolve() == Path(other).resolve()
+    except OSError:
+        return False
+
+
+def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
+               comparison: Optional[Comparison] = None) -> Table:
+    """One row per run: what differs, validation/test scores, how training went, and (when
+    a comparison with bootstrap results is given) each metric's mean ± 95% CI and p-value."""
+    split = comparison.split if comparison else "test"
+    headers = ["run", "differs", "val BLEU", f"{split} BLEU", f"{split} chrF", "final loss",
+               "diverged", "updates", "train time"]
+    paired_metrics = list(next(iter(comparison.paired.values())).keys()) if comparison and comparison.paired else []
+    for metric in paired_metrics:
+        headers += [f"{_DISPLAY.get(metric, metric)} μ ± 95% CI", f"p ({_DISPLAY.get(metric, metric)})"]
+    table = Table(headers)
+    for run in runs:
+        name = run.name + (" (baseline)" if comparison and comparison.paired and run.name == comparison.baseline else "")
+        cells = [name, describe(run, keys), run.score("valid", "bleu"), run.score(split, "bleu"),
+                 run.score(split, "chrf"), _number(run.metrics.get("final_train_loss"), 3),
+                 run.diverged, run.metrics.get("updates"), format_duration(run.metrics.get("train_time_s"))]
+        for metric in paired_metrics:
+            result = comparison.paired.get(run.name, {}).get(metric) if comparison else None
+            if result is None:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{result.mean:.2f} ± {result.ci:.2f}",
+                          "-" if result.p_value is None else f"{result.p_value:.4f}"]
+        table.add(*cells)
+    return table
+
+
+_DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+
+
+def _number(value: object, digits: int) -> str:
+    return format_cell(float(value), digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def comparison_notes(comparison: Comparison) -> List[str]:
+    """Lines to print under the table: the test, the signatures, runs left out."""
+    notes = []
+    if comparison.paired:
+        notes.append(
+            f"Paired bootstrap resampling ({comparison.num_samples} resamples, sacreBLEU) on the "
+            f"{comparison.split} hypotheses, each run against the baseline {comparison.baseline}; "
+            "p is the probability of a score difference this large arising by chance."
+        )
+        notes += [f"{_DISPLAY.get(metric, metric)} signature: {sig}" for metric, sig in comparison.signatures.items()]
+    elif comparison.bootstrap_note:
+        notes.append(comparison.bootstrap_note)
+    for name, why in comparison.skipped.items():
+        notes.append(f"run {name}: left out of the bootstrap ({why})")
+    return notes
+

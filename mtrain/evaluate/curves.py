@@ -1,0 +1,100 @@
+"""Training curves: scalars read back from a run's TensorBoard events, plotted per sweep.
+
+The trainer logs `train/loss` and `valid/bleu` to `<run>/tb/` with the update number as
+step. A resumed run appends a new event file; the later value wins for a repeated step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from mtrain.errors import MtrainError
+from mtrain.evaluate.runs import RunSummary, describe
+
+TB_DIR = "tb"
+TRAIN_LOSS = "train/loss"
+VALID_BLEU = "valid/bleu"
+
+Curve = List[Tuple[int, float]]  # (update, value), sorted by update
+
+
+def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) -> Dict[str, Curve]:
+    """The requested scalar tags of a run ({} entries for tags it never logged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # The event reader logs every file it opens at INFO; that is noise in a report.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
+
+    curves: Dict[str, Curve] = {tag: [] for tag in tags}
+    tb_dir = Path(run_dir) / TB_DIR
+    if not tb_dir.is_dir():
+        return curves
+    # Event files may sit in tb/ itself or one level below (one writer per subdirectory).
+    event_dirs = sorted({path.parent for path in tb_dir.rglob("events.out.tfevents.*")})
+    for event_dir in event_dirs:
+        accumulator = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
+        try:
+            accumulator.Reload()
+        except Exception as error:  # a truncated event file from a killed run
+            raise MtrainError(f"{event_dir}: unreadable TensorBoard events ({error})") from error
+        available = set(accumulator.Tags().get("scalars", []))
+        for tag in tags:
+            if tag in available:
+                by_step = dict(curves[tag])
+                by_step.update((event.step, float(event.value)) for event in accumulator.Scalars(tag))
+                curves[tag] = sorted(by_step.items())
+    return curves
+
+
+def plot_curves(
+    runs: Sequence[RunSummary],
+    curves: Dict[str, Dict[str, Curve]],  # run name -> tag -> curve
+    tag: str,
+    keys: Sequence[str],
+    path: Path,
+    ylabel: str,
+    title: str,
+) -> bool:
+    """All runs' curves of one tag on one figure, saved as PNG; False when no run has it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    plotted = 0
+    all_values: List[float] = []
+    healthy_values: List[float] = []  # values of runs that did not diverge
+    for run in runs:
+        curve = curves.get(run.name, {}).get(tag, [])
+        if not curve:
+            continue
+        steps = [step for step, _ in curve]
+        values = [value for _, value in curve]
+        finite = [v for v in values if math.isfinite(v)]
+        all_values += finite
+        if not run.diverged:
+            healthy_values += finite
+        label = f"{run.name}: {describe(run, keys)}" + (" (diverged)" if run.diverged else "")
+        axes.plot(steps, values, marker="o" if len(curve) < 20 else None, markersize=3, label=label)
+        plotted += 1
+    if not plotted:
+        plt.close(figure)
+        return False
+    if tag == TRAIN_LOSS and healthy_values and max(all_values) > 2 * max(healthy_values):
+        # A diverged run's loss explodes; keep the scale of the runs that trained.
+        low, high = min(all_values), max(healthy_values)
+        axes.set_ylim(low - 0.05 * (high - low), high + 0.2 * (high - low))
+    axes.set_xlabel("update")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

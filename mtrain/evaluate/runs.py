@@ -1,0 +1,155 @@
+"""Run discovery: the runs of a sweep (or a list of run directories) and what they recorded.
+
+A Hydra multirun directory holds one numbered subdirectory per run, each with
+`.hydra/overrides.yaml` (the command-line overrides of that run), `metrics.json` (written
+by the trainer) and `eval/<split>.json|hyp` (written by `mtrain eval` or the trainer).
+`mtrain eval runs=...` and `mtrain report` both start here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+from mtrain.errors import MtrainError
+
+METRICS_FILE = "metrics.json"
+OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+EVAL_DIR = "eval"
+
+
+@dataclass
+class RunSummary:
+    """What one run directory says about itself (absent files give empty values)."""
+
+    name: str
+    path: Path
+    overrides: Dict[str, str] = field(default_factory=dict)
+    metrics: Dict[str, Any] = field(default_factory=dict)  # metrics.json
+    evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval/<split>.json by split
+
+    def hyp_path(self, split: str = "test") -> Path:
+        return self.path / EVAL_DIR / f"{split}.hyp"
+
+    def score(self, split: str, metric: str = "bleu") -> Optional[float]:
+        """A split's score: `mtrain eval`'s report if there is one, else metrics.json."""
+        report = self.evals.get(split, {}).get("metrics", {}).get(metric)
+        if isinstance(report, dict) and "score" in report:
+            return float(report["score"])
+        recorded = self.metrics.get(split) or {}
+        # The trainer records the best validation score as `best_<metric>`.
+        value = recorded.get(metric, recorded.get(f"best_{metric}"))
+        if isinstance(value, dict):
+            value = value.get("score")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def diverged(self) -> Optional[bool]:
+        value = self.metrics.get("diverged")
+        return bool(value) if value is not None else None
+
+
+def discover_runs(spec: str) -> List[RunSummary]:
+    """Runs of a sweep directory, or of a comma-separated list of run directories."""
+    spec = str(spec).strip()
+    if not spec:
+        raise MtrainError("runs: empty; give a sweep directory or run directories separated by commas")
+    if "," in spec:
+        paths = [Path(part.strip()) for part in spec.split(",") if part.strip()]
+        for path in paths:
+            if not path.is_dir():
+                raise MtrainError(f"runs: {path}: no such run directory")
+        names = [path.name for path in paths]
+        if len(set(names)) < len(names):
+            names = [str(path) for path in paths]
+        return [load_run_summary(path, name) for path, name in zip(paths, names)]
+
+    root = Path(spec)
+    if not root.is_dir():
+        raise MtrainError(f"runs={root}: no such directory")
+    children = sorted((p for p in root.iterdir() if p.is_dir() and _looks_like_run(p)), key=_run_order)
+    if children:
+        return [load_run_summary(path, path.name) for path in children]
+    if _looks_like_run(root):
+        return [load_run_summary(root, root.name)]
+    raise MtrainError(
+        f"runs={root}: no runs found; expected a Hydra multirun directory (subdirectories "
+        f"0/, 1/, ... with {OVERRIDES_FILE} or {METRICS_FILE}) or run directories separated by commas"
+    )
+
+
+def _looks_like_run(path: Path) -> bool:
+    return (path / OVERRIDES_FILE).is_file() or (path / METRICS_FILE).is_file() or (path / "checkpoints").is_dir()
+
+
+def _run_order(path: Path) -> tuple:
+    # Hydra numbers jobs 0, 1, ..., 10: sort numerically, not as strings.
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
+    path = Path(path)
+    evals = {}
+    eval_dir = path / EVAL_DIR
+    if eval_dir.is_dir():
+        for report in sorted(eval_dir.glob("*.json")):
+            evals[report.stem] = _read_json(report)
+    metrics_path = path / METRICS_FILE
+    return RunSummary(
+        name=name or path.name,
+        path=path,
+        overrides=read_overrides(path),
+        metrics=_read_json(metrics_path) if metrics_path.is_file() else {},
+        evals=evals,
+    )
+
+
+def read_overrides(run_dir: Path) -> Dict[str, str]:
+    """`.hydra/overrides.yaml` as {key: value}; `+`/`++` prefixes dropped, `~key` kept as deleted."""
+    path = Path(run_dir) / OVERRIDES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    except yaml.YAMLError as error:
+        raise MtrainError(f"{path}: not valid YAML ({error})") from error
+    if not isinstance(entries, list):
+        raise MtrainError(f"{path}: expected a list of overrides like `key=value`")
+    overrides = {}
+    for entry in entries:
+        key, _, value = str(entry).partition("=")
+        if key.startswith("~"):
+            overrides[key[1:]] = "(deleted)"
+        else:
+            overrides[key.lstrip("+")] = value
+    return overrides
+
+
+def differing_overrides(runs: Sequence[RunSummary]) -> List[str]:
+    """Override keys whose value is not the same in every run (in first-seen order)."""
+    keys: List[str] = []
+    for run in runs:
+        keys += [key for key in run.overrides if key not in keys]
+    if len(runs) < 2:
+        return keys
+    return [key for key in keys if len({run.overrides.get(key) for run in runs}) > 1]
+
+
+def describe(run: RunSummary, keys: Sequence[str]) -> str:
+    """The run's values of `keys` as `key=value ...` ('-' when it sets none of them)."""
+    parts = [f"{key}={run.overrides[key]}" for key in keys if key in run.overrides]
+    return " ".join(parts) if parts else "-"
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise MtrainError(f"{path}: not valid JSON ({error}); was the run interrupted while writing it?") from error
+    if not isinstance(data, dict):
+        raise MtrainError(f"{path}: expected a JSON object")
+    return data
