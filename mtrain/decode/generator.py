@@ -1,0 +1,259 @@
+"""The generator loop: encode once, then step the decoder until every sentence is done.
+
+Greedy decoding, beam search and sampling share this loop and the same step function
+(`CachedStep`: one `model.decode_step` per token with the KV cache); they differ only in
+the search algorithm that turns log-probabilities into choices (`search.py`,
+`sampling.py`). Per step, for all live hypotheses at once:
+
+1. logits from the step function -> log-softmax (fp32) -> step processors (pad/bos
+   banned, EOS banned before `min_len` and forced at `max_len`, no-repeat-ngram);
+2. the algorithm's choices; an EOS choice among the first `width` becomes a finished
+   hypothesis, scored `log_prob / length**alpha` with `length` = output tokens incl. EOS;
+   the first `width` non-EOS choices are the next live set (missing ones are dead: -inf);
+3. finished sentences leave the batch: one `reorder(index)` applies the beam
+   back-pointers and drops them, so the batch and the compute shrink as sentences end.
+
+When is a sentence done? At its max length (`max_len = a * src_len + b` output tokens
+before EOS, `src_len` counting the source's eos), when no live hypothesis is left, or:
+- `early_stopping=True` (default; fairseq's rule, HF's `early_stopping=True`): as soon as
+  it has `width` finished hypotheses. Each of them was among the `width` best candidates
+  of its step, but a live hypothesis might still, in principle, end up better;
+- `early_stopping=False`: only once no live hypothesis can beat the `width`-th best
+  finished one. Log-probs are <= 0, so a live row with score s can at best end as
+  `s / L**alpha` with L its longest possible length (alpha > 0), `s / (t+2)**alpha`
+  (alpha < 0) or `s` (alpha = 0): a true bound, at the price of longer searches.
+The Python work per step is constant: no loop over sentences or hypotheses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from mtrain.config import DecodeConfig
+from mtrain.decode.hypothesis import Hypothesis, length_normalise
+from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
+from mtrain.decode.sampling import SamplingSearch
+from mtrain.decode.search import BeamSearch, GreedySearch, SearchAlgorithm
+from mtrain.decode.step_functions import CachedStep, RecomputeStep
+from mtrain.errors import MtrainError
+
+NEG_INF = float("-inf")
+
+
+def build_search(cfg: DecodeConfig, device: torch.device) -> SearchAlgorithm:
+    """The search algorithm a DecodeConfig asks for (checks the keys it reads)."""
+    if cfg.beam < 1:
+        raise MtrainError(f"decode.beam={cfg.beam}: must be >= 1")
+    if cfg.nbest < 1:
+        raise MtrainError(f"decode.nbest={cfg.nbest}: must be >= 1")
+    if cfg.sampling == "none":
+        if cfg.nbest > cfg.beam:
+            raise MtrainError(f"decode.nbest={cfg.nbest} > decode.beam={cfg.beam}: beam search keeps only `beam` hypotheses; raise decode.beam")
+        return GreedySearch(1) if cfg.beam == 1 else BeamSearch(cfg.beam)
+    if cfg.sampling not in ("topk", "topp"):
+        raise MtrainError(f"decode.sampling={cfg.sampling!r}: choose none, topk or topp")
+    if cfg.temperature <= 0:
+        raise MtrainError(f"decode.temperature={cfg.temperature}: must be > 0")
+    if cfg.sampling == "topk" and cfg.top_k < 0:
+        raise MtrainError(f"decode.top_k={cfg.top_k}: must be >= 0 (0 samples from the whole vocabulary)")
+    if cfg.sampling == "topp" and not 0.0 < cfg.top_p <= 1.0:
+        raise MtrainError(f"decode.top_p={cfg.top_p}: must be in (0, 1]")
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    return SamplingSearch(
+        width=cfg.nbest,  # nbest independent samples per sentence
+        top_k=cfg.top_k if cfg.sampling == "topk" else 0,
+        top_p=cfg.top_p if cfg.sampling == "topp" else 1.0,
+        temperature=cfg.temperature,
+        generator=generator,
+    )
+
+
+@dataclass
+class _Finished:
+    """Hypotheses finished at one step (all of length `step` + EOS)."""
+
+    sentence: Tensor  # (m,) index into the input batch
+    tokens: Tensor  # (m, step)
+    log_prob: Tensor  # (m,)
+    score: Tensor  # (m,)
+    attention: Optional[Tensor]  # (m, step + 1, [layers,] src_len)
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    src_tokens: Tensor,
+    src_padding_mask: Tensor,
+    cfg: DecodeConfig,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    use_cache: bool = True,
+    attention_layer: Optional[int | str] = None,
+) -> list[list[Hypothesis]]:
+    """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
+
+    src_tokens (batch, src_len) with the eos appended; src_padding_mask True at padding.
+    `use_cache=False` recomputes the whole prefix every step (reference and benchmark).
+    `attention_layer` ("last", "all" or an index; cached decoder only) fills
+    `Hypothesis.attention` with that layer's cross-attention averaged over heads.
+    """
+    device = src_tokens.device
+    search = build_search(cfg, device)
+    width = search.width
+    batch = src_tokens.size(0)
+    alpha = cfg.length_penalty
+
+    src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
+    max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
+    max_positions = position_limit(model)
+    if max_positions is not None:  # bos + max_len tokens must fit the position table
+        max_len = max_len.clamp(max=max_positions - 1)
+    max_len = max_len.clamp(min=0)
+    min_len = cfg.min_len
+    no_repeat = NoRepeatNgram(cfg.no_repeat_ngram) if cfg.no_repeat_ngram > 0 else None
+
+    memory = model.encode(src_tokens, src_padding_mask)  # (batch, src_len, d_model)
+    # Every sentence gets `width` rows (the algorithm says which start alive).
+    expand = torch.arange(batch, device=device).repeat_interleave(width)
+    step_class = CachedStep if use_cache else RecomputeStep
+    step_fn = step_class(
+        model,
+        src_tokens.index_select(0, expand),
+        memory.index_select(0, expand),
+        src_padding_mask.index_select(0, expand),
+        attention_layer,
+    )
+    need_attention = attention_layer is not None
+
+    sentence = torch.arange(batch, device=device)  # (n,) which input sentence each active one is
+    row_max_len = max_len.index_select(0, expand)  # (rows,)
+    prefix = torch.full((batch * width, 1), bos_id, dtype=torch.long, device=device)
+    scores = search.initial_scores(batch, device)  # (n, width)
+    attention_history: Optional[Tensor] = None  # (rows, t, [layers,] src_len) once the first step ran
+    num_finished = torch.zeros(batch, dtype=torch.long, device=device)
+    # The `width` best normalised finished scores per sentence (for the exact stopping bound).
+    best_finished = torch.full((batch, width), NEG_INF, device=device)
+    finished: list[_Finished] = []
+    longest = int(max_len.max()) if batch else 0
+
+    for step in range(longest + 1):
+        n = sentence.size(0)
+        logits, attention = step_fn(prefix)
+        if attention is not None:
+            attention = attention.float().unsqueeze(1)  # (rows, 1, [layers,] src_len)
+            if attention_history is None:
+                attention_history = attention[:, :0]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
+        ban_tokens(lprobs, (pad_id, bos_id))
+        apply_length_limits(lprobs, step, min_len, row_max_len, eos_id)
+        if no_repeat is not None:
+            no_repeat(lprobs, prefix[:, 1:])
+        choices = search.step(lprobs.view(n, width, -1), scores)
+        k = choices.tokens.size(1)
+        position = torch.arange(k, device=device).expand(n, k)
+        alive = torch.isfinite(choices.scores)
+        is_eos = choices.tokens == eos_id
+        chosen_rows = torch.arange(n, device=device).unsqueeze(1) * width + choices.beam_index  # (n, k) row in `prefix`
+        normalised = length_normalise(choices.scores, step + 1, alpha)
+
+        accept = is_eos & alive & (position < width)
+        if bool(accept.any()):
+            which, pos = accept.nonzero(as_tuple=True)
+            rows = chosen_rows[which, pos]
+            finished.append(
+                _Finished(
+                    sentence=sentence[which],
+                    tokens=prefix.index_select(0, rows)[:, 1:],
+                    log_prob=choices.scores[which, pos],
+                    score=normalised[which, pos],
+                    attention=(
+                        torch.cat([attention_history, attention], dim=1).index_select(0, rows)
+                        if need_attention
+                        else None
+                    ),
+                )
+            )
+            num_finished.index_add_(0, sentence[which], torch.ones_like(which))
+            if not cfg.early_stopping:
+                new_scores = normalised.masked_fill(~accept, NEG_INF)
+                merged = torch.cat([best_finished.index_select(0, sentence), new_scores], dim=1)
+                best_finished[sentence] = merged.topk(width, dim=1).values
+
+        # Next live set: the first `width` choices that continue; dead fillers if too few.
+        continues = alive & ~is_eos
+        order = torch.where(continues, position, position + k).topk(width, dim=1, largest=False).values
+        valid = order < k
+        order = order % k
+        next_rows = chosen_rows.gather(1, order)  # (n, width)
+        next_tokens = choices.tokens.gather(1, order)
+        next_scores = choices.scores.gather(1, order).masked_fill(~valid, NEG_INF)
+
+        done = (~valid).all(dim=1) | (max_len.index_select(0, sentence) <= step)
+        if cfg.early_stopping:
+            done |= num_finished.index_select(0, sentence) >= width
+        else:
+            best_live = _best_reachable(next_scores.max(dim=1).values, step, max_len.index_select(0, sentence), alpha)
+            done |= (num_finished.index_select(0, sentence) >= width) & (best_live <= best_finished.index_select(0, sentence)[:, -1])
+        if bool(done.all()):
+            break
+        keep = ~done
+        index = next_rows[keep].view(-1)  # rows to keep, following the back-pointers
+        step_fn.reorder(index)
+        prefix = torch.cat([prefix.index_select(0, index), next_tokens[keep].view(-1, 1)], dim=1)
+        if need_attention:
+            attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
+        row_max_len = row_max_len.index_select(0, index)
+        scores = next_scores[keep]
+        sentence = sentence[keep]
+
+    return _collect(finished, batch, cfg.nbest, src_lengths)
+
+
+def position_limit(model) -> Optional[int]:
+    """How many positions the model can embed (None: no limit, e.g. positions=none).
+
+    The model's `max_positions` if it has one, else the smallest `max_positions` of its
+    position modules (sinusoidal/learned tables, rope), which raise past it.
+    """
+    limit = getattr(model, "max_positions", None)
+    if isinstance(limit, int):
+        return limit
+    limits = [m.max_positions for m in model.modules() if isinstance(getattr(m, "max_positions", None), int)]
+    return min(limits) if limits else None
+
+
+def _best_reachable(score: Tensor, step: int, max_len: Tensor, alpha: float) -> Tensor:
+    """Upper bound of the final normalised score of a live row with cumulative `score`.
+
+    After `step` the row holds step+1 tokens; it ends with length (incl. EOS) between
+    step+2 and max_len+1. Further log-probs are <= 0, so the score can only fall, and the
+    bound is the division that helps most.
+    """
+    if alpha > 0:
+        return score / (max_len.float() + 1).pow(alpha)
+    return length_normalise(score, step + 2, alpha)
+
+
+def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Tensor) -> list[list[Hypothesis]]:
+    """Per input sentence, its `nbest` best finished hypotheses (one pass over outputs)."""
+    per_sentence: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    lengths = src_lengths.tolist()
+    for group in finished:
+        attention = group.attention.float().cpu() if group.attention is not None else None
+        for i, (s, tokens, log_prob, score) in enumerate(
+            zip(group.sentence.tolist(), group.tokens.tolist(), group.log_prob.tolist(), group.score.tolist())
+        ):
+            hyp = Hypothesis(tokens=tokens, score=score, log_prob=log_prob)
+            if attention is not None:
+                hyp.attention = attention[i, ..., : lengths[s]]
+            per_sentence[s].append(hyp)
+    results = []
+    for hyps in per_sentence:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        results.append(hyps[:nbest] or [Hypothesis(tokens=[], score=NEG_INF, log_prob=NEG_INF)])
+    return results

@@ -1,0 +1,71 @@
+"""Sampling as a search algorithm: each live row draws its next token (back-translation).
+
+The distribution is the model's, reshaped by `temperature` and cut to the `top_k` most
+probable tokens or to the smallest set whose probability reaches `top_p` (nucleus). The
+score accumulated is the model's log-probability of the drawn token (after step
+processors, before temperature and truncation), so n-best samples rank by model score.
+Draws come from a seeded `torch.Generator`: the same inputs and seed give the same samples.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from mtrain.decode.search import Choices
+
+
+def truncate_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf every token outside the top-k and outside the top-p nucleus.
+
+    logits (rows, vocab). `top_k=0` and `top_p>=1` disable each cut. The most probable
+    token always survives.
+    """
+    if top_k > 0 and top_k < logits.size(-1):
+        kth_best = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # A token is dropped when the tokens before it already reach top_p.
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class SamplingSearch:
+    """Draw one token per live row; `width` independent samples per sentence."""
+
+    def __init__(
+        self,
+        width: int,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        temperature: float = 1.0,
+        generator: Optional[torch.Generator] = None,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        self.width = width
+        self.top_k = top_k
+        self.top_p = top_p
+        self.temperature = temperature
+        self.generator = generator
+
+    def initial_scores(self, n: int, device: torch.device) -> Tensor:
+        return torch.zeros(n, self.width, device=device)  # independent samples
+
+    def step(self, lprobs: Tensor, scores: Tensor) -> Choices:
+        n, width, vocab = lprobs.shape
+        flat = lprobs.reshape(n * width, vocab)
+        logits = truncate_distribution(flat / self.temperature, self.top_k, self.top_p)
+        # A row whose every token is banned stays dead; give the draw something to pick.
+        no_choice = torch.isinf(logits).all(dim=-1, keepdim=True)
+        logits = logits.masked_fill(no_choice, 0.0)
+        tokens = torch.multinomial(logits.softmax(dim=-1), 1, generator=self.generator)  # (rows, 1)
+        token_lprobs = flat.gather(-1, tokens).view(n, width)
+        beam_index = torch.arange(width, device=lprobs.device).expand(n, width)
+        return Choices(beam_index, tokens.view(n, width), scores + token_lprobs)

@@ -1,0 +1,79 @@
+"""Where the generator gets next-token logits: the KV cache, or full recomputation.
+
+`CachedStep` feeds one token per hypothesis to `model.decode_step`, which extends each
+layer's self-attention cache and reuses the cross-attention keys/values computed once by
+`model.start_decoding`. `RecomputeStep` is the reference without a cache: every step it
+runs the whole decoder over the whole prefix, as training does (teacher forcing with a
+causal mask). It exists to check the cache (same tokens and scores) and to measure what
+the cache buys (`scripts/bench_decode.py`); nothing else should use it.
+
+Both follow the live hypotheses with `reorder(index)`, where `index` selects rows: beam
+back-pointers and dropped finished sentences in one index operation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from torch import Tensor
+
+
+class StepFunction(Protocol):
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """prefix (rows, t+1): bos and the tokens so far. Returns logits (rows, vocab) for
+        position t+1 and, when attention was asked for, cross-attention (rows, src_len)."""
+        ...
+
+    def reorder(self, index: Tensor) -> None:
+        ...
+
+
+class CachedStep:
+    """Incremental decoding with the model's `DecoderState` (one token per step).
+
+    `attention_layer` (None: no attention) is passed to `decode_step`: "last", "all" or a
+    layer index; the weights come back averaged over heads.
+    """
+
+    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor,
+                 attention_layer: Optional[int | str] = None) -> None:
+        self.model = model
+        self.attention_layer = attention_layer
+        self.state = model.start_decoding(memory, src_padding_mask)
+
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        if self.state.step != prefix.size(1) - 1:
+            raise RuntimeError(f"decoder state is at step {self.state.step}, prefix has {prefix.size(1)} tokens")
+        if self.attention_layer is None:
+            return self.model.decode_step(prefix[:, -1], self.state), None
+        logits, attention = self.model.decode_step(
+            prefix[:, -1], self.state, need_attention=True, attention_layer=self.attention_layer
+        )
+        return logits, attention
+
+    def reorder(self, index: Tensor) -> None:
+        self.state.reorder(index)
+
+
+class RecomputeStep:
+    """No cache: `model.forward` over the source and the whole prefix each step.
+
+    This is the training path (teacher forcing, causal mask), so it checks the incremental
+    path against an independent computation. It re-encodes the source every step too.
+    """
+
+    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor,
+                 attention_layer: Optional[int | str] = None) -> None:
+        if attention_layer is not None:
+            raise ValueError("attention pictures need the cached decoder (use_cache=True)")
+        self.model = model
+        self.src_tokens = src_tokens
+        self.src_padding_mask = src_padding_mask
+
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        logits = self.model(self.src_tokens, self.src_padding_mask, prefix)  # (rows, t+1, vocab)
+        return logits[:, -1], None
+
+    def reorder(self, index: Tensor) -> None:
+        self.src_tokens = self.src_tokens.index_select(0, index)
+        self.src_padding_mask = self.src_padding_mask.index_select(0, index)
