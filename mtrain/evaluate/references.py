@@ -7,10 +7,9 @@ check that two numbers were computed on the same test set.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
@@ -25,17 +24,20 @@ class SplitText:
     sources: List[str]
     references: List[List[str]]
     files: List[Dict[str, Any]] = field(default_factory=list)  # {role, path, sha256, lines}
+    skipped: int = 0  # pairs left out because a side was not valid UTF-8
 
 
 def file_record(path: Path, role: str) -> Dict[str, Any]:
     """Where a file is, its SHA-256 and line count."""
     path = Path(path)
     digest = hashlib.sha256()
-    lines = 0
+    lines, last = 0, b"\n"
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
             lines += block.count(b"\n")
+            last = block[-1:]
+    lines += last != b"\n"  # a last line without its newline still counts
     return {"role": role, "path": str(path.resolve()), "sha256": digest.hexdigest(), "lines": lines}
 
 
@@ -46,72 +48,25 @@ def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:
 
 
 def read_split_text(data_cfg: Any, split: str) -> SplitText:
-    """Read split `valid` or `test` of a run's `data` config from its local files.
+    """Split `valid` or `test` of a run's `data` config, read as `mtrain fit` reads it
+    (`mtrain.data`: local files or the Hub, trimmed, undecodable pairs per data.invalid_utf8)."""
+    from mtrain.data.sources import ReadStats, resolve_source
 
-    Local files are found as `mtrain fit` finds them: `data.local_dir`, else
-    `$MTRAIN_DATA_DIR/<data.name>`, with `data.pattern` (`.gz` tried too).
-    """
     if split not in SPLITS:
         raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
-    split_name = data_cfg.splits[split]
-    directory = _local_dir(data_cfg)
-    if directory is None:
-        raise MtrainError(
-            f"data.local_dir is not set and $MTRAIN_DATA_DIR/{data_cfg.name} does not exist, so the "
-            f"{split} split's text cannot be read; pass the references with ref=FILE"
-            + (" (and the hypotheses with hyp=FILE)" if data_cfg.get("hub", {}).get("id") else "")
-        )
-    fmt = data_cfg.get("format", "text")
-    if fmt != "text":
-        return _read_structured(directory, data_cfg, split_name, fmt)
-    src_path = _find(directory, data_cfg.pattern.format(split=split_name, lang=data_cfg.src))
-    ref_path = _find(directory, data_cfg.pattern.format(split=split_name, lang=data_cfg.tgt))
-    sources = read_lines(src_path, "source")
-    references = read_lines(ref_path, "reference")
-    if len(sources) != len(references):
-        raise MtrainError(f"{src_path} has {len(sources)} lines but {ref_path} has {len(references)}")
-    return SplitText(sources, [references], [file_record(src_path, "source"), file_record(ref_path, "reference")])
-
-
-def _local_dir(data_cfg: Any) -> Optional[Path]:
-    if data_cfg.get("local_dir"):
-        return Path(os.path.expanduser(str(data_cfg.local_dir)))
-    env = os.environ.get("MTRAIN_DATA_DIR")
-    if env and (Path(env) / data_cfg.name).is_dir():
-        return Path(env) / data_cfg.name
-    return None
-
-
-def _find(directory: Path, name: str) -> Path:
-    for candidate in (directory / name, directory / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise MtrainError(f"{directory / name}: no such file (nor .gz); check data.local_dir and data.pattern")
-
-
-def _read_structured(directory: Path, data_cfg: Any, split_name: str, fmt: str) -> SplitText:
-    import json
-
-    path = _find(directory, data_cfg.pattern.format(split=split_name, lang=""))
-    sources, references = [], []
-    for number, line in enumerate(read_lines(path, "data"), 1):
-        if fmt == "tsv":
-            fields = line.split("\t")
-            if len(fields) < 2:
-                raise MtrainError(f"{path}:{number}: expected source<TAB>target")
-            sources.append(fields[0].strip())
-            references.append(fields[1].strip())
-        elif fmt == "jsonl":
-            try:
-                record = json.loads(line)
-                sources.append(str(record[data_cfg.src]).strip())
-                references.append(str(record[data_cfg.tgt]).strip())
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise MtrainError(f"{path}:{number}: expected a JSON object with keys "
-                                  f"{data_cfg.src!r} and {data_cfg.tgt!r}") from error
-        else:
-            raise MtrainError(f"data.format={fmt}: choose text, tsv or jsonl")
-    return SplitText(sources, [references], [file_record(path, "source+reference")])
+    source = resolve_source(data_cfg)
+    stats = ReadStats()
+    pairs = list(source.pairs(split, stats))
+    sources = [src for src, _ in pairs]
+    references = [tgt for _, tgt in pairs]
+    if hasattr(source, "files"):  # local files: fingerprint the files themselves
+        paths = source.files(split)
+        roles = ["source", "reference"] if len(paths) == 2 else ["source+reference"]
+        records = [file_record(path, role) for path, role in zip(paths, roles)]
+    else:
+        records = [text_record(sources, "source", source.description),
+                   text_record(references, "reference", source.description)]
+    return SplitText(sources, [references], records, skipped=stats.invalid_utf8)
 
 
 def read_reference_files(paths: Sequence[str]) -> SplitText:

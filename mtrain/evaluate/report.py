@@ -109,6 +109,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         "decode": {**_plain(cfg.decode), "device": str(device), "precision": precision, "engine": cfg.engine},
         "data": split.files,
         "sentences": len(hyps),
+        "skipped_pairs": split.skipped,
         "decode_time_s": round(seconds, 3),
         "sentences_per_s": round(len(hyps) / max(seconds, 1e-9), 2),
         "target_tokens_per_s": round(output_tokens / max(seconds, 1e-9), 1),

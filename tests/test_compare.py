@@ -1,0 +1,162 @@
+"""mtrain.evaluate.runs/compare: run discovery, the runs table, and sacreBLEU's paired bootstrap."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtrain.errors import MtrainError
+from mtrain.evaluate.compare import compare_runs, paired_bootstrap
+from mtrain.evaluate.metrics import read_lines
+from mtrain.evaluate.runs import describe, differing_overrides, discover_runs
+
+SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
+SAMPLES = 300
+
+WORDS = ("the a man woman child dog cat ball park street red blue green big small is are plays runs "
+         "sits walks holds looks at on in with near two three people").split()
+
+
+def make_sweep(root: Path, runs: dict) -> Path:
+    """A fake Hydra multirun dir: {name: (overrides, noise rate of its test hypotheses)}."""
+    rng = random.Random(3)
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
+            for _ in range(120)]
+    (root / "test.en").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    sweep = root / "sweep"
+    for index, (name, (overrides, noise)) in enumerate(runs.items()):
+        run = sweep / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides), encoding="utf-8")
+        (run / "metrics.json").write_text(json.dumps({
+            "valid": {"best_bleu": 20.0 + index, "best_update": 100},
+            "test": {"bleu": 25.0 + index, "chrf": 50.0 + index},
+            "updates": 100 * (index + 1), "train_time_s": 90.0, "diverged": False,
+            "final_train_loss": 3.5 - index / 10,
+        }), encoding="utf-8")
+        if noise is not None:
+            (run / "eval").mkdir()
+            hyps = [" ".join(w if rng.random() > noise else rng.choice(WORDS) for w in ref.split()) for ref in refs]
+            (run / "eval" / "test.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    (sweep / "multirun.yaml").write_text("hydra: {}\n", encoding="utf-8")
+    return sweep
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    return make_sweep(tmp_path, {
+        "0": (["model.norm_position=pre", "train.max_updates=100"], 0.2),
+        "1": (["model.norm_position=post", "train.max_updates=100"], 0.3),
+        "2": (["model.norm_position=post", "+model.layers=6", "train.max_updates=100"], None),
+    })
+
+
+def sacrebleu_paired(ref: Path, baseline: Path, system: Path, metrics=("bleu", "chrf")) -> dict:
+    """{metric: [(score, mean, ci, p), per system]} parsed from `sacrebleu --paired-bs` (text)."""
+    command = [SACREBLEU, str(ref), "-i", str(baseline), str(system), "-m", *metrics, "--paired-bs",
+               "--paired-bs-n", str(SAMPLES), "-w", "4", "--no-color", "-f", "text"]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    cells = re.findall(r"(\d+\.\d+) \((\d+\.\d+) ± (\d+\.\d+)\)", output)
+    p_values = [float(p) for p in re.findall(r"\(p = (\d+\.\d+)\)", output)]
+    signatures = dict(re.findall(r"^ - (\S+)\s+(nrefs:\S+)$", output, flags=re.M))
+    # Row-major table: baseline row (one cell per metric), then the system row.
+    per_metric = {m: [] for m in metrics}
+    for index, (score, mean, ci) in enumerate(cells):
+        metric = metrics[index % len(metrics)]
+        per_metric[metric].append((float(score), float(mean), float(ci)))
+    return {"cells": per_metric, "p": dict(zip(metrics, p_values)), "signatures": signatures}
+
+
+def test_discovery_orders_runs_numerically_and_finds_what_differs(tmp_path):
+    sweep = make_sweep(tmp_path, {str(i): ([f"train.lr={i}e-4", "seed=1"], None) for i in (0, 1, 2, 10)})
+    runs = discover_runs(str(sweep))
+    assert [run.name for run in runs] == ["0", "1", "2", "10"]
+    assert differing_overrides(runs) == ["train.lr"]
+    assert describe(runs[3], ["train.lr"]) == "train.lr=10e-4"
+    assert runs[1].score("valid") == 21.0 and runs[1].score("test", "chrf") == 51.0
+
+
+def test_discovery_of_a_run_list_and_bad_specs(sweep):
+    runs = discover_runs(f"{sweep / '1'},{sweep / '0'}")
+    assert [run.name for run in runs] == ["1", "0"]
+    assert differing_overrides(runs) == ["model.norm_position"]
+    with pytest.raises(MtrainError, match="no such run directory"):
+        discover_runs(f"{sweep / '0'},{sweep / 'nope'}")
+    with pytest.raises(MtrainError, match="no runs found"):
+        discover_runs(str(sweep / "0" / ".hydra"))
+    (sweep / "0" / "metrics.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(MtrainError, match=r"metrics\.json: not valid JSON"):
+        discover_runs(str(sweep))
+
+
+def test_paired_bootstrap_equals_sacrebleu_command_line(sweep, tmp_path):
+    ref = tmp_path / "test.en"
+    baseline, system = sweep / "0" / "eval" / "test.hyp", sweep / "1" / "eval" / "test.hyp"
+    expected = sacrebleu_paired(ref, baseline, system)
+    assert all(len(cells) == 2 for cells in expected["cells"].values()) and len(expected["p"]) == 2
+
+    results, signatures = paired_bootstrap(
+        [("0", read_lines(baseline)), ("1", read_lines(system))], [read_lines(ref)],
+        metrics=["bleu", "chrf"], num_samples=SAMPLES)
+    for metric, display in (("bleu", "BLEU"), ("chrf", "chrF2")):
+        for (name, result), cli_cells in zip(results.items(), expected["cells"][metric]):
+            ours = (round(result[metric].score, 4), round(result[metric].mean, 4), round(result[metric].ci, 4))
+            assert ours == cli_cells, (metric, name)
+        assert results["0"][metric].p_value is None
+        assert round(results["1"][metric].p_value, 4) == expected["p"][metric]
+        assert signatures[metric] == expected["signatures"][display]
+    assert f"bs:{SAMPLES}" in signatures["bleu"] and "seed:12345" in signatures["bleu"]
+
+
+def test_comparison_table_with_baseline_choice(sweep, tmp_path):
+    refs = [read_lines(tmp_path / "test.en")]
+    runs = discover_runs(str(sweep))
+    comparison = compare_runs(runs, refs, baseline="1", metrics=["bleu"], num_samples=SAMPLES)
+    assert [run.name for run in comparison.runs] == ["1", "0", "2"]
+    assert comparison.keys == ["model.norm_position", "model.layers"]
+    assert set(comparison.paired) == {"1", "0"} and "2" in comparison.skipped
+    table = comparison.table()
+    assert table.headers[:9] == ["run", "differs", "val BLEU", "test BLEU", "test chrF", "final loss",
+                                 "diverged", "updates", "train time"]
+    assert table.headers[9:] == ["BLEU μ ± 95% CI", "p (BLEU)"]
+    first, second, third = table.rows
+    assert first[0] == "1 (baseline)" and first[1] == "model.norm_position=post" and first[10] == "-"
+    assert second[1] == "model.norm_position=pre" and 0 < float(second[10]) <= 1
+    assert third[1] == "model.norm_position=post model.layers=6" and third[9:] == ["-", "-"]
+    assert first[2:9] == ["21.00", "26.00", "51.00", "3.400", "no", "200", "1.5m"]
+
+    with pytest.raises(MtrainError, match=r"baseline=7: not one of the runs \(0, 1, 2\)"):
+        compare_runs(runs, refs, baseline="7")
+    with pytest.raises(MtrainError, match="baseline 2: has no test hypotheses"):
+        compare_runs(runs, refs, baseline="2")
+
+
+def test_hypotheses_of_the_wrong_length_name_the_file(sweep, tmp_path):
+    refs = [read_lines(tmp_path / "test.en")]
+    (sweep / "1" / "eval" / "test.hyp").write_text("one line\n", encoding="utf-8")
+    with pytest.raises(MtrainError, match=r"1/eval/test\.hyp has 1 lines but reference 1 has 120"):
+        compare_runs(discover_runs(str(sweep)), refs, num_samples=10)
+
+
+def test_eval_app_compares_runs(sweep, tmp_path, monkeypatch, capsys):
+    from mtrain.cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={sweep / '0'},{sweep / '1'}",
+                                      f"ref={tmp_path / 'test.en'}", f"bootstrap_samples={SAMPLES}",
+                                      "metrics=[bleu]"])
+    cli.main()
+    printed = capsys.readouterr().out
+    expected = sacrebleu_paired(tmp_path / "test.en", sweep / "0" / "eval" / "test.hyp",
+                                sweep / "1" / "eval" / "test.hyp", metrics=("bleu",))
+    assert len(expected["cells"]["bleu"]) == 2
+    (_, mean, ci) = expected["cells"]["bleu"][1]
+    assert f"{mean:.2f} ± {ci:.2f}" in printed
+    assert f"{expected['p']['bleu']:.4f}" in printed
+    assert "0 (baseline)" in printed and "model.norm_position=post" in printed
