@@ -1,0 +1,157 @@
+"""Token-budget batches and their tensors: `TokenBatchSampler`, `collate` and `Batch`.
+
+Batches are cut from the corpus sorted by length so that little padding is wasted. The
+cost of a batch is `sentences * max(padded src_len, padded tgt_len + 1)` (the +1: the
+decoder sees `[bos] y`) and never exceeds `max_tokens`, except that a sentence longer than
+the budget gets a batch of its own. Only the length arrays are read here; token data is
+touched by `collate`, batch by batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, List, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    src_tokens: torch.Tensor  # (batch, src_len) int64, each row ends with eos, then pad
+    src_padding_mask: torch.Tensor  # (batch, src_len) bool, True at padding
+    tgt_input: torch.Tensor  # (batch, tgt_len) [bos] y, then pad
+    tgt_output: torch.Tensor  # (batch, tgt_len) y [eos], then pad
+    indices: torch.Tensor  # (batch,) positions in the corpus
+    num_src_tokens: int  # non-pad source tokens (eos included)
+    num_tgt_tokens: int  # non-pad labels (eos included): what the loss averages over
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _map(self, function: Any) -> "Batch":
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Batch(**{k: function(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+
+    def to(self, device: Any, non_blocking: bool = False) -> "Batch":
+        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies for asynchronous host-to-GPU transfer (DataLoader pin_memory).
+
+        Without an accelerator there is nothing to transfer to, and torch refuses to pin.
+        """
+        if not torch.cuda.is_available():
+            return self
+        return self._map(lambda tensor: tensor.pin_memory())
+
+
+def _gather(
+    tokens: np.ndarray, offsets: np.ndarray, indices: np.ndarray, lengths: np.ndarray, width: int, shift: int, pad_id: int
+) -> np.ndarray:
+    """(batch, width) int64: row r holds sentence indices[r] from column `shift`, pad after."""
+    out = np.full((len(indices), width), pad_id, dtype=np.int64)
+    total = int(lengths.sum())
+    rows = np.repeat(np.arange(len(indices)), lengths)
+    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[rows, within + shift] = tokens[np.repeat(offsets[indices], lengths) + within]
+    return out
+
+
+def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int) -> Batch:
+    """The padded tensors of the pairs at `indices` of an EncodedCorpus (teacher forcing)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    src_lengths = corpus.src_lengths[indices]
+    tgt_lengths = corpus.tgt_lengths[indices]
+    rows = np.arange(len(indices))
+
+    src = _gather(corpus.src_tokens, corpus.src_offsets, indices, src_lengths, int(src_lengths.max()), 0, pad_id)
+    tgt_width = int(tgt_lengths.max()) + 1
+    tgt_input = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 1, pad_id)
+    tgt_input[:, 0] = bos_id
+    tgt_output = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 0, pad_id)
+    tgt_output[rows, tgt_lengths] = eos_id
+    padding = np.arange(src.shape[1])[None, :] >= src_lengths[:, None]
+    return Batch(
+        src_tokens=torch.from_numpy(src),
+        src_padding_mask=torch.from_numpy(padding),
+        tgt_input=torch.from_numpy(tgt_input),
+        tgt_output=torch.from_numpy(tgt_output),
+        indices=torch.from_numpy(indices),
+        num_src_tokens=int(src_lengths.sum()),
+        num_tgt_tokens=int(tgt_lengths.sum()) + len(indices),
+    )
+
+
+class TokenBatchSampler:
+    """Token-budget batches from length-sorted buckets, reshuffled per epoch from the seed.
+
+    Each epoch: sort by (src length, tgt length) with random tie-breaks, cut the sorted order
+    greedily into batches under `max_tokens`, shuffle the batch order. Everything is drawn
+    from (seed, epoch), so every rank computes the same list and a resumed run gets the same
+    batches. With `num_replicas` > 1, rank r takes batches r, r + R, r + 2R, ... of that
+    list; the last `len % num_replicas` batches are dropped so that every rank runs the same
+    number of steps (a different few each epoch, as the order is reshuffled). Without
+    shuffling (validation) the batches come in length order, all of them for one replica.
+    """
+
+    def __init__(
+        self,
+        src_lengths: np.ndarray,
+        tgt_lengths: np.ndarray,
+        max_tokens: int,
+        seed: int,
+        shuffle: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        # Padded width a sentence imposes on its batch: the decoder input is [bos] y.
+        self.sizes = np.maximum(self.src_lengths, self.tgt_lengths + 1)
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def batches(self, epoch: int) -> List[np.ndarray]:
+        """This rank's batches (arrays of corpus indices) for `epoch`; deterministic."""
+        if len(self.sizes) == 0:
+            return []
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.shuffle:
+            order = np.lexsort((rng.random(len(self.sizes)), self.tgt_lengths, self.src_lengths))
+        else:
+            order = np.lexsort((self.tgt_lengths, self.src_lengths))
+        bounds = _budget_bounds(self.sizes[order], self.max_tokens)
+        batches = np.split(order, bounds[1:-1])
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.num_replicas > 1:
+            usable = len(batches) - len(batches) % self.num_replicas
+            batches = batches[self.rank:usable:self.num_replicas]
+        return batches
+
+
+def _budget_bounds(sizes: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Start positions of greedy batches over `sizes` (plus the end): each batch is as long
+    as `count * running max size <= max_tokens` allows, and at least one sentence.
+
+    The running max of a batch is at least the size of its first sentence, so a batch never
+    holds more than max_tokens // sizes[start] sentences: only that window is examined, one
+    numpy call per batch instead of a Python step per sentence.
+    """
+    bounds = [0]
+    start, total = 0, len(sizes)
+    while start < total:
+        window = sizes[start:start + max(1, max_tokens // int(sizes[start]))]
+        costs = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)
+        count = int(np.searchsorted(costs, max_tokens, side="right"))  # costs never decrease
+        start += max(count, 1)
+        bounds.append(start)
+    return np.asarray(bounds)

@@ -1,0 +1,141 @@
+"""Encode chunks of sentence pairs into flat token arrays, in parallel worker processes.
+
+The main process reads pairs and cuts them into chunks of `data.chunk_size`; each chunk is
+normalised, tokenized, filtered and flattened into numpy arrays by a worker
+(`data.num_workers` processes; 1 encodes in the main process). Results come back in corpus
+order, with at most two chunks per worker in flight, so memory stays bounded however large
+the corpus is. This module imports neither torch nor the rest of mtrain's training stack,
+which keeps worker start-up cheap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mtrain.data.cleaning import KEEP, classify_pairs, count_reasons, normalizer, pair_hashes
+
+Pair = Tuple[str, str]
+
+
+@dataclass
+class EncodedChunk:
+    src_tokens: np.ndarray  # all source sentences back to back, each followed by eos
+    src_lengths: np.ndarray  # (n,) including the eos
+    tgt_tokens: np.ndarray  # target ids only (bos/eos are added when batching)
+    tgt_lengths: np.ndarray  # (n,)
+    hashes: Optional[np.ndarray]  # (n,) pair hashes, when deduplicating
+    rejected: Dict[str, int]  # pairs filtered out, by reason
+
+
+class ChunkEncoder:
+    """Turns a list of pairs into an EncodedChunk; picklable, so it can travel to workers.
+
+    `clean` is the `data.clean` section as a dict for the training split, None for
+    validation/test (encoded as they are).
+    """
+
+    def __init__(self, src_model: str, tgt_model: str, eos_id: int, dtype: str, clean: Optional[Dict[str, Any]]):
+        self.src_model, self.tgt_model = src_model, tgt_model
+        self.eos_id = eos_id
+        self.dtype = np.dtype(dtype)
+        self.clean = SimpleNamespace(**clean) if clean is not None else None
+        self._processors: Optional[tuple] = None
+
+    def _load(self) -> tuple:
+        if self._processors is None:  # once per process
+            import sentencepiece as spm
+
+            src = spm.SentencePieceProcessor(model_file=self.src_model)
+            tgt = src if self.tgt_model == self.src_model else spm.SentencePieceProcessor(model_file=self.tgt_model)
+            self._processors = (src, tgt)
+        return self._processors
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_processors": None}  # SentencePiece objects are reloaded
+
+    def __call__(self, pairs: Sequence[Pair]) -> EncodedChunk:
+        src_processor, tgt_processor = self._load()
+        src_texts = [src for src, _ in pairs]
+        tgt_texts = [tgt for _, tgt in pairs]
+        if self.clean is not None and self.clean.normalize:
+            normalize = normalizer(self.clean.normalize)
+            src_texts = [normalize(text) for text in src_texts]
+            tgt_texts = [normalize(text) for text in tgt_texts]
+        src_ids: List[List[int]] = src_processor.encode(src_texts)
+        tgt_ids: List[List[int]] = tgt_processor.encode(tgt_texts)
+        src_lengths = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
+        tgt_lengths = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))
+
+        rows = np.arange(len(pairs))
+        rejected: Dict[str, int] = {}
+        hashes = None
+        if self.clean is not None:
+            codes = classify_pairs(src_texts, tgt_texts, src_lengths, tgt_lengths, self.clean)
+            rejected = count_reasons(codes)
+            rows = np.flatnonzero(codes == KEEP)
+            if self.clean.deduplicate:
+                hashes = pair_hashes([src_texts[i] for i in rows], [tgt_texts[i] for i in rows])
+        src_tokens, src_lengths = _flatten(src_ids, rows, src_lengths, self.dtype, self.eos_id)
+        tgt_tokens, tgt_lengths = _flatten(tgt_ids, rows, tgt_lengths, self.dtype, None)
+        return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected)
+
+
+def _flatten(
+    sequences: List[List[int]], rows: np.ndarray, lengths: np.ndarray, dtype: np.dtype, eos_id: Optional[int]
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The chosen `rows` of `sequences` back to back (each followed by eos if given)."""
+    lengths = lengths[rows]
+    tokens = np.fromiter(
+        itertools.chain.from_iterable(sequences[i] for i in rows.tolist()), dtype, int(lengths.sum())
+    )
+    if eos_id is not None:
+        tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(eos_id, dtype=dtype))
+        lengths = lengths + 1
+    return tokens, lengths
+
+
+# One encoder per worker process, installed by the pool's initializer.
+_worker_encoder: Optional[ChunkEncoder] = None
+
+
+def _install(encoder: ChunkEncoder) -> None:
+    global _worker_encoder
+    _worker_encoder = encoder
+
+
+def _encode_in_worker(pairs: Sequence[Pair]) -> EncodedChunk:
+    assert _worker_encoder is not None
+    return _worker_encoder(pairs)
+
+
+def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[List[Pair]], workers: int) -> Iterator[EncodedChunk]:
+    """`encoder(chunk)` for every chunk, in order, using `workers` processes.
+
+    `Pool.imap` would read the whole input ahead of the workers; submitting by hand keeps at
+    most 2 * workers chunks in memory.
+    """
+    if workers <= 1:
+        for chunk in chunks:
+            yield encoder(chunk)
+        return
+    with multiprocessing.get_context().Pool(workers, initializer=_install, initargs=(encoder,)) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_encode_in_worker, (chunk,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def chunked(pairs: Iterable[Pair], size: int) -> Iterator[List[Pair]]:
+    iterator = iter(pairs)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk

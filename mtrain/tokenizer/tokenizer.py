@@ -1,0 +1,91 @@
+"""`Tokenizer`: the SentencePiece model(s) of a run, behind the contract of docs/DESIGN.md.
+
+A joint vocabulary is one file, `spm.model`; separate vocabularies are `src.model` and
+`tgt.model`. The special ids are read back from the model files, where training wrote them
+(`TokenizerConfig.unk_id/pad_id/bos_id/eos_id`), so a saved tokenizer is self-contained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import sentencepiece as spm
+
+from mtrain.errors import MtrainError
+
+JOINT_MODEL = "spm.model"
+SRC_MODEL = "src.model"
+TGT_MODEL = "tgt.model"
+
+
+class Tokenizer:
+    """Source and target SentencePiece processors (the same one when the vocabulary is joint)."""
+
+    def __init__(self, files: Dict[str, Path]) -> None:
+        """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}."""
+        self.files = dict(files)
+        self.joint = JOINT_MODEL in self.files
+        src_file = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
+        tgt_file = self.files[JOINT_MODEL if self.joint else TGT_MODEL]
+        self._src = _load_model(src_file)
+        self._tgt = self._src if self.joint else _load_model(tgt_file)
+        self.unk_id = self._src.unk_id()
+        self.pad_id = self._src.pad_id()
+        self.bos_id = self._src.bos_id()
+        self.eos_id = self._src.eos_id()
+        target_ids = (self._tgt.unk_id(), self._tgt.pad_id(), self._tgt.bos_id(), self._tgt.eos_id())
+        if target_ids != (self.unk_id, self.pad_id, self.bos_id, self.eos_id):
+            raise MtrainError(f"{tgt_file}: special ids differ from those of {src_file}")
+        self.src_vocab_size = self._src.get_piece_size()
+        self.tgt_vocab_size = self._tgt.get_piece_size()
+        self._specials = {self.pad_id, self.bos_id, self.eos_id}
+        digest = hashlib.sha256()
+        for name in sorted(self.files):
+            digest.update(name.encode() + self.files[name].read_bytes())
+        self.fingerprint = digest.hexdigest()  # identifies the vocabulary in cache keys
+
+    def encode_src(self, text: str) -> List[int]:
+        """Source ids without the eos that the encoded corpus appends."""
+        return self._src.encode(text)
+
+    def encode_tgt(self, text: str) -> List[int]:
+        """Target ids without bos/eos."""
+        return self._tgt.encode(text)
+
+    def decode_tgt(self, ids: Sequence[int]) -> str:
+        """Detokenized text; pad/bos/eos are dropped (unk renders as SentencePiece's ⁇)."""
+        return self._tgt.decode([int(i) for i in ids if int(i) not in self._specials])
+
+    def src_pieces(self, ids: Sequence[int]) -> List[str]:
+        return [self._src.id_to_piece(int(i)) for i in ids]
+
+    def tgt_pieces(self, ids: Sequence[int]) -> List[str]:
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    def save(self, directory: Path) -> None:
+        """Copy the model file(s) into `directory` (a run's `tokenizer/`)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, path in self.files.items():
+            shutil.copyfile(path, directory / name)
+
+    @classmethod
+    def load(cls, directory: Path) -> "Tokenizer":
+        directory = Path(directory)
+        if (directory / JOINT_MODEL).is_file():
+            return cls({JOINT_MODEL: directory / JOINT_MODEL})
+        if (directory / SRC_MODEL).is_file() and (directory / TGT_MODEL).is_file():
+            return cls({SRC_MODEL: directory / SRC_MODEL, TGT_MODEL: directory / TGT_MODEL})
+        raise MtrainError(
+            f"{directory}: no tokenizer here (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})"
+        )
+
+
+def _load_model(path: Path) -> spm.SentencePieceProcessor:
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as error:
+        raise MtrainError(f"{path}: not a readable SentencePiece model ({error})") from error

@@ -1,0 +1,133 @@
+"""Train the SentencePiece model(s) for a corpus, or reuse the ones trained before.
+
+The cache entry is keyed by the training data (the source's fingerprint of the train split,
+the languages, `data.train_limit`, normalisation) and every `TokenizerConfig` setting, so a
+second run with the same inputs loads the model instead of retraining, and any change trains
+a new one. A joint vocabulary does not depend on the direction: de->en and en->de share it.
+
+The training text is streamed to a file in the cache's staging directory; SentencePiece
+samples at most `tokenizer.max_sentences` lines of it (reservoir sampling, fixed seed), so
+memory stays bounded for WMT-size corpora.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import sentencepiece as spm
+
+from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
+from mtrain.data.cleaning import normalizer
+from mtrain.data.sources import ParallelSource, ReadStats, resolve_source
+from mtrain.errors import MtrainError
+from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer
+
+CACHE_FORMAT = 1  # bump when the way models are trained changes
+SAMPLING_SEED = 1  # SentencePiece's sentence sampling, fixed so retraining is reproducible
+
+
+def check_tokenizer_config(cfg: Any) -> None:
+    if cfg.model_type not in ("unigram", "bpe"):
+        raise MtrainError(f"tokenizer.model_type={cfg.model_type}: expected unigram or bpe")
+    special = {"unk_id": cfg.unk_id, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+    if len(set(special.values())) != 4 or min(special.values()) < 0:
+        raise MtrainError(f"tokenizer special ids {special}: need four distinct non-negative ids")
+    if max(special.values()) >= cfg.vocab_size:
+        raise MtrainError(f"tokenizer.vocab_size={cfg.vocab_size} must exceed every special id {special}")
+    if not 0.0 < cfg.character_coverage <= 1.0:
+        raise MtrainError(f"tokenizer.character_coverage={cfg.character_coverage}: expected a value in (0, 1]")
+    if cfg.max_sentences <= 0:
+        raise MtrainError(f"tokenizer.max_sentences={cfg.max_sentences}: expected a positive number")
+
+
+def train_or_load_tokenizer(
+    cfg: Any,
+    data: Any,
+    source: Optional[ParallelSource] = None,
+    log: Callable[[str], Any] = print,
+) -> Tokenizer:
+    """The tokenizer for `data` (DataConfig) and `cfg` (TokenizerConfig), from cache if possible."""
+    check_tokenizer_config(cfg)
+    source = source or resolve_source(data)
+    languages = sorted([data.src, data.tgt]) if cfg.joint else [data.src, data.tgt]
+    key = fingerprint(
+        "tokenizer", CACHE_FORMAT, cfg, source.fingerprint("train"), languages,
+        data.train_limit, data.clean.normalize, data.invalid_utf8,
+    )
+    entry = cache_root(data.cache_dir) / "tokenizers" / f"{data.name}-{'-'.join(languages)}-{key[:16]}"
+    if is_complete(entry):
+        log(f"tokenizer: reusing {entry}")
+        return Tokenizer.load(entry)
+
+    start = time.perf_counter()
+    with build_entry(entry, log) as staging:
+        texts = _write_training_text(staging, source, data, swap=languages[0] != data.src, joint=cfg.joint)
+        threads = max(1, data.num_workers)
+        for model_name, text_file in texts.items():
+            _train_model(cfg, text_file, staging / model_name, threads)
+            text_file.unlink()
+    kind = "joint" if cfg.joint else "separate"
+    log(
+        f"tokenizer: trained {kind} {cfg.model_type} vocabulary of {cfg.vocab_size} in "
+        f"{time.perf_counter() - start:.1f} s -> {entry}"
+    )
+    return Tokenizer.load(entry)
+
+
+def _write_training_text(staging: Path, source: ParallelSource, data: Any, swap: bool, joint: bool) -> Dict[str, Path]:
+    """Stream the training sentences into text file(s); returns {model file name: text file}."""
+    normalize = normalizer(data.clean.normalize)
+    stats = ReadStats()
+    pairs = itertools.islice(source.pairs("train", stats), data.train_limit)
+    if joint:
+        texts = {JOINT_MODEL: staging / "joint.txt"}
+        with open(texts[JOINT_MODEL], "w", encoding="utf-8") as out:
+            for src, tgt in pairs:
+                first, second = (tgt, src) if swap else (src, tgt)
+                for sentence in (first, second):
+                    if sentence:
+                        out.write(normalize(sentence) + "\n")
+    else:
+        texts = {SRC_MODEL: staging / "src.txt", TGT_MODEL: staging / "tgt.txt"}
+        with open(texts[SRC_MODEL], "w", encoding="utf-8") as src_out, open(
+            texts[TGT_MODEL], "w", encoding="utf-8"
+        ) as tgt_out:
+            for src, tgt in pairs:
+                if src:
+                    src_out.write(normalize(src) + "\n")
+                if tgt:
+                    tgt_out.write(normalize(tgt) + "\n")
+    if stats.pairs == 0 or any(path.stat().st_size == 0 for path in texts.values()):
+        raise MtrainError(f"{source.description}: the train split has no text to train a tokenizer on")
+    return texts
+
+
+def _train_model(cfg: Any, text_file: Path, model_file: Path, threads: int) -> None:
+    spm.set_random_generator_seed(SAMPLING_SEED)
+    try:
+        with open(os.devnull, "w") as quiet:
+            spm.SentencePieceTrainer.train(
+                input=str(text_file),
+                model_prefix=str(model_file.with_suffix("")),
+                vocab_size=cfg.vocab_size,
+                model_type=cfg.model_type,
+                character_coverage=cfg.character_coverage,
+                input_sentence_size=cfg.max_sentences,
+                shuffle_input_sentence=True,
+                unk_id=cfg.unk_id,
+                pad_id=cfg.pad_id,
+                bos_id=cfg.bos_id,
+                eos_id=cfg.eos_id,
+                num_threads=threads,
+                logstream=quiet,
+            )
+    except RuntimeError as error:
+        raise MtrainError(
+            f"tokenizer (vocab_size={cfg.vocab_size}, model_type={cfg.model_type}): SentencePiece "
+            f"training failed: {error}. A vocabulary too large for a small corpus is the usual cause: "
+            "lower tokenizer.vocab_size"
+        ) from error
