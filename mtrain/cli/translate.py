@@ -1,0 +1,53 @@
+"""`mtrain translate`: translate a file or stdin with a trained run.
+
+    mtrain translate run=RUN_DIR input=test.de output=test.en decode.beam=5
+    cat input.de | mtrain translate run=RUN_DIR > output.en
+    mtrain translate run=RUN_DIR input=test.de decode.nbest=5 decode.beam=5   # n-best TSV
+    mtrain translate run=RUN_DIR input=some.de attention=att/ attention_layer=all
+
+Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
+creates no Hydra output directory. The work is in `mtrain.decode.stream`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain.translate")
+
+
+def run_translate(cfg: DictConfig) -> None:
+    """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
+    from mtrain.decode.stream import translate_stream
+    from mtrain.decode.translator import resolve_decode_precision
+    from mtrain.train.checkpoint import load_run
+    from mtrain.train.runtime import resolve_device, set_threads
+
+    if cfg.run is None:
+        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
+    if cfg.engine != "torch":
+        raise MtrainError(f"engine={cfg.engine}: only engine=torch is implemented")
+    set_threads(cfg.num_threads)
+    device = resolve_device(cfg.device)
+    precision = resolve_decode_precision(cfg.precision, device)
+    loaded = load_run(cfg.run, which=cfg.checkpoint, device=device)
+    log.info("translating with %s (update %d) on %s, %s, beam %d",
+             loaded.checkpoint_path, loaded.update, device, precision, cfg.decode.beam)
+    report = translate_stream(loaded.model, loaded.tokenizer, cfg, device, precision)
+    log.info("translated %d lines", report.lines)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="translate", version_base="1.3")
+@user_errors_as_messages
+def main(cfg: DictConfig) -> None:
+    run_translate(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""`mtrain translate`'s job: a file or stdin in, one line per input line out.
+
+Reads the input in chunks (so a stream is translated as it arrives and memory stays
+bounded), encodes each line (blank lines stay blank, over-long ones are truncated with a
+warning naming the line), translates a chunk with `translate_encoded`, and writes plain
+hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
+per sentence. A progress bar goes to stderr when the output is a file (or a terminal),
+never when the output is a pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from mtrain.config import TranslateConfig
+from mtrain.decode.attention_plot import plot_attention
+from mtrain.decode.generator import position_limit
+from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.textio import ReadStats, count_lines, nbest_rows, one_line, open_input, open_output, read_chunks
+from mtrain.decode.translator import translate_encoded
+from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain.translate")
+
+CHUNK_LINES = 10_000  # lines sorted and batched together; output appears chunk by chunk
+EOS_PIECE = "</s>"
+
+
+@dataclass
+class StreamReport:
+    lines: int
+    truncated_lines: int
+    undecodable_bytes: int
+    undecodable_lines: int
+
+
+def encode_line(tokenizer, text: str, line_number: int, limit: int) -> tuple[Optional[list[int]], bool]:
+    """Source ids with eos (None for a blank line), cut to `limit` ids with a warning;
+    and whether the line was cut."""
+    if not text.strip():
+        return None, False
+    ids = tokenizer.encode_src(text)
+    cut = len(ids) + 1 > limit
+    if cut:
+        log.warning("line %d: %d subword tokens; truncated to the first %d (max_input_tokens=%d incl. eos)",
+                    line_number, len(ids), limit - 1, limit)
+        ids = ids[: limit - 1]
+    return ids + [tokenizer.eos_id], cut
+
+
+def attention_layer_of(cfg: TranslateConfig) -> Optional[int | str]:
+    """The decoder layer(s) whose attention is drawn; None when no pictures are asked for."""
+    if cfg.attention is None:
+        return None
+    layer = str(cfg.attention_layer)
+    if layer in ("last", "all"):
+        return layer
+    try:
+        return int(layer)
+    except ValueError:
+        raise MtrainError(f"attention_layer={layer!r}: choose last, all or a decoder layer index") from None
+
+
+def show_progress(cfg: TranslateConfig) -> bool:
+    """A bar for files and terminals; never into a pipe (it would mix with the output)."""
+    writing_to_terminal = cfg.output is None and sys.stdout.isatty()
+    return (cfg.output is not None or writing_to_terminal) and sys.stderr.isatty()
+
+
+def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.device, precision: str) -> StreamReport:
+    """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null)."""
+    if cfg.max_input_tokens < 2:
+        raise MtrainError(f"max_input_tokens={cfg.max_input_tokens}: must be >= 2 (one token and eos)")
+    limit = cfg.max_input_tokens
+    model_limit = position_limit(model)
+    if model_limit is not None and model_limit < limit:
+        limit = model_limit  # the encoder cannot embed more positions
+    attention_layer = attention_layer_of(cfg)
+    attention_dir = Path(cfg.attention) if cfg.attention is not None else None
+    nbest = cfg.decode.nbest > 1
+
+    stats = ReadStats()
+    truncated = 0
+    source = open_input(cfg.input)
+    sink = open_output(cfg.output)
+    progress = tqdm(total=count_lines(cfg.input), unit=" lines", disable=not show_progress(cfg), file=sys.stderr)
+    try:
+        first_line = 1
+        for chunk in read_chunks(source, CHUNK_LINES, stats):
+            sources = []
+            for offset, text in enumerate(chunk):
+                ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
+                truncated += cut
+                sources.append(ids)
+            progress.update(sum(ids is None for ids in sources))
+            hyps = translate_encoded(model, tokenizer, sources, cfg.decode, device, precision,
+                                     attention_layer=attention_layer, on_batch=progress.update)
+            for offset, sentence_hyps in enumerate(hyps):
+                if nbest:
+                    sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
+                else:
+                    sink.write(one_line(sentence_hyps[0].text) + "\n")
+            sink.flush()
+            if attention_dir is not None:
+                _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)
+            first_line += len(chunk)
+    finally:
+        progress.close()
+        if source is not sys.stdin.buffer:
+            source.close()
+        if sink is not sys.stdout:
+            sink.close()
+    if stats.undecodable_bytes:
+        log.warning("%d bytes on %d lines were not UTF-8 (first on line %d); each became U+FFFD",
+                    stats.undecodable_bytes, stats.undecodable_lines, stats.first_undecodable_line)
+    return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines)
+
+
+def _draw(directory: Path, tokenizer, sources: list, hyps: list[list[Hypothesis]], first_line: int, layer) -> None:
+    """One PNG per translated line: `<line number>.png` (1-based, blank lines have none)."""
+    for offset, (ids, sentence_hyps) in enumerate(zip(sources, hyps)):
+        best = sentence_hyps[0]
+        if ids is None or best.attention is None:
+            continue
+        src_pieces = tokenizer.src_pieces(ids[:-1]) + [EOS_PIECE]
+        tgt_pieces = tokenizer.tgt_pieces(best.tokens) + [EOS_PIECE]
+        weights = best.attention
+        layer_names = [f"layer {i}" for i in range(weights.shape[1])] if weights.dim() == 3 else [f"layer {layer}"]
+        line = first_line + offset
+        plot_attention(weights, src_pieces, tgt_pieces, directory / f"{line:06d}.png",
+                       title=f"line {line}: {best.text}", layer_names=layer_names)

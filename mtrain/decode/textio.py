@@ -1,0 +1,103 @@
+"""Raw text in and out of `mtrain translate`: lines, undecodable bytes, n-best TSV.
+
+Input is read as bytes and split on b"\\n" only (a U+2028 inside a sentence does not make
+two lines), so the output has exactly one line per input line. Bytes that are not UTF-8
+become U+FFFD, one per byte, and are counted for a warning instead of stopping the job.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator, Optional, TextIO
+
+from mtrain.decode.hypothesis import Hypothesis
+from mtrain.errors import MtrainError
+
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+@dataclass
+class ReadStats:
+    """What reading the input found, for the closing warnings."""
+
+    lines: int = 0
+    undecodable_bytes: int = 0
+    undecodable_lines: int = 0
+    first_undecodable_line: Optional[int] = None  # 1-based
+
+
+def open_input(path: Optional[str]) -> BinaryIO:
+    """The input file as bytes, or stdin when `path` is None."""
+    if path is None:
+        return sys.stdin.buffer
+    file = Path(path)
+    if file.is_dir():
+        raise MtrainError(f"input={path}: is a directory; give a text file (one sentence per line) or omit input= to read stdin")
+    if not file.exists():
+        raise MtrainError(f"input={path}: no such file")
+    return file.open("rb")
+
+
+def decode_line(raw: bytes) -> tuple[str, int]:
+    """A line's text and how many of its bytes were not UTF-8 (each became U+FFFD)."""
+    try:
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="surrogateescape")  # each bad byte -> one surrogate
+        return _ESCAPED_BYTE.subn("\ufffd", text)
+
+
+def read_chunks(stream: BinaryIO, chunk_lines: int, stats: ReadStats) -> Iterator[list[str]]:
+    """The input's lines (end-of-line stripped), `chunk_lines` at a time."""
+    chunk: list[str] = []
+    for raw in stream:
+        stats.lines += 1
+        text, bad = decode_line(raw.rstrip(b"\n").rstrip(b"\r"))
+        if bad:
+            stats.undecodable_bytes += bad
+            stats.undecodable_lines += 1
+            if stats.first_undecodable_line is None:
+                stats.first_undecodable_line = stats.lines
+        chunk.append(text)
+        if len(chunk) >= chunk_lines:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def count_lines(path: Optional[str]) -> Optional[int]:
+    """Lines in a file (for a progress bar's total); None for stdin."""
+    if path is None:
+        return None
+    count = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def open_output(path: Optional[str]) -> TextIO:
+    """The output file (parent folders created), or stdout when `path` is None."""
+    if path is None:
+        return sys.stdout
+    file = Path(path)
+    if file.is_dir():
+        raise MtrainError(f"output={path}: is a directory; give a file name")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    return file.open("w", encoding="utf-8", newline="\n")
+
+
+def one_line(text: str) -> str:
+    """Text that cannot break the one-line-per-input rule."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def nbest_rows(index: int, hyps: list[Hypothesis]) -> list[str]:
+    """n-best TSV rows `index<TAB>score<TAB>hypothesis`; index is the 0-based input line."""
+    return [f"{index}\t{hyp.score:.4f}\t{one_line(hyp.text)}" for hyp in hyps]
