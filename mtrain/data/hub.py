@@ -62,7 +62,8 @@ class HubSource:
                 f"{where}: the Hugging Face Hub cannot be reached ({error}). Already tried: "
                 f"{'; '.join(self.tried)}. Offline, put the corpus in local files and set "
                 f"data.local_dir=DIR (or MTRAIN_DATA_DIR=DIR with DIR/{self.cfg.name}/), or copy "
-                "the dataset repository to disk and set data.hub.id=/path/to/copy"
+                "the dataset repository to disk and set data.hub.id=/path/to/copy "
+                "(HF_HUB_OFFLINE=1 makes this check fail at once instead of after retries)"
             ) from error
         except FileNotFoundError as error:  # includes datasets' DatasetNotFoundError
             raise MtrainError(
@@ -71,6 +72,14 @@ class HubSource:
             ) from error
         except ValueError as error:  # an unknown config or split name; the message lists the valid ones
             raise MtrainError(f"{where}: {error}; fix data.hub.config or data.hub.splits.{split}") from error
+        except RuntimeError as error:
+            if "scripts are no longer supported" not in str(error):
+                raise
+            raise MtrainError(
+                f"{where}: this dataset is built by a loading script, which the installed `datasets` "
+                "no longer runs. Download its parquet export (the Hub's refs/convert/parquet branch) "
+                "and set data.hub.id to that directory, or use local files with data.local_dir=DIR"
+            ) from error
         self._check_columns(dataset, where)
         return dataset
 
