@@ -1,0 +1,151 @@
+"""Token-budget batching and collation (mtrain.data.batching)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtrain.data.batching import Batch, TokenBatchSampler, collate
+from mtrain.data.corpus import EncodedCorpus
+
+PAD, BOS, EOS = 1, 2, 3
+
+
+def random_corpus(n: int, seed: int = 0, max_len: int = 30) -> EncodedCorpus:
+    rng = np.random.default_rng(seed)
+    src = [list(rng.integers(4, 100, rng.integers(0, max_len))) + [EOS] for _ in range(n)]
+    tgt = [list(rng.integers(4, 100, rng.integers(1, max_len))) for _ in range(n)]
+    return EncodedCorpus.from_sequences(src, tgt)
+
+
+def test_collate_teacher_forcing_padding_and_masks():
+    corpus = EncodedCorpus.from_sequences(
+        src=[[10, 11, EOS], [12, EOS], [13, 14, 15, 16, EOS]],
+        tgt=[[20, 21], [22, 23, 24], [25]],
+    )
+    batch = collate(corpus, [0, 1, 2], PAD, BOS, EOS)
+    assert batch.src_tokens.tolist() == [[10, 11, EOS, PAD, PAD], [12, EOS, PAD, PAD, PAD], [13, 14, 15, 16, EOS]]
+    assert batch.src_padding_mask.tolist() == [
+        [False, False, False, True, True],
+        [False, False, True, True, True],
+        [False, False, False, False, False],
+    ]
+    assert batch.tgt_input.tolist() == [[BOS, 20, 21, PAD], [BOS, 22, 23, 24], [BOS, 25, PAD, PAD]]
+    assert batch.tgt_output.tolist() == [[20, 21, EOS, PAD], [22, 23, 24, EOS], [25, EOS, PAD, PAD]]
+    assert batch.indices.tolist() == [0, 1, 2]
+    assert batch.num_src_tokens == 10
+    assert batch.num_tgt_tokens == 9  # y + eos per sentence
+    assert batch.src_tokens.dtype == torch.int64 and batch.src_padding_mask.dtype == torch.bool
+
+
+def test_collate_matches_a_plain_python_reference():
+    corpus = random_corpus(200, seed=1)
+    indices = np.array([5, 17, 3, 199, 42, 0])
+    batch = collate(corpus, indices, PAD, BOS, EOS)
+    width = max(len(corpus.src(i)) for i in indices)
+    tgt_width = max(len(corpus.tgt(i)) for i in indices) + 1
+    for row, i in enumerate(indices):
+        src, tgt = corpus.src(i).tolist(), corpus.tgt(i).tolist()
+        assert batch.src_tokens[row].tolist() == src + [PAD] * (width - len(src))
+        assert batch.tgt_input[row].tolist() == [BOS] + tgt + [PAD] * (tgt_width - len(tgt) - 1)
+        assert batch.tgt_output[row].tolist() == tgt + [EOS] + [PAD] * (tgt_width - len(tgt) - 1)
+        assert batch.src_padding_mask[row].tolist() == [False] * len(src) + [True] * (width - len(src))
+
+
+def test_batch_to_and_pin_memory_keep_contents():
+    batch = collate(random_corpus(10), [1, 2, 3], PAD, BOS, EOS)
+    moved = batch.to("cpu", non_blocking=True)
+    pinned = batch.pin_memory()
+    for other in (moved, pinned):
+        assert isinstance(other, Batch)
+        assert torch.equal(other.tgt_output, batch.tgt_output)
+        assert other.num_tgt_tokens == batch.num_tgt_tokens
+    assert len(batch) == 3
+
+
+def batch_cost(sampler: TokenBatchSampler, batch: np.ndarray) -> int:
+    return len(batch) * int(max(sampler.src_lengths[batch].max(), sampler.tgt_lengths[batch].max() + 1))
+
+
+def test_batches_respect_budget_and_cover_every_index_once():
+    corpus = random_corpus(3000, seed=2, max_len=60)
+    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=500, seed=7)
+    batches = sampler.batches(epoch=1)
+    assert all(batch_cost(sampler, b) <= 500 for b in batches)
+    everything = np.concatenate(batches)
+    assert sorted(everything.tolist()) == list(range(3000))
+    # Batches are length-homogeneous: little padding overall.
+    padded = sum(batch_cost(sampler, b) for b in batches)
+    assert padded < 1.5 * sampler.sizes.sum()
+    # The collated tensors obey the same budget.
+    for b in batches[:20]:
+        tensors = collate(corpus, b, PAD, BOS, EOS)
+        assert len(b) * max(tensors.src_tokens.shape[1], tensors.tgt_input.shape[1]) <= 500
+
+
+def test_an_over_long_sentence_gets_a_batch_of_its_own():
+    src = np.array([5, 5, 400, 5, 5])
+    tgt = np.array([4, 4, 4, 4, 4])
+    batches = TokenBatchSampler(src, tgt, max_tokens=100, seed=0).batches(0)
+    assert [2] in [b.tolist() for b in batches]
+    assert sorted(np.concatenate(batches).tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_epochs_shuffle_differently_but_deterministically():
+    corpus = random_corpus(2000, seed=3)
+    make = lambda seed: TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=400, seed=seed)
+    first, again = make(1).batches(1), make(1).batches(1)
+    assert [b.tolist() for b in first] == [b.tolist() for b in again]
+    second_epoch = make(1).batches(2)
+    assert [b.tolist() for b in first] != [b.tolist() for b in second_epoch]
+    assert [b.tolist() for b in make(2).batches(1)] != [b.tolist() for b in first]
+
+
+def test_without_shuffle_batches_come_in_length_order():
+    corpus = random_corpus(500, seed=4)
+    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=300, seed=0, shuffle=False)
+    order = np.concatenate(sampler.batches(0))
+    assert np.all(np.diff(corpus.src_lengths[order]) >= 0)
+    assert [b.tolist() for b in sampler.batches(0)] == [b.tolist() for b in sampler.batches(5)]
+
+
+def test_ddp_ranks_get_disjoint_batches_of_equal_count():
+    corpus = random_corpus(2500, seed=5)
+    world = 3
+    for epoch in (1, 2):
+        per_rank = [
+            TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 400, seed=9, num_replicas=world, rank=r).batches(epoch)
+            for r in range(world)
+        ]
+        assert len({len(batches) for batches in per_rank}) == 1
+        seen = np.concatenate([np.concatenate(batches) for batches in per_rank])
+        assert len(seen) == len(set(seen.tolist()))  # disjoint
+        full = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 400, seed=9).batches(epoch)
+        assert len(full) - len(per_rank[0]) * world < world  # only the remainder is dropped
+
+
+def test_bad_sampler_arguments():
+    with pytest.raises(ValueError):
+        TokenBatchSampler(np.array([3]), np.array([3]), max_tokens=0, seed=0)
+    with pytest.raises(ValueError):
+        TokenBatchSampler(np.array([3]), np.array([3]), max_tokens=10, seed=0, num_replicas=2, rank=2)
+    assert TokenBatchSampler(np.array([], dtype=int), np.array([], dtype=int), 10, 0).batches(0) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 80), st.integers(0, 80)), min_size=1, max_size=300),
+    max_tokens=st.integers(1, 2000),
+    epoch=st.integers(0, 5),
+)
+def test_budget_and_coverage_hold_for_any_lengths(lengths, max_tokens, epoch):
+    src = np.array([s for s, _ in lengths])
+    tgt = np.array([t for _, t in lengths])
+    sampler = TokenBatchSampler(src, tgt, max_tokens=max_tokens, seed=3)
+    batches = sampler.batches(epoch)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or batch_cost(sampler, b) <= max_tokens
