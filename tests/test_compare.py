@@ -160,3 +160,18 @@ def test_eval_app_compares_runs(sweep, tmp_path, monkeypatch, capsys):
     assert f"{mean:.2f} ± {ci:.2f}" in printed
     assert f"{expected['p']['bleu']:.4f}" in printed
     assert "0 (baseline)" in printed and "model.norm_position=post" in printed
+
+
+def test_run_lists_and_references_as_users_type_them():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from mtrain.cli.evaluate import friendly_overrides
+
+    parser = OverridesParser.create()
+    argv = ["runs=out/a,out/b", "ref=test.en", "ref=r1.en,r2.en", "ref=[x.en]", "baseline=0", "-m"]
+    rewritten = friendly_overrides(argv)
+    assert rewritten[-2:] == ["baseline=0", "-m"]
+    values = [parser.parse_override(arg).value() for arg in rewritten[:4]]
+    assert values == ["out/a,out/b", ["test.en"], ["r1.en", "r2.en"], ["x.en"]]
+    odd = "dir with 'quote', comma\\"
+    assert parser.parse_override(friendly_overrides([f"runs={odd},x"])[0]).value() == f"{odd},x"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -72,20 +73,24 @@ def _comparison_references(cfg: DictConfig, runs) -> Optional[List[List[str]]]:
 
 def hydra_quote(value: str) -> str:
     """A value quoted for a Hydra override, so commas, spaces and brackets stay literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # Hydra reads a backslash as an escape only before a quote (or the closing quote).
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
 
 
-def friendly_overrides(argv: List[str]) -> List[str]:
+def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs", "run", "hyp")) -> List[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 
-    Hydra would reject a plain string for the list `ref` and read `A,B` as a sweep.
+    Hydra would reject a plain string for a list key and read `A,B` as a sweep; list keys
+    become `[A,B]` and string keys are quoted.
     """
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key == "ref" and value and not value.startswith("["):
-            arg = "ref=[" + ",".join(hydra_quote(part) for part in value.split(",")) + "]"
-        elif sep and key in ("runs", "run", "hyp") and "," in value and value[0] not in "'\"":
+        if sep and key in list_keys and value and not value.startswith("["):
+            arg = f"{key}=[" + ",".join(hydra_quote(part) for part in value.split(",")) + "]"
+        elif sep and key in string_keys and "," in value and value[0] not in "'\"":
             arg = f"{key}={hydra_quote(value)}"
         out.append(arg)
     return out

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
-from mtrain.cli.evaluate import hydra_quote
+from mtrain.cli.evaluate import friendly_overrides, hydra_quote
 from mtrain.errors import MtrainError
 
 
@@ -55,7 +55,7 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    sys.argv = sys.argv[:1] + positional_sweep(sys.argv[1:])
+    sys.argv = sys.argv[:1] + friendly_overrides(positional_sweep(sys.argv[1:]), list_keys=(), string_keys=("sweep", "out"))
     _app()
 
 

@@ -60,7 +60,8 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     from mtrain.decode import translate_sentences
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.train.checkpoint import find_checkpoint, load_run
-    from mtrain.train.runtime import resolve_device, resolve_precision, set_threads
+    from mtrain.decode.translator import resolve_decode_precision
+    from mtrain.train.runtime import resolve_device, set_threads
 
     metrics = check_metric_names(cfg.metrics)
     run_dir = Path(cfg.run)
@@ -70,7 +71,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         raise MtrainError(f"engine={cfg.engine}: `mtrain eval` decodes with engine=torch only")
     set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.precision, device)
+    precision = resolve_decode_precision(cfg.precision, device)
 
     averaged_from: Optional[List[str]] = None
     if cfg.average_last > 0:

@@ -1,0 +1,255 @@
+"""mtrain.evaluate.report and .sweep: `mtrain eval run=...` reports and `mtrain report SWEEP_DIR`."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mtrain.errors import MtrainError
+from mtrain.evaluate.metrics import score_files
+
+WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
+         "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(monkeypatch, *argv: str) -> None:
+    from mtrain.cli import main as cli
+
+    monkeypatch.setattr(sys, "argv", ["mtrain", *argv])
+    cli.main()
+
+
+# --------------------------------------------------------------------------- mtrain eval run=
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A run directory as `mtrain fit` leaves it: tokenizer, config, three checkpoints of a
+    tiny (untrained) model, and the corpus it names in `data.local_dir`."""
+    from mtrain.config import FitConfig, to_plain
+    from mtrain.model import build_model
+    from mtrain.tokenizer import train_or_load_tokenizer
+    from mtrain.train.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    rng = random.Random(5)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split, count in (("train", 300), ("val", 12), ("test", 16)):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(count)]
+        for lang in ("de", "en"):
+            (corpus / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.data.local_dir = str(corpus)
+    cfg.data.cache_dir = str(root / "cache")
+    cfg.data.splits.test = "test"
+    cfg.tokenizer.vocab_size = 48
+    cfg.model.merge_with({"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2, "ffn_dim": 32})
+    tokenizer = train_or_load_tokenizer(cfg.tokenizer, cfg.data, log=lambda *_: None)
+
+    run = root / "run"
+    tokenizer.save(run / "tokenizer")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    torch.manual_seed(0)
+    for update in (10, 20, 30):
+        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+        state = {"model": model.state_dict(), "update": update, "config": to_plain(cfg), "mtrain_version": "0.1.0"}
+        save_checkpoint(run / "checkpoints" / f"update_{update}.pt", state)
+        if update == 20:
+            save_checkpoint(run / "checkpoints" / "best.pt", state)
+    return run
+
+
+def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu",
+            "chrf_word_order=2")
+    printed = capsys.readouterr().out
+    eval_dir = tiny_run / "eval"
+    report = json.loads((eval_dir / "test.json").read_text(encoding="utf-8"))
+    hyps = (eval_dir / "test.hyp").read_text(encoding="utf-8").splitlines()
+    corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
+
+    # Metrics with signatures, equal to scoring the saved hypotheses against the test file.
+    expected = score_files(eval_dir / "test.hyp", [corpus / "test.en"], chrf_word_order=2)
+    assert report["metrics"] == expected
+    assert set(report["metrics"]) == {"bleu", "chrf", "ter"}
+    assert report["metrics"]["chrf"]["name"] == "chrF2++"
+    assert all(m["signature"].startswith("nrefs:1|") for m in report["metrics"].values())
+    # Checkpoint, decoding settings, data files with hashes, counts, time and speed.
+    assert report["checkpoint"]["path"].endswith("best.pt") and report["checkpoint"]["update"] == 20
+    assert report["checkpoint"]["averaged_from"] is None
+    assert report["decode"]["beam"] == 2 and report["decode"]["device"] == "cpu"
+    assert report["decode"]["precision"] == "fp32" and report["decode"]["engine"] == "torch"
+    roles = {record["role"]: record for record in report["data"]}
+    assert set(roles) == {"source", "reference", "hypotheses"}
+    assert roles["source"]["path"] == str((corpus / "test.de").resolve())
+    assert roles["reference"]["lines"] == 16 and len(roles["reference"]["sha256"]) == 64
+    assert report["sentences"] == len(hyps) == 16
+    assert report["decode_time_s"] > 0 and report["sentences_per_s"] > 0 and "target_tokens_per_s" in report
+    assert report["split"] == "test" and report["split_name"] == "test" and report["language_pair"] == "de-en"
+    assert report["scoring"] == {"tokenize": "13a", "lowercase": False, "chrf_word_order": 2}
+    # The Markdown report says the same; the terminal shows the table.
+    markdown = (eval_dir / "test.md").read_text(encoding="utf-8")
+    for needle in ("| BLEU |", report["metrics"]["bleu"]["signature"], "best.pt", "beam=2",
+                   roles["reference"]["sha256"], "**Sentences**: 16", "sentences/s"):
+        assert needle in markdown, needle
+    assert report["metrics"]["ter"]["signature"] in printed
+    assert list(tmp_path.iterdir()) == []  # nothing written outside the run directory
+
+
+def test_eval_with_averaged_checkpoints(tiny_run, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=valid", "average_last=2", "decode.beam=1",
+            "device=cpu", "metrics=[bleu]")
+    report = json.loads((tiny_run / "eval" / "valid.json").read_text(encoding="utf-8"))
+    assert [Path(p).name for p in report["checkpoint"]["averaged_from"]] == ["update_20.pt", "update_30.pt"]
+    assert report["checkpoint"]["path"].endswith("average_last2.pt") and report["sentences"] == 12
+    assert set(report["metrics"]) == {"bleu"}
+    assert "averaged update_20.pt, update_30.pt" in capsys.readouterr().out
+
+
+def test_eval_run_bad_inputs(tiny_run, tmp_path, monkeypatch, capsys):
+    from mtrain.config import EvalConfig
+    from mtrain.evaluate.report import evaluate_run
+
+    cfg = OmegaConf.structured(EvalConfig)
+    cfg.device = "cpu"
+    no_checkpoints = tmp_path / "empty_run"
+    no_checkpoints.mkdir()
+    cfg.run = str(no_checkpoints)
+    with pytest.raises(MtrainError, match="no checkpoints in"):
+        evaluate_run(cfg)
+    cfg.run = str(tmp_path / "missing")
+    with pytest.raises(MtrainError, match="no such run directory"):
+        evaluate_run(cfg)
+    cfg.run, cfg.average_last = str(tiny_run), 5
+    with pytest.raises(MtrainError, match="5 checkpoints asked for but only 3"):
+        evaluate_run(cfg)
+    cfg.average_last, cfg.metrics = 0, ["bleu", "bertscore"]
+    with pytest.raises(MtrainError, match="unknown metric 'bertscore'.*bleu, chrf, ter"):
+        evaluate_run(cfg)
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(monkeypatch, "eval", f"run={no_checkpoints}")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"mtrain: error: run={no_checkpoints}: no checkpoints")
+
+
+def test_hypotheses_scored_against_a_runs_split(tiny_run, tmp_path, monkeypatch, capsys):
+    corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "eval", f"hyp={corpus / 'test.en'}", f"run={tiny_run}", "metrics=[bleu]")
+    assert "100.00" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "eval", f"hyp={corpus / 'val.en'}", f"run={tiny_run}")
+    assert "has 12 lines but" in capsys.readouterr().err
+
+
+def test_write_report_holds_every_field(tmp_path):
+    from mtrain.evaluate.report import write_report
+
+    report = {
+        "run": "/runs/x", "split": "test", "split_name": "test_2016_flickr",
+        "checkpoint": {"path": "/runs/x/checkpoints/average_last2.pt", "which": "average", "update": 30,
+                       "averaged_from": ["/runs/x/checkpoints/update_20.pt", "/runs/x/checkpoints/update_30.pt"]},
+        "decode": {"beam": 5, "length_penalty": 1.0, "device": "cpu", "precision": "fp32", "engine": "torch"},
+        "data": [{"role": "reference", "path": "/data/test.en", "sha256": "ab" * 32, "lines": 2}],
+        "sentences": 2, "decode_time_s": 0.5, "sentences_per_s": 4.0, "target_tokens_per_s": 40.0,
+        "metrics": {"bleu": {"name": "BLEU", "score": 12.5, "signature": "nrefs:1|tok:13a",
+                             "text": "BLEU|nrefs:1|tok:13a = 12.50"}},
+        "scoring": {"tokenize": "13a", "lowercase": False, "chrf_word_order": 0},
+        "mtrain_version": "0.1.0", "created": "2026-01-01T00:00:00+00:00",
+    }
+    paths = write_report(tmp_path / "eval", "test", report, ["a b", "c"])
+    assert paths["hyp"].read_text(encoding="utf-8") == "a b\nc\n"
+    saved = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert saved["data"][-1]["role"] == "hypotheses" and saved["data"][-1]["lines"] == 2
+    markdown = paths["md"].read_text(encoding="utf-8")
+    for needle in ("| BLEU | 12.50 | nrefs:1|tok:13a |".replace("|tok", "\\|tok"), "average of update_20.pt, update_30.pt",
+                   "beam=5", "ab" * 32, "/data/test.en", "0.50 s", "40 target tokens/s"):
+        assert needle in markdown, needle
+    assert not list((tmp_path / "eval").glob(".*.tmp"))
+
+
+# --------------------------------------------------------------------------- mtrain report
+
+
+def make_fake_run(run: Path, overrides: list, losses: list, bleus: list, metrics: dict) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides), encoding="utf-8")
+    (run / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
+    writer = SummaryWriter(log_dir=str(run / "tb"))
+    for step, loss in losses:
+        writer.add_scalar("train/loss", loss, step)
+    for step, bleu in bleus:
+        writer.add_scalar("valid/bleu", bleu, step)
+    writer.close()
+
+
+@pytest.fixture
+def fake_sweep(tmp_path) -> Path:
+    sweep = tmp_path / "multirun" / "12-00-00"
+    make_fake_run(sweep / "0", ["model.norm_position=pre", "train.max_updates=40"],
+                  [(10, 6.0), (20, 5.0), (30, 4.5), (40, 4.0)], [(20, 8.0), (40, 12.5)],
+                  {"valid": {"best_bleu": 12.5, "best_update": 40}, "test": {"bleu": 11.75, "chrf": 40.0},
+                   "updates": 40, "train_time_s": 30.0, "best_update": 40, "diverged": False,
+                   "final_train_loss": 4.0})
+    make_fake_run(sweep / "1", ["model.norm_position=post", "train.max_updates=40"],
+                  [(10, 6.5), (20, 90.0)], [], {"updates": 20, "train_time_s": 14.0, "diverged": True})
+    return sweep
+
+
+def test_report_builds_table_and_plots(fake_sweep, monkeypatch, capsys, tmp_path):
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    run_cli(monkeypatch, "report", str(fake_sweep))
+    out_dir = fake_sweep / "report"
+    markdown = (out_dir / "report.md").read_text(encoding="utf-8")
+    table = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert table[0] == ("| run | differs | val BLEU | test BLEU | test chrF | final loss | diverged | updates "
+                        "| train time |")
+    assert table[2] == "| 0 | model.norm_position=pre | 12.50 | 11.75 | 40.00 | 4.000 | no | 40 | 30s |"
+    assert table[3] == "| 1 | model.norm_position=post | - | - | - | - | yes | 20 | 14s |"
+    assert "`train.max_updates=40`" in markdown  # shared overrides are stated once, not per row
+    for plot in ("train_loss.png", "valid_bleu.png"):
+        assert f"]({plot})" in markdown
+        data = (out_dir / plot).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert "run 1: no valid/bleu events" in markdown
+    assert "model.norm_position=post" in capsys.readouterr().out
+    assert list(workdir.iterdir()) == []
+
+
+def test_report_reads_curves_from_tensorboard(fake_sweep):
+    from mtrain.evaluate.curves import read_scalars
+
+    curves = read_scalars(fake_sweep / "0")
+    assert curves["train/loss"] == [(10, 6.0), (20, 5.0), (30, 4.5), (40, 4.0)]
+    assert curves["valid/bleu"] == [(20, 8.0), (40, 12.5)]
+    assert read_scalars(fake_sweep / "missing") == {"train/loss": [], "valid/bleu": []}
+
+
+def test_report_of_a_run_list_needs_out(fake_sweep, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    runs = f"{fake_sweep / '0'},{fake_sweep / '1'}"
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "report", runs)
+    assert "out=DIR" in capsys.readouterr().err
+    run_cli(monkeypatch, "report", f"sweep={runs}", f"out={tmp_path / 'rep'}")
+    assert (tmp_path / "rep" / "report.md").is_file()
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "report", str(tmp_path / "nothing"))
+    assert "no such directory" in capsys.readouterr().err
