@@ -175,3 +175,34 @@ def test_run_lists_and_references_as_users_type_them():
     assert values == ["out/a,out/b", ["test.en"], ["r1.en", "r2.en"], ["x.en"]]
     odd = "dir with 'quote', comma\\"
     assert parser.parse_override(friendly_overrides([f"runs={odd},x"])[0]).value() == f"{odd},x"
+
+
+def write_run_config(run: Path, corpus: Path, test_split: str = "test") -> None:
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig
+
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.data.local_dir = str(corpus)
+    cfg.data.splits.merge_with({"train": "test", "valid": "test", "test": test_split})
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+
+
+def test_references_come_from_the_runs_data_config(sweep, tmp_path):
+    refs = read_lines(tmp_path / "test.en")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for lang in ("de", "en"):
+        (corpus / f"test.{lang}").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    for name in ("0", "1", "2"):
+        write_run_config(sweep / name, corpus)
+
+    runs = discover_runs(str(sweep))
+    implicit = compare_runs(runs, None, metrics=["bleu"], num_samples=50)
+    explicit = compare_runs(runs, [refs], metrics=["bleu"], num_samples=50)
+    assert implicit.paired == explicit.paired and implicit.paired
+
+    write_run_config(sweep / "1", corpus, test_split="other_test")
+    different = compare_runs(discover_runs(str(sweep)), None, metrics=["bleu"], num_samples=50)
+    assert not different.paired
+    assert "name different test sets" in different.bootstrap_note and "ref=FILE" in different.bootstrap_note

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import hydra
 from omegaconf import DictConfig
@@ -44,31 +44,17 @@ def run_eval(cfg: DictConfig) -> Dict[str, Any]:
 def compare(cfg: DictConfig) -> Dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
     from mtrain.evaluate.compare import compare_runs, comparison_notes
+    from mtrain.evaluate.references import read_reference_files
     from mtrain.evaluate.runs import discover_runs
 
     runs = discover_runs(cfg.runs)
-    refs = _comparison_references(cfg, runs)
+    refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
     comparison = compare_runs(runs, refs, cfg.baseline, cfg.split, list(cfg.metrics), cfg.bootstrap_samples,
                               cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     print(comparison.table().to_text())
     for note in comparison_notes(comparison):
         print(note)
     return {"comparison": comparison}
-
-
-def _comparison_references(cfg: DictConfig, runs) -> Optional[List[List[str]]]:
-    """`ref=` if given, else the split of the baseline run's data config (None if unreadable)."""
-    from mtrain.evaluate.references import read_reference_files, read_split_text
-    from mtrain.evaluate.report import _run_config
-
-    if cfg.ref:
-        return read_reference_files(list(cfg.ref)).references
-    candidates = [run for run in runs if cfg.baseline in (None, "", run.name, str(run.path))] or runs
-    try:
-        return read_split_text(_run_config(candidates[0].path).data, cfg.split).references
-    except MtrainError as error:
-        print(f"no references for the paired bootstrap ({error})", file=sys.stderr)
-        return None
 
 
 def hydra_quote(value: str) -> str:

@@ -17,7 +17,7 @@ from sacrebleu.significance import PairedTest
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
-from mtrain.evaluate.runs import RunSummary, describe, differing_overrides
+from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
 
 
@@ -103,7 +103,10 @@ def compare_runs(
     lowercase: bool = False,
     chrf_word_order: int = 0,
 ) -> Comparison:
-    """The comparison of `runs`; the bootstrap runs when `refs` and two runs' hypotheses exist."""
+    """The comparison of `runs`, with the paired bootstrap when two runs have hypotheses.
+
+    `refs` (reference streams) default to the split of the runs' data config.
+    """
     if not runs:
         raise MtrainError("runs: no runs to compare")
     ordered = _baseline_first(runs, baseline)
@@ -120,8 +123,10 @@ def compare_runs(
         comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {split} hypotheses"
         return comparison
     if refs is None:
-        comparison.bootstrap_note = "no paired bootstrap: no references (pass ref=FILE)"
-        return comparison
+        refs, why = split_references(ordered, split)
+        if refs is None:
+            comparison.bootstrap_note = f"no paired bootstrap: {why}"
+            return comparison
     if named_hyps[0][0] != ordered[0].name:
         raise MtrainError(
             f"baseline {ordered[0].name}: has no {split} hypotheses ({ordered[0].hyp_path(split)}); "
@@ -133,6 +138,37 @@ def compare_runs(
     comparison.paired, comparison.signatures = paired_bootstrap(
         named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
     return comparison
+
+
+# The keys of a data config that decide which sentences a split holds.
+_SPLIT_KEYS = ("name", "src", "tgt", "local_dir", "format", "pattern", "hub.id", "hub.config")
+
+
+def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[Optional[List[List[str]]], Optional[str]]:
+    """The references of `split` for comparing `runs`, read through the data config of the
+    first run that has one; `(None, why)` when unreadable or the runs name different data."""
+    from omegaconf import OmegaConf
+
+    from mtrain.evaluate.references import read_split_text
+
+    described = {}
+    for run in runs:
+        try:
+            data = run_config(run.path).data
+        except MtrainError:
+            continue
+        keys = [f"splits.{split}"] + list(_SPLIT_KEYS)
+        described[run.name] = (data, tuple(str(OmegaConf.select(data, key)) for key in keys))
+    if not described:
+        return None, "no run has a config.yaml naming its data; pass the references with ref=FILE"
+    if len({fingerprint for _, fingerprint in described.values()}) > 1:
+        return None, (f"the runs' data configs name different {split} sets "
+                      f"({', '.join(described)}); pass the common references with ref=FILE")
+    data = next(iter(described.values()))[0]
+    try:
+        return read_split_text(data, split).references, None
+    except MtrainError as error:
+        return None, f"the {split} references could not be read ({error}); pass them with ref=FILE"
 
 
 def _baseline_first(runs: List[RunSummary], baseline: Optional[str]) -> List[RunSummary]:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
 from mtrain.evaluate.references import SplitText, file_record, read_reference_files, read_split_text
+from mtrain.evaluate.runs import run_config
 from mtrain.evaluate.tables import Table
 
 EVAL_DIR = "eval"
@@ -42,7 +43,7 @@ def score_hypotheses(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, 
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]
     elif cfg.run:
-        split = read_split_text(_run_config(Path(cfg.run)).data, cfg.split)
+        split = read_split_text(run_config(Path(cfg.run)).data, cfg.split)
         ref_names = [record["path"] for record in split.files if "reference" in record["role"]]
     else:
         raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")
@@ -163,16 +164,6 @@ def render_markdown(report: Dict[str, Any]) -> str:
               "| file | role | lines | sha256 |", "|---|---|---|---|"]
     lines += [f"| `{r['path']}` | {r['role']} | {r['lines']} | `{r['sha256']}` |" for r in report["data"]]
     return "\n".join(lines) + "\n"
-
-
-def _run_config(run_dir: Path) -> Any:
-    """The resolved config a run was trained with (`config.yaml`, else `.hydra/config.yaml`)."""
-    from omegaconf import OmegaConf
-
-    for path in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
-        if path.is_file():
-            return OmegaConf.load(path)
-    raise MtrainError(f"run={run_dir}: no config.yaml or .hydra/config.yaml; is it a run directory of `mtrain fit`?")
 
 
 def _plain(node: Any) -> Dict[str, Any]:

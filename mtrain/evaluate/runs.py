@@ -129,6 +129,16 @@ def read_overrides(run_dir: Path) -> Dict[str, str]:
     return overrides
 
 
+def run_config(run_dir: Path) -> Any:
+    """The resolved config a run was trained with (`config.yaml`, else `.hydra/config.yaml`)."""
+    from omegaconf import OmegaConf
+
+    for path in (Path(run_dir) / "config.yaml", Path(run_dir) / ".hydra" / "config.yaml"):
+        if path.is_file():
+            return OmegaConf.load(path)
+    raise MtrainError(f"run={run_dir}: no config.yaml or .hydra/config.yaml; is it a run directory of `mtrain fit`?")
+
+
 def differing_overrides(runs: Sequence[RunSummary]) -> List[str]:
     """Override keys whose value is not the same in every run (in first-seen order)."""
     keys: List[str] = []
