@@ -25,6 +25,7 @@ log = logging.getLogger("mtrain.translate")
 def run_translate(cfg: DictConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.decode.stream import translate_stream
+    from mtrain.decode.textio import check_paths
     from mtrain.decode.translator import resolve_decode_precision
     from mtrain.train.checkpoint import load_run
     from mtrain.train.runtime import resolve_device, set_threads
@@ -33,6 +34,7 @@ def run_translate(cfg: DictConfig) -> None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     if cfg.engine != "torch":
         raise MtrainError(f"engine={cfg.engine}: only engine=torch is implemented")
+    check_paths(cfg.input, cfg.output)  # before the model loads
     set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     precision = resolve_decode_precision(cfg.precision, device)

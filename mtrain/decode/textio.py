@@ -29,16 +29,26 @@ class ReadStats:
     first_undecodable_line: Optional[int] = None  # 1-based
 
 
+def check_paths(input_path: Optional[str], output_path: Optional[str]) -> None:
+    """Fail before any work if the input is not a readable file or the output is a folder."""
+    if input_path is not None:
+        file = Path(input_path)
+        if file.is_dir():
+            raise MtrainError(
+                f"input={input_path}: is a directory; give a text file (one sentence per line) or omit input= to read stdin"
+            )
+        if not file.exists():
+            raise MtrainError(f"input={input_path}: no such file")
+    if output_path is not None and Path(output_path).is_dir():
+        raise MtrainError(f"output={output_path}: is a directory; give a file name")
+
+
 def open_input(path: Optional[str]) -> BinaryIO:
     """The input file as bytes, or stdin when `path` is None."""
     if path is None:
         return sys.stdin.buffer
-    file = Path(path)
-    if file.is_dir():
-        raise MtrainError(f"input={path}: is a directory; give a text file (one sentence per line) or omit input= to read stdin")
-    if not file.exists():
-        raise MtrainError(f"input={path}: no such file")
-    return file.open("rb")
+    check_paths(path, None)
+    return Path(path).open("rb")
 
 
 def decode_line(raw: bytes) -> tuple[str, int]:
@@ -86,9 +96,8 @@ def open_output(path: Optional[str]) -> TextIO:
     """The output file (parent folders created), or stdout when `path` is None."""
     if path is None:
         return sys.stdout
+    check_paths(None, path)
     file = Path(path)
-    if file.is_dir():
-        raise MtrainError(f"output={path}: is a directory; give a file name")
     file.parent.mkdir(parents=True, exist_ok=True)
     return file.open("w", encoding="utf-8", newline="\n")
 

@@ -1,0 +1,266 @@
+"""Translating sentences, files and streams; the `mtrain translate` command end to end."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
+from mtrain.decode.attention_plot import DPI, figure_size
+from mtrain.decode.stream import translate_stream
+from mtrain.decode.textio import decode_line, read_chunks, ReadStats
+from mtrain.decode.translator import token_budget_batches, translate_sentences
+from mtrain.errors import MtrainError
+from mtrain.model import build_model
+from mtrain.tokenizer import Tokenizer
+from mtrain.train.checkpoint import save_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # tiny models: threads cost more than they save
+    yield
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
+    """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so)."""
+    directory = tmp_path_factory.mktemp("spm")
+    lines = []
+    for lang in ("de", "en"):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines += [next(f) for _ in range(400)]
+    (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
+    with open(os.devnull, "w") as quiet:
+        spm.SentencePieceTrainer.train(
+            input=str(directory / "train.txt"), model_prefix=str(directory / "spm"), vocab_size=300,
+            unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet,
+        )
+    return Tokenizer({"spm.model": directory / "spm.model"})
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id).eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tokenizer, model) -> Path:
+    """A run directory as `mtrain fit` leaves it: tokenizer/ and checkpoints/best.pt."""
+    directory = tmp_path_factory.mktemp("run")
+    tokenizer.save(directory / "tokenizer")
+    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
+    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
+    return directory
+
+
+def job(**overrides) -> TranslateConfig:
+    decode = overrides.pop("decode", {})
+    cfg = OmegaConf.structured(TranslateConfig)
+    cfg.decode = OmegaConf.merge(cfg.decode, {"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
+    return OmegaConf.merge(cfg, overrides)
+
+
+SENTENCES = [
+    "Zwei junge Männer stehen vor einem Gebäude.",
+    "Ein Hund.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße, während Kinder zusehen.",
+    "Ein Mann fährt Fahrrad.",
+]
+
+
+# ------------------------------------------------------------------ sentences
+def test_token_budget_batches_respect_the_budget():
+    lengths = [5, 30, 7, 7, 12, 3, 50, 1]
+    batches = token_budget_batches(lengths, max_tokens=40)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        longest = max(lengths[i] for i in batch)
+        assert len(batch) * longest <= 40 or len(batch) == 1
+    assert [6] in batches  # over the budget: alone
+
+
+def test_translate_sentences_keeps_order_and_matches_one_by_one(model, tokenizer):
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_a=0.5, max_len_b=3, max_tokens=40)  # several batches
+    together = translate_sentences(model, tokenizer, SENTENCES + [""], cfg, "cpu")
+    assert len(together) == len(SENTENCES) + 1
+    for sentence, hyps in zip(SENTENCES, together):
+        alone = translate_sentences(model, tokenizer, [sentence], cfg, "cpu")[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in hyps]
+        assert [h.text for h in alone] == [h.text for h in hyps] == [tokenizer.decode_tgt(h.tokens) for h in hyps]
+        assert len(hyps) == 2
+    assert together[-1][0].text == "" and together[-1][0].tokens == []
+
+
+def test_translate_sentences_restores_training_mode(model, tokenizer):
+    model.train()
+    translate_sentences(model, tokenizer, SENTENCES[:1], DecodeConfig(beam=1, max_len_b=2), "cpu")
+    assert model.training
+    model.eval()
+
+
+# ------------------------------------------------------------------ files and streams
+def test_lines_blank_lines_and_line_count_preserved(model, tokenizer, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_bytes("\n".join([SENTENCES[0], "", "   ", SENTENCES[1], "", SENTENCES[3]]).encode() + b"\n\n")
+    output = tmp_path / "out" / "hyp.en"
+    report = translate_stream(model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32")
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == 7 == report.lines
+    assert lines[1] == lines[2] == lines[4] == lines[6] == ""
+    expected = translate_sentences(model, tokenizer, [SENTENCES[0], SENTENCES[1], SENTENCES[3]], job().decode, "cpu")
+    assert [lines[0], lines[3], lines[5]] == [h[0].text for h in expected]
+
+
+def test_crlf_and_unicode_line_separators_do_not_change_line_count(model, tokenizer, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_bytes(("Ein Hund\u2028läuft.\r\nEin Mann.\r\n").encode())
+    output = tmp_path / "hyp.en"
+    translate_stream(model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32")
+    assert output.read_text(encoding="utf-8").count("\n") == 2
+
+
+def test_over_long_line_is_truncated_with_a_warning_naming_it(model, tokenizer, tmp_path, caplog):
+    long_line = " ".join(SENTENCES * 4)
+    source = tmp_path / "in.de"
+    source.write_text(f"{SENTENCES[1]}\n{SENTENCES[3]}\n{long_line}\n", encoding="utf-8")
+    output = tmp_path / "hyp.en"
+    with caplog.at_level(logging.WARNING, logger="mtrain"):
+        report = translate_stream(model, tokenizer, job(input=str(source), output=str(output), max_input_tokens=20),
+                                  torch.device("cpu"), "fp32")
+    assert report.truncated_lines == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("line 3:") and "truncated to the first 19" in warnings[0]
+    assert output.read_text(encoding="utf-8").count("\n") == 3
+
+
+def test_model_position_limit_caps_inputs(model, tokenizer, tmp_path, caplog):
+    source = tmp_path / "in.de"
+    source.write_text(" ".join(SENTENCES * 12) + "\n", encoding="utf-8")  # far beyond 64 positions
+    with caplog.at_level(logging.WARNING, logger="mtrain"):
+        translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "o"), max_input_tokens=1024),
+                         torch.device("cpu"), "fp32")
+    assert "truncated to the first 63" in caplog.text
+
+
+def test_undecodable_bytes_are_replaced_and_counted(model, tokenizer, tmp_path, caplog):
+    assert decode_line(b"Ein \xff\xfe Hund") == ("Ein \ufffd\ufffd Hund", 2)
+    assert decode_line("Grüße".encode()) == ("Grüße", 0)
+    stats = ReadStats()
+    chunks = list(read_chunks(io.BytesIO(b"gut\nschlecht \x80\n\nauch \xc3\n"), 2, stats))
+    assert chunks == [["gut", "schlecht \ufffd"], ["", "auch \ufffd"]]
+    assert (stats.lines, stats.undecodable_bytes, stats.undecodable_lines, stats.first_undecodable_line) == (4, 2, 2, 2)
+    source = tmp_path / "in.de"
+    source.write_bytes(b"Ein Hund.\nEin \xff Mann \xfe\xfd.\n")
+    output = tmp_path / "hyp.en"
+    with caplog.at_level(logging.WARNING, logger="mtrain"):
+        report = translate_stream(model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32")
+    assert (report.undecodable_bytes, report.undecodable_lines) == (3, 1)
+    assert "3 bytes on 1 lines were not UTF-8 (first on line 2)" in caplog.text
+    assert output.read_text(encoding="utf-8").count("\n") == 2
+
+
+def test_directory_or_missing_input_is_a_clear_error(model, tokenizer, tmp_path):
+    with pytest.raises(MtrainError, match="is a directory"):
+        translate_stream(model, tokenizer, job(input=str(tmp_path)), torch.device("cpu"), "fp32")
+    with pytest.raises(MtrainError, match="no such file"):
+        translate_stream(model, tokenizer, job(input=str(tmp_path / "nope.de")), torch.device("cpu"), "fp32")
+
+
+def test_nbest_output_is_tsv(model, tokenizer, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_text(f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n", encoding="utf-8")
+    output = tmp_path / "nbest.tsv"
+    translate_stream(model, tokenizer, job(input=str(source), output=str(output), decode={"beam": 4, "nbest": 3}),
+                     torch.device("cpu"), "fp32")
+    rows = [line.split("\t") for line in output.read_text(encoding="utf-8").splitlines()]
+    assert all(len(row) == 3 for row in rows)
+    assert [row[0] for row in rows] == ["0", "0", "0", "1", "2", "2", "2"]
+    assert rows[3][2] == ""
+    first = [float(row[1]) for row in rows[:3]]
+    assert first == sorted(first, reverse=True)
+    expected = translate_sentences(model, tokenizer, [SENTENCES[0]], job(decode={"beam": 4, "nbest": 3}).decode, "cpu")[0]
+    assert [row[2] for row in rows[:3]] == [h.text for h in expected]
+    assert first == pytest.approx([h.score for h in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("layer", ["last", "all"])
+def test_attention_pictures_one_png_per_sentence(model, tokenizer, tmp_path, layer):
+    source = tmp_path / "in.de"
+    source.write_text(f"{SENTENCES[1]}\n\n{SENTENCES[3]}\n", encoding="utf-8")
+    pictures = tmp_path / "att"
+    translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "hyp.en"), attention=str(pictures),
+                                           attention_layer=layer), torch.device("cpu"), "fp32")
+    assert sorted(p.name for p in pictures.iterdir()) == ["000001.png", "000003.png"]
+    expected = translate_sentences(model, tokenizer, [SENTENCES[1]], job().decode, "cpu")[0][0]
+    num_src = len(tokenizer.encode_src(SENTENCES[1])) + 1
+    num_tgt = len(expected.tokens) + 1
+    width, height = figure_size(num_src, num_tgt, panels=2 if layer == "all" else 1)
+    assert Image.open(pictures / "000001.png").size == (round(width * DPI), round(height * DPI))
+
+
+def test_bad_attention_layer_is_a_clear_error(model, tokenizer, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund.\n", encoding="utf-8")
+    for layer in ("middle", "5"):
+        with pytest.raises(MtrainError, match="attention_layer"):
+            translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "o"), attention=str(tmp_path / "a"),
+                                                   attention_layer=layer), torch.device("cpu"), "fp32")
+
+
+# ------------------------------------------------------------------ the command
+def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd,
+                          env=env, timeout=120)
+
+
+def test_translate_command_pipes_stdin_to_clean_stdout(run_dir, model, tokenizer, tmp_path):
+    text = f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n".encode()
+    result = mtrain("translate", f"run={run_dir}", "decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3",
+                    "num_threads=1", stdin=text, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    expected = translate_sentences(model, tokenizer, [SENTENCES[0], SENTENCES[1]], job().decode, "cpu")
+    assert result.stdout.decode().split("\n") == [expected[0][0].text, "", expected[1][0].text, ""]
+    assert b"translating with" in result.stderr  # logs go to stderr
+    assert list(tmp_path.iterdir()) == []  # no outputs/, .hydra/ or log file
+
+
+def test_translate_command_errors_are_one_line(run_dir, tmp_path):
+    result = mtrain("translate", f"run={run_dir}", f"input={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines() == [
+        f"mtrain: error: input={tmp_path}: is a directory; give a text file (one sentence per line) or omit input= to read stdin"
+    ]
+
+
+def test_translate_config_composes_and_rejects_typos():
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from mtrain.cli.common import CONFIG_DIR
+    from mtrain.cli.translate import run_translate
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("translate", overrides=["decode=greedy", "attention_layer=1"])
+        assert cfg.decode.beam == 1 and cfg.input is None and cfg.output is None and cfg.precision == "auto"
+        assert compose("translate").decode.beam == 5
+        with pytest.raises(ConfigCompositionException):
+            compose("translate", overrides=["decode.beem=3"])
+    with pytest.raises(MtrainError, match="run=RUN_DIR is missing"):
+        run_translate(cfg)
