@@ -20,6 +20,8 @@ from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_na
 from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
 
+_DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+
 
 @dataclass
 class PairedResult:
@@ -112,29 +114,27 @@ def compare_runs(
     ordered = _baseline_first(runs, baseline)
     comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
                             baseline=ordered[0].name, num_samples=num_samples)
-    named_hyps = []
-    for run in ordered:
-        path = run.hyp_path(split)
-        if path.is_file():
-            named_hyps.append((run.name, read_lines(path, "hypotheses")))
-        else:
-            comparison.skipped[run.name] = f"no {path.relative_to(run.path)}"
-    if len(named_hyps) < 2:
+    with_hyps = [run for run in ordered if run.hyp_path(split).is_file()]
+    comparison.skipped = {run.name: f"no {run.hyp_path(split).relative_to(run.path)}"
+                          for run in ordered if run not in with_hyps}
+    if len(with_hyps) < 2:
         comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {split} hypotheses"
         return comparison
+    if with_hyps[0] is not ordered[0]:
+        raise MtrainError(
+            f"baseline {ordered[0].name}: has no {split} hypotheses ({ordered[0].hyp_path(split)}); "
+            f"run `mtrain eval run={ordered[0].path} split={split}` first or choose another baseline="
+        )
     if refs is None:
         refs, why = split_references(ordered, split)
         if refs is None:
             comparison.bootstrap_note = f"no paired bootstrap: {why}"
             return comparison
-    if named_hyps[0][0] != ordered[0].name:
-        raise MtrainError(
-            f"baseline {ordered[0].name}: has no {split} hypotheses ({ordered[0].hyp_path(split)}); "
-            f"run `mtrain eval run={ordered[0].path} split={split}` first or choose another baseline="
-        )
-    for run_name, hyps in named_hyps:
-        check_lengths(len(hyps), [len(stream) for stream in refs],
-                      str(next(r for r in ordered if r.name == run_name).hyp_path(split)))
+    named_hyps = []
+    for run in with_hyps:
+        hyps = read_lines(run.hyp_path(split), "hypotheses")
+        check_lengths(len(hyps), [len(stream) for stream in refs], str(run.hyp_path(split)))
+        named_hyps.append((run.name, hyps))
     comparison.paired, comparison.signatures = paired_bootstrap(
         named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
     return comparison
@@ -214,9 +214,6 @@ def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
                           "-" if result.p_value is None else f"{result.p_value:.4f}"]
         table.add(*cells)
     return table
-
-
-_DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 
 
 def _number(value: object, digits: int) -> str:

@@ -11,6 +11,7 @@ i.e. one list per reference file ("stream").
 from __future__ import annotations
 
 import gzip
+import importlib.util
 from pathlib import Path
 from typing import Dict, List, Sequence, Union
 
@@ -71,11 +72,8 @@ def _check_tokenizer(tokenize: str) -> None:
             f"tokenize={tokenize!r}: not a sacreBLEU tokenizer; choose from "
             f"{', '.join(sorted(BLEU.TOKENIZERS))}"
         )
-    if tokenize in _OPTIONAL_TOKENIZERS:
-        try:
-            import MeCab  # noqa: F401  (both mecab tokenizers need it)
-        except ImportError as error:
-            raise MtrainError(_missing_tokenizer_message(tokenize)) from error
+    if tokenize in _OPTIONAL_TOKENIZERS and importlib.util.find_spec("MeCab") is None:
+        raise MtrainError(_missing_tokenizer_message(tokenize))  # both mecab tokenizers need it
 
 
 def _missing_tokenizer_message(tokenize: str) -> str:

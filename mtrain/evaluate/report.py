@@ -156,10 +156,11 @@ def render_markdown(report: Dict[str, Any]) -> str:
     decode = report["decode"]
     settings = ", ".join(f"{key}={value}" for key, value in decode.items())
     lines += [f"- **Decoding**: {settings}",
-              f"- **Sentences**: {report['sentences']}",
+              f"- **Sentences**: {report['sentences']}"
+              + (f" ({report['skipped_pairs']} pairs skipped: not valid UTF-8)" if report.get("skipped_pairs") else ""),
               f"- **Decoding time**: {report['decode_time_s']:.2f} s ({report['sentences_per_s']:.1f} sentences/s, "
               f"{report['target_tokens_per_s']:.0f} target tokens/s)",
-              f"- **Scoring**: " + ", ".join(f"{k}={v}" for k, v in report["scoring"].items()),
+              "- **Scoring**: " + ", ".join(f"{k}={v}" for k, v in report["scoring"].items()),
               f"- **mtrain** {report['mtrain_version']}, {report['created']}", "",
               "| file | role | lines | sha256 |", "|---|---|---|---|"]
     lines += [f"| `{r['path']}` | {r['role']} | {r['lines']} | `{r['sha256']}` |" for r in report["data"]]
