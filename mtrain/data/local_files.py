@@ -90,11 +90,12 @@ class LocalSource:
         return paths  # type: ignore[return-value]
 
     def fingerprint(self, split: str) -> str:
-        parts = [self.cfg.format]
+        """Paths, sizes and mtimes of the split's files, sorted: the same in both directions."""
+        parts = []
         for path in self.files(split):
             status = path.stat()
             parts.append(f"{path.resolve()}:{status.st_size}:{status.st_mtime_ns}")
-        return "|".join(parts)
+        return "|".join([self.cfg.format] + sorted(parts))
 
     def pairs(self, split: str, stats: ReadStats) -> Iterator[Pair]:
         paths = self.files(split)

@@ -55,7 +55,8 @@ class ParallelSource(Protocol):
     description: str  # for logs: where the data is read from
 
     def fingerprint(self, split: str) -> str:
-        """Changes whenever the split's content may have changed (paths, sizes, mtimes...)."""
+        """Changes whenever the split's content may have changed (paths, sizes, mtimes...);
+        the same for both directions (the direction is part of cache keys where it matters)."""
 
     def pairs(self, split: str, stats: ReadStats) -> Iterator[Pair]:
         """Stream the split's (src, tgt) sentences in corpus order, whitespace-trimmed."""

@@ -13,7 +13,6 @@ memory stays bounded for WMT-size corpora.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -109,22 +108,21 @@ def _write_training_text(staging: Path, source: ParallelSource, data: Any, swap:
 def _train_model(cfg: Any, text_file: Path, model_file: Path, threads: int) -> None:
     spm.set_random_generator_seed(SAMPLING_SEED)
     try:
-        with open(os.devnull, "w") as quiet:
-            spm.SentencePieceTrainer.train(
-                input=str(text_file),
-                model_prefix=str(model_file.with_suffix("")),
-                vocab_size=cfg.vocab_size,
-                model_type=cfg.model_type,
-                character_coverage=cfg.character_coverage,
-                input_sentence_size=cfg.max_sentences,
-                shuffle_input_sentence=True,
-                unk_id=cfg.unk_id,
-                pad_id=cfg.pad_id,
-                bos_id=cfg.bos_id,
-                eos_id=cfg.eos_id,
-                num_threads=threads,
-                logstream=quiet,
-            )
+        spm.SentencePieceTrainer.train(
+            input=str(text_file),
+            model_prefix=str(model_file.with_suffix("")),
+            vocab_size=cfg.vocab_size,
+            model_type=cfg.model_type,
+            character_coverage=cfg.character_coverage,
+            input_sentence_size=cfg.max_sentences,
+            shuffle_input_sentence=True,
+            unk_id=cfg.unk_id,
+            pad_id=cfg.pad_id,
+            bos_id=cfg.bos_id,
+            eos_id=cfg.eos_id,
+            num_threads=threads,
+            minloglevel=2,  # errors only: its progress log would drown ours
+        )
     except RuntimeError as error:
         raise MtrainError(
             f"tokenizer (vocab_size={cfg.vocab_size}, model_type={cfg.model_type}): SentencePiece "

@@ -1,0 +1,133 @@
+"""SentencePiece training, caching and the Tokenizer contract (mtrain.tokenizer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sentencepiece as spm
+
+from mtrain.config import DataConfig, TokenizerConfig
+from mtrain.errors import MtrainError
+from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
+
+SMALL = dict(vocab_size=500)
+
+
+@pytest.fixture
+def data(multi30k_slice, tmp_path) -> DataConfig:
+    return DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / "cache"))
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+def first_sentences(multi30k_slice, lang: str, n: int = 5):
+    return (multi30k_slice / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+
+
+def test_special_ids_encoding_and_decoding(data, multi30k_slice):
+    tokenizer = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
+    assert (tokenizer.unk_id, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+    assert tokenizer.joint and tokenizer.src_vocab_size == tokenizer.tgt_vocab_size == 500
+    for sentence in first_sentences(multi30k_slice, "en"):
+        ids = tokenizer.encode_tgt(sentence)
+        assert tokenizer.eos_id not in ids and tokenizer.bos_id not in ids
+        assert tokenizer.decode_tgt(ids) == " ".join(sentence.split())
+        padded = [tokenizer.bos_id] + ids + [tokenizer.eos_id, tokenizer.pad_id, tokenizer.pad_id]
+        assert tokenizer.decode_tgt(padded) == tokenizer.decode_tgt(ids)
+        assert "".join(tokenizer.tgt_pieces(ids)).replace("▁", " ").strip() == " ".join(sentence.split())
+    german = first_sentences(multi30k_slice, "de", 1)[0]
+    assert tokenizer.src_pieces(tokenizer.encode_src(german))[0].startswith("▁")
+
+
+def test_explicit_special_ids_are_honoured(data):
+    cfg = TokenizerConfig(**SMALL, unk_id=3, pad_id=0, bos_id=1, eos_id=2)
+    tokenizer = train_or_load_tokenizer(cfg, data, log=quiet)
+    assert (tokenizer.unk_id, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (3, 0, 1, 2)
+
+
+def test_save_and_load_round_trip(data, tmp_path, multi30k_slice):
+    tokenizer = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    assert sorted(p.name for p in (tmp_path / "run" / "tokenizer").iterdir()) == ["spm.model"]
+    loaded = Tokenizer.load(tmp_path / "run" / "tokenizer")
+    sentence = first_sentences(multi30k_slice, "de", 1)[0]
+    assert loaded.encode_src(sentence) == tokenizer.encode_src(sentence)
+    assert loaded.fingerprint == tokenizer.fingerprint
+    with pytest.raises(MtrainError, match="no tokenizer here"):
+        Tokenizer.load(tmp_path)
+
+
+def test_separate_vocabularies(data, tmp_path, multi30k_slice):
+    tokenizer = train_or_load_tokenizer(TokenizerConfig(**SMALL, joint=False), data, log=quiet)
+    assert not tokenizer.joint
+    assert tokenizer.src_vocab_size == tokenizer.tgt_vocab_size == 500
+    english = first_sentences(multi30k_slice, "en", 1)[0]
+    assert tokenizer.encode_src(english) != tokenizer.encode_tgt(english)  # different vocabularies
+    tokenizer.save(tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["src.model", "tgt.model"]
+    assert not Tokenizer.load(tmp_path / "run").joint
+
+
+def test_second_call_reuses_the_cached_model(data, monkeypatch):
+    cfg = TokenizerConfig(**SMALL)
+    first = train_or_load_tokenizer(cfg, data, log=quiet)
+    model_file = first.files["spm.model"]
+    mtime = model_file.stat().st_mtime_ns
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the tokenizer was retrained")
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", no_training)
+    messages = []
+    second = train_or_load_tokenizer(cfg, data, log=messages.append)
+    assert second.fingerprint == first.fingerprint
+    assert model_file.stat().st_mtime_ns == mtime
+    assert any("reusing" in m for m in messages)
+    # A joint vocabulary does not depend on the direction.
+    reverse = DataConfig(local_dir=data.local_dir, cache_dir=data.cache_dir, src="en", tgt="de")
+    assert train_or_load_tokenizer(cfg, reverse, log=quiet).fingerprint == first.fingerprint
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(vocab_size=400), dict(model_type="bpe"), dict(character_coverage=0.98), dict(max_sentences=300)],
+)
+def test_different_settings_train_a_different_model(data, change):
+    base = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
+    other = train_or_load_tokenizer(TokenizerConfig(**{**SMALL, **change}), data, log=quiet)
+    assert other.files["spm.model"].parent != base.files["spm.model"].parent
+    assert other.fingerprint != base.fingerprint
+
+
+def test_changed_training_data_trains_a_new_model(data, tmp_path, multi30k_slice):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(multi30k_slice, copy)
+    data.local_dir = str(copy)
+    before = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
+    with open(copy / "train.de", "a", encoding="utf-8") as f, open(copy / "train.en", "a", encoding="utf-8") as g:
+        f.write("Ein neuer Satz.\n")
+        g.write("A new sentence.\n")
+    os.utime(copy / "train.de", ns=(0, 10**18))
+    after = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
+    assert after.files["spm.model"].parent != before.files["spm.model"].parent
+
+
+def test_bad_tokenizer_settings(data):
+    with pytest.raises(MtrainError, match="lower tokenizer.vocab_size"):
+        train_or_load_tokenizer(TokenizerConfig(vocab_size=60000), data, log=quiet)
+    with pytest.raises(MtrainError, match="tokenizer.model_type=word"):
+        train_or_load_tokenizer(TokenizerConfig(model_type="word"), data, log=quiet)
+    with pytest.raises(MtrainError, match="four distinct"):
+        train_or_load_tokenizer(TokenizerConfig(pad_id=0), data, log=quiet)
+    assert not list((data_cache(data) / "tokenizers").glob("*tmp*")), "failed builds left staging dirs"
+
+
+def data_cache(data: DataConfig):
+    from pathlib import Path
+
+    return Path(data.cache_dir)
