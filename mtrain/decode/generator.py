@@ -203,7 +203,8 @@ def generate(
             break
         keep = ~done
         index = next_rows[keep].view(-1)  # rows to keep, following the back-pointers
-        step_fn.reorder(index)
+        if not _is_identity(index, n * width):  # greedy with no sentence done: nothing to move
+            step_fn.reorder(index)
         prefix = torch.cat([prefix.index_select(0, index), next_tokens[keep].view(-1, 1)], dim=1)
         if need_attention:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
@@ -212,6 +213,10 @@ def generate(
         sentence = sentence[keep]
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
+
+
+def _is_identity(index: Tensor, rows: int) -> bool:
+    return index.numel() == rows and bool((index == torch.arange(rows, device=index.device)).all())
 
 
 def position_limit(model) -> Optional[int]:
