@@ -34,6 +34,8 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
     from mtrain.train.trainer import Trainer
 
+    if cfg.model.layers is not None:  # the shortcut sets both stacks; record what was built
+        cfg.model.encoder_layers = cfg.model.decoder_layers = cfg.model.layers
     dist = init_distributed(cfg.train.device)
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
@@ -80,7 +82,9 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
             trainer.writer.close()
 
     if dist.is_main:
-        metrics["valid"] = {"best_bleu": trainer.state.best_valid_bleu, "best_update": trainer.state.best_update}
+        metrics["valid"] = dict(trainer.last_validation, best_update=trainer.state.best_update)
+        if cfg.train.valid_bleu:
+            metrics["valid"]["best_bleu"] = trainer.state.best_score
         metrics["test"] = score_test_split(cfg, run_dir, trainer, device, precision)
         _write_metrics(run_dir, metrics)
         log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items() if isinstance(v, float)))

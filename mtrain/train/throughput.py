@@ -41,8 +41,9 @@ def peak_flops(device: torch.device, precision: str) -> Optional[float]:
 def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 8) -> float:
     """FLOP/s of a large square matmul on this CPU with the current thread count."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+    generator = torch.Generator().manual_seed(0)  # leave the training RNG stream untouched
+    a = torch.randn(size, size, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, dtype=dtype, generator=generator)
     torch.mm(a, b)  # warm up kernels and caches
     start = time.perf_counter()
     for _ in range(repeats):

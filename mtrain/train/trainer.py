@@ -42,7 +42,7 @@ class TrainState:
     epoch: int = 1
     batch_in_epoch: int = 0  # this rank's batches of `epoch` already consumed
     train_seconds: float = 0.0  # wall time spent in the training loop (validation included)
-    best_valid_bleu: float = -1.0
+    best_score: float = float("-inf")  # val BLEU, or minus val loss when valid_bleu is off
     best_update: int = 0
     validations_without_gain: int = 0
     skipped_updates: int = 0
@@ -110,6 +110,8 @@ class Trainer:
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
         self._epoch_batches: Optional[List[np.ndarray]] = None
         self._last_saved_update = -1
+        self._instrumenting = False
+        self.last_validation: Dict[str, float] = {}
         self.final_train_loss = float("nan")
 
     # ----------------------------------------------------------------- the update
@@ -133,6 +135,8 @@ class Trainer:
             loss_sum += loss.detach()
             nll_sum += nll
         self.scaler.unscale_(self.optimizer)
+        if self._instrumenting:
+            self._log_instruments()
         clip = self.train_cfg.clip_norm if self.train_cfg.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         # One host sync per update: a non-finite step must be skipped, not applied.
@@ -176,6 +180,9 @@ class Trainer:
                     stop_reason = f"max_epochs={cfg.max_epochs} reached"
                     break
                 self._set_learning_rate()
+                self._instrumenting = cfg.instruments and (self.state.update + 1) % cfg.instrument_every == 0
+                if self._instrumenting:
+                    self.model.collect_statistics(True)
                 stats = self._guarded_step(batches)
                 self.state.train_seconds = time.perf_counter() - loop_start
                 if stats is None:
@@ -273,10 +280,10 @@ class Trainer:
         results: Dict[str, float] = {}
         if self.dist.is_main:
             results = self.validate()
-            bleu = results.get("bleu", -results["loss"])
-            improved = bleu > self.state.best_valid_bleu
+            score = results["bleu"] if "bleu" in results else -results["loss"]
+            improved = score > self.state.best_score
             if improved:
-                self.state.best_valid_bleu = bleu
+                self.state.best_score = score
                 self.state.best_update = self.state.update
                 self.state.validations_without_gain = 0
             else:
@@ -321,6 +328,7 @@ class Trainer:
             )
             results["bleu"] = sacrebleu.corpus_bleu([h[0].text for h in hypotheses], [references]).score
         self._write_scalars("valid", results)
+        self.last_validation = results
         log.info(
             "valid | update %d | loss %.3f | ppl %.2f%s",
             self.state.update, results["loss"], results["ppl"],
@@ -399,12 +407,26 @@ class Trainer:
                 f" | mfu {100 * values['mfu']:.1f}%" if values.get("mfu") is not None else "",
             )
 
-    def _write_scalars(self, prefix: str, values: Dict[str, Optional[float]]) -> None:
+    def _log_instruments(self) -> None:
+        """Per-group gradient norms and the activation statistics of this update's forward."""
+        values: Dict[str, Optional[float]] = {}
+        for name, parameters in self.model.gradient_norm_groups().items():
+            grads = [p.grad for p in parameters if p.grad is not None]
+            values[f"grad_norm/{name}"] = (
+                float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+                if grads else 0.0
+            )
+        for name, value in self.model.statistics.items():
+            values[f"activations/{name}"] = value
+        self.model.collect_statistics(False)
+        self._write_scalars("instruments", values, step=self.state.update + 1)
+
+    def _write_scalars(self, prefix: str, values: Dict[str, Optional[float]], step: Optional[int] = None) -> None:
         if self.writer is None:
             return
         for key, value in values.items():
             if value is not None:
-                self.writer.add_scalar(f"{prefix}/{key}", value, self.state.update)
+                self.writer.add_scalar(f"{prefix}/{key}", value, self.state.update if step is None else step)
 
     def _progress_bar(self):
         if not self.dist.is_main:

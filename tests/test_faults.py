@@ -1,0 +1,156 @@
+"""Fault injection on CPU: kills, stop signals, non-finite losses, out-of-memory, failed writes."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrain.errors import MtrainError
+from mtrain.train import trainer as trainer_module
+from mtrain.train.checkpoint import load_checkpoint
+from tests.test_fit import TINY, compose_fit, run_fit, scalars
+
+FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=600", "train.log_every=1"]
+
+
+def start_fit(overrides) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "mtrain", "fit", *overrides], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    process = start_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                         "train.max_updates=100000", "train.validate_every=100000", f"hydra.run.dir={run_dir}"])
+    wait_for(run_dir / "tb", process)
+    time.sleep(3.0)  # some updates, no checkpoint yet (validate_every is huge)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["update"] > 0
+    assert state["trainer"]["update"] == state["update"]
+    assert "stop signal" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_at_random_moments_leaves_a_loadable_checkpoint_and_resume_is_exact(tmp_path, multi30k_slice, seed):
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+              "train.validate_every=2", "train.keep_last=2", "train.max_updates=24"]
+    straight = tmp_path / "straight"
+    run_fit(compose_fit(common), straight)
+
+    killed = tmp_path / "killed"
+    process = start_fit([*common, f"hydra.run.dir={killed}"])
+    wait_for(killed / "checkpoints" / "last.pt", process)
+    time.sleep(random.Random(seed).uniform(0.0, 1.5))
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    state = load_checkpoint(killed / "checkpoints" / "last.pt")  # intact and loadable
+    assert state["update"] >= 2
+
+    run_fit(compose_fit([*common, "train.resume=true"]), killed)
+    a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def _inject(monkeypatch, make_failure):
+    """Replace Trainer.forward_loss so that update numbers chosen by `make_failure` fail."""
+    original = trainer_module.Trainer.forward_loss
+
+    def forward_loss(self, batch):
+        failure = make_failure(self.state.update + 1)
+        if failure == "nan":
+            loss, nll = original(self, batch)
+            return loss * float("nan"), nll
+        if failure == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return original(self, batch)
+
+    monkeypatch.setattr(trainer_module.Trainer, "forward_loss", forward_loss)
+
+
+def test_nan_loss_is_skipped_and_counted(tmp_path, multi30k_slice, monkeypatch, caplog):
+    _inject(monkeypatch, lambda update: "nan" if update in (3, 4) else None)
+    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                       "train.max_updates=8", "train.validate_every=100"])
+    metrics = run_fit(cfg, tmp_path / "run")
+    assert metrics["skipped_updates"] == 2
+    assert metrics["updates"] == 8
+    assert "non-finite loss or gradient; update skipped" in caplog.text
+    losses = scalars(tmp_path / "run", "train/loss")
+    assert all(v == v for v in losses.values())  # the skipped updates left no NaN in the log
+
+
+def test_consecutive_nan_losses_abort_keeping_the_last_good_checkpoint(tmp_path, multi30k_slice, monkeypatch):
+    _inject(monkeypatch, lambda update: "nan" if update >= 5 else None)
+    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                       "train.max_updates=50", "train.validate_every=2", "train.max_bad_updates=3"])
+    with pytest.raises(MtrainError, match="3 consecutive updates had a non-finite loss"):
+        run_fit(cfg, tmp_path / "run")
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["update"] == 4
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_out_of_memory_batch_is_skipped(tmp_path, multi30k_slice, monkeypatch, caplog):
+    failed = []
+
+    def once_at_update_3(update):
+        if update == 3 and not failed:
+            failed.append(update)
+            return "oom"
+        return None
+
+    _inject(monkeypatch, once_at_update_3)
+    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                       "train.max_updates=6", "train.validate_every=100"])
+    metrics = run_fit(cfg, tmp_path / "run")
+    assert metrics["updates"] == 6
+    assert "out of memory on a batch of shape" in caplog.text
+
+
+def test_repeated_out_of_memory_aborts_suggesting_smaller_batches(tmp_path, multi30k_slice, monkeypatch):
+    _inject(monkeypatch, lambda update: "oom")
+    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                       "train.max_updates=6", "train.max_oom_batches=3"])
+    with pytest.raises(MtrainError, match="lower train.max_tokens"):
+        run_fit(cfg, tmp_path / "run")
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, multi30k_slice, monkeypatch):
+    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                       "train.max_updates=4", "train.validate_every=2"])
+    calls = {"n": 0}
+    real_save = torch.save
+
+    def disk_full_on_second_checkpoint(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            f.write(b"partial bytes")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_on_second_checkpoint)
+    with pytest.raises(MtrainError, match="No space left"):
+        run_fit(cfg, tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["update"] == 2

@@ -1,0 +1,155 @@
+"""`mtrain fit` end to end on a slice of real Multi30k data, resume exactness, config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mtrain.cli.common import CONFIG_DIR
+from mtrain.cli.fit import run_fit
+from mtrain.errors import MtrainError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model and budget small enough for seconds of CPU time per run.
+TINY = [
+    "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=64", "model.heads=2",
+    "model.ffn_dim=128", "tokenizer.vocab_size=600", "train.max_tokens=1024", "train.lr=3e-3",
+    "train.warmup_updates=20", "train.num_threads=2", "decode.beam=2", "decode.max_len_b=5",
+    "decode.max_len_a=1.2",
+]
+
+
+def compose_fit(overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="fit", overrides=overrides)
+
+
+def mtrain(*args, cwd=None, env=None, timeout=300):
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "mtrain", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def scalars(run_dir: Path, tag: str) -> dict:
+    accumulator = EventAccumulator(str(run_dir / "tb"))
+    accumulator.Reload()
+    return {event.step: event.value for event in accumulator.Scalars(tag)}
+
+
+@pytest.mark.slow
+def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    result = mtrain(
+        "fit", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+        "train.max_updates=60", "train.validate_every=30", "train.log_every=10", f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for artifact in ("config.yaml", ".hydra/config.yaml", ".hydra/overrides.yaml", "tokenizer",
+                     "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/update_60.pt",
+                     "train.log", "metrics.json", "eval/test.hyp"):
+        assert (run_dir / artifact).exists(), artifact
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["updates"] == 60
+    assert 0.0 <= metrics["test"]["bleu"] <= 100.0
+    assert metrics["test"]["bleu_signature"].startswith("nrefs:1")
+    assert len((run_dir / "eval" / "test.hyp").read_text().splitlines()) == 100
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tgt_tokens_per_s",
+                "valid/loss", "valid/bleu"):
+        assert scalars(run_dir, tag), tag
+    train_log = (run_dir / "train.log").read_text()
+    assert "valid | update 60" in train_log and "test |" in train_log
+    # The loss went down: the pipeline actually learns.
+    losses = scalars(run_dir, "train/loss")
+    assert losses[60] < losses[10]
+
+
+def test_resume_continues_exactly(tmp_path, multi30k_slice):
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+              "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=600"]
+    straight = tmp_path / "straight"
+    run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
+    interrupted = tmp_path / "interrupted"
+    run_fit(compose_fit(common + ["train.max_updates=6"]), interrupted)
+    run_fit(compose_fit(common + ["train.max_updates=12", "train.resume=true"]), interrupted)
+
+    expected, resumed = scalars(straight, "train/loss"), scalars(interrupted, "train/loss")
+    for update in range(7, 13):
+        assert resumed[update] == expected[update], update
+    a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+              "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2"]
+    run_fit(compose_fit(common), tmp_path / "run")
+    before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(MtrainError, match="train.resume=true"):
+        run_fit(compose_fit(common), tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_resume_with_incompatible_config_is_refused(tmp_path, multi30k_slice):
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+              "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2"]
+    run_fit(compose_fit(common), tmp_path / "run")
+    with pytest.raises(MtrainError, match="model.d_model=64"):
+        run_fit(compose_fit(common + ["model.d_model=32", "train.resume=true"]), tmp_path / "run")
+
+
+def test_unknown_config_key_fails_naming_it():
+    result = mtrain("fit", "model.d_modle=512")
+    assert result.returncode != 0
+    assert "d_modle" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_wrong_config_type_fails_naming_it():
+    result = mtrain("fit", "train.lr=fast")
+    assert result.returncode != 0
+    assert "train.lr" in result.stderr or "lr" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_help_and_cfg_job():
+    top = mtrain("--help")
+    assert top.returncode == 0
+    for command in ("fit", "translate", "eval"):
+        assert command in top.stdout
+    job = mtrain("fit", "experiment=multi30k_cpu", "--cfg", "job")
+    assert job.returncode == 0, job.stderr
+    assert "max_time: 20m" in job.stdout and "d_model: 256" in job.stdout
+    help_text = mtrain("fit", "--help")
+    assert help_text.returncode == 0 and "experiment" in help_text.stdout
+
+
+def test_missing_data_lists_what_was_tried(tmp_path):
+    result = mtrain("fit", f"data.local_dir={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "nowhere" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_multirun_sweep_runs_each_value(tmp_path, multi30k_slice):
+    sweep_dir = tmp_path / "sweep"
+    result = mtrain(
+        "fit", "-m", "model.layers=1,2", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY, "train.max_updates=3", "train.valid_bleu=false", "data.train_limit=300",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        assert (sweep_dir / job / "metrics.json").exists()
+    configs = [(sweep_dir / job / "config.yaml").read_text() for job in ("0", "1")]
+    assert "encoder_layers: 1" in configs[0] and "encoder_layers: 2" in configs[1]
