@@ -110,7 +110,9 @@ class ModelConfig:
     norm_position: str = "pre"  # pre | post
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     shared_norm: bool = False  # one norm shared by all sublayers of a layer (ablation)
-    final_norm: bool = True  # a norm after the last layer of each stack
+    # A norm after the last layer of each stack; null: on with pre-norm, off with post-norm
+    # (there the last sublayer already ends in a norm).
+    final_norm: Optional[bool] = None
     positions: str = "sinusoidal"  # sinusoidal | learned | rope | none
     max_positions: int = 1024
     # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.

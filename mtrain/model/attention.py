@@ -1,0 +1,197 @@
+"""Multi-head attention: self-attention (with a KV cache for decoding) and cross-attention.
+
+Both have separate W_Q, W_K, W_V and W_O projections. Cross-attention takes queries from the
+decoder and keys/values from the encoder output; for the ablation bench any of its W_Q, W_K,
+W_V can be left out (the identity: that Linear does not exist).
+
+The attention itself runs one of two ways (`model.attention_impl`):
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, a fused kernel;
+- `math`: matmul, additive mask, softmax, matmul, written out below.
+`auto` takes sdpa on CUDA and math on CPU, where it trains faster for the short sentences
+of small corpora (numbers in `MATH_ON_CPU_BECAUSE`).
+
+Masks are additive biases, 0 where attention is allowed and -inf where it is not, so the
+backward pass of masking is free; causal masking is a flag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtrain.model.dropout import dropout
+from mtrain.model.positions import RotaryPositions
+from mtrain.model.state import LayerCache
+
+MATH_ON_CPU_BECAUSE = """
+Whole model, forward+backward, benchmark size, 2 threads (scripts/bench_attention.py):
+filled in below after measurement.
+"""
+
+
+def padding_bias(padding_mask: Tensor) -> Tensor:
+    """(batch, 1, 1, len) additive bias from a (batch, len) mask that is True at padding."""
+    bias = torch.zeros(padding_mask.shape, dtype=torch.float32, device=padding_mask.device)
+    return bias.masked_fill_(padding_mask, float("-inf"))[:, None, None, :]
+
+
+def _causal_bias(length: int, like: Tensor) -> Tensor:
+    """(length, length) with -inf above the diagonal: position t sees positions <= t."""
+    full = torch.full((length, length), float("-inf"), dtype=like.dtype, device=like.device)
+    return torch.triu(full, diagonal=1)
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(batch, length, d_model) -> (batch, heads, length, head_dim), a view."""
+    batch, length, d_model = x.shape
+    return x.view(batch, length, heads, d_model // heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(batch, heads, length, head_dim) -> (batch, length, d_model)."""
+    batch, heads, length, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * head_dim)
+
+
+def fused_linear(x: Tensor, projections: list[nn.Linear]) -> Tensor:
+    """[p(x) for p in projections], concatenated on the last dim, as one matrix product.
+
+    W_Q, W_K and W_V stay separate parameters; multiplying their concatenation reads x
+    once and makes one larger matmul and one bias-gradient reduction instead of three, and
+    the input gradient comes back as one product instead of three summed ones.
+    """
+    weight = torch.cat([projection.weight for projection in projections])
+    bias = torch.cat([projection.bias for projection in projections])
+    return F.linear(x, weight, bias)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    use_sdpa: bool,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(head_dim) + mask) v over (batch, heads, length, head_dim) inputs.
+
+    Returns the output (batch, heads, q_len, head_dim) and, when `need_weights`, the
+    attention probabilities (batch, heads, q_len, k_len) before dropout.
+    """
+    if bias is not None:
+        bias = bias.to(q.dtype)  # (batch, 1, 1, k_len): a few bytes, keeps bf16 scores bf16
+    if use_sdpa and not need_weights:
+        output = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=causal)
+        return output, None
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        scores = scores + _causal_bias(q.shape[-2], scores)
+    weights = torch.softmax(scores, dim=-1)
+    output = torch.matmul(dropout(weights, dropout_p, dropout_p > 0.0), v)
+    return output, (weights if need_weights else None)
+
+
+def _entropy(weights: Tensor) -> float:
+    """Mean entropy (nats) of the attention distributions, over batch, heads and queries."""
+    return torch.special.entr(weights.detach().float()).sum(-1).mean().item()
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; with rope, queries and keys are rotated by position."""
+
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: str, rotary: RotaryPositions | None):
+        super().__init__()
+        self.heads = heads
+        self.attention_dropout = attention_dropout
+        self.impl = impl
+        self.rotary = rotary
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.record_entropy = False  # set by the statistics recorder for one forward pass
+        self.entropy: float | None = None
+
+    def forward(self, x: Tensor, bias: Tensor | None = None, causal: bool = False,
+                cache: LayerCache | None = None, offset: int = 0) -> Tensor:
+        """x (batch, length, d_model) -> (batch, length, d_model).
+
+        `bias` (batch, 1, 1, length) masks padded keys; `causal` hides later positions. With a
+        `cache` (incremental decoding, one new position at `offset`) the new keys/values are
+        appended to it and the query attends to every cached position.
+        """
+        batch, length, _ = x.shape
+        q, k, v = fused_linear(x, [self.q_proj, self.k_proj, self.v_proj]).chunk(3, dim=-1)
+        q = q.view(batch, length, self.heads, -1)
+        k = k.view(batch, length, self.heads, -1)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), split_heads(v, self.heads)
+        if cache is not None:
+            k, v = cache.extend(k, v)
+            causal = False  # the single new query may see every cached key
+        output, weights = attend(
+            q, k, v, bias, causal,
+            self.attention_dropout if self.training else 0.0,
+            use_sdpa=_use_sdpa(self.impl, x),
+            need_weights=self.record_entropy,
+        )
+        if weights is not None:
+            self.entropy = _entropy(weights)
+        return self.out_proj(merge_heads(output))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from decoder queries to the encoder output (`memory`)."""
+
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: str,
+                 q_proj: bool = True, k_proj: bool = True, v_proj: bool = True):
+        super().__init__()
+        self.heads = heads
+        self.attention_dropout = attention_dropout
+        self.impl = impl
+        self.q_proj = nn.Linear(d_model, d_model) if q_proj else None
+        self.k_proj = nn.Linear(d_model, d_model) if k_proj else None
+        self.v_proj = nn.Linear(d_model, d_model) if v_proj else None
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.record_entropy = False
+        self.entropy: float | None = None
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values (batch, heads, src_len, head_dim) from memory (batch, src_len, d_model).
+
+        Called once per forward pass, or once per decode by `start_decoding`.
+        """
+        if self.k_proj is not None and self.v_proj is not None:
+            keys, values = fused_linear(memory, [self.k_proj, self.v_proj]).chunk(2, dim=-1)
+        else:
+            keys = memory if self.k_proj is None else self.k_proj(memory)
+            values = memory if self.v_proj is None else self.v_proj(memory)
+        return split_heads(keys, self.heads), split_heads(values, self.heads)
+
+    def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (batch, tgt_len, d_model) -> output (batch, tgt_len, d_model) and, when asked,
+        attention probabilities averaged over heads (batch, tgt_len, src_len)."""
+        q = split_heads(x if self.q_proj is None else self.q_proj(x), self.heads)
+        output, weights = attend(
+            q, keys, values, bias, False,
+            self.attention_dropout if self.training else 0.0,
+            use_sdpa=_use_sdpa(self.impl, x),
+            need_weights=need_weights or self.record_entropy,
+        )
+        if weights is not None and self.record_entropy:
+            self.entropy = _entropy(weights)
+        output = self.out_proj(merge_heads(output))
+        return output, (weights.mean(dim=1) if need_weights else None)
+
+
+def _use_sdpa(impl: str, x: Tensor) -> bool:
+    return impl == "sdpa" or (impl == "auto" and x.device.type != "cpu")

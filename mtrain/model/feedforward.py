@@ -1,0 +1,42 @@
+"""The position-wise feed-forward sublayer: relu, gelu or swiglu.
+
+relu/gelu: down(act(up(x))) with a hidden size of `ffn_dim`.
+swiglu (Shazeer 2020): down(silu(gate(x)) * up(x)). It has three matrices instead of two,
+so its hidden size is 2/3 of `ffn_dim` (rounded up to a multiple of 8): the parameter count
+stays within 1% of the two-matrix FFN (benchmark size: 528k vs 524k weights per layer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtrain.model.dropout import dropout
+
+
+def swiglu_hidden_size(ffn_dim: int) -> int:
+    return 8 * math.ceil(2 * ffn_dim / 3 / 8)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.activation = activation
+        self.activation_dropout = activation_dropout
+        hidden = swiglu_hidden_size(ffn_dim) if activation == "swiglu" else ffn_dim
+        self.gate = nn.Linear(d_model, hidden) if activation == "swiglu" else None
+        self.up = nn.Linear(d_model, hidden)
+        self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(batch, length, d_model) -> (batch, length, d_model)."""
+        if self.gate is not None:
+            hidden = F.silu(self.gate(x)) * self.up(x)
+        elif self.activation == "gelu":
+            hidden = F.gelu(self.up(x))
+        else:
+            hidden = F.relu(self.up(x))
+        hidden = dropout(hidden, self.activation_dropout, self.training)
+        return self.down(hidden)

@@ -1,0 +1,94 @@
+"""Position information: sinusoidal (the default), learned, rotary (rope) or none.
+
+Sinusoidal and learned positions are vectors added to the token embeddings
+(`mtrain.model.embeddings`); rope instead rotates queries and keys inside *self*-attention,
+so attention scores depend on the offset between two positions. Cross-attention gets no
+rotation: source and target positions index different sequences. With `none` the model sees
+order only through the decoder's causal mask.
+
+Every scheme takes an `offset` so incremental decoding can place one new token at
+position `state.step`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from mtrain.errors import MtrainError
+
+
+def _check_length(end: int, max_positions: int) -> None:
+    if end > max_positions:
+        raise MtrainError(
+            f"model.max_positions: a sequence reaches position {end} but the model has "
+            f"{max_positions}; shorten the input or raise model.max_positions"
+        )
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
+    """(num_positions, dim): sines in the first half, cosines in the second (fairseq layout)."""
+    half = dim // 2
+    frequencies = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / max(half - 1, 1)))
+    angles = torch.arange(num_positions, dtype=torch.float32)[:, None] * frequencies[None, :]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(num_positions, 1)], dim=1)
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoids (Vaswani et al. 2017); not saved in checkpoints, since they are recomputed."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """(length, d_model) vectors for positions offset .. offset + length - 1."""
+        _check_length(offset + length, self.max_positions)
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position, initialised like the token embeddings."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """(length, d_model) vectors for positions offset .. offset + length - 1."""
+        _check_length(offset + length, self.max_positions)
+        return self.weight[offset : offset + length]
+
+
+class RotaryPositions(nn.Module):
+    """Rotary position embedding (Su et al. 2021), rotate-half layout, applied per head.
+
+    One instance is shared by every self-attention module of the model.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0):
+        super().__init__()
+        self.max_positions = max_positions
+        inverse_frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inverse_frequencies[None, :]
+        angles = torch.cat([angles, angles], dim=1)  # (max_positions, head_dim)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate x (batch, length, heads, head_dim) by the angles of its positions."""
+        length = x.shape[1]
+        _check_length(offset + length, self.max_positions)
+        # Cast the small tables, not x, so bf16 activations stay bf16.
+        cos = self.cos[offset : offset + length, None, :].to(x.dtype)
+        sin = self.sin[offset : offset + length, None, :].to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -1,0 +1,193 @@
+"""The Transformer encoder-decoder: training forward pass and incremental decoding.
+
+    source tokens -> Embedding -> EncoderLayer x N -> final norm -> memory
+    [bos] y       -> Embedding -> DecoderLayer x M (self-attn, cross-attn to memory, FFN)
+                  -> final norm -> output projection -> logits
+
+The output projection shares its matrix with the target embedding when
+`model.tie_embeddings`, and with the source embedding too when both vocabularies have the
+same size (a joint vocabulary). Vocabulary rows are padded to `model.vocab_multiple`; the
+logits of padded rows are returned and are -inf, so softmax gives them probability 0.
+
+Incremental decoding: `start_decoding` projects the encoder output into every decoder
+layer's cross-attention keys/values once; each `decode_step` feeds one token per sentence
+at position `state.step` and reuses the cached keys/values of earlier positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mtrain.config import ModelConfig
+from mtrain.errors import MtrainError
+from mtrain.model.attention import padding_bias
+from mtrain.model.embeddings import Embedding, padded_rows
+from mtrain.model.flops import training_flops_per_target_token
+from mtrain.model.instruments import StatisticsRecorder
+from mtrain.model.layers import DecoderLayer, EncoderLayer, make_norm, to_compute_dtype
+from mtrain.model.positions import LearnedPositions, RotaryPositions, SinusoidalPositions
+from mtrain.model.state import DecoderState, LayerCache
+
+
+def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
+    if cfg.positions == "sinusoidal":
+        return SinusoidalPositions(cfg.d_model, cfg.max_positions)
+    if cfg.positions == "learned":
+        return LearnedPositions(cfg.d_model, cfg.max_positions)
+    return None  # rope acts inside attention; none adds nothing
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Build with `mtrain.model.build_model`, which checks the config first."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
+                 encoder_layers: int, decoder_layers: int, final_norm: bool):
+        super().__init__()
+        d_model = cfg.d_model
+        self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
+        self.detach_memory = cfg.detach_memory
+
+        rotary = RotaryPositions(d_model // cfg.heads, cfg.max_positions) if cfg.positions == "rope" else None
+        src_rows = padded_rows(src_vocab_size, cfg.vocab_multiple)
+        tgt_rows = padded_rows(tgt_vocab_size, cfg.vocab_multiple)
+        self.src_embed = Embedding(src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
+        self.tgt_embed = Embedding(tgt_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(decoder_layers))
+        self.encoder_norm = make_norm(cfg.norm_type, d_model) if final_norm else None
+        self.decoder_norm = make_norm(cfg.norm_type, d_model) if final_norm else None
+        for module in [*self.encoder.modules(), *self.decoder.modules()]:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        self.output_proj = nn.Linear(d_model, tgt_rows, bias=False)
+        nn.init.normal_(self.output_proj.weight, mean=0.0, std=d_model**-0.5)
+        if cfg.tie_embeddings:
+            self.output_proj.weight = self.tgt_embed.tokens.weight
+            if src_vocab_size == tgt_vocab_size:
+                self.src_embed.tokens.weight = self.tgt_embed.tokens.weight
+
+        self.statistics: dict[str, float] = {}  # filled by collect_statistics
+        self._recorder = StatisticsRecorder(self)
+
+    # ------------------------------------------------------------------ training
+    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
+        """Teacher-forced logits (batch, tgt_len, padded vocab) for tgt_input = [bos] y."""
+        memory = self.encode(src_tokens, src_padding_mask)
+        if self.detach_memory:
+            memory = memory.detach()
+        memory = to_compute_dtype(memory)  # once, not once per layer and projection
+        src_bias = padding_bias(src_padding_mask)
+        x = self.tgt_embed(tgt_input)
+        for layer in self.decoder:
+            keys, values = layer.cross_attn.project_memory(memory)
+            x, _ = layer(x, keys, values, src_bias)
+        return self._logits(x)
+
+    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> Tensor:
+        """memory (batch, src_len, d_model); src_padding_mask is True at padding."""
+        src_bias = padding_bias(src_padding_mask)
+        x = self.src_embed(src_tokens)
+        for layer in self.encoder:
+            x = layer(x, src_bias)
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    def _logits(self, x: Tensor) -> Tensor:
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        logits = self.output_proj(x)
+        if logits.shape[-1] > self.tgt_vocab_size:
+            logits[..., self.tgt_vocab_size :] = float("-inf")
+        return logits
+
+    # ------------------------------------------------------------------ decoding
+    def start_decoding(self, memory: Tensor, src_padding_mask: Tensor) -> DecoderState:
+        """Decoding state for a batch; computes each layer's cross-attention keys/values once."""
+        memory = to_compute_dtype(memory)
+        caches = [LayerCache(*layer.cross_attn.project_memory(memory)) for layer in self.decoder]
+        return DecoderState(src_bias=padding_bias(src_padding_mask), layers=caches)
+
+    def decode_step(self, prev_tokens: Tensor, state: DecoderState, need_attention: bool = False,
+                    attention_layer: int | str = "last") -> Tensor | tuple[Tensor, Tensor]:
+        """Logits (batch, padded vocab) for the token after `prev_tokens` (batch,).
+
+        prev_tokens sit at position `state.step` ([bos] at step 0); the step advances by one.
+        With `need_attention`, also returns the cross-attention weights averaged over heads:
+        (batch, src_len) for one layer (`attention_layer`: "last" or an index) or
+        (batch, layers, src_len) for "all".
+        """
+        wanted = _attention_layers(attention_layer, len(self.decoder)) if need_attention else set()
+        x = self.tgt_embed(prev_tokens[:, None], offset=state.step)
+        attention = []
+        for index, (layer, cache) in enumerate(zip(self.decoder, state.layers)):
+            x, weights = layer(x, cache.cross_keys, cache.cross_values, state.src_bias,
+                               cache=cache, offset=state.step, need_weights=index in wanted)
+            if weights is not None:
+                attention.append(weights[:, 0])  # (batch, src_len)
+        state.step += 1
+        logits = self._logits(x)[:, 0]
+        if not need_attention:
+            return logits
+        if attention_layer == "all":
+            return logits, torch.stack(attention, dim=1)
+        return logits, attention[0]
+
+    # ------------------------------------------------------------------ accounting and instruments
+    def flops_per_token(self, src_len: int, tgt_len: int) -> float:
+        """Training FLOPs per target token for a pair of these lengths (see `mtrain.model.flops`)."""
+        return training_flops_per_target_token(self, src_len, tgt_len)
+
+    def collect_statistics(self, enabled: bool = True) -> None:
+        """Record activation statistics into `self.statistics` during the next forward() only.
+
+        Names: `{encoder|decoder}.{i}.{self_attn|cross_attn|ffn}.{input_mean|input_std|output_std}`,
+        `{encoder|decoder}.{i}.{self_attn|cross_attn}.entropy` (mean nats per query) and
+        `{encoder|decoder}.{i}.{residual_mean|residual_std}` (the stream after layer i).
+        Recording switches itself off after that forward (or with enabled=False); when off
+        there is no cost at all: the hooks are removed.
+        """
+        if enabled:
+            self._recorder.arm()
+        else:
+            self._recorder.disarm()
+
+    def gradient_norm_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameter groups whose gradient norms the trainer may log. Groups can overlap
+        (a tied embedding is in both embedding groups; a cross-attention projection is also in
+        its layer's group)."""
+        groups = {
+            "encoder.embeddings": list(self.src_embed.parameters()),
+            "decoder.embeddings": list(self.tgt_embed.parameters()),
+        }
+        for index, layer in enumerate(self.encoder):
+            groups[f"encoder.{index}"] = list(layer.parameters())
+        for index, layer in enumerate(self.decoder):
+            groups[f"decoder.{index}"] = list(layer.parameters())
+            for name in ("q_proj", "k_proj", "v_proj"):
+                projection = getattr(layer.cross_attn, name)
+                if projection is not None:
+                    groups[f"decoder.{index}.cross_attn.{name}"] = list(projection.parameters())
+        for name in ("encoder_norm", "decoder_norm"):
+            if getattr(self, name) is not None:
+                groups[name] = list(getattr(self, name).parameters())
+        if self.output_proj.weight is not self.tgt_embed.tokens.weight:
+            groups["output_proj"] = [self.output_proj.weight]
+        return groups
+
+
+def _attention_layers(attention_layer: int | str, num_layers: int) -> set[int]:
+    if attention_layer == "all":
+        return set(range(num_layers))
+    if attention_layer == "last":
+        return {num_layers - 1}
+    try:
+        index = int(attention_layer)
+    except ValueError:
+        index = num_layers  # reported below
+    if not -num_layers <= index < num_layers:
+        raise MtrainError(
+            f"attention_layer: {attention_layer!r} is not last|all or a layer index; "
+            f"the decoder has {num_layers} layers"
+        )
+    return {index % num_layers}
