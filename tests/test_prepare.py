@@ -54,7 +54,7 @@ def test_prepare_encodes_every_split_and_reports_counts(multi30k_slice, tmp_path
     assert prepared.test_text.tgt == lines(multi30k_slice / "test_2016_flickr.en")
     report = "\n".join(messages)
     assert "data: train: 2,000 pairs read" in report and "kept" in report
-    assert "tokens: src" in report and "prepared in" in report
+    assert "tokens: src" in report and "encoded in" in report
 
 
 def test_second_run_is_a_cache_hit_without_encoding(multi30k_slice, tmp_path, monkeypatch):

@@ -47,11 +47,11 @@ class PreparedData:
 
 def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
     """Tokenizer and encoded splits for `data_cfg` (DataConfig) and `tok_cfg` (TokenizerConfig)."""
-    start = time.perf_counter()
     check_clean_config(data_cfg.clean)
     source = resolve_source(data_cfg)
     log(f"data: {data_cfg.name} {data_cfg.src}->{data_cfg.tgt} from {source.description}")
     tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=source, log=log)
+    start = time.perf_counter()
     key = fingerprint(
         "corpus", CACHE_FORMAT, tokenizer.fingerprint, [source.fingerprint(split) for split in SPLITS],
         data_cfg.src, data_cfg.tgt, data_cfg.clean, data_cfg.train_limit, data_cfg.invalid_utf8,
@@ -67,10 +67,7 @@ def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
             (staging / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         _log_summary(summary, log)
         rate = summary["train"]["read"] / max(summary["seconds"], 1e-9)
-        log(
-            f"data: prepared in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s, "
-            f"tokenizer included) -> {entry}"
-        )
+        log(f"data: encoded in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
     return _open(entry, tokenizer)
 
 
