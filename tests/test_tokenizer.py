@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import sentencepiece as spm
@@ -103,8 +105,6 @@ def test_different_settings_train_a_different_model(data, change):
 
 
 def test_changed_training_data_trains_a_new_model(data, tmp_path, multi30k_slice):
-    import shutil
-
     copy = tmp_path / "copy"
     shutil.copytree(multi30k_slice, copy)
     data.local_dir = str(copy)
@@ -124,10 +124,4 @@ def test_bad_tokenizer_settings(data):
         train_or_load_tokenizer(TokenizerConfig(model_type="word"), data, log=quiet)
     with pytest.raises(MtrainError, match="four distinct"):
         train_or_load_tokenizer(TokenizerConfig(pad_id=0), data, log=quiet)
-    assert not list((data_cache(data) / "tokenizers").glob("*tmp*")), "failed builds left staging dirs"
-
-
-def data_cache(data: DataConfig):
-    from pathlib import Path
-
-    return Path(data.cache_dir)
+    assert not list((Path(data.cache_dir) / "tokenizers").glob("*tmp*")), "failed builds left staging dirs"

@@ -47,7 +47,13 @@ class Batch:
 
 
 def _gather(
-    tokens: np.ndarray, offsets: np.ndarray, indices: np.ndarray, lengths: np.ndarray, width: int, shift: int, pad_id: int
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    indices: np.ndarray,
+    lengths: np.ndarray,
+    width: int,
+    shift: int,
+    pad_id: int,
 ) -> np.ndarray:
     """(batch, width) int64: row r holds sentence indices[r] from column `shift`, pad after."""
     out = np.full((len(indices), width), pad_id, dtype=np.int64)

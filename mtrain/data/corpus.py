@@ -43,7 +43,9 @@ class CorpusWriter:
             self._files[f"{side}.offsets"] = open(directory / f"{side}.offsets", "wb")
             self._files[f"{side}.offsets"].write(np.zeros(1, dtype=np.int64).tobytes())
 
-    def append(self, src_tokens: np.ndarray, src_lengths: np.ndarray, tgt_tokens: np.ndarray, tgt_lengths: np.ndarray) -> None:
+    def append(
+        self, src_tokens: np.ndarray, src_lengths: np.ndarray, tgt_tokens: np.ndarray, tgt_lengths: np.ndarray
+    ) -> None:
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError("source and target chunks differ in size")
         for side, tokens, lengths in (("src", src_tokens, src_lengths), ("tgt", tgt_tokens, tgt_lengths)):

@@ -47,7 +47,11 @@ class HubSource:
         parts = [str(self.hub.id), str(self.hub.config), self._split_name(split)]
         local = Path(str(self.hub.id)).expanduser()
         if local.exists():  # a local copy: its files' sizes and mtimes stand for its content
-            files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+            # Hidden files (download tools' metadata and locks) say nothing about the content.
+            files = [local] if local.is_file() else sorted(
+                p for p in local.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts)
+            )
             parts += [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
         return "|".join(parts)
 
@@ -107,7 +111,8 @@ class HubSource:
                     "check data.src/data.tgt (or data.hub.config)"
                 )
             return
-        for key, name in (("src_field", self.hub.src_field or self.cfg.src), ("tgt_field", self.hub.tgt_field or self.cfg.tgt)):
+        fields = (("src_field", self.hub.src_field or self.cfg.src), ("tgt_field", self.hub.tgt_field or self.cfg.tgt))
+        for key, name in fields:
             if name not in columns:
                 raise MtrainError(
                     f"{where}: no column '{name}' (data.hub.{key}); the dataset has columns {columns}"

@@ -27,6 +27,7 @@ from mtrain.data.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chu
 from mtrain.data.sources import SPLITS, ParallelSource, ParallelText, ReadStats, resolve_source
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
+from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
 
 CACHE_FORMAT = 1  # bump when the stored layout or the encoding changes
 PROGRESS_EVERY = 1_000_000  # training pairs between progress lines
@@ -154,10 +155,11 @@ def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, 
 
 
 def _model_files(tokenizer: Tokenizer) -> tuple:
+    """(source model, target model) paths: what a worker process needs to encode."""
     files = tokenizer.files
     if tokenizer.joint:
-        return files["spm.model"], files["spm.model"]
-    return files["src.model"], files["tgt.model"]
+        return files[JOINT_MODEL], files[JOINT_MODEL]
+    return files[SRC_MODEL], files[TGT_MODEL]
 
 
 def _subset(chunk: EncodedChunk, keep: np.ndarray) -> EncodedChunk:
@@ -183,4 +185,7 @@ def _log_summary(summary: Dict[str, Any], log: Log) -> None:
     )
     for split in ("valid", "test"):
         counts = summary[split]
-        log(f"data: {split}: {counts['kept']:,} pairs; tokens: src {counts['src_tokens']:,}, tgt {counts['tgt_tokens']:,}")
+        log(
+            f"data: {split}: {counts['kept']:,} pairs; "
+            f"tokens: src {counts['src_tokens']:,}, tgt {counts['tgt_tokens']:,}"
+        )
