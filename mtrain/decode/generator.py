@@ -106,6 +106,8 @@ def generate(
     search = build_search(cfg, device)
     width = search.width
     batch = src_tokens.size(0)
+    if batch == 0:
+        return []
     alpha = cfg.length_penalty
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
@@ -139,7 +141,7 @@ def generate(
     # The `width` best normalised finished scores per sentence (for the exact stopping bound).
     best_finished = torch.full((batch, width), NEG_INF, device=device)
     finished: list[_Finished] = []
-    longest = int(max_len.max()) if batch else 0
+    longest = int(max_len.max())
 
     for step in range(longest + 1):
         n = sentence.size(0)
@@ -154,14 +156,14 @@ def generate(
         if no_repeat is not None:
             no_repeat(lprobs, prefix[:, 1:])
         choices = search.step(lprobs.view(n, width, -1), scores)
-        k = choices.tokens.size(1)
-        position = torch.arange(k, device=device).expand(n, k)
-        alive = torch.isfinite(choices.scores)
+        alive = torch.isfinite(choices.scores)  # (n, k)
         is_eos = choices.tokens == eos_id
         chosen_rows = torch.arange(n, device=device).unsqueeze(1) * width + choices.beam_index  # (n, k) row in `prefix`
         normalised = length_normalise(choices.scores, step + 1, alpha)
 
-        accept = is_eos & alive & (position < width)
+        # An EOS choice among the first `width` is a finished hypothesis (fairseq's rule).
+        among_best = torch.arange(choices.tokens.size(1), device=device) < width
+        accept = is_eos & alive & among_best
         if bool(accept.any()):
             which, pos = accept.nonzero(as_tuple=True)
             rows = chosen_rows[which, pos]
@@ -184,21 +186,15 @@ def generate(
                 merged = torch.cat([best_finished.index_select(0, sentence), new_scores], dim=1)
                 best_finished[sentence] = merged.topk(width, dim=1).values
 
-        # Next live set: the first `width` choices that continue; dead fillers if too few.
-        continues = alive & ~is_eos
-        order = torch.where(continues, position, position + k).topk(width, dim=1, largest=False).values
-        valid = order < k
-        order = order % k
-        next_rows = chosen_rows.gather(1, order)  # (n, width)
-        next_tokens = choices.tokens.gather(1, order)
-        next_scores = choices.scores.gather(1, order).masked_fill(~valid, NEG_INF)
-
-        done = (~valid).all(dim=1) | (max_len.index_select(0, sentence) <= step)
+        next_rows, next_tokens, next_scores = _next_live(choices, chosen_rows, alive & ~is_eos, width)
+        sentence_max_len = max_len.index_select(0, sentence)
+        done = torch.isinf(next_scores).all(dim=1) | (sentence_max_len <= step)
+        enough = num_finished.index_select(0, sentence) >= width
         if cfg.early_stopping:
-            done |= num_finished.index_select(0, sentence) >= width
+            done |= enough
         else:
-            best_live = _best_reachable(next_scores.max(dim=1).values, step, max_len.index_select(0, sentence), alpha)
-            done |= (num_finished.index_select(0, sentence) >= width) & (best_live <= best_finished.index_select(0, sentence)[:, -1])
+            best_live = _best_reachable(next_scores.max(dim=1).values, step, sentence_max_len, alpha)
+            done |= enough & (best_live <= best_finished.index_select(0, sentence)[:, -1])
         if bool(done.all()):
             break
         keep = ~done
@@ -213,6 +209,24 @@ def generate(
         sentence = sentence[keep]
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
+
+
+def _next_live(choices, chosen_rows: Tensor, continues: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The first `width` choices per sentence that do not end the hypothesis.
+
+    Returns rows (n, width) to extend, tokens (n, width) and scores (n, width); when fewer
+    than `width` choices continue, the remaining slots are dead (score -inf).
+    """
+    k = continues.size(1)
+    position = torch.arange(k, device=continues.device).expand_as(continues)
+    # Continuing choices keep their rank; the others go after them.
+    order = torch.where(continues, position, position + k).topk(width, dim=1, largest=False).values
+    valid = order < k
+    order = order % k
+    rows = chosen_rows.gather(1, order)
+    tokens = choices.tokens.gather(1, order)
+    scores = choices.scores.gather(1, order).masked_fill(~valid, NEG_INF)
+    return rows, tokens, scores
 
 
 def _is_identity(index: Tensor, rows: int) -> bool:
