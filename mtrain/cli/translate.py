@@ -12,6 +12,8 @@ creates no Hydra output directory. The work is in `mtrain.decode.stream`.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -48,7 +50,13 @@ def run_translate(cfg: DictConfig) -> None:
 @hydra.main(config_path=CONFIG_DIR, config_name="translate", version_base="1.3")
 @user_errors_as_messages
 def main(cfg: DictConfig) -> None:
-    run_translate(cfg)
+    try:
+        run_translate(cfg)
+    except BrokenPipeError:
+        # The reader went away (`mtrain translate ... | head`): stop quietly, like cat does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
 
 
 if __name__ == "__main__":
