@@ -172,7 +172,7 @@ class Trainer:
         progress = self._progress_bar()
         window = _Window()
         loop_start = time.perf_counter() - self.state.train_seconds
-        stop_reason = None
+        stop_reason = self._stop_reason()  # a resumed run may already be done
         try:
             while stop_reason is None:
                 batches = self._next_batches()
