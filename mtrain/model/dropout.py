@@ -72,8 +72,9 @@ class _DropoutAdd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
         (mask,) = ctx.saved_tensors
-        # Cast first: the multiplies then run in y's (possibly narrower) dtype.
-        return grad, grad.to(mask.dtype).mul_(mask).mul_(ctx.scale), None
+        # Cast first so the multiplies run in y's (possibly narrower) dtype; out of place,
+        # since `grad` itself is x's gradient (and `.to` returns it when dtypes match).
+        return grad, torch.mul(grad.to(mask.dtype), mask).mul_(ctx.scale), None
 
 
 def dropout(y: Tensor, p: float, training: bool) -> Tensor:
