@@ -33,3 +33,18 @@ def test_label_smoothing_formula():
     logp = F.log_softmax(logits[0], -1)
     expected = sum((1 - eps) * -logp[t, targets[0, t]] + eps * -logp[t].mean() for t in range(3))
     assert torch.allclose(loss, expected, atol=1e-5)
+
+
+def test_padded_vocabulary_rows_do_not_make_the_loss_infinite():
+    # The model pads its output rows to model.vocab_multiple and gives them -inf logits.
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5)
+    padded = torch.cat([logits, torch.full((2, 3, 3), float("-inf"))], dim=-1)
+    targets = torch.tensor([[2, 4, 3], [0, PAD, PAD]])
+    loss, nll = sequence_loss(logits, targets, PAD, label_smoothing=0.1)
+    padded_loss, padded_nll = sequence_loss(padded, targets, PAD, label_smoothing=0.1)
+    assert torch.isfinite(padded_loss)
+    assert torch.allclose(loss, padded_loss) and torch.allclose(nll, padded_nll)
+    padded.requires_grad_(True)
+    sequence_loss(padded, targets, PAD, label_smoothing=0.1)[0].backward()
+    assert torch.isfinite(padded.grad).all() and (padded.grad[..., 5:] == 0).all()
