@@ -8,7 +8,7 @@ The attention itself runs one of two ways (`model.attention_impl`):
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, a fused kernel;
 - `math`: matmul, additive mask, softmax, matmul, written out below.
 `auto` takes sdpa on CUDA and math on CPU, where it trains faster for the short sentences
-of small corpora (numbers in `MATH_ON_CPU_BECAUSE`).
+of small corpora (the measurements are in `_use_sdpa`).
 
 Masks are additive biases, 0 where attention is allowed and -inf where it is not, so the
 backward pass of masking is free; causal masking is a flag.
@@ -26,11 +26,6 @@ from mtrain.model.dropout import dropout
 from mtrain.model.positions import RotaryPositions
 from mtrain.model.state import LayerCache
 
-MATH_ON_CPU_BECAUSE = """
-Whole model, forward+backward, benchmark size, 2 threads (scripts/bench_attention.py):
-filled in below after measurement.
-"""
-
 
 def padding_bias(padding_mask: Tensor) -> Tensor:
     """(batch, 1, 1, len) additive bias from a (batch, len) mask that is True at padding."""
@@ -38,10 +33,11 @@ def padding_bias(padding_mask: Tensor) -> Tensor:
     return bias.masked_fill_(padding_mask, float("-inf"))[:, None, None, :]
 
 
-def _causal_bias(length: int, like: Tensor) -> Tensor:
-    """(length, length) with -inf above the diagonal: position t sees positions <= t."""
-    full = torch.full((length, length), float("-inf"), dtype=like.dtype, device=like.device)
-    return torch.triu(full, diagonal=1)
+def _causal_bias(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """(q_len, k_len) fp32, -inf where key position > query position (queries are the
+    last q_len positions)."""
+    full = torch.full((q_len, k_len), float("-inf"), device=device)
+    return torch.triu(full, diagonal=k_len - q_len + 1)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -80,27 +76,31 @@ def attend(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(head_dim) + mask) v over (batch, heads, length, head_dim) inputs.
 
-    Returns the output (batch, heads, q_len, head_dim) and, when `need_weights`, the
-    attention probabilities (batch, heads, q_len, k_len) before dropout.
+    `bias` is an fp32 additive mask broadcastable to the scores (0 or -inf); `dropout_p` is
+    0 outside training. Returns the output (batch, heads, q_len, head_dim) and, when
+    `need_weights`, the fp32 attention probabilities (batch, heads, q_len, k_len) before dropout.
     """
-    if bias is not None:
-        bias = bias.to(q.dtype)  # (batch, 1, 1, k_len): a few bytes, keeps bf16 scores bf16
     if use_sdpa and not need_weights:
+        if bias is not None:
+            bias = bias.to(q.dtype)  # (batch, 1, 1, k_len): a few bytes
         output = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=causal)
         return output, None
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if bias is not None:
-        scores = scores + bias
     if causal:
-        scores = scores + _causal_bias(q.shape[-2], scores)
-    weights = torch.softmax(scores, dim=-1)
-    output = torch.matmul(dropout(weights, dropout_p, dropout_p > 0.0), v)
+        causal_bias = _causal_bias(q.shape[-2], k.shape[-2], q.device)
+        bias = causal_bias if bias is None else bias + causal_bias
+    scores = torch.matmul(q, k.transpose(-2, -1))  # (batch, heads, q_len, k_len)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    # Softmax in fp32: more accurate, and on CPU faster than bf16 softmax (forward and
+    # backward). Adding the fp32 mask does the upcast in the same pass.
+    scores = scores * scale if bias is None else torch.add(bias, scores, alpha=scale)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    output = torch.matmul(dropout(weights.to(v.dtype), dropout_p, training=dropout_p > 0.0), v)
     return output, (weights if need_weights else None)
 
 
 def _entropy(weights: Tensor) -> float:
     """Mean entropy (nats) of the attention distributions, over batch, heads and queries."""
-    return torch.special.entr(weights.detach().float()).sum(-1).mean().item()
+    return torch.special.entr(weights.detach()).sum(-1).mean().item()
 
 
 class SelfAttention(nn.Module):
@@ -194,4 +194,16 @@ class CrossAttention(nn.Module):
 
 
 def _use_sdpa(impl: str, x: Tensor) -> bool:
+    """`auto` means sdpa on CUDA (fused flash/memory-efficient kernels) and math on CPU.
+
+    On the benchmark CPU (AMD EPYC, AVX512-BF16), benchmark-size model, batches of ~3,000
+    target tokens in sentences of 12-18 tokens, best of interleaved rounds on a shared
+    machine (scripts/bench_attention.py, CPU ms per forward+backward step, 1 thread):
+        bf16 autocast, dropout 0.1:  sdpa 1120   math 835
+        bf16 autocast, dropout 0:    sdpa 1110   math 763
+        fp32, dropout 0.1:           sdpa 2117   math 2178   (a tie within noise)
+    The attention alone (200 x 18 tokens, 4 heads, forward+backward): bf16 sdpa 44 ms,
+    math 7 ms; fp32 sdpa 10 ms, math 10 ms. CPU flash attention's blocking does not pay
+    for 18-token sequences, and its bf16 path is slow.
+    """
     return impl == "sdpa" or (impl == "auto" and x.device.type != "cpu")

@@ -105,7 +105,11 @@ class Seq2SeqTransformer(nn.Module):
     def start_decoding(self, memory: Tensor, src_padding_mask: Tensor) -> DecoderState:
         """Decoding state for a batch; computes each layer's cross-attention keys/values once."""
         memory = to_compute_dtype(memory)
-        caches = [LayerCache(*layer.cross_attn.project_memory(memory)) for layer in self.decoder]
+        caches = []
+        for layer in self.decoder:
+            # Contiguous once here, rather than copied inside every step's matmul.
+            keys, values = layer.cross_attn.project_memory(memory)
+            caches.append(LayerCache(keys.contiguous(), values.contiguous()))
         return DecoderState(src_bias=padding_bias(src_padding_mask), layers=caches)
 
     def decode_step(self, prev_tokens: Tensor, state: DecoderState, need_attention: bool = False,
