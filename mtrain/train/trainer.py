@@ -161,7 +161,8 @@ class Trainer:
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
         with autocast(self.device, self.precision):
             logits = self.network(batch.src_tokens, batch.src_padding_mask, batch.tgt_input)
-        return sequence_loss(logits, batch.tgt_output, self.pad_id, self.train_cfg.label_smoothing)
+        return sequence_loss(logits, batch.tgt_output, self.pad_id, self.train_cfg.label_smoothing,
+                             self.model.tgt_vocab_size)
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> Dict[str, Any]:
@@ -310,7 +311,8 @@ class Trainer:
             batch = batch.to(self.device)
             with autocast(self.device, self.precision):
                 logits = self.model(batch.src_tokens, batch.src_padding_mask, batch.tgt_input)
-            loss, nll = sequence_loss(logits, batch.tgt_output, self.pad_id, self.train_cfg.label_smoothing)
+            loss, nll = sequence_loss(logits, batch.tgt_output, self.pad_id, self.train_cfg.label_smoothing,
+                                      self.model.tgt_vocab_size)
             loss_sum += float(loss)
             nll_sum += float(nll)
             tokens += batch.num_tgt_tokens
