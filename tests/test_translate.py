@@ -233,7 +233,7 @@ def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedPro
 def test_translate_command_pipes_stdin_to_clean_stdout(run_dir, model, tokenizer, tmp_path):
     text = f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n".encode()
     result = mtrain("translate", f"run={run_dir}", "decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3",
-                    "num_threads=1", stdin=text, cwd=tmp_path)
+                    "num_threads=1", "precision=fp32", stdin=text, cwd=tmp_path)
     assert result.returncode == 0, result.stderr.decode()
     expected = translate_sentences(model, tokenizer, [SENTENCES[0], SENTENCES[1]], job().decode, "cpu")
     assert result.stdout.decode().split("\n") == [expected[0][0].text, "", expected[1][0].text, ""]
