@@ -24,9 +24,9 @@ def resolve_decode_precision(name: str, device: torch.device) -> str:
     auto is bf16 on GPUs that have it (else fp16) and on CPUs with bf16 matrix
     instructions (AVX512-BF16 or AMX), else fp32: the same rule as training. Measured with
     scripts/bench_decode.py on Multi30k test_2016_flickr (1,000 sentences, a 3+3 layer
-    d_model 256 run, 1 CPU thread, AVX512-BF16 without AMX): bf16 decoded 1.6x (greedy) to
-    2.4x (beam 5) faster than fp32 at the same BLEU (28.03 vs 27.92 greedy, 28.76 vs 28.71
-    beam 5). Scores and log-softmax stay fp32 either way.
+    d_model 256 run, 1 CPU thread, AVX512-BF16 without AMX): bf16 decoded 1.6-2.4x faster
+    than fp32 (depending on the machine's load) at the same BLEU (28.03 vs 27.92 greedy,
+    28.76 vs 28.71 beam 5). Scores and log-softmax stay fp32 either way.
     """
     return resolve_precision(name, device)
 
