@@ -22,8 +22,8 @@ than with 1: the threads wait for each other).
 
 Measured on this project's CPU (AMD EPYC, AVX512-BF16, no AMX; 1 thread, shared machine)
 with a 3+3 layer d_model 256 run trained 12 minutes (test BLEU 28.8, beam 5):
-1,000 sentences, KV cache: greedy 106 sent/s fp32, 175 bf16; beam 5 20 sent/s fp32,
-48 bf16 (BLEU 27.9/28.0 greedy, 28.7/28.8 beam 5). First 100 sentences, fp32, cache vs
+1,000 sentences, KV cache: greedy 149 sent/s fp32, 252 bf16; beam 5 34 sent/s fp32,
+54 bf16 (BLEU 27.9/28.0 greedy, 28.7/28.8 beam 5). First 100 sentences, fp32, cache vs
 recomputation: greedy 66 vs 7.2 sent/s (9x), beam 5 24.8 vs 1.4 sent/s (18x).
 """
 
