@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from mtrain.errors import MtrainError
 
@@ -73,15 +75,33 @@ def load_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Dict[s
         raise MtrainError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+        damaged = _damaged_record(path)
     except Exception as error:  # truncated zip, pickle error, foreign object types
         raise MtrainError(
             f"{path}: not a loadable mtrain checkpoint ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else 'no detail'}); "
             "it may be truncated or corrupted: use another checkpoint (checkpoint=last|best|PATH)"
         ) from error
-    if not isinstance(state, dict) or "model" not in state:
-        raise MtrainError(f"{path}: not an mtrain checkpoint (no 'model' entry)")
+    if damaged is not None:
+        raise MtrainError(
+            f"{path}: corrupted checkpoint (record {damaged} fails its CRC-32 check); "
+            "use another checkpoint (checkpoint=last|best|PATH)"
+        )
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise MtrainError(f"{path}: not an mtrain checkpoint (no 'model' state dict)")
     return state
+
+
+def _damaged_record(path: Path) -> Optional[str]:
+    """The first record of a checkpoint whose bytes fail the CRC-32 that torch.save wrote.
+
+    torch.load does not check these sums, so a flipped bit inside a tensor would load as a
+    silently different weight. Reading the file again costs well under a second per GB.
+    """
+    if not zipfile.is_zipfile(path):
+        return None  # not torch's zip format: torch.load has judged it already
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
 
 
 def update_checkpoints(run_dir: Union[str, Path]) -> List[Path]:
@@ -117,6 +137,27 @@ def find_checkpoint(run_dir: Union[str, Path], which: str = "best") -> Path:
     )
 
 
+def stored_config(state: Dict[str, Any], path: Path) -> DictConfig:
+    """The FitConfig a checkpoint was trained with, its `model` section checked against this
+    version's ModelConfig: an unknown key or a wrong type is an MtrainError naming the key;
+    a key added after the checkpoint was written takes its default (the old behaviour)."""
+    from mtrain.config import ModelConfig
+
+    stored = state.get("config")
+    if not isinstance(stored, dict) or not isinstance(stored.get("model"), dict):
+        raise MtrainError(f"{path}: the checkpoint holds no model config; was it written by `mtrain fit`?")
+    config = OmegaConf.create(stored)
+    try:
+        config.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), stored["model"])
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        raise MtrainError(
+            f"{path}: stored config key model.{key} does not fit this mtrain version "
+            f"({str(error).splitlines()[0]}); was the checkpoint written by another mtrain version?"
+        ) from error
+    return config
+
+
 @dataclass
 class LoadedRun:
     """A trained model ready to decode, with what is needed to use it."""
@@ -141,18 +182,23 @@ def load_run(
     run_dir = Path(run_dir)
     path = checkpoint_path or find_checkpoint(run_dir, which)
     state = load_checkpoint(path, map_location="cpu")
-    config = OmegaConf.create(state["config"])
+    config = stored_config(state, path)
     tokenizer_dir = run_dir / "tokenizer"
     if not tokenizer_dir.is_dir():
         raise MtrainError(f"run={run_dir}: no tokenizer/ directory; the run directory is incomplete")
     tokenizer = Tokenizer.load(tokenizer_dir)
-    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    try:
+        model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    except MtrainError as error:
+        raise MtrainError(f"{path}: the model config stored in the checkpoint is invalid: {error}") from error
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError as error:
+    except (RuntimeError, TypeError, ValueError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         raise MtrainError(
-            f"{path}: checkpoint does not fit the model its config describes "
-            f"({str(error).splitlines()[0]}); was it written by an incompatible mtrain version?"
+            f"{path}: checkpoint does not fit the model its config and {tokenizer_dir} describe "
+            f"({lines[1] if len(lines) > 1 else lines[0] if lines else type(error).__name__}); "
+            "was it written by an incompatible mtrain version, or was tokenizer/ replaced?"
         ) from error
     model.to(device).eval()
     return LoadedRun(model, tokenizer, config, path, int(state.get("update", 0)))
