@@ -1,7 +1,7 @@
 """Forward+backward time of the benchmark-size model: sdpa vs math attention, fp32 vs bf16
 autocast, dropout 0.1 (mtrain's cheap mask, or torch's F.dropout) vs 0.
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/bench_attention.py [--rounds 3] [--tokens 3000]
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/bench_attention.py [--rounds 2] [--tokens 3000]
 
 The model is the CPU benchmark's: 3+3 layers, d_model 256, 4 heads, FFN 1024, an 8k joint
 vocabulary, tied embeddings. Batches are synthetic but shaped like Multi30k's: sentences of
@@ -12,7 +12,7 @@ Every setting gets its own model; settings are timed in interleaved rounds and t
 round is reported, because the machine is shared and slow rounds are other people's work.
 Prints a markdown table: wall ms per step, target tokens per second, and the process CPU
 time per step (with one thread, the least disturbed measure on a busy machine). About a
-minute on an idle machine.
+minute or two.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Setting:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up")
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after one warm-up")
     parser.add_argument("--tokens", type=int, default=3000, help="target tokens per batch")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

@@ -15,7 +15,6 @@ from mtrain.config import ModelConfig
 from mtrain.errors import MtrainError
 from mtrain.model import Seq2SeqTransformer, build_model
 from mtrain.model.dropout import dropout, dropout_add
-from mtrain.model.layers import DecoderLayer, EncoderLayer
 
 PAD, BOS, EOS = 1, 2, 3
 VOCAB = 21  # padded to 24 rows by vocab_multiple=8

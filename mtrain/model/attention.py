@@ -196,14 +196,15 @@ class CrossAttention(nn.Module):
 def _use_sdpa(impl: str, x: Tensor) -> bool:
     """`auto` means sdpa on CUDA (fused flash/memory-efficient kernels) and math on CPU.
 
-    On the benchmark CPU (AMD EPYC, AVX512-BF16), benchmark-size model, batches of ~3,000
-    target tokens in sentences of 12-18 tokens, best of interleaved rounds on a shared
-    machine (scripts/bench_attention.py, CPU ms per forward+backward step, 1 thread):
-        bf16 autocast, dropout 0.1:  sdpa 1120   math 835
-        bf16 autocast, dropout 0:    sdpa 1110   math 763
-        fp32, dropout 0.1:           sdpa 2117   math 2178   (a tie within noise)
-    The attention alone (200 x 18 tokens, 4 heads, forward+backward): bf16 sdpa 44 ms,
-    math 7 ms; fp32 sdpa 10 ms, math 10 ms. CPU flash attention's blocking does not pay
-    for 18-token sequences, and its bf16 path is slow.
+    Measured with scripts/bench_attention.py on the benchmark CPU (AMD EPYC, AVX512-BF16,
+    2 threads, shared machine: best of interleaved rounds), benchmark-size model, a batch of
+    200 sentences of 12-18 tokens (2,992 target tokens), forward+backward+loss:
+                                   sdpa               math
+        bf16 autocast, dropout 0.1  751 ms  3,982 tok/s   505 ms  5,921 tok/s
+        bf16 autocast, dropout 0    696 ms  4,298 tok/s   476 ms  6,291 tok/s
+        fp32, dropout 0.1          1197 ms  2,500 tok/s  1137 ms  2,632 tok/s
+    The attention alone (200 x 18 tokens, 4 heads, forward+backward, 1 thread): bf16 sdpa
+    44 ms, math 7 ms; fp32 both 10 ms. CPU flash attention's blocking does not pay for
+    18-token sequences, and its bf16 path is slow.
     """
     return impl == "sdpa" or (impl == "auto" and x.device.type != "cpu")
