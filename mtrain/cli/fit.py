@@ -11,9 +11,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import hydra
+import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +28,7 @@ log = logging.getLogger("mtrain")
 def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """Train as `cfg` says, writing everything into `run_dir`; returns metrics.json's content."""
     from mtrain.data import prepare_data
+    from mtrain.decode.generator import position_limit
     from mtrain.model import build_model
     from mtrain.train.checkpoint import CHECKPOINT_DIR
     from mtrain.train.distributed import init_distributed, shutdown_distributed
@@ -64,6 +66,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
 
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id).to(device)
+    check_eval_lengths(data, position_limit(model), cfg.data)
     trainer = Trainer(cfg, run_dir, data, model, device, precision, dist)
     if cfg.train.resume and last_checkpoint.exists():
         trainer.resume_from(last_checkpoint)
@@ -91,6 +94,27 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def check_eval_lengths(data, limit: Optional[int], data_cfg: DictConfig) -> None:
+    """Refuse, before training, a validation or test pair longer than the model can embed.
+
+    Those splits are never filtered (they are scored as they are), so such a pair would
+    otherwise stop the run at its first validation or, worse, after training at the test.
+    """
+    if limit is None:
+        return
+    for split in ("valid", "test"):
+        corpus = getattr(data, split)
+        positions = np.maximum(corpus.src_lengths, corpus.tgt_lengths + 1)  # src + eos; [bos] + tgt
+        index = int(np.argmax(positions))
+        if positions[index] > limit:
+            raise MtrainError(
+                f"data: pair {index + 1} of the {split} split (data.splits.{split}="
+                f"{getattr(data_cfg.splits, split)}) is {int(positions[index])} subword tokens long but the "
+                f"model embeds at most {limit} positions (model.max_positions); shorten or remove that "
+                "line, or raise model.max_positions"
+            )
 
 
 def score_test_split(cfg: DictConfig, run_dir: Path, trainer, device, precision: str) -> Dict[str, Any]:
