@@ -3,7 +3,8 @@
 Pre-norm (the default; Xiong et al. 2020): x + Dropout(Sublayer(Norm(x))) -- the residual
 adds the *un-normalised* x, so the stream is never normalised inside the stack and the
 final norm of each stack (`model.final_norm`) does that once at the end.
-Post-norm (Vaswani et al. 2017): Norm(x + Dropout(Sublayer(x))).
+Post-norm (Vaswani et al. 2017): Norm(x + Dropout(Sublayer(x))). Its stream leaves every
+layer normalised already, so `model.final_norm` defaults to off there (null = auto).
 
 Every sublayer has its own norm (2 per encoder layer, 3 per decoder layer), unless
 `model.shared_norm`, where one norm module serves all sublayers of a layer.
