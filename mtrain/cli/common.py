@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import register_configs
 from mtrain.errors import MtrainError
@@ -29,6 +32,8 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(app)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            if args:
+                check_known_keys(args[0])
             return app(*args, **kwargs)
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)
@@ -38,6 +43,21 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(2)
 
     return wrapper
+
+
+def check_known_keys(cfg: Any, prefix: str = "") -> None:
+    """Refuse keys outside the typed schema. Hydra rejects `model.d_modle=512`, but
+    `+model.d_modle=512` appends the key even to a typed config, and nothing would read it."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form mapping (e.g. data.hub.splits)
+    known = {field.name for field in dataclasses.fields(schema)}
+    for key in cfg:
+        if key not in known:
+            raise MtrainError(f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling")
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig):
+            check_known_keys(child, f"{prefix}{key}.")
 
 
 def _in_multirun() -> bool:
