@@ -1,0 +1,13 @@
+"""Export: trained runs to inference engines (CTranslate2).
+
+Files: `ctranslate2_spec.py` (mtrain's model switches mapped onto a CTranslate2
+`TransformerSpec`, or refused), `ctranslate2_model.py` (the model directory: spec,
+vocabulary, SentencePiece model, metadata). Decoding with the exported model is
+`mtrain.decode.ct2_engine`. `ctranslate2` is an optional dependency (`pip install mtrain[ct2]`),
+imported only when an export or a CTranslate2 decode runs.
+"""
+
+from mtrain.export.ctranslate2_model import METADATA_FILE, export_ctranslate2, export_run
+from mtrain.export.ctranslate2_spec import check_exportable
+
+__all__ = ["METADATA_FILE", "check_exportable", "export_ctranslate2", "export_run"]

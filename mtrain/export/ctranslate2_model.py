@@ -1,0 +1,134 @@
+"""Write a CTranslate2 model directory from a trained run.
+
+    out/
+      model.bin, config.json           the TransformerSpec (ctranslate2_spec.py), saved by ctranslate2
+      shared_vocabulary.json           SentencePiece pieces in id order (or source_/target_vocabulary.json)
+      spm.model                        the run's SentencePiece model(s) (or src.model + tgt.model)
+      mtrain_export.json               where it came from, the special tokens, the position limit
+
+The directory is self-contained: `mtrain translate run=out engine=ctranslate2` reads it, and so
+can any CTranslate2 user (`ctranslate2.Translator(out)` with the pieces of `spm.model`; the
+source must end with the eos piece `</s>`, as mtrain's sources do).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from mtrain.errors import MtrainError
+from mtrain.export.ctranslate2_spec import build_spec, check_exportable
+
+METADATA_FILE = "mtrain_export.json"
+# ctranslate2's weight types (`ct2-*-converter --quantization`); null keeps fp32.
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or an MtrainError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise MtrainError(
+            f"ctranslate2 is not installed ({error}); install it with `pip install 'mtrain[ct2]'` "
+            "(or `pip install ctranslate2`)"
+        ) from error
+    return ctranslate2
+
+
+def special_pieces(tokenizer) -> dict[str, str]:
+    """The pieces of unk/bos/eos/pad, as the (target) SentencePiece model names them."""
+    ids = {"unk": tokenizer.unk_id, "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "pad": tokenizer.pad_id}
+    return {name: tokenizer.tgt_pieces([i])[0] for name, i in ids.items()}
+
+
+def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
+    """Source and target pieces in id order (one list twice for a joint vocabulary)."""
+    src = tokenizer.src_pieces(range(tokenizer.src_vocab_size))
+    tgt = src if tokenizer.joint else tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    for name, pieces in (("source", src), ("target", tgt)):
+        if len(set(pieces)) != len(pieces):
+            raise MtrainError(f"tokenizer: the {name} vocabulary has repeated pieces; CTranslate2 maps pieces to ids")
+    return src, tgt
+
+
+def export_ctranslate2(state: Mapping[str, Any], model_cfg, tokenizer, out_dir: Path,
+                       quantization: Optional[str] = None, metadata: Optional[dict] = None,
+                       force: bool = False) -> Path:
+    """Convert a model (state_dict + its ModelConfig + tokenizer) into `out_dir`.
+
+    The directory is written next to `out_dir` and renamed into place, so a failed export
+    leaves no half-written model. With `force`, an existing `out_dir` is replaced.
+    """
+    import_ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise MtrainError(f"quantization={quantization}: choose one of {'|'.join(QUANTIZATIONS)} (or null for fp32)")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
+    check_exportable(model_cfg)  # before any work
+    src_vocabulary, tgt_vocabulary = vocabularies(tokenizer)
+    pieces = special_pieces(tokenizer)
+    spec = build_spec(state, model_cfg, src_vocabulary, tgt_vocabulary, pieces)
+    spec.optimize(quantization=quantization)
+    for path in tokenizer.files.values():
+        spec.register_file(str(path), Path(path).name)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed export
+    staging.mkdir()
+    try:
+        spec.save(str(staging))
+        record = {
+            "format": "ctranslate2",
+            "quantization": quantization or "float32",
+            "max_positions": int(model_cfg.max_positions),
+            "special_ids": {"unk": tokenizer.unk_id, "pad": tokenizer.pad_id,
+                            "bos": tokenizer.bos_id, "eos": tokenizer.eos_id},
+            "special_pieces": pieces,
+            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            **(metadata or {}),
+        }
+        (staging / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def export_run(run_dir: Path, out_dir: Path, which: str = "best", quantization: Optional[str] = None,
+               force: bool = False, checkpoint_path: Optional[Path] = None) -> Path:
+    """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`."""
+    from mtrain.train.checkpoint import load_run
+
+    loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path)
+    check_exportable(loaded.config.model)
+    return export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer, out_dir,
+                              quantization, metadata=run_metadata(loaded), force=force)
+
+
+def run_metadata(loaded) -> dict:
+    """What `mtrain_export.json` says about the origin of the weights."""
+    from mtrain import __version__
+
+    return {
+        "checkpoint": str(loaded.checkpoint_path.resolve()),
+        "update": loaded.update,
+        "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
+        "model": _plain(loaded.config.model),
+        "mtrain_version": __version__,
+    }
+
+
+def _plain(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)

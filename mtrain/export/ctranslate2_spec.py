@@ -1,0 +1,205 @@
+"""mtrain's Transformer as a CTranslate2 `TransformerSpec`, built from a state_dict.
+
+Every switch of `ModelConfig` is mapped here, or refused with an MtrainError naming it:
+
+    model key                  CTranslate2 spec
+    norm_position pre|post     pre_norm (post-norm with a final norm: the final norm is kept)
+    norm_type rmsnorm          rms_norm; `layer_norm_epsilon` = the eps mtrain's norm uses
+    final_norm                 encoder/decoder `layer_norm` present or not
+    shared_norm                the one shared norm copied into every sublayer (same function)
+    activation relu|gelu       activation RELU | GELU (erf, as torch's default)
+    activation swiglu          ffn_glu with SWISH: linear_0 = gate (activated), linear_0_noact = up
+    positions sinusoidal       the table mtrain computes, stored as `position_encodings`
+    positions learned          the trained table
+    positions none             an all-zero table (adds nothing, as in mtrain)
+    positions rope             rotary on every self-attention, whole head, rotate-half layout
+    scale_embeddings           scale_embeddings sqrt(d_model) or 1
+    tie_embeddings             tied matrices are copied (CTranslate2 aliases equal weights)
+    cross_{q,k,v}_proj=false   an identity matrix with a zero bias (exact in fp32)
+    decoder_order              only self_cross_ffn: CTranslate2's decoder layer has that order
+    vocab_multiple             padded rows are cut: the exported vocabulary is the real one,
+                               so a padded id can never be produced
+
+Settings that do not exist at inference (dropout, detach_memory, attention_impl) are ignored.
+A ModelConfig key this module does not know, set to a non-default value, is refused: a new
+model switch must be mapped here before its models export.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor
+
+from mtrain.config import ModelConfig
+from mtrain.errors import MtrainError
+from mtrain.model.positions import sinusoidal_table
+
+# ModelConfig keys that have no effect on inference, and those mapped by `build_spec`.
+INFERENCE_IRRELEVANT = {"dropout", "attention_dropout", "activation_dropout", "detach_memory", "attention_impl"}
+MAPPED = {
+    "encoder_layers", "decoder_layers", "layers", "d_model", "heads", "ffn_dim", "activation",
+    "norm_position", "norm_type", "shared_norm", "final_norm", "positions", "max_positions",
+    "cross_q_proj", "cross_k_proj", "cross_v_proj", "decoder_order", "scale_embeddings",
+    "tie_embeddings", "vocab_multiple",
+}
+# torch's defaults, which mtrain's norms use (mtrain.model.layers.make_norm).
+NORM_EPSILON = {"layernorm": 1e-5, "rmsnorm": 1e-6}
+
+
+def check_exportable(cfg) -> None:
+    """Raise MtrainError naming the first model setting CTranslate2 cannot represent.
+
+    `cfg`: the run's model config (a DictConfig or a ModelConfig).
+    """
+    defaults = {field.name: field.default for field in fields(ModelConfig)}
+    settings = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else asdict(cfg)
+    for name, value in settings.items():
+        if name in MAPPED or name in INFERENCE_IRRELEVANT:
+            continue
+        if name not in defaults or value != defaults[name]:
+            raise MtrainError(
+                f"model.{name}={value!r}: the CTranslate2 converter does not know this setting; "
+                "only models that leave it at its default can be exported"
+            )
+    if cfg.decoder_order != "self_cross_ffn":
+        raise MtrainError(
+            f"model.decoder_order={cfg.decoder_order}: CTranslate2's decoder layer runs self-attention, "
+            "cross-attention, feed-forward in that order; only models trained with "
+            "model.decoder_order=self_cross_ffn can be exported"
+        )
+
+
+def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], tgt_vocabulary: Sequence[str],
+               special_pieces: Mapping[str, str]):
+    """A validated `ctranslate2.specs.TransformerSpec` holding the weights of `state`.
+
+    `state` is the model's state_dict, `cfg` its ModelConfig (as trained). The vocabularies
+    are the SentencePiece pieces in id order; `special_pieces` maps unk/bos/eos to their pieces.
+    """
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    check_exportable(cfg)
+    state = {name: tensor.detach().float().cpu() for name, tensor in state.items()}
+    encoder_layers = cfg.layers if cfg.layers is not None else cfg.encoder_layers
+    decoder_layers = cfg.layers if cfg.layers is not None else cfg.decoder_layers
+    pre_norm = cfg.norm_position == "pre"
+    final_norm = cfg.final_norm if cfg.final_norm is not None else pre_norm
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swiglu": common_spec.Activation.SWISH}[cfg.activation]
+    common = dict(
+        # The spec creates the final norm only for pre-norm; post-norm is switched on below.
+        pre_norm=True, no_final_norm=not final_norm, activation=activation,
+        ffn_glu=cfg.activation == "swiglu", rms_norm=cfg.norm_type == "rmsnorm",
+    )
+    if cfg.positions == "rope":
+        common.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000.0)
+    encoder = transformer_spec.TransformerEncoderSpec(encoder_layers, cfg.heads, **common)
+    decoder = transformer_spec.TransformerDecoderSpec(
+        decoder_layers, cfg.heads, alignment_layer=-1, alignment_heads=0, **common  # 0: average all heads
+    )
+    encoder.pre_norm = decoder.pre_norm = pre_norm
+
+    embedding_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+    _set_embeddings(encoder, state["src_embed.tokens.weight"][: len(src_vocabulary)], embedding_scale)
+    _set_embeddings(decoder, state["tgt_embed.tokens.weight"][: len(tgt_vocabulary)], embedding_scale)
+    if cfg.positions != "rope":
+        encoder.position_encodings.encodings = _position_table(state, "src_embed", cfg)
+        decoder.position_encodings.encodings = _position_table(state, "tgt_embed", cfg)
+    decoder.projection.weight = _numpy(state["output_proj.weight"][: len(tgt_vocabulary)])
+    if final_norm:
+        _set_norm(encoder.layer_norm, state, "encoder_norm")
+        _set_norm(decoder.layer_norm, state, "decoder_norm")
+
+    for index, layer in enumerate(encoder.layer):
+        prefix = f"encoder.{index}"
+        _set_self_attention(layer.self_attention, state, prefix)
+        _set_ffn(layer.ffn, state, prefix, cfg.activation == "swiglu")
+    for index, layer in enumerate(decoder.layer):
+        prefix = f"decoder.{index}"
+        _set_self_attention(layer.self_attention, state, prefix)
+        _set_cross_attention(layer.attention, state, prefix, cfg.d_model)
+        _set_ffn(layer.ffn, state, prefix, cfg.activation == "swiglu")
+
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = NORM_EPSILON[cfg.norm_type]
+    spec.config.unk_token = special_pieces["unk"]
+    spec.config.bos_token = special_pieces["bos"]
+    spec.config.eos_token = special_pieces["eos"]
+    spec.config.decoder_start_token = special_pieces["bos"]
+    spec.register_source_vocabulary(list(src_vocabulary))
+    spec.register_target_vocabulary(list(tgt_vocabulary))
+    spec.validate()
+    return spec
+
+
+def _numpy(tensor: Tensor) -> np.ndarray:
+    return tensor.contiguous().numpy()
+
+
+def _set_embeddings(stack, weight: Tensor, scale: float) -> None:
+    embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+    embeddings.weight = _numpy(weight)
+    stack.scale_embeddings = np.float32(scale)
+
+
+def _position_table(state: Mapping[str, Tensor], embed: str, cfg) -> np.ndarray:
+    """(max_positions, d_model): what mtrain adds at positions 0, 1, ... (the first token is 0)."""
+    if cfg.positions == "learned":
+        return _numpy(state[f"{embed}.positions.weight"])
+    if cfg.positions == "sinusoidal":
+        return _numpy(sinusoidal_table(cfg.max_positions, cfg.d_model))
+    return np.zeros((cfg.max_positions, cfg.d_model), dtype=np.float32)  # positions=none
+
+
+def _set_norm(spec, state: Mapping[str, Tensor], prefix: str) -> None:
+    spec.gamma = _numpy(state[f"{prefix}.weight"])
+    if hasattr(spec, "beta"):  # layernorm (rmsnorm has no bias)
+        spec.beta = _numpy(state[f"{prefix}.bias"])
+
+
+def _set_linear(spec, state: Mapping[str, Tensor], prefixes: Sequence[str]) -> None:
+    """One Linear, or several concatenated on the output dim (fused QKV / KV)."""
+    spec.weight = _numpy(torch.cat([state[f"{p}.weight"] for p in prefixes]))
+    spec.bias = _numpy(torch.cat([state[f"{p}.bias"] for p in prefixes]))
+
+
+def _set_self_attention(spec, state: Mapping[str, Tensor], layer: str) -> None:
+    _set_norm(spec.layer_norm, state, f"{layer}.self_attn_norm")
+    attention = f"{layer}.self_attn"
+    _set_linear(spec.linear[0], state, [f"{attention}.q_proj", f"{attention}.k_proj", f"{attention}.v_proj"])
+    _set_linear(spec.linear[1], state, [f"{attention}.out_proj"])
+
+
+def _set_cross_attention(spec, state: Mapping[str, Tensor], layer: str, d_model: int) -> None:
+    _set_norm(spec.layer_norm, state, f"{layer}.cross_attn_norm")
+    attention = f"{layer}.cross_attn"
+
+    def projection(name: str) -> tuple[Tensor, Tensor]:
+        if f"{attention}.{name}.weight" in state:
+            return state[f"{attention}.{name}.weight"], state[f"{attention}.{name}.bias"]
+        return torch.eye(d_model), torch.zeros(d_model)  # model.cross_{name}=false: the identity
+
+    q_weight, q_bias = projection("q_proj")
+    k_weight, k_bias = projection("k_proj")
+    v_weight, v_bias = projection("v_proj")
+    spec.linear[0].weight, spec.linear[0].bias = _numpy(q_weight), _numpy(q_bias)
+    spec.linear[1].weight = _numpy(torch.cat([k_weight, v_weight]))
+    spec.linear[1].bias = _numpy(torch.cat([k_bias, v_bias]))
+    _set_linear(spec.linear[2], state, [f"{attention}.out_proj"])
+
+
+def _set_ffn(spec, state: Mapping[str, Tensor], layer: str, glu: bool) -> None:
+    _set_norm(spec.layer_norm, state, f"{layer}.ffn_norm")
+    ffn = f"{layer}.ffn"
+    if glu:
+        _set_linear(spec.linear_0, state, [f"{ffn}.gate"])  # activated (silu)
+        _set_linear(spec.linear_0_noact, state, [f"{ffn}.up"])
+    else:
+        _set_linear(spec.linear_0, state, [f"{ffn}.up"])
+    _set_linear(spec.linear_1, state, [f"{ffn}.down"])
