@@ -4,6 +4,8 @@
     cat input.de | mtrain translate run=RUN_DIR > output.en
     mtrain translate run=RUN_DIR input=test.de decode.nbest=5 decode.beam=5   # n-best TSV
     mtrain translate run=RUN_DIR input=some.de attention=att/ attention_layer=all
+    mtrain translate run=RUN_DIR input=test.de engine=ctranslate2 [precision=int8]
+    mtrain translate run=EXPORTED_DIR input=test.de engine=ctranslate2   # from `mtrain export`
 
 Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
 creates no Hydra output directory. The work is in `mtrain.decode.stream`.
@@ -34,11 +36,20 @@ def run_translate(cfg: DictConfig) -> None:
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
-    if cfg.engine != "torch":
-        raise MtrainError(f"engine={cfg.engine}: only engine=torch is implemented")
+    if cfg.engine not in ("torch", "ctranslate2"):
+        raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
     check_paths(cfg.input, cfg.output)  # before the model loads
     set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
+    if cfg.engine == "ctranslate2":
+        from mtrain.decode.ct2_engine import open_ctranslate2
+
+        # run= may also be a directory written by `mtrain export`.
+        model = open_ctranslate2(cfg.run, cfg.checkpoint, device, cfg.precision, cfg.num_threads)
+        log.info("translating with CTranslate2: %s on %s, beam %d", model.description, device, cfg.decode.beam)
+        report = translate_stream(model, model.tokenizer, cfg, device, cfg.precision)
+        log.info("translated %d lines", report.lines)
+        return
     precision = resolve_decode_precision(cfg.precision, device)
     loaded = load_run(cfg.run, which=cfg.checkpoint, device=device)
     log.info("translating with %s (update %d) on %s, %s, beam %d",

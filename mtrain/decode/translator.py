@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from mtrain.config import DecodeConfig
+from mtrain.decode.ct2_engine import CTranslate2Model
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.train.runtime import autocast, resolve_precision
@@ -67,7 +68,10 @@ def translate_encoded(
     Returns, per source, up to `cfg.nbest` hypotheses with `.text` filled, best first.
     `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`.
     `on_batch(num_sentences)` is called after each batch (progress bars).
+    `model` may be a `CTranslate2Model` (engine=ctranslate2), which decodes by itself.
     """
+    if isinstance(model, CTranslate2Model):
+        return model.translate_encoded(sources, cfg, attention_layer, on_batch)
     device = torch.device(device)
     precision = resolve_decode_precision(precision, device)
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]

@@ -68,11 +68,12 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     run_dir = Path(cfg.run)
     if not run_dir.is_dir():
         raise MtrainError(f"run={run_dir}: no such run directory")
-    if cfg.engine != "torch":
-        raise MtrainError(f"engine={cfg.engine}: `mtrain eval` decodes with engine=torch only")
+    if cfg.engine not in ("torch", "ctranslate2"):
+        raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
     set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    precision = resolve_decode_precision(cfg.precision, device)
+    # CTranslate2 also takes its own weight types (precision=int8); see mtrain.decode.ct2_engine.
+    precision = resolve_decode_precision(cfg.precision, device) if cfg.engine == "torch" else cfg.precision
 
     averaged_from: Optional[List[str]] = None
     if cfg.average_last > 0:
@@ -83,6 +84,12 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     else:
         checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     loaded = load_run(run_dir, device=device, checkpoint_path=checkpoint)
+    model = loaded.model
+    if cfg.engine == "ctranslate2":  # the same checkpoint, converted
+        from mtrain.decode.ct2_engine import convert_loaded
+
+        model = convert_loaded(loaded, device, precision, cfg.num_threads)
+        precision = model.translator.compute_type
 
     split = read_split_text(loaded.config.data, cfg.split)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
@@ -92,10 +99,10 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
                   [record["path"] for record in split.files[1:]] or None)
 
     log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
-        f"(beam {cfg.decode.beam}, {device}, {precision})")
+        f"(beam {cfg.decode.beam}, {device}, {precision}, engine={cfg.engine})")
     start = time.perf_counter()
     with torch.inference_mode():
-        nbest = translate_sentences(loaded.model, loaded.tokenizer, split.sources, cfg.decode, device, precision)
+        nbest = translate_sentences(model, loaded.tokenizer, split.sources, cfg.decode, device, precision)
     seconds = time.perf_counter() - start
     hyps = [candidates[0].text if candidates else "" for candidates in nbest]
     output_tokens = sum(len(candidates[0].tokens) for candidates in nbest if candidates)

@@ -1,0 +1,247 @@
+"""Decoding with CTranslate2 (`engine=ctranslate2`), with mtrain's decoding semantics.
+
+`CTranslate2Model` wraps a `ctranslate2.Translator` loaded from a directory written by
+`mtrain export` (or converted on the fly from a run by `open_ctranslate2`), and translates
+encoded sources like `translate_encoded` does, returning the same `Hypothesis` objects.
+How each `DecodeConfig` key maps, and where CTranslate2 differs:
+
+- beam, nbest, length_penalty: `beam_size`, `num_hypotheses`, `length_penalty`.
+  CTranslate2 divides a finished hypothesis' log-prob by `len(hypothesis)**length_penalty`;
+  we ask for the end token in the hypothesis (`return_end_token`) so `len` counts EOS, as
+  mtrain's `length_normalise` does, and strip it afterwards. Its beam keeps the first `beam`
+  of `2*beam` candidates, finishes those ending in EOS and refills the beam from the rest, and
+  stops a sentence at `beam` finished hypotheses: mtrain's rule with early_stopping=true.
+  At length_penalty=0 exactly, CTranslate2 switches to another rule (stop when the best
+  candidate ends), so 0 is passed as `UNNORMALISED` (1e-9): mtrain's rule, scores within 1e-8.
+- max length: mtrain allows `int(a * src_len + b)` output tokens (src_len with eos), per
+  sentence, then forces EOS. CTranslate2 has one `max_decoding_length` per call, so sentences
+  are decoded in groups of equal source length (equal limits; also no padding). At the limit
+  CTranslate2 cannot force EOS: it ends the hypotheses with whatever token wins. We allow it
+  limit+1 tokens and drop a final non-EOS token, so lengths never exceed mtrain's; which
+  hypothesis wins *at the limit* may differ (mtrain ranks them by the EOS log-prob).
+- min_len: `min_decoding_length` (EOS banned before min_len output tokens, as in mtrain).
+- pad and bos are never produced (`suppress_sequences`), as in mtrain.
+  CTranslate2 bans tokens *before* its log-softmax (the other tokens share their tiny mass),
+  mtrain after; scores differ by ~1e-5 per step, which can swap near-ties.
+- no_repeat_ngram: `no_repeat_ngram_size`, the same rule, but applied before the softmax:
+  when a banned token was likely, the renormalised scores differ and so may the choices.
+- sampling topk/topp, temperature: CTranslate2's sampler with the same settings, seeded
+  with `decode.seed`; its random stream is its own, so samples differ from engine=torch.
+- early_stopping=false (mtrain's exact stopping bound) has no CTranslate2 counterpart: refused.
+- attention pictures: the last decoder layer only (the exported alignment layer), heads averaged.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from mtrain.config import DecodeConfig
+from mtrain.decode.generator import build_search
+from mtrain.decode.hypothesis import Hypothesis
+from mtrain.errors import MtrainError
+
+# length_penalty=0 for CTranslate2: exactly 0 would select its other stopping rule (see above).
+UNNORMALISED = 1e-9
+
+# mtrain's precision names -> CTranslate2 compute types; "auto" keeps the exported weights' type
+# on CPU (fp32 unless exported with quantization=...).
+COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
+                 "int8_float32": "int8_float32", "int8_bfloat16": "int8_bfloat16", "int8_float16": "int8_float16",
+                 "int16": "int16"}
+
+
+class CTranslate2Model:
+    """A CTranslate2 translator and what decoding with mtrain's semantics needs from it."""
+
+    def __init__(self, translator, tokenizer, max_positions: int, description: str = "") -> None:
+        self.translator = translator
+        self.tokenizer = tokenizer
+        self.max_positions = max_positions  # read by `position_limit` (input truncation)
+        self.description = description
+        pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+        self._target_ids = {piece: i for i, piece in enumerate(pieces)}
+        self._eos_piece = pieces[tokenizer.eos_id]
+        self._banned = [[pieces[tokenizer.pad_id]], [pieces[tokenizer.bos_id]]]
+
+    def translate_encoded(self, sources: Sequence[Optional[Sequence[int]]], cfg: DecodeConfig,
+                          attention_layer: Optional[int | str] = None,
+                          on_batch: Optional[Callable[[int], None]] = None) -> list[list[Hypothesis]]:
+        """Like `mtrain.decode.translate_encoded`: sources are ids ending in eos (None: empty)."""
+        options = self._options(cfg, attention_layer)
+        results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
+        groups: dict[int, list[int]] = {}
+        for i, ids in enumerate(sources):
+            if ids:
+                if len(ids) > self.max_positions:
+                    raise MtrainError(
+                        f"model.max_positions: a source of {len(ids)} tokens exceeds the model's "
+                        f"{self.max_positions} positions; shorten the input"
+                    )
+                groups.setdefault(len(ids), []).append(i)
+        for src_len in sorted(groups, reverse=True):  # longest first, as the torch engine does
+            max_len = self.max_output_length(src_len, cfg)
+            per_batch = max(1, cfg.max_tokens // src_len)
+            indices = groups[src_len]
+            for start in range(0, len(indices), per_batch):
+                batch = indices[start: start + per_batch]
+                src_pieces = [self.tokenizer.src_pieces(sources[i]) for i in batch]
+                outputs = self.translator.translate_batch(
+                    src_pieces,
+                    max_decoding_length=max_len + 1,
+                    min_decoding_length=min(cfg.min_len, max_len + 1),
+                    **options,
+                )
+                for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg)):
+                    results[i] = hyps
+                if on_batch is not None:
+                    on_batch(len(batch))
+        return results
+
+    def max_output_length(self, src_len: int, cfg: DecodeConfig) -> int:
+        """mtrain's limit (`mtrain.decode.generator`): a*src_len+b in float32, truncated,
+        within the position table (bos + max_len tokens must fit)."""
+        limit = int((torch.tensor(float(src_len)) * cfg.max_len_a + cfg.max_len_b).long())
+        return max(0, min(limit, self.max_positions - 1))
+
+    def _options(self, cfg: DecodeConfig, attention_layer) -> dict:
+        build_search(cfg, torch.device("cpu"))  # the same checks and messages as engine=torch
+        if not cfg.early_stopping:
+            raise MtrainError(
+                "decode.early_stopping=false: CTranslate2's beam search stops once `beam` hypotheses "
+                "finished (mtrain's early_stopping=true); use it, or engine=torch"
+            )
+        if attention_layer not in (None, "last"):
+            raise MtrainError(
+                f"attention_layer={attention_layer}: with engine=ctranslate2 only the last decoder "
+                "layer's attention is available; use attention_layer=last or engine=torch"
+            )
+        options = dict(
+            # All `beam` finished hypotheses come back, so those cut at the limit can be
+            # rescored and re-ranked (see `_hypotheses`); `nbest` of them are kept.
+            num_hypotheses=cfg.beam if cfg.sampling == "none" else cfg.nbest,
+            length_penalty=cfg.length_penalty or UNNORMALISED, return_end_token=True,
+            return_scores=True, return_attention=attention_layer is not None,
+            suppress_sequences=self._banned, no_repeat_ngram_size=cfg.no_repeat_ngram,
+            max_input_length=0,  # mtrain truncates (with a warning) before decoding
+            max_batch_size=0,
+        )
+        if cfg.sampling == "none":
+            options.update(beam_size=cfg.beam)
+        else:
+            import ctranslate2
+
+            ctranslate2.set_random_seed(cfg.seed)
+            options.update(beam_size=1, sampling_temperature=cfg.temperature,
+                           sampling_topk=cfg.top_k if cfg.sampling == "topk" else 0,
+                           sampling_topp=cfg.top_p if cfg.sampling == "topp" else 1.0)
+        return options
+
+    def _hypotheses(self, src_pieces: list[list[str]], outputs, max_len: int,
+                    cfg: DecodeConfig) -> list[list[Hypothesis]]:
+        """mtrain's hypotheses from CTranslate2's results, best first, `cfg.nbest` per sentence.
+
+        A hypothesis without EOS was cut at the length limit (max_len + 1 tokens). mtrain
+        would have ended its first max_len tokens with a forced EOS: it is cut to those and
+        rescored with EOS (`score_batch`, the exact log-probs), then the list is re-sorted.
+        """
+        alpha = cfg.length_penalty
+        per_sentence: list[list[Hypothesis]] = []
+        at_limit: list[tuple[int, Hypothesis]] = []
+        for row, output in enumerate(outputs):
+            hyps, seen = [], set()
+            attention = output.attention if output.attention else [None] * len(output.hypotheses)
+            for pieces, score, weights in zip(output.hypotheses, output.scores, attention):
+                ended = bool(pieces) and pieces[-1] == self._eos_piece
+                tokens = [self._target_ids[piece] for piece in (pieces[:-1] if ended else pieces[:max_len])]
+                if tuple(tokens) in seen:  # two cut hypotheses can share their first max_len tokens
+                    continue
+                seen.add(tuple(tokens))
+                length = len(tokens) + 1  # with EOS, as CTranslate2 normalised (return_end_token)
+                hyp = Hypothesis(tokens=tokens, score=score, log_prob=score * length**alpha)
+                if weights is not None:
+                    hyp.attention = torch.tensor(weights)[:length]  # (output tokens + EOS, src_len)
+                hyp.text = self.tokenizer.decode_tgt(tokens)
+                hyps.append(hyp)
+                if not ended:
+                    at_limit.append((row, hyp))
+            per_sentence.append(hyps)
+        if at_limit:
+            scored = self.translator.score_batch(
+                [src_pieces[row] for row, _ in at_limit],
+                [self.tokenizer.tgt_pieces(hyp.tokens) for _, hyp in at_limit],
+                max_input_length=0,
+            )
+            for (_, hyp), result in zip(at_limit, scored):
+                hyp.log_prob = sum(result.log_probs)  # tokens and EOS
+                hyp.score = hyp.log_prob / (len(hyp.tokens) + 1) ** alpha
+        empty = Hypothesis(tokens=[], score=float("-inf"), log_prob=float("-inf"))
+        return [sorted(hyps, key=lambda h: h.score, reverse=True)[: cfg.nbest] or [empty] for hyps in per_sentence]
+
+
+def compute_type(precision: str) -> str:
+    """CTranslate2's compute type for mtrain's `precision` (plus CTranslate2's int8/int16 types)."""
+    if precision not in COMPUTE_TYPES:
+        raise MtrainError(f"precision={precision!r}: with engine=ctranslate2 choose one of {'|'.join(COMPUTE_TYPES)}")
+    return COMPUTE_TYPES[precision]
+
+
+def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "auto",
+                     num_threads: Optional[int] = None, tokenizer=None) -> CTranslate2Model:
+    """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given)."""
+    from mtrain.export.ctranslate2_model import METADATA_FILE, import_ctranslate2
+    from mtrain.tokenizer import Tokenizer
+
+    ctranslate2 = import_ctranslate2()
+    model_dir = Path(model_dir)
+    metadata_path = model_dir / METADATA_FILE
+    if not metadata_path.is_file():
+        raise MtrainError(f"{model_dir}: no {METADATA_FILE}; is this a directory written by `mtrain export`?")
+    metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
+    tokenizer = tokenizer or Tokenizer.load(model_dir)
+    try:
+        translator = ctranslate2.Translator(
+            str(model_dir), device=device.type, device_index=device.index or 0,
+            compute_type=compute_type(precision),
+            intra_threads=num_threads or torch.get_num_threads(),
+        )
+    except (RuntimeError, ValueError) as error:
+        raise MtrainError(f"{model_dir}: CTranslate2 cannot load this model on {device} ({error})") from error
+    description = f"{model_dir} ({metadata.get('quantization', 'float32')} weights, {translator.compute_type} compute)"
+    return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description)
+
+
+def is_export_dir(path: Path) -> bool:
+    from mtrain.export.ctranslate2_model import METADATA_FILE
+
+    return (Path(path) / METADATA_FILE).is_file()
+
+
+def open_ctranslate2(run: Path, which: str, device: torch.device, precision: str = "auto",
+                     num_threads: Optional[int] = None) -> CTranslate2Model:
+    """A CTranslate2 model from an `mtrain export` directory, or from a run's checkpoint
+    (`which`: best|last|a path) converted on the fly."""
+    if is_export_dir(run):
+        return load_ctranslate2(run, device, precision, num_threads)
+    from mtrain.train.checkpoint import load_run
+
+    return convert_loaded(load_run(run, which=which), device, precision, num_threads)
+
+
+def convert_loaded(loaded, device: torch.device, precision: str = "auto",
+                   num_threads: Optional[int] = None) -> CTranslate2Model:
+    """A loaded run (`mtrain.train.checkpoint.LoadedRun`) converted in fp32 into a temporary
+    directory and loaded from there (CTranslate2 quantizes on load when `precision` asks)."""
+    from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
+
+    with tempfile.TemporaryDirectory(prefix="mtrain-ct2-") as scratch:
+        model_dir = export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer,
+                                       Path(scratch) / "model", metadata=run_metadata(loaded))
+        # The weights are in memory once loaded; the run's tokenizer outlives the scratch copy.
+        model = load_ctranslate2(model_dir, device, precision, num_threads, loaded.tokenizer)
+    model.description = f"{loaded.checkpoint_path} (update {loaded.update}, converted), {model.translator.compute_type}"
+    return model
