@@ -16,6 +16,7 @@ COMMANDS = {
     "prepare": ("mtrain.cli.prepare", "tokenize and encode a corpus ahead of training"),
     "average": ("mtrain.cli.average", "average the parameters of several checkpoints"),
     "report": ("mtrain.cli.report", "tables and plots for a sweep of runs"),
+    "export": ("mtrain.cli.export", "convert a run for an inference engine (CTranslate2)"),
 }
 
 

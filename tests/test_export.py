@@ -1,0 +1,308 @@
+"""mtrain.export and engine=ctranslate2: the converted model computes and translates as mtrain does."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+ctranslate2 = pytest.importorskip(
+    "ctranslate2", reason="ctranslate2 is not installed: the CTranslate2 export is optional (pip install 'mtrain[ct2]')"
+)
+
+from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain  # noqa: E402
+from mtrain.decode.ct2_engine import load_ctranslate2  # noqa: E402
+from mtrain.decode.translator import translate_encoded, translate_sentences  # noqa: E402
+from mtrain.errors import MtrainError  # noqa: E402
+from mtrain.export import check_exportable, export_ctranslate2, export_run  # noqa: E402
+from mtrain.model import build_model  # noqa: E402
+
+WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
+         "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()
+MODEL = dict(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0, max_positions=64)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # tiny models: threads cost more than they save
+    yield
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Sentences of random words in the `{split}.{lang}` layout (the same text on both sides)."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(3)
+    for split, count in (("train", 300), ("val", 8), ("test", 12)):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 7))) for _ in range(count)]
+        for lang in ("de", "en"):
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def fit_config(corpus, tmp_path_factory):
+    cfg = OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL)))
+    cfg.data.local_dir = str(corpus)
+    cfg.data.cache_dir = str(tmp_path_factory.mktemp("cache"))
+    cfg.data.splits.test = "test"
+    cfg.tokenizer.vocab_size = 56
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def tokenizer(fit_config):
+    from mtrain.tokenizer import train_or_load_tokenizer
+
+    return train_or_load_tokenizer(fit_config.tokenizer, fit_config.data, log=lambda *_: None)
+
+
+def copy_batch(generator: torch.Generator, vocab: int, n: int = 64):
+    """Source `y eos` and teacher-forcing pairs `[bos] y` -> `y eos` for random sequences y."""
+    pad, bos, eos = 1, 2, 3
+    lengths = torch.randint(2, 12, (n,), generator=generator)
+    longest = int(lengths.max())
+    tokens = torch.randint(4, vocab, (n, longest), generator=generator)
+    inside = torch.arange(longest + 1)[None] < lengths[:, None]
+    y = torch.cat([tokens, torch.full((n, 1), pad)], 1).masked_fill(~inside, pad)
+    src = y.clone()
+    src[torch.arange(n), lengths] = eos
+    tgt_input = torch.cat([torch.full((n, 1), bos), y[:, :-1]], 1)
+    return src, src.eq(pad), tgt_input, src
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A tiny model trained to copy its input (a few seconds): confident, so its searches
+    have clear winners and both engines must agree token for token."""
+    torch.set_num_threads(1)  # module fixtures run before the per-test thread setting
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        src, mask, tgt_input, tgt_output = copy_batch(generator, tokenizer.tgt_vocab_size)
+        logits = model(src, mask, tgt_input)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_output.flatten(), ignore_index=1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 1.0, "the copy model did not learn; the comparisons below would be meaningless"
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, fit_config, tokenizer, model) -> Path:
+    """A run directory as `mtrain fit` leaves it: tokenizer/, config.yaml, checkpoints/best.pt."""
+    from mtrain.train.checkpoint import save_checkpoint
+
+    run = tmp_path_factory.mktemp("run")
+    tokenizer.save(run / "tokenizer")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(fit_config), encoding="utf-8")
+    save_checkpoint(run / "checkpoints" / "best.pt",
+                    {"model": model.state_dict(), "config": to_plain(fit_config), "update": 200})
+    return run
+
+
+@pytest.fixture(scope="module")
+def exported(run_dir, tmp_path_factory) -> Path:
+    return export_run(run_dir, tmp_path_factory.mktemp("export") / "ct2")
+
+
+@pytest.fixture(scope="module")
+def sources(tokenizer, corpus) -> list:
+    """Held-out random sequences and the corpus' test sentences, as encoded sources (ids + eos)."""
+    generator = torch.Generator().manual_seed(99)
+    src, mask, _, _ = copy_batch(generator, tokenizer.src_vocab_size, n=10)
+    copies = [row[~row_mask].tolist() for row, row_mask in zip(src, mask)]
+    sentences = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    return copies + [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in sentences] + [None]
+
+
+# ------------------------------------------------------------------ translations
+@pytest.mark.parametrize("settings", [
+    dict(beam=1),
+    dict(beam=4),
+    dict(beam=4, nbest=3, length_penalty=0.6),
+    dict(beam=3, length_penalty=0.0),
+], ids=["greedy", "beam4", "nbest3-alpha0.6", "alpha0"])
+def test_exported_model_translates_like_mtrain(exported, model, tokenizer, sources, settings):
+    cfg = DecodeConfig(**settings)
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    expected = translate_encoded(model, tokenizer, sources, cfg, CPU)
+    got = translate_encoded(engine, tokenizer, sources, cfg, CPU)
+    for want, have in zip(expected, got):
+        assert [h.tokens for h in have] == [h.tokens for h in want]
+        assert [h.text for h in have] == [h.text for h in want]
+        # CTranslate2 bans pad/bos before its softmax, mtrain after: log-probs differ by that
+        # mass at each step (up to ~1e-3 for this tiny model; ~1e-5 for a trained translation model).
+        for h, w in zip(have, want):
+            assert h.log_prob == pytest.approx(w.log_prob, abs=3e-3 * (len(w.tokens) + 1))
+
+
+def test_no_repeat_ngram_holds_in_ctranslate2(exported, tokenizer, sources):
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    for hyps in translate_encoded(engine, tokenizer, sources, DecodeConfig(beam=3, no_repeat_ngram=2), CPU):
+        bigrams = list(zip(hyps[0].tokens, hyps[0].tokens[1:]))
+        assert len(bigrams) == len(set(bigrams))
+
+
+def test_length_limits_follow_mtrain(exported, model, tokenizer, sources):
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    # The limit cuts the copies: greedy keeps the first max_len tokens, as mtrain's forced EOS does.
+    short = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=3)
+    assert ([h[0].tokens for h in translate_encoded(engine, tokenizer, sources, short, CPU)]
+            == [h[0].tokens for h in translate_encoded(model, tokenizer, sources, short, CPU)])
+    # Per sentence: a * src_len + b, with src_len counting the eos.
+    scaled = DecodeConfig(beam=4, max_len_a=0.5, max_len_b=0)
+    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, scaled, CPU)):
+        assert len(hyps[0].tokens) <= (int(0.5 * len(ids)) if ids else 0)
+    at_least = DecodeConfig(beam=4, min_len=14, max_len_b=20)
+    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, at_least, CPU)):
+        assert ids is None or len(hyps[0].tokens) >= 14
+
+
+# ------------------------------------------------------------------ the converter, switch by switch
+VARIANTS = {
+    "default": {}, "gelu": dict(activation="gelu"), "swiglu": dict(activation="swiglu"),
+    "learned": dict(positions="learned"), "no-positions": dict(positions="none"), "rope": dict(positions="rope"),
+    "rmsnorm": dict(norm_type="rmsnorm"), "post-norm": dict(norm_position="post"),
+    "post-norm-final": dict(norm_position="post", final_norm=True), "no-final-norm": dict(final_norm=False),
+    "shared-norm": dict(shared_norm=True), "unscaled": dict(scale_embeddings=False),
+    "untied": dict(tie_embeddings=False), "identity-qk": dict(cross_q_proj=False, cross_k_proj=False),
+    "identity-v": dict(cross_v_proj=False), "padded-vocab": dict(vocab_multiple=48),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_every_supported_switch_gives_the_same_log_probs(variant, tokenizer, tmp_path):
+    """CTranslate2's scores of target sentences equal mtrain's log-softmax, token by token."""
+    cfg = ModelConfig(**{**MODEL, **variant})
+    torch.manual_seed(1)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id).eval()
+    with torch.no_grad():  # norms and biases away from their initial 1 and 0
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    directory = export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(directory), intra_threads=1)
+    pairs = [("ein mann spielt ball", "a man plays ball"), ("zwei hunde", "two dogs in the park on a ball")]
+    for source, target in pairs:
+        src = tokenizer.encode_src(source) + [tokenizer.eos_id]
+        tgt = tokenizer.encode_tgt(target)
+        scored = translator.score_batch([tokenizer.src_pieces(src)], [tokenizer.tgt_pieces(tgt)])[0]
+        src_tokens = torch.tensor([src])
+        with torch.no_grad():
+            logits = model(src_tokens, src_tokens.eq(tokenizer.pad_id), torch.tensor([[tokenizer.bos_id] + tgt]))
+        labels = torch.tensor(tgt + [tokenizer.eos_id])
+        expected = torch.log_softmax(logits[0].float(), dim=-1)[torch.arange(len(labels)), labels]
+        assert scored.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_export_directory_holds_the_real_vocabulary_and_tokenizer(exported, tokenizer):
+    pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    assert json.loads((exported / "shared_vocabulary.json").read_text(encoding="utf-8")) == pieces
+    config = json.loads((exported / "config.json").read_text(encoding="utf-8"))
+    assert (config["bos_token"], config["eos_token"], config["unk_token"]) == ("<s>", "</s>", "<unk>")
+    assert config["decoder_start_token"] == "<s>"
+    assert (exported / "spm.model").read_bytes() == tokenizer.files["spm.model"].read_bytes()
+    metadata = json.loads((exported / "mtrain_export.json").read_text(encoding="utf-8"))
+    assert metadata["update"] == 200 and metadata["max_positions"] == MODEL["max_positions"]
+    assert metadata["special_ids"] == {"unk": 0, "pad": 1, "bos": 2, "eos": 3}
+
+
+def test_padded_vocabulary_rows_are_cut(tokenizer, tmp_path):
+    cfg = ModelConfig(**{**MODEL, "vocab_multiple": 48})
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    assert model.output_proj.weight.shape[0] > tokenizer.tgt_vocab_size
+    directory = export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
+    assert len(json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))) == tokenizer.tgt_vocab_size
+
+
+# ------------------------------------------------------------------ refusals
+@pytest.mark.parametrize("order", ["cross_self_ffn", "self_ffn_cross"])
+def test_unsupported_decoder_order_is_refused_naming_it(order, tokenizer, tmp_path):
+    cfg = ModelConfig(**{**MODEL, "decoder_order": order})
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    with pytest.raises(MtrainError, match=f"model.decoder_order={order}: CTranslate2's decoder layer"):
+        export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_a_setting_the_converter_does_not_know_is_refused():
+    cfg = OmegaConf.create({**to_plain(OmegaConf.structured(ModelConfig)), "sandwich_norm": True})
+    with pytest.raises(MtrainError, match="model.sandwich_norm=True: the CTranslate2 converter does not know"):
+        check_exportable(cfg)
+
+
+def test_decode_settings_without_a_ctranslate2_counterpart_are_refused(exported, tokenizer, sources):
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    with pytest.raises(MtrainError, match="decode.early_stopping=false"):
+        translate_encoded(engine, tokenizer, sources, DecodeConfig(early_stopping=False), CPU)
+    with pytest.raises(MtrainError, match="attention_layer=all"):
+        translate_encoded(engine, tokenizer, sources, DecodeConfig(), CPU, attention_layer="all")
+    with pytest.raises(MtrainError, match="decode.nbest=3 > decode.beam=2"):
+        translate_encoded(engine, tokenizer, sources, DecodeConfig(beam=2, nbest=3), CPU)
+
+
+def test_missing_ctranslate2_is_a_clear_error(monkeypatch, run_dir, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    with pytest.raises(MtrainError, match=r"ctranslate2 is not installed .*pip install 'mtrain\[ct2\]'"):
+        export_run(run_dir, tmp_path / "ct2")
+
+
+# ------------------------------------------------------------------ the commands
+def compose(app: str, overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from mtrain.cli.common import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(app, overrides=overrides)
+
+
+def test_export_and_translate_commands(run_dir, model, tokenizer, corpus, tmp_path):
+    from mtrain.cli.export import run_export
+    from mtrain.cli.translate import run_translate
+
+    out = tmp_path / "model_ct2"
+    run_export(compose("export", [f"run={run_dir}", "format=ctranslate2", f"out={out}"]))
+    with pytest.raises(MtrainError, match="already exists; choose another directory or pass force=true"):
+        run_export(compose("export", [f"run={run_dir}", f"out={out}"]))
+    with pytest.raises(MtrainError, match="format=onnx: choose one of ctranslate2"):
+        run_export(compose("export", [f"run={run_dir}", "format=onnx", f"out={tmp_path / 'x'}"]))
+    run_export(compose("export", [f"run={run_dir}", f"out={tmp_path / 'int8'}", "quantization=int8"]))
+
+    source = corpus / "test.de"
+    sentences = source.read_text(encoding="utf-8").splitlines()
+    expected = [h[0].text for h in translate_sentences(model, tokenizer, sentences, DecodeConfig(beam=4), CPU)]
+    for run, extra in ((out, []), (run_dir, []), (tmp_path / "int8", []), (run_dir, ["precision=int8"])):
+        output = tmp_path / "out.en"
+        run_translate(compose("translate", [f"run={run}", "engine=ctranslate2", f"input={source}",
+                                            f"output={output}", "decode.beam=4", "num_threads=1", *extra]))
+        lines = output.read_text(encoding="utf-8").splitlines()
+        if "int8" in str(run) or extra:
+            assert len(lines) == len(expected)  # quantized: close, not necessarily identical
+        else:
+            assert lines == expected
+
+
+def test_eval_with_ctranslate2_reports_the_same_translations(run_dir):
+    from mtrain.evaluate.report import evaluate_run
+
+    reports = {engine: evaluate_run(compose("eval", [f"run={run_dir}", "split=test", f"engine={engine}",
+                                                     "decode.beam=4", "num_threads=1", "device=cpu"]),
+                                    log=lambda *_: None)
+               for engine in ("torch", "ctranslate2")}
+    assert reports["ctranslate2"]["decode"]["engine"] == "ctranslate2"
+    assert reports["ctranslate2"]["decode"]["precision"] == "float32"
+    assert reports["ctranslate2"]["metrics"]["bleu"]["score"] == reports["torch"]["metrics"]["bleu"]["score"]
+
