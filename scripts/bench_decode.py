@@ -16,6 +16,11 @@ Without --run, a randomly initialised model of the benchmark size (3+3 layers, d
 is used. A random model never prefers EOS, so every hypothesis runs to max length
 (1.5 * src_len + 10): that is the costliest case per sentence and exaggerates what the
 cache saves; tokens/s stays comparable, sentences/s does not. Measure a trained run.
+With ctranslate2 installed, the same model is converted (`mtrain.export`) and decoded by
+CTranslate2 on the CPU in float32 and int8 (`--ct2`) through `mtrain.decode.ct2_engine`
+(mtrain's length and stopping semantics), with as many threads as torch; a last line per
+mode gives CTranslate2's speed over mtrain's fastest cached setting, and how many outputs
+CTranslate2 float32 shares with mtrain fp32.
 The CPU is shared: use --sentences to keep runs short while developing, and --threads 1
 when other jobs load the cores (with 2 threads on 2 busy cores, decoding ran 7-13x slower
 than with 1: the threads wait for each other).
@@ -46,6 +51,7 @@ from mtrain.config import DecodeConfig, ModelConfig  # noqa: E402
 from mtrain.decode.translator import translate_encoded  # noqa: E402
 
 MODES = {"greedy": 1, "beam5": 5}
+BENCH_MODEL = ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, ffn_dim=1024, dropout=0.0)
 
 
 def data_dir() -> Path:
@@ -87,9 +93,27 @@ def load(args, device: torch.device):
 
     tokenizer = benchmark_tokenizer(Path(args.tokenizer_cache).expanduser())
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, ffn_dim=1024, dropout=0.0)
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    model = build_model(BENCH_MODEL, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
     return model.to(device).eval(), tokenizer, "random benchmark-size model (outputs run to max length)"
+
+
+def load_ctranslate2(args, model, tokenizer, compute_type: str):
+    """The same weights converted to CTranslate2 (mtrain.export), decoding with mtrain's
+    semantics (mtrain.decode.ct2_engine); `compute_type` float32 or int8 (quantized on load)."""
+    import tempfile
+
+    from mtrain.decode.ct2_engine import load_ctranslate2 as load_exported
+    from mtrain.export import export_ctranslate2
+
+    model_cfg = BENCH_MODEL
+    if args.run:
+        from mtrain.train.checkpoint import load_run
+
+        model_cfg = load_run(args.run, which=args.checkpoint).config.model
+    precision = {"float32": "fp32", "int8": "int8"}[compute_type]
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = export_ctranslate2(model.state_dict(), model_cfg, tokenizer, Path(scratch) / "ct2")
+        return load_exported(directory, torch.device("cpu"), precision, torch.get_num_threads(), tokenizer)
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
@@ -112,7 +136,7 @@ def measure(model, tokenizer, sources, refs, beam, use_cache, precision, device,
             torch.cuda.synchronize()
         seconds = min(seconds, time.perf_counter() - start)
     tokens = sum(len(h[0].tokens) + 1 for h in hyps)
-    result = {"sentences": len(sources), "seconds": round(seconds, 2),
+    result = {"outputs": [h[0].tokens for h in hyps], "sentences": len(sources), "seconds": round(seconds, 2),
               "sentences_per_s": round(len(sources) / seconds, 1), "tokens_per_s": round(tokens / seconds, 1),
               "mean_output_tokens": round(tokens / len(sources), 1)}
     if refs is not None:
@@ -129,6 +153,8 @@ def main() -> None:
     parser.add_argument("--cache", default="on,off", help="on, off or on,off")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--devices", default="cpu,cuda", help="cuda is skipped when there is none")
+    parser.add_argument("--ct2", default="float32,int8",
+                        help="CTranslate2 compute types on the CPU, same model and sentences ('' to skip)")
     parser.add_argument("--max-tokens", type=int, default=DecodeConfig.max_tokens, help="source tokens per batch")
     parser.add_argument("--repeat", type=int, default=1, help="runs per setting; the fastest counts")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
@@ -148,20 +174,47 @@ def main() -> None:
         model, tokenizer, description = load(args, device)
         sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in src]
         print(f"# {description} on {device} ({torch.get_num_threads()} threads), {len(src)} sentences", flush=True)
-        print("| device | mode | cache | precision | sent/s | tgt tok/s | s | mean out len | BLEU |")
-        print("|---|---|---|---|---:|---:|---:|---:|---:|", flush=True)
+        print("| device | engine | mode | cache | precision | sent/s | tgt tok/s | s | mean out len | BLEU |")
+        print("|---|---|---|---|---|---:|---:|---:|---:|---:|", flush=True)
+        engines = [("torch", model, precision) for precision in args.precisions.split(",")]
+        if device.type == "cpu" and args.ct2:
+            engines += [("ctranslate2", load_ctranslate2(args, model, tokenizer, compute_type), compute_type)
+                        for compute_type in args.ct2.split(",")]
         for mode in args.modes.split(","):
-            for cache in args.cache.split(","):
-                for precision in args.precisions.split(","):
-                    r = measure(model, tokenizer, sources, refs, MODES[mode], cache == "on", precision, device,
-                                args.max_tokens, args.repeat)
-                    r.update(device=device_name, mode=mode, cache=cache, precision=precision)
+            for engine, engine_model, precision in engines:
+                for cache in (args.cache.split(",") if engine == "torch" else ["on"]):
+                    r = measure(engine_model, tokenizer, sources, refs, MODES[mode], cache == "on", precision,
+                                device, args.max_tokens, args.repeat)
+                    r.update(device=device_name, engine=engine, mode=mode, cache=cache, precision=precision)
                     results.append(r)
-                    print(f"| {device_name} | {mode} | {cache} | {precision} | {r['sentences_per_s']} | "
+                    print(f"| {device_name} | {engine} | {mode} | {cache} | {precision} | {r['sentences_per_s']} | "
                           f"{r['tokens_per_s']} | {r['seconds']} | {r['mean_output_tokens']} | {r.get('bleu', '-')} |",
                           flush=True)
+    print_ctranslate2_comparison(results)
+    for r in results:
+        r.pop("outputs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
+def print_ctranslate2_comparison(results: list[dict]) -> None:
+    """Per mode: CTranslate2's speed over mtrain's fastest cached CPU setting, and how many
+    outputs CTranslate2 fp32 shares with mtrain's fp32 cached decoder."""
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        row = {(r["engine"], r["precision"]): r for r in results
+               if r["mode"] == mode and r["device"] == "cpu" and r["cache"] == "on"}
+        mtrain_rows = [r for (engine, _), r in row.items() if engine == "torch"]
+        ct2_rows = [r for (engine, _), r in row.items() if engine == "ctranslate2"]
+        if not mtrain_rows or not ct2_rows:
+            continue
+        fastest = max(mtrain_rows, key=lambda r: r["tokens_per_s"])
+        ratios = ", ".join(f"{r['precision']} {r['tokens_per_s'] / fastest['tokens_per_s']:.2f}x" for r in ct2_rows)
+        line = f"{mode}: CTranslate2 / mtrain {fastest['precision']} (cached) tokens/s: {ratios}"
+        if ("torch", "fp32") in row and ("ctranslate2", "float32") in row:
+            pairs = zip(row["torch", "fp32"]["outputs"], row["ctranslate2", "float32"]["outputs"])
+            same = sum(a == b for a, b in pairs)
+            line += f"; CTranslate2 float32 output = mtrain fp32 on {same}/{len(row['torch', 'fp32']['outputs'])} sentences"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
