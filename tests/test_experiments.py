@@ -1,0 +1,154 @@
+"""Every preset in configs/experiment/ composes and validates; every ablation sweep names
+real config keys with valid values, its job 0 is the standard model, and each variant
+builds a (tiny) model that runs forward and backward.
+
+Composition is the slow part (~0.2 s of CPU each), so each preset is composed once and a
+sweep's variants are applied to a copy the way Hydra applies a command-line override
+(`OmegaConf.update(cfg, key, value, merge=True)` on the typed config, which refuses unknown
+keys and wrong types).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from mtrain.cli.common import CONFIG_DIR, check_known_keys
+from mtrain.config import ModelConfig
+from mtrain.model import build_model
+from mtrain.model.build import check_model_config
+from mtrain.train.schedule import LearningRateSchedule, parse_duration
+
+PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+ABLATIONS = [name for name in PRESETS if name.startswith("ablation_")]
+
+# Small enough for milliseconds per forward/backward; the swept switches are untouched.
+TINY_MODEL = {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 2, "ffn_dim": 64, "dropout": 0.0}
+VOCAB, PAD = 40, 1
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors gain nothing from a second thread, and the cores may be busy.
+    torch.set_num_threads(1)
+
+
+@functools.cache
+def _composed(preset: str) -> DictConfig:
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="fit", overrides=[f"experiment={preset}"], return_hydra_config=True)
+
+
+def composed(preset: str) -> tuple[DictConfig, dict]:
+    """(the FitConfig of `mtrain fit experiment=<preset>`, its hydra.sweeper.params)."""
+    cfg = copy.deepcopy(_composed(preset))
+    params = dict(cfg.hydra.sweeper.params or {})
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, params
+
+
+def sweep_variants(params: dict) -> list[list[Override]]:
+    """The jobs of `mtrain fit -m`: the basic sweeper's Cartesian product, in its order."""
+    parser = OverridesParser.create()
+    per_key = []
+    for override in parser.parse_overrides([f"{key}={values}" for key, values in params.items()]):
+        key = override.get_key_element()
+        values = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        per_key.append([f"{key}={value}" for value in values])
+    return [parser.parse_overrides(list(job)) for job in itertools.product(*per_key)]
+
+
+def apply(cfg: DictConfig, overrides: list[Override]) -> DictConfig:
+    for override in overrides:
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    return cfg
+
+
+def standard_value(key: str):
+    """The standard model's `model.<key>` (final_norm null means on, with pre-norm)."""
+    return True if key == "final_norm" else getattr(ModelConfig(), key)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_composes_and_validates(preset):
+    cfg, _ = composed(preset)
+    check_known_keys(cfg)
+    check_model_config(cfg.model)
+    LearningRateSchedule(cfg.train)
+    assert parse_duration(cfg.train.max_time) == 20 * 60  # the 2-core, 20-minute budget
+    assert cfg.data.name == "multi30k"
+
+
+def test_every_claim_has_a_preset():
+    assert {"ablation_norm_position", "ablation_residual", "ablation_shared_norm",
+            "ablation_cross_projections", "ablation_decoder_order", "ablation_detach_memory",
+            "ablation_norm_type", "ablation_activation", "ablation_positions",
+            "ablation_scale_embeddings", "ablation_tie_embeddings"} <= set(ABLATIONS)
+
+
+@pytest.mark.parametrize("preset", ABLATIONS)
+def test_ablation_sweep_starts_from_the_standard_and_records_instruments(preset):
+    cfg, params = composed(preset)
+    assert params, f"{preset}: no hydra.sweeper.params"
+    assert cfg.train.instruments and 0 < cfg.train.instrument_every <= 50
+    variants = sweep_variants(params)
+    assert len(variants) >= 2
+    for override in variants[0]:
+        assert override.key_or_group.startswith("model."), override.input_line
+        name = override.key_or_group.removeprefix("model.")
+        assert override.value() == standard_value(name), f"{preset}: job 0 is not the standard model"
+
+
+@pytest.mark.parametrize("preset", ABLATIONS)
+def test_every_sweep_variant_builds_and_trains_one_step(preset):
+    base, params = composed(preset)
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, PAD, PAD]])
+    padding = src == PAD
+    tgt_in = torch.tensor([[2, 11, 12, 13], [2, 14, 15, PAD]])
+    tgt_out = torch.tensor([[11, 12, 13, 3], [14, 15, 3, PAD]])
+    models = set()
+    for variant in sweep_variants(params):
+        cfg = apply(copy.deepcopy(base), variant)
+        check_model_config(cfg.model)
+        models.add(OmegaConf.to_yaml(cfg.model))
+        model_cfg = OmegaConf.merge(cfg.model, TINY_MODEL)
+        torch.manual_seed(0)
+        model = build_model(model_cfg, VOCAB, VOCAB, PAD).train()
+        logits = model(src, padding, tgt_in)
+        loss = F.cross_entropy(logits[..., :VOCAB].reshape(-1, VOCAB), tgt_out.reshape(-1), ignore_index=PAD)
+        loss.backward()
+        label = " ".join(o.input_line for o in variant)
+        assert torch.isfinite(loss), label
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads), label
+    assert len(models) == len(sweep_variants(params))  # no two jobs train the same model
+
+
+def test_a_bad_sweep_value_is_caught():
+    """The checks above do fail on a typo in a preset's sweep values."""
+    cfg, _ = composed("ablation_norm_position")
+    with pytest.raises(Exception, match="norm_position"):
+        check_model_config(apply(cfg, sweep_variants({"model.norm_position": "pre,psot"})[1]).model)
+    with pytest.raises(Exception, match="detach_memory"):
+        apply(cfg, sweep_variants({"model.detach_memory": "maybe"})[0])
+    with pytest.raises(Exception, match="detach_memroy"):
+        apply(cfg, sweep_variants({"model.detach_memroy": "true"})[0])
+
+
+def test_norm_position_preset_is_deep_and_starts_without_warmup():
+    cfg, _ = composed("ablation_norm_position")
+    standard, _ = composed("multi30k_cpu")
+    assert cfg.model.encoder_layers >= 6 and cfg.model.decoder_layers >= 6
+    assert cfg.model.encoder_layers > standard.model.encoder_layers
+    assert cfg.train.warmup_updates == 0 and cfg.train.lr >= 1e-3
