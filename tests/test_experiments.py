@@ -64,7 +64,10 @@ def sweep_variants(params: dict) -> list[list[Override]]:
     per_key = []
     for override in parser.parse_overrides([f"{key}={values}" for key, values in params.items()]):
         key = override.get_key_element()
-        values = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        if override.is_sweep_override():
+            values = list(override.sweep_string_iterator())
+        else:
+            values = [override.get_value_element_as_str()]
         per_key.append([f"{key}={value}" for value in values])
     return [parser.parse_overrides(list(job)) for job in itertools.product(*per_key)]
 
