@@ -41,7 +41,7 @@ class TrainState:
     update: int = 0
     epoch: int = 1
     batch_in_epoch: int = 0  # this rank's batches of `epoch` already consumed
-    train_seconds: float = 0.0  # wall time spent in the training loop (validation included)
+    train_seconds: float = 0.0  # wall time of training updates (periodic validation excluded)
     best_score: float = float("-inf")  # val BLEU, or minus val loss when valid_bleu is off
     best_update: int = 0
     validations_without_gain: int = 0
