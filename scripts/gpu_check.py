@@ -1,0 +1,329 @@
+#!/usr/bin/env python
+"""GPU check: training speed of transformer_base and transformer_big, and bf16 against fp32.
+
+1. Tracking: transformer_base (dropout off), the same initial weights and the same batches,
+   `--track-updates` updates in fp32 and in bf16 (lr warmed up in 10 updates so the loss
+   moves). The bf16 loss, averaged over the last 10 updates, must be within `--tolerance`
+   (relative, default 2%) of fp32's; otherwise the exit status is 1.
+2. Speed: for each model and mode (bf16, fp32, bf16+compile), warm-up updates, then timed
+   updates until `--updates` or `--seconds` per mode, whichever comes first. Printed:
+   target tokens/s, source+target tokens/s, MFU (`model.flops_per_token` x target tokens/s
+   / the datasheet peak of `mtrain.train.throughput.peak_flops`) and peak memory.
+
+Everything runs the trainer's own update (`Trainer.train_step`, with its batch sampler and
+`collate`) on a synthetic corpus: random tokens, lengths around 30 (log-normal), targets a
+fixed permutation of the source tokens (a task the model can learn, so the loss falls).
+A time budget (`--budget`, default 200 s, then at most one more run) skips what would not fit
+and says so; rows are printed as they are measured.
+
+    scripts/gpu_check.sh                       # one GPU, under 4 minutes on an H100/H200
+    scripts/gpu_check.sh --json gpu.json       # also write the figures as JSON
+    python scripts/gpu_check.py --smoke        # tiny (equal) models on CPU in seconds: the script works
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import functools
+import gc
+import json
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import List, Optional
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
+from mtrain.data.corpus import EncodedCorpus  # noqa: E402
+from mtrain.data.prepare import PreparedData  # noqa: E402
+from mtrain.data.sources import ParallelText  # noqa: E402
+from mtrain.model import build_model  # noqa: E402
+from mtrain.train.distributed import DistributedContext  # noqa: E402
+from mtrain.train.runtime import resolve_device, seed_everything  # noqa: E402
+from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
+from mtrain.train.trainer import Trainer  # noqa: E402
+
+UNK, PAD, BOS, EOS = 0, 1, 2, 3
+MODES = {"bf16": ("bf16", False), "bf16+compile": ("bf16", True), "fp32": ("fp32", False)}
+TRACK_WINDOW = 10  # updates averaged at the end of the tracking runs
+
+
+@dataclass
+class Settings:
+    models: List[str]
+    modes: List[str]
+    vocab: int
+    sentences: int
+    max_tokens: int
+    updates: int
+    warmup: int
+    compile_warmup: int
+    seconds: float
+    track_updates: int
+    tolerance: float
+    budget: float
+    compile_backend: str
+    model_overrides: List[str] = field(default_factory=list)
+
+
+def full_settings(args: argparse.Namespace) -> Settings:
+    return Settings(models=args.models.split(","), modes=args.modes.split(","), vocab=32_768, sentences=60_000,
+                    max_tokens=args.max_tokens, updates=args.updates, warmup=5, compile_warmup=15,
+                    seconds=args.seconds, track_updates=args.track_updates, tolerance=args.tolerance,
+                    budget=args.budget, compile_backend="inductor")
+
+
+def smoke_settings(args: argparse.Namespace) -> Settings:
+    """Tiny models and budgets: every code path of the full check, on a CPU, in seconds."""
+    tiny = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
+            "model.ffn_dim=64", "model.dropout=0.0"]
+    return Settings(models=args.models.split(","), modes=args.modes.split(","), vocab=256, sentences=400,
+                    max_tokens=600, updates=3, warmup=1, compile_warmup=1, seconds=10.0,
+                    track_updates=min(args.track_updates, 12),
+                    tolerance=args.tolerance, budget=args.budget, compile_backend="eager", model_overrides=tiny)
+
+
+# ---------------------------------------------------------------------- data
+def synthetic_data(settings: Settings, seed: int = 0) -> PreparedData:
+    """A corpus of random sentences whose targets are a fixed permutation of the sources."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(28.0), 0.45, settings.sentences)), 4, 120).astype(np.int64)
+    words = rng.integers(EOS + 1, settings.vocab, int(lengths.sum()))
+    permutation = np.concatenate([np.arange(EOS + 1), EOS + 1 + rng.permutation(settings.vocab - EOS - 1)])
+    tgt_tokens = permutation[words]
+    tgt_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    # Sources are the same words followed by eos (the encoded-corpus layout).
+    src_offsets = np.concatenate([[0], np.cumsum(lengths + 1)])
+    src_tokens = np.full(int(src_offsets[-1]), EOS, dtype=np.int64)
+    src_tokens[np.arange(int(lengths.sum())) + np.repeat(np.arange(len(lengths)), lengths)] = words
+    corpus = EncodedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets)
+    vocabulary = SimpleNamespace(unk_id=UNK, pad_id=PAD, bos_id=BOS, eos_id=EOS,
+                                 src_vocab_size=settings.vocab, tgt_vocab_size=settings.vocab)
+    return PreparedData(tokenizer=vocabulary, train=corpus, valid=corpus, test=corpus,  # type: ignore[arg-type]
+                        valid_text=ParallelText(), test_text=ParallelText(), directory=Path("."))
+
+
+# ---------------------------------------------------------------------- runs
+@dataclass
+class Run:
+    model: str
+    mode: str
+    updates: int = 0
+    seconds: float = 0.0
+    warmup_seconds: float = 0.0
+    tgt_tokens_per_s: float = 0.0
+    src_tgt_tokens_per_s: float = 0.0
+    mfu: Optional[float] = None
+    peak_memory_gib: Optional[float] = None
+    losses: List[float] = field(default_factory=list)
+    skipped: Optional[str] = None
+
+
+def fit_config(model: str, settings: Settings, compiled: bool, extra: List[str]):
+    overrides = [f"model={model}", *settings.model_overrides, f"train.max_tokens={settings.max_tokens}",
+                 "train.update_freq=1", f"train.compile={str(compiled).lower()}", *extra]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="fit", overrides=overrides)
+
+
+@contextlib.contextmanager
+def compile_backend(backend: str):
+    """The trainer calls torch.compile itself; smoke runs swap in a backend that compiles in
+    seconds (dynamo tracing without code generation)."""
+    if backend == "inductor":
+        yield
+        return
+    original = torch.compile
+    torch.compile = functools.partial(original, backend=backend)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = original  # type: ignore[assignment]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the process's peak RSS
+
+
+def train(model_name: str, mode: str, settings: Settings, data: PreparedData, device: torch.device,
+          run_dir: Path, updates: int, warmup: int, seconds: float, extra: List[str] = ()) -> Run:
+    """`warmup` untimed updates, then up to `updates` timed ones (or `seconds`), as `mtrain fit` runs them."""
+    precision, compiled = MODES[mode]
+    cfg = fit_config(model_name, settings, compiled, list(extra))
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, settings.vocab, settings.vocab, PAD).to(device)
+    with compile_backend(settings.compile_backend):
+        trainer = Trainer(cfg, run_dir, data, model, device, precision, DistributedContext())
+    run = Run(model_name, mode)
+    losses, tgt, src, sentences = [], 0, 0, 0
+
+    def update() -> dict:
+        batches = trainer._next_batches()
+        trainer._set_learning_rate()
+        stats = trainer.train_step(batches)
+        trainer.state.update += 1
+        losses.append(stats["loss_sum"] / stats["tgt_tokens"])  # a tensor: read once at the end
+        return stats
+
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(warmup):
+            update()
+        synchronize(device)
+        run.warmup_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        while run.updates < updates and time.perf_counter() - start < seconds:
+            stats = update()
+            run.updates += 1
+            tgt, src, sentences = tgt + stats["tgt_tokens"], src + stats["src_tokens"], sentences + stats["sentences"]
+        synchronize(device)
+        run.seconds = time.perf_counter() - start
+        run.tgt_tokens_per_s = tgt / max(run.seconds, 1e-9)
+        run.src_tgt_tokens_per_s = (tgt + src) / max(run.seconds, 1e-9)
+        if sentences:
+            flops = model.flops_per_token(max(1, round(src / sentences)), max(1, round(tgt / sentences)))
+            run.mfu = model_flops_utilization(flops, run.tgt_tokens_per_s, peak_flops(device, precision))
+        run.peak_memory_gib = peak_memory_gib(device)
+        run.losses = [float(loss) for loss in losses]
+    finally:
+        if trainer.writer is not None:
+            trainer.writer.close()
+        del trainer, model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return run
+
+
+def tracking_check(settings: Settings, data: PreparedData, device: torch.device, run_dir: Path) -> dict:
+    """fp32 and bf16 from the same weights on the same batches: do the loss curves agree?"""
+    extra = ["model.dropout=0.0", "model.attention_dropout=0.0", "model.activation_dropout=0.0",
+             "train.warmup_updates=10", "train.lr=5e-4"]
+    curves = {}
+    for mode in ("fp32", "bf16"):
+        run = train(settings.models[0], mode, settings, data, device, run_dir, settings.track_updates, 0,
+                    float("inf"), extra)
+        curves[mode] = run.losses
+    window = min(TRACK_WINDOW, settings.track_updates)
+    final = {mode: float(np.mean(curve[-window:])) for mode, curve in curves.items()}
+    gap = abs(final["bf16"] - final["fp32"]) / final["fp32"]
+    return {"model": settings.models[0], "updates": settings.track_updates, "first_loss": curves["fp32"][0],
+            "window": window, "final_fp32": final["fp32"], "final_bf16": final["bf16"], "relative_gap": gap,
+            "tolerance": settings.tolerance, "passed": bool(gap <= settings.tolerance), "curves": curves}
+
+
+# ---------------------------------------------------------------------- report
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+        fp32 = "TF32 allowed" if tf32 else "full FP32 (TF32 off; MFU against the TF32 peak)"
+        return f"{name}, CUDA {torch.version.cuda}, torch {torch.__version__}, fp32 matmuls: {fp32}"
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), torch {torch.__version__}"
+
+
+def table_header(device: torch.device) -> str:
+    memory = "peak GiB" if device.type == "cuda" else "peak RSS GiB"
+    return (f"| model | mode | tgt tok/s | src+tgt tok/s | MFU | {memory} | timed updates | warm-up s | loss |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def table_row(run: Run) -> str:
+    if run.skipped:
+        return f"| {run.model} | {run.mode} | skipped: {run.skipped} | | | | | | |"
+    mfu = f"{100 * run.mfu:.1f}%" if run.mfu is not None else "n/a"
+    return (f"| {run.model} | {run.mode} | {run.tgt_tokens_per_s:,.0f} | {run.src_tgt_tokens_per_s:,.0f} | {mfu} | "
+            f"{run.peak_memory_gib:.2f} | {run.updates} ({run.seconds:.1f} s) | {run.warmup_seconds:.1f} | "
+            f"{run.losses[-1]:.3f} |")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny models on any device (CPU is fine)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--models", default="transformer_base,transformer_big")
+    parser.add_argument("--modes", default="bf16,fp32,bf16+compile")
+    parser.add_argument("--max-tokens", type=int, default=16_384, help="train.max_tokens (tokens per batch)")
+    parser.add_argument("--updates", type=int, default=300, help="timed updates per model and mode (at most)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per model and mode (at most)")
+    parser.add_argument("--track-updates", type=int, default=100)
+    parser.add_argument("--tolerance", type=float, default=0.02, help="bf16 vs fp32 final loss, relative")
+    parser.add_argument("--budget", type=float, default=200.0, help="seconds; later runs are skipped past it")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            parser.error(f"--modes: {mode!r} is not one of {', '.join(MODES)}")
+
+    began = time.perf_counter()
+    device = resolve_device(args.device)
+    if device.type != "cuda" and not args.smoke:
+        print("gpu_check: no CUDA device here; run it on a GPU machine, or use --smoke to check the script",
+              file=sys.stderr)
+        return 2
+    settings = smoke_settings(args) if args.smoke else full_settings(args)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # tiny models: more threads only contend (and CPUs are often shared)
+    data = synthetic_data(settings)
+    run_dir = Path(tempfile.mkdtemp(prefix="mtrain-gpu-check-"))
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    print(f"# mtrain GPU check{' (smoke: tiny models)' if args.smoke else ''} | {date}")
+    print(f"# {describe(device)}")
+    print(f"# synthetic corpus: {settings.sentences:,} pairs, mean length {data.train.tgt_lengths.mean():.1f} "
+          f"tokens, vocabulary {settings.vocab:,}; max_tokens {settings.max_tokens:,} per update", flush=True)
+    try:
+        track = tracking_check(settings, data, device, run_dir)
+        verdict = "PASS" if track["passed"] else "FAIL"
+        print(f"\nbf16 vs fp32 ({track['model']}, same init and batches, dropout off, {track['updates']} updates): "
+              f"loss {track['first_loss']:.3f} -> fp32 {track['final_fp32']:.4f}, bf16 {track['final_bf16']:.4f} "
+              f"(mean of the last {track['window']}); gap {100 * track['relative_gap']:.2f}% "
+              f"<= {100 * track['tolerance']:.0f}%: {verdict}\n", flush=True)
+
+        # Rows are printed as they come, so a run cut short still leaves its figures.
+        print(table_header(device), flush=True)
+        runs: List[Run] = []
+        for model_name in settings.models:
+            for mode in settings.modes:
+                if time.perf_counter() - began > settings.budget:
+                    run = Run(model_name, mode, skipped=f"past the {settings.budget:.0f} s budget")
+                else:
+                    warmup = settings.compile_warmup if MODES[mode][1] else settings.warmup
+                    run = train(model_name, mode, settings, data, device, run_dir, settings.updates, warmup,
+                                settings.seconds)
+                runs.append(run)
+                print(table_row(run), flush=True)
+        print(f"\n# total {time.perf_counter() - began:.0f} s")
+        if args.json:
+            result = {"date": date, "device": describe(device), "smoke": args.smoke,
+                      "settings": asdict(settings), "tracking": track,
+                      "runs": [{**asdict(run), "losses": run.losses[-1:]} for run in runs]}
+            args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        return 0 if track["passed"] else 1
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
