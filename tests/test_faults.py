@@ -82,11 +82,16 @@ def test_sigkill_at_random_moments_leaves_a_loadable_checkpoint_and_resume_is_ex
 
 
 def _inject(monkeypatch, make_failure):
-    """Replace Trainer.forward_loss so that update numbers chosen by `make_failure` fail."""
+    """Replace Trainer.forward_loss so that the attempts (1, 2, ...) chosen by `make_failure` fail.
+
+    Attempts, not update numbers: a skipped update does not advance the update count.
+    """
     original = trainer_module.Trainer.forward_loss
+    attempts = {"n": 0}
 
     def forward_loss(self, batch):
-        failure = make_failure(self.state.update + 1)
+        attempts["n"] += 1
+        failure = make_failure(attempts["n"])
         if failure == "nan":
             loss, nll = original(self, batch)
             return loss * float("nan"), nll
@@ -98,7 +103,7 @@ def _inject(monkeypatch, make_failure):
 
 
 def test_nan_loss_is_skipped_and_counted(tmp_path, multi30k_slice, monkeypatch, caplog):
-    _inject(monkeypatch, lambda update: "nan" if update in (3, 4) else None)
+    _inject(monkeypatch, lambda attempt: "nan" if attempt in (3, 4) else None)
     cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
                        "train.max_updates=8", "train.validate_every=100"])
     metrics = run_fit(cfg, tmp_path / "run")
@@ -110,7 +115,7 @@ def test_nan_loss_is_skipped_and_counted(tmp_path, multi30k_slice, monkeypatch, 
 
 
 def test_consecutive_nan_losses_abort_keeping_the_last_good_checkpoint(tmp_path, multi30k_slice, monkeypatch):
-    _inject(monkeypatch, lambda update: "nan" if update >= 5 else None)
+    _inject(monkeypatch, lambda attempt: "nan" if attempt >= 5 else None)
     cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
                        "train.max_updates=50", "train.validate_every=2", "train.max_bad_updates=3"])
     with pytest.raises(MtrainError, match="3 consecutive updates had a non-finite loss"):
@@ -121,15 +126,7 @@ def test_consecutive_nan_losses_abort_keeping_the_last_good_checkpoint(tmp_path,
 
 
 def test_out_of_memory_batch_is_skipped(tmp_path, multi30k_slice, monkeypatch, caplog):
-    failed = []
-
-    def once_at_update_3(update):
-        if update == 3 and not failed:
-            failed.append(update)
-            return "oom"
-        return None
-
-    _inject(monkeypatch, once_at_update_3)
+    _inject(monkeypatch, lambda attempt: "oom" if attempt == 3 else None)
     cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
                        "train.max_updates=6", "train.validate_every=100"])
     metrics = run_fit(cfg, tmp_path / "run")
@@ -138,7 +135,7 @@ def test_out_of_memory_batch_is_skipped(tmp_path, multi30k_slice, monkeypatch, c
 
 
 def test_repeated_out_of_memory_aborts_suggesting_smaller_batches(tmp_path, multi30k_slice, monkeypatch):
-    _inject(monkeypatch, lambda update: "oom")
+    _inject(monkeypatch, lambda attempt: "oom")
     cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
                        "train.max_updates=6", "train.max_oom_batches=3"])
     with pytest.raises(MtrainError, match="lower train.max_tokens"):

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
+from mtrain.train.runtime import resolve_precision
 
 WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
          "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()
@@ -88,7 +89,9 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     assert report["checkpoint"]["path"].endswith("best.pt") and report["checkpoint"]["update"] == 20
     assert report["checkpoint"]["averaged_from"] is None
     assert report["decode"]["beam"] == 2 and report["decode"]["device"] == "cpu"
-    assert report["decode"]["precision"] == "fp32" and report["decode"]["engine"] == "torch"
+    # precision=auto resolves as the decoder does: bf16 on CPUs with bf16 matrix instructions.
+    expected_precision = resolve_precision("auto", torch.device("cpu"))
+    assert report["decode"]["precision"] == expected_precision and report["decode"]["engine"] == "torch"
     roles = {record["role"]: record for record in report["data"]}
     assert set(roles) == {"source", "reference", "hypotheses"}
     assert roles["source"]["path"] == str((corpus / "test.de").resolve())

@@ -186,11 +186,13 @@ class Trainer:
                     self.model.collect_statistics(True)
                 stats = self._guarded_step(batches)
                 self.state.train_seconds = time.perf_counter() - loop_start
-                if stats is None:
+                if stats is None:  # out of memory: batch skipped
+                    continue
+                if not stats["finite"]:  # skipped: the update count does not advance
+                    self.state.skipped_updates += 1
+                    stop_reason = self._stop_reason()
                     continue
                 self.state.update += 1
-                if not stats["finite"]:
-                    self.state.skipped_updates += 1
                 window.add(stats)
                 if self.state.update % cfg.log_every == 0:
                     self._log_train(window, progress)
@@ -454,10 +456,9 @@ class _Window:
 
     def add(self, stats: Dict[str, Any]) -> None:
         self.updates += 1
-        if stats["finite"]:
-            self.loss_sum = self.loss_sum + stats["loss_sum"]
-            self.nll_sum = self.nll_sum + stats["nll_sum"]
-            self.grad_norm_sum = self.grad_norm_sum + stats["grad_norm"]
+        self.loss_sum = self.loss_sum + stats["loss_sum"]
+        self.nll_sum = self.nll_sum + stats["nll_sum"]
+        self.grad_norm_sum = self.grad_norm_sum + stats["grad_norm"]
         self.tgt_tokens += stats["tgt_tokens"]
         self.src_tokens += stats["src_tokens"]
         self.sentences += stats.get("sentences", 0)
