@@ -85,7 +85,8 @@ class CTranslate2Model:
                 groups.setdefault(len(ids), []).append(i)
         for src_len in sorted(groups, reverse=True):  # longest first, as the torch engine does
             max_len = self.max_output_length(src_len, cfg)
-            per_batch = max(1, cfg.max_tokens // src_len)
+            hypotheses = cfg.beam if cfg.sampling == "none" else cfg.nbest
+            per_batch = max(1, cfg.max_tokens // (src_len * hypotheses))  # the budget of translator.py
             indices = groups[src_len]
             for start in range(0, len(indices), per_batch):
                 batch = indices[start: start + per_batch]
