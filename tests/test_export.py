@@ -145,6 +145,16 @@ def test_exported_model_translates_like_mtrain(exported, model, tokenizer, sourc
             assert h.log_prob == pytest.approx(w.log_prob, abs=3e-3 * (len(w.tokens) + 1))
 
 
+def test_attention_of_the_last_layer_matches(exported, model, tokenizer, sources):
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    cfg = DecodeConfig(beam=4)
+    expected = translate_encoded(model, tokenizer, sources, cfg, CPU, attention_layer="last")
+    got = translate_encoded(engine, tokenizer, sources, cfg, CPU, attention_layer="last")
+    for ids, want, have in zip(sources, expected, got):
+        if ids is not None:  # (output tokens + EOS, src_len), averaged over heads
+            assert torch.allclose(have[0].attention, want[0].attention, atol=1e-4)
+
+
 def test_no_repeat_ngram_holds_in_ctranslate2(exported, tokenizer, sources):
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     for hyps in translate_encoded(engine, tokenizer, sources, DecodeConfig(beam=3, no_repeat_ngram=2), CPU):

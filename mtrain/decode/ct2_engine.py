@@ -28,7 +28,8 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
 - sampling topk/topp, temperature: CTranslate2's sampler with the same settings, seeded
   with `decode.seed`; its random stream is its own, so samples differ from engine=torch.
 - early_stopping=false (mtrain's exact stopping bound) has no CTranslate2 counterpart: refused.
-- attention pictures: the last decoder layer only (the exported alignment layer), heads averaged.
+- attention pictures: the last decoder layer only (the exported alignment layer), heads averaged;
+  with beam > 1 one sentence per call (see `translate_encoded`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ class CTranslate2Model:
             max_len = self.max_output_length(src_len, cfg)
             hypotheses = cfg.beam if cfg.sampling == "none" else cfg.nbest
             per_batch = max(1, cfg.max_tokens // (src_len * hypotheses))  # the budget of translator.py
+            if options["return_attention"] and options["beam_size"] > 1:
+                # CTranslate2 (4.8.5) gives a batch's later sentences the first-step attention
+                # row of another sentence in beam search (its first step runs unexpanded).
+                per_batch = 1
             indices = groups[src_len]
             for start in range(0, len(indices), per_batch):
                 batch = indices[start: start + per_batch]
