@@ -173,7 +173,7 @@ class DecodeConfig:
     max_len_b: int = 10
     min_len: int = 1
     nbest: int = 1
-    max_tokens: int = 8000  # source tokens per decoding batch
+    max_tokens: int = 8000  # per decoding batch: sentences x beam x longest source
     no_repeat_ngram: int = 0
     sampling: str = "none"  # none | topk | topp
     top_k: int = 0
