@@ -23,6 +23,8 @@ from mtrain.errors import MtrainError
 
 CHECKPOINT_DIR = "checkpoints"
 _UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
+_OTHER_CHECKPOINT = ("use another checkpoint (translate/eval: checkpoint=last|best|PATH; to resume training, "
+                     "copy an older checkpoints/update_N.pt over checkpoints/last.pt)")
 
 
 def save_checkpoint(path: Union[str, Path], state: Dict[str, Any]) -> None:
@@ -80,12 +82,12 @@ def load_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Dict[s
         raise MtrainError(
             f"{path}: not a loadable mtrain checkpoint ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else 'no detail'}); "
-            "it may be truncated or corrupted: use another checkpoint (checkpoint=last|best|PATH)"
+            f"it may be truncated or corrupted: {_OTHER_CHECKPOINT}"
         ) from error
     if damaged is not None:
         raise MtrainError(
             f"{path}: corrupted checkpoint (record {damaged} fails its CRC-32 check); "
-            "use another checkpoint (checkpoint=last|best|PATH)"
+            f"{_OTHER_CHECKPOINT}"
         )
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise MtrainError(f"{path}: not an mtrain checkpoint (no 'model' state dict)")
