@@ -256,6 +256,8 @@ class Trainer:
             indices = self._epoch_batches[self.state.batch_in_epoch]
             self.state.batch_in_epoch += 1
             batch = collate(self.data.train, indices, self.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id)
+            if self.device.type == "cuda":  # pinned host memory lets the copy overlap compute
+                batch = batch.pin_memory()
             batches.append(batch.to(self.device, non_blocking=True))
         return batches
 
