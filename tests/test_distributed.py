@@ -20,7 +20,7 @@ COMMON = [*TINY, "train.valid_bleu=false", "data.train_limit=800", "model.dropou
 def run(args, env_extra=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env_extra or {}))
     result = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, "\n".join(line for line in result.stderr.splitlines() if "rror" in line or "mtrain" in line)[-6000:]
     return result
 
 

@@ -154,7 +154,7 @@ def _write_metrics(run_dir: Path, metrics: Dict[str, Any]) -> None:
 def _check_writable(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_test"
+        probe = run_dir / f".write_test.{os.getpid()}"  # one per rank: ranks share the directory
         probe.write_text("ok")
         probe.unlink()
     except OSError as error:
