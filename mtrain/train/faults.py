@@ -55,14 +55,12 @@ class NonFiniteGuard:
     def __init__(self, max_consecutive: int) -> None:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
-        self.total = 0
 
     def record(self, finite: bool, update: int) -> None:
         if finite:
             self.consecutive = 0
             return
         self.consecutive += 1
-        self.total += 1
         log.warning("update %d: non-finite loss or gradient; update skipped (%d in a row)", update, self.consecutive)
         if self.consecutive >= self.max_consecutive:
             raise TrainingDiverged(
@@ -90,11 +88,9 @@ class OutOfMemoryGuard:
     def __init__(self, max_consecutive: int) -> None:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
-        self.total = 0
 
     def record_failure(self, shape: str, max_tokens: int) -> None:
         self.consecutive += 1
-        self.total += 1
         log.warning("out of memory on a batch of shape %s; batch skipped (%d in a row)", shape, self.consecutive)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
