@@ -108,6 +108,9 @@ class ModelConfig:
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     norm_position: str = "pre"  # pre | post
+    # What the pre-norm residual adds the sublayer's output to: the un-normalised stream x
+    # (the standard: x + F(Norm(x))) or the normalised one (Norm(x) + F(Norm(x)); ablation).
+    residual_input: str = "raw"  # raw | normalized
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     shared_norm: bool = False  # one norm shared by all sublayers of a layer (ablation)
     # A norm after the last layer of each stack; null: on with pre-norm, off with post-norm

@@ -48,6 +48,7 @@ VARIANTS = [
     {},
     {"norm_position": "post"},
     {"norm_position": "post", "final_norm": True},
+    {"residual_input": "normalized"},
     {"positions": "rope"},
     {"positions": "learned"},
     {"positions": "none"},
@@ -123,6 +124,35 @@ def test_post_norm_layer_matches_hand_formula():
     h = layer.self_attn_norm(x + layer.self_attn(x, bias=bias))
     expected = layer.ffn_norm(h + layer.ffn(h))
     torch.testing.assert_close(layer(x, bias), expected)
+
+
+def test_normalized_residual_layer_matches_hand_formula():
+    cfg = tiny(residual_input="normalized")
+    layer = build(cfg).decoder[0].eval()
+    x = torch.randn(2, 5, cfg.d_model) * 3 + 1
+    memory = torch.randn(2, 4, cfg.d_model)
+    keys, values = layer.cross_attn.project_memory(memory)
+    bias = torch.zeros(2, 1, 1, 4)
+    n = layer.self_attn_norm(x)
+    h = n + layer.self_attn(n, causal=True)
+    n = layer.cross_attn_norm(h)
+    h = n + layer.cross_attn(n, keys, values, bias, False)[0]
+    n = layer.ffn_norm(h)
+    expected = n + layer.ffn(n)
+    torch.testing.assert_close(layer(x, keys, values, bias)[0], expected)
+    # A zero sublayer now normalises the stream instead of leaving it untouched.
+    layer.self_attn.forward = lambda h, **_: torch.zeros_like(h)
+    layer.cross_attn.forward = lambda h, *args: (torch.zeros_like(h), None)
+    layer.ffn.forward = lambda h: torch.zeros_like(h)
+    out = layer(x, keys, values, bias)[0]
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 5), rtol=0, atol=1e-5)
+
+
+def test_normalized_residual_needs_pre_norm():
+    with pytest.raises(MtrainError, match="model.residual_input"):
+        build(tiny(residual_input="normalized", norm_position="post"))
+    with pytest.raises(MtrainError, match="model.residual_input"):
+        build(tiny(residual_input="normalised"))
 
 
 def test_post_norm_has_no_final_norm_unless_asked():

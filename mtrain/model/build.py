@@ -14,6 +14,7 @@ from mtrain.model.transformer import Seq2SeqTransformer
 CHOICES = {
     "activation": ("relu", "gelu", "swiglu"),
     "norm_position": ("pre", "post"),
+    "residual_input": ("raw", "normalized"),
     "norm_type": ("layernorm", "rmsnorm"),
     "positions": ("sinusoidal", "learned", "rope", "none"),
     "decoder_order": ("self_cross_ffn", "cross_self_ffn", "self_ffn_cross"),
@@ -34,6 +35,11 @@ def check_model_config(cfg: ModelConfig) -> None:
     for key in PROBABILITIES:
         if not 0.0 <= getattr(cfg, key) < 1.0:
             raise MtrainError(f"model.{key}: {getattr(cfg, key)!r} must be in [0, 1)")
+    if cfg.residual_input == "normalized" and cfg.norm_position != "pre":
+        raise MtrainError(
+            "model.residual_input: normalized needs model.norm_position=pre (post-norm's stream is "
+            "normalised after every sublayer already)"
+        )
     if cfg.d_model % cfg.heads:
         raise MtrainError(f"model.heads: {cfg.heads} does not divide model.d_model={cfg.d_model}")
     if cfg.positions == "rope" and (cfg.d_model // cfg.heads) % 2:

@@ -6,6 +6,9 @@ final norm of each stack (`model.final_norm`) does that once at the end.
 Post-norm (Vaswani et al. 2017): Norm(x + Dropout(Sublayer(x))). Its stream leaves every
 layer normalised already, so `model.final_norm` defaults to off there (null = auto).
 
+`model.residual_input=normalized` (pre-norm only, an ablation) makes the residual add the
+normalised input instead: Norm(x) + Dropout(Sublayer(Norm(x))).
+
 Every sublayer has its own norm (2 per encoder layer, 3 per decoder layer), unless
 `model.shared_norm`, where one norm module serves all sublayers of a layer.
 """
@@ -51,15 +54,19 @@ def to_compute_dtype(x: Tensor) -> Tensor:
 class _Residual:
     """Where the norm goes around a sublayer, and the dropout on the sublayer's output."""
 
-    def __init__(self, pre_norm: bool, dropout_p: float):
-        self.pre_norm = pre_norm
-        self.dropout_p = dropout_p
+    def __init__(self, cfg: ModelConfig):
+        self.pre_norm = cfg.norm_position == "pre"
+        self.normalized_residual = self.pre_norm and cfg.residual_input == "normalized"
+        self.dropout_p = cfg.dropout
 
     def sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
         return to_compute_dtype(norm(x) if self.pre_norm else x)
 
     def add(self, x: Tensor, sublayer_output: Tensor, norm: nn.Module, training: bool) -> Tensor:
-        x = dropout_add(x, sublayer_output, self.dropout_p, training)
+        # The ablation recomputes Norm(x) in fp32 (the stream's dtype) rather than reuse the
+        # sublayer's low-precision input: only the residual's content changes, not its precision.
+        base = norm(x) if self.normalized_residual else x
+        x = dropout_add(base, sublayer_output, self.dropout_p, training)
         return x if self.pre_norm else norm(x)
 
 
@@ -68,7 +75,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryPositions | None):
         super().__init__()
-        self.residual = _Residual(cfg.norm_position == "pre", cfg.dropout)
+        self.residual = _Residual(cfg)
         self.self_attn_norm, self.ffn_norm = _norms(cfg, 2)
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_impl, rotary)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
@@ -88,7 +95,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryPositions | None):
         super().__init__()
         self.order = cfg.decoder_order.split("_")  # e.g. ["self", "cross", "ffn"]
-        self.residual = _Residual(cfg.norm_position == "pre", cfg.dropout)
+        self.residual = _Residual(cfg)
         self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = _norms(cfg, 3)
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_impl, rotary)
         self.cross_attn = CrossAttention(
