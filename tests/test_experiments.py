@@ -30,7 +30,8 @@ from mtrain.model.build import check_model_config
 from mtrain.train.schedule import LearningRateSchedule, parse_duration
 
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
-ABLATIONS = [name for name in PRESETS if name.startswith("ablation_")]
+# The sweeps (ablation_base is what they share: the standard model, no sweep).
+ABLATIONS = [name for name in PRESETS if name.startswith("ablation_") and name != "ablation_base"]
 
 # Small enough for milliseconds per forward/backward; the swept switches are untouched.
 TINY_MODEL = {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 2, "ffn_dim": 64, "dropout": 0.0}
@@ -155,3 +156,51 @@ def test_norm_position_preset_is_deep_and_starts_without_warmup():
     assert cfg.model.encoder_layers >= 6 and cfg.model.decoder_layers >= 6
     assert cfg.model.encoder_layers > standard.model.encoder_layers
     assert cfg.train.warmup_updates == 0 and cfg.train.lr >= 1e-3
+
+
+# ----------------------------------------------------------------------------- scripts/run_ablations.py
+def _bench_script():
+    import importlib.util
+    import sys
+
+    path = Path(CONFIG_DIR).parent / "scripts" / "run_ablations.py"
+    spec = importlib.util.spec_from_file_location("run_ablations", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_plan_names_each_model_once_and_every_claim_compares_real_runs():
+    bench = _bench_script()
+    names = [run.name for run in bench.RUNS]
+    assert len(set(names)) == len(names)
+    models = {run.overrides for run in bench.RUNS}
+    assert len(models) == len(bench.RUNS)  # no model trained twice under two names
+    for claim, runs in bench.CLAIMS.items():
+        assert len(runs) >= 2 and set(runs) <= set(names), claim
+    assert set(names) == {name for runs in bench.CLAIMS.values() for name in runs}  # no orphan run
+
+
+def test_bench_runs_compose_and_differ_from_their_reference_by_their_switches_only():
+    bench = _bench_script()
+    by_name = {run.name: run for run in bench.RUNS}
+    parser = OverridesParser.create()
+
+    def config_of(name: str) -> DictConfig:
+        preset, *switches = by_name[name].overrides
+        cfg, _ = composed(preset.removeprefix("experiment="))
+        cfg = apply(cfg, parser.parse_overrides(switches))
+        check_model_config(cfg.model)
+        return cfg
+
+    for claim, names in bench.CLAIMS.items():
+        reference = config_of(names[0])
+        for name in names[1:]:
+            cfg = config_of(name)
+            switched = {o.split("=")[0] for o in by_name[name].overrides[1:] + by_name[names[0]].overrides[1:]}
+            differing = {f"model.{k}" for k in cfg.model if cfg.model[k] != reference.model[k]}
+            differing |= {"seed"} if cfg.seed != reference.seed else set()
+            assert differing and differing <= switched, (claim, name, differing)
+            assert cfg.train == reference.train, (claim, name)
+        assert reference.model.norm_position == "pre"

@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Run the ablation bench of docs/ABLATIONS.md: every claim's runs, then one report per claim.
+
+Each distinct model is trained once (`mtrain fit`), even where several claims compare
+against it: the standard model is shared by every claim at the benchmark's depth. Runs go
+to OUT/runs/<name> and are skipped when their metrics.json exists, so an interrupted bench
+resumes where it stopped. Then `mtrain report` writes OUT/reports/<claim>/ (report.md and
+the loss and BLEU plots) for each claim.
+
+Several runs go side by side in `--lanes` processes of `--threads` threads each: on a
+2-core machine two 1-thread lanes do more work than one 2-thread run, and the runs of a
+pair see the same machine. With `--updates` every run gets the same number of updates (a
+fair comparison on a noisy machine, where a time budget would give slower models fewer);
+without it each run uses its preset's 20-minute time budget.
+
+    python scripts/run_ablations.py --out ablations --updates 600 --warmup 100
+    python scripts/run_ablations.py --only positions,residual --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+BASE = "experiment=ablation_base"  # the benchmark model, instruments on
+DEEP = "experiment=ablation_norm_position"  # 6+6 layers, no warmup
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    overrides: tuple  # experiment preset first, then model switches
+    deep: bool = False  # keeps its preset's warmup (0): that is what it tests
+
+
+RUNS: Sequence[Run] = (
+    Run("standard", (BASE,)),
+    Run("residual_normalized", (BASE, "model.residual_input=normalized")),
+    Run("shared_norm", (BASE, "model.shared_norm=true")),
+    Run("cross_q_identity", (BASE, "model.cross_q_proj=false")),
+    Run("cross_k_identity", (BASE, "model.cross_k_proj=false")),
+    Run("cross_v_identity", (BASE, "model.cross_v_proj=false")),
+    Run("cross_qkv_identity", (BASE, "model.cross_q_proj=false", "model.cross_k_proj=false",
+                               "model.cross_v_proj=false")),
+    Run("order_cross_self_ffn", (BASE, "model.decoder_order=cross_self_ffn")),
+    Run("order_self_ffn_cross", (BASE, "model.decoder_order=self_ffn_cross")),
+    Run("detach_memory", (BASE, "model.detach_memory=true")),
+    Run("deep_pre", (DEEP, "model.norm_position=pre"), deep=True),
+    Run("deep_post", (DEEP, "model.norm_position=post"), deep=True),
+    Run("post_norm", (BASE, "model.norm_position=post")),
+    Run("positions_learned", (BASE, "model.positions=learned")),
+    Run("positions_rope", (BASE, "model.positions=rope")),
+    Run("positions_none", (BASE, "model.positions=none")),
+    Run("final_norm_off", (BASE, "model.final_norm=false")),
+    Run("rmsnorm", (BASE, "model.norm_type=rmsnorm")),
+    Run("gelu", (BASE, "model.activation=gelu")),
+    Run("swiglu", (BASE, "model.activation=swiglu")),
+    Run("no_embedding_scale", (BASE, "model.scale_embeddings=false")),
+    Run("untied_embeddings", (BASE, "model.tie_embeddings=false")),
+    # The standard again with other seeds: how far runs differing only by chance fall apart.
+    Run("standard_seed2", (BASE, "seed=2")),
+    Run("standard_seed3", (BASE, "seed=3")),
+)
+
+# Claim -> its runs, the reference first. In the order of docs/ABLATIONS.md.
+CLAIMS: Dict[str, List[str]] = {
+    "norm_position": ["deep_pre", "deep_post"],
+    "residual": ["standard", "residual_normalized", "post_norm"],
+    "shared_norm": ["standard", "shared_norm"],
+    "cross_projections": ["standard", "cross_q_identity", "cross_k_identity", "cross_v_identity",
+                          "cross_qkv_identity"],
+    "decoder_order": ["standard", "order_cross_self_ffn", "order_self_ffn_cross"],
+    "detach_memory": ["standard", "detach_memory"],
+    "final_norm": ["standard", "final_norm_off"],
+    "norm_type": ["standard", "rmsnorm"],
+    "activation": ["standard", "gelu", "swiglu"],
+    "positions": ["standard", "positions_learned", "positions_rope", "positions_none"],
+    "scale_embeddings": ["standard", "no_embedding_scale"],
+    "tie_embeddings": ["standard", "untied_embeddings"],
+    "seed_noise": ["standard", "standard_seed2", "standard_seed3"],
+}
+
+
+def budget_overrides(run: Run, args: argparse.Namespace) -> List[str]:
+    out = [f"train.num_threads={args.threads}"]
+    if args.updates:
+        out += ["train.max_time=null", f"train.max_updates={args.updates}"]
+        out.append(f"train.validate_every={args.validate_every or max(1, args.updates // 4)}")
+        if args.warmup is not None and not run.deep:
+            out.append(f"train.warmup_updates={args.warmup}")
+    return out
+
+
+def command(run: Run, args: argparse.Namespace) -> List[str]:
+    run_dir = Path(args.out) / "runs" / run.name
+    return [sys.executable, "-m", "mtrain", "fit", *run.overrides, *budget_overrides(run, args),
+            *args.extra, f"hydra.run.dir={run_dir}"]
+
+
+def train(run: Run, args: argparse.Namespace) -> str:
+    run_dir = Path(args.out) / "runs" / run.name
+    if (run_dir / "metrics.json").exists():
+        return f"{run.name}: done already"
+    log_path = Path(args.out) / "logs" / f"{run.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    start = time.time()
+    with open(log_path, "w") as log:
+        code = subprocess.call(command(run, args), stdout=log, stderr=subprocess.STDOUT, env=env)
+    status = "ok" if code == 0 else f"exit {code}, see {log_path}"
+    return f"{run.name}: {status} in {time.time() - start:.0f} s"
+
+
+def report(claim: str, names: Sequence[str], args: argparse.Namespace) -> str:
+    runs = ",".join(str(Path(args.out) / "runs" / name) for name in names)
+    out = Path(args.out) / "reports" / claim
+    code = subprocess.call([sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"],
+                           stdout=subprocess.DEVNULL)
+    return f"{claim}: {out / 'report.md'}" if code == 0 else f"{claim}: report failed (exit {code})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="ablations", help="bench directory (runs/, logs/, reports/)")
+    parser.add_argument("--only", default=None, help=f"comma-separated claims; all: {','.join(CLAIMS)}")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="updates per run (default: the presets' 20-minute time budget)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warmup updates with --updates (not for the no-warmup norm_position runs)")
+    parser.add_argument("--validate-every", type=int, default=None, help="default with --updates: updates/4")
+    parser.add_argument("--lanes", type=int, default=2, help="runs side by side")
+    parser.add_argument("--threads", type=int, default=1, help="threads per run")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("extra", nargs="*", help="more overrides for every run (e.g. data.train_limit=2000)")
+    args = parser.parse_args()
+
+    claims = list(CLAIMS) if args.only is None else [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = [c for c in claims if c not in CLAIMS]
+    if unknown:
+        parser.error(f"--only: unknown claim(s) {', '.join(unknown)}; known: {', '.join(CLAIMS)}")
+    wanted = {name for claim in claims for name in CLAIMS[claim]}
+    runs = [run for run in RUNS if run.name in wanted]
+
+    if args.dry_run:
+        for run in runs:
+            print(" ".join(command(run, args)))
+        return
+    with ThreadPoolExecutor(max_workers=args.lanes) as pool:
+        for line in pool.map(lambda run: train(run, args), runs):
+            print(line, flush=True)
+    for claim in claims:
+        print(report(claim, CLAIMS[claim], args), flush=True)
+
+
+if __name__ == "__main__":
+    main()
