@@ -249,6 +249,10 @@ class AverageConfig:
 class ReportConfig:
     sweep: Optional[str] = None  # a sweep directory or comma-separated run dirs (`mtrain report DIR`)
     out: Optional[str] = None  # default: <sweep>/report
+    # Paired bootstrap of every run's saved test hypotheses against a baseline (default: the
+    # first run), as in `mtrain eval runs=...`; 0 resamples leaves the columns out.
+    baseline: Optional[str] = None
+    bootstrap_samples: int = 1000
 
 
 def register_configs() -> None:

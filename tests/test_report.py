@@ -256,3 +256,41 @@ def test_report_of_a_run_list_needs_out(fake_sweep, tmp_path, monkeypatch, capsy
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "report", str(tmp_path / "nothing"))
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_report_adds_the_paired_bootstrap_when_runs_saved_hypotheses(fake_sweep, tmp_path, monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    from mtrain.config import DataConfig
+
+    refs = [f"a small dog number {i} runs across the green grass ." for i in range(30)]
+    data_dir = tmp_path / "corpus"
+    data_dir.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):  # the default split names
+        (data_dir / f"{split}.en").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+        (data_dir / f"{split}.de").write_text("".join(f"satz {i}\n" for i in range(30)), encoding="utf-8")
+    data = OmegaConf.structured(DataConfig(local_dir=str(data_dir)))
+    worse = [r.replace("green", "red").replace("runs", "walks") if i % 2 else r for i, r in enumerate(refs)]
+    for job, hyps in (("0", refs), ("1", worse)):
+        (fake_sweep / job / "config.yaml").write_text(OmegaConf.to_yaml({"data": data}), encoding="utf-8")
+        (fake_sweep / job / "eval").mkdir()
+        (fake_sweep / job / "eval" / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+
+    run_cli(monkeypatch, "report", str(fake_sweep), "bootstrap_samples=200")
+    markdown = (fake_sweep / "report" / "report.md").read_text(encoding="utf-8")
+    table = [line.split(" | ") for line in markdown.splitlines() if line.startswith("|")]
+    assert table[0][-4:] == ["BLEU μ ± 95% CI", "p (BLEU)", "chrF μ ± 95% CI", "p (chrF) |"]
+    assert table[2][0] == "| 0 (baseline)" and table[2][-3] == "-"  # no p-value against itself
+    assert table[2][-4].startswith("100.00 ± 0.00")
+    assert float(table[3][-3]) < 0.05  # half the sentences lost two words: a real difference
+    assert "Paired bootstrap resampling (200 resamples" in markdown and "BLEU signature: nrefs:1|" in markdown
+
+    run_cli(monkeypatch, "report", str(fake_sweep), "baseline=1", "bootstrap_samples=200")
+    table = [line for line in (fake_sweep / "report" / "report.md").read_text().splitlines() if line.startswith("|")]
+    assert table[2].startswith("| 1 (baseline)")
+    run_cli(monkeypatch, "report", str(fake_sweep), "bootstrap_samples=0")
+    assert "p (BLEU)" not in (fake_sweep / "report" / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "report", str(fake_sweep), "baseline=7")
+    assert "7" in capsys.readouterr().err

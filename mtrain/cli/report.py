@@ -1,7 +1,9 @@
-"""`mtrain report SWEEP_DIR [out=DIR]`: a Markdown table and loss/BLEU plots of a sweep.
+"""`mtrain report SWEEP_DIR [out=DIR] [baseline=RUN]`: a Markdown table and loss/BLEU plots of a sweep.
 
 The sweep directory may be given as the first argument (`mtrain report multirun/...`) or as
-`sweep=...`; comma-separated run directories work too (then `out=` is required).
+`sweep=...`; comma-separated run directories work too (then `out=` is required). When the
+runs saved test hypotheses (`mtrain fit` does), the table adds sacreBLEU's paired bootstrap
+of each run against the baseline (the first run unless `baseline=`), as `mtrain eval runs=`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from mtrain.errors import MtrainError
 
 
 def run_report(cfg: DictConfig):
+    from mtrain.evaluate.compare import compare_runs
+    from mtrain.evaluate.runs import discover_runs
     from mtrain.evaluate.sweep import write_sweep_report
 
     if not cfg.sweep:
@@ -29,7 +33,17 @@ def run_report(cfg: DictConfig):
         raise MtrainError("several run directories given: choose where the report goes with out=DIR")
     else:
         out = Path(cfg.sweep) / "report"
-    return write_sweep_report(cfg.sweep, out)
+    if cfg.bootstrap_samples < 0:
+        raise MtrainError(f"bootstrap_samples: {cfg.bootstrap_samples} must be 0 (off) or more")
+    comparison = None
+    if cfg.bootstrap_samples:
+        runs = discover_runs(cfg.sweep)
+        # Default baseline: the first run that has hypotheses (a crashed job 0 has none).
+        baseline = cfg.baseline or next((run.name for run in runs if run.hyp_path("test").is_file()), None)
+        comparison = compare_runs(runs, None, baseline, num_samples=cfg.bootstrap_samples)
+    elif cfg.baseline:
+        raise MtrainError("baseline= needs the bootstrap: drop bootstrap_samples=0")
+    return write_sweep_report(cfg.sweep, out, comparison)
 
 
 # Hydra's own options that take a value (`--cfg job`): their value is not a sweep directory.
