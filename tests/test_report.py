@@ -294,3 +294,22 @@ def test_report_adds_the_paired_bootstrap_when_runs_saved_hypotheses(fake_sweep,
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "report", str(fake_sweep), "baseline=7")
     assert "7" in capsys.readouterr().err
+
+
+def test_scalar_table_script_prints_tags_at_updates(fake_sweep):
+    import subprocess
+    import sys
+
+    from mtrain.evaluate.curves import scalar_tags
+
+    assert scalar_tags(fake_sweep / "0") == ["train/loss", "valid/bleu"]
+    script = Path(__file__).resolve().parents[1] / "scripts" / "scalar_table.py"
+    result = subprocess.run([sys.executable, str(script), str(fake_sweep / "0"), str(fake_sweep / "1"),
+                             "--tags", "train/*", "--steps", "10,25"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert rows[2] == "| train/loss | 0 | 6 | 5 (@20) |"  # 25 was not logged: the last value before it
+    assert rows[3] == "| train/loss | 1 | 6.5 | 90 (@20) |"
+    missing = subprocess.run([sys.executable, str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1"],
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "no tag matches" in missing.stderr

@@ -21,25 +21,34 @@ VALID_BLEU = "valid/bleu"
 Curve = List[Tuple[int, float]]  # (update, value), sorted by update
 
 
-def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) -> Dict[str, Curve]:
-    """The requested scalar tags of a run ({} entries for tags it never logged)."""
+def _accumulators(run_dir: Path):
+    """One loaded EventAccumulator per directory of event files under `<run>/tb/`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # The event reader logs every file it opens at INFO; that is noise in a report.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-
-    curves: Dict[str, Curve] = {tag: [] for tag in tags}
     tb_dir = Path(run_dir) / TB_DIR
     if not tb_dir.is_dir():
-        return curves
+        return
     # Event files may sit in tb/ itself or one level below (one writer per subdirectory).
-    event_dirs = sorted({path.parent for path in tb_dir.rglob("events.out.tfevents.*")})
-    for event_dir in event_dirs:
+    for event_dir in sorted({path.parent for path in tb_dir.rglob("events.out.tfevents.*")}):
         accumulator = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
         try:
             accumulator.Reload()
         except Exception as error:  # a truncated event file from a killed run
             raise MtrainError(f"{event_dir}: unreadable TensorBoard events ({error})") from error
+        yield accumulator
+
+
+def scalar_tags(run_dir: Path) -> List[str]:
+    """Every scalar tag a run logged (sorted), e.g. the `instruments/...` of an ablation run."""
+    return sorted({tag for acc in _accumulators(run_dir) for tag in acc.Tags().get("scalars", [])})
+
+
+def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) -> Dict[str, Curve]:
+    """The requested scalar tags of a run ({} entries for tags it never logged)."""
+    curves: Dict[str, Curve] = {tag: [] for tag in tags}
+    for accumulator in _accumulators(run_dir):
         available = set(accumulator.Tags().get("scalars", []))
         for tag in tags:
             if tag in available:
