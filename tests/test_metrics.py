@@ -154,6 +154,9 @@ def test_missing_files(corpus, tmp_path):
         score_files(corpus["hyp"], [tmp_path / "nope.txt"])
     with pytest.raises(MtrainError, match="no reference given"):
         score_files(corpus["hyp"], [])
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(MtrainError, match=r"hyp=.*run: a directory, not a text file; to score a run, use run=DIR"):
+        score_files(tmp_path / "run", [corpus["ref"]])
 
 
 def test_eval_app_scores_a_file_and_reports_errors_in_one_line(corpus, capsys, monkeypatch, tmp_path):

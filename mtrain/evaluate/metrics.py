@@ -132,6 +132,9 @@ def check_lengths(num_hyps: int, num_refs: Sequence[int], hyp_name: str = "hypot
 def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
     """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too."""
     path = Path(path)
+    if path.is_dir():
+        hint = "; to score a run, use run=DIR" if (path / "checkpoints").is_dir() else ""
+        raise MtrainError(f"{what}={path}: a directory, not a text file{hint}")
     if not path.is_file():
         raise MtrainError(f"{what}={path}: no such file")
     try:
