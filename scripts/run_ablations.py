@@ -4,8 +4,12 @@
 Each distinct model is trained once (`mtrain fit`), even where several claims compare
 against it: the standard model is shared by every claim at the benchmark's depth. Runs go
 to OUT/runs/<name> and are skipped when their metrics.json exists, so an interrupted bench
-resumes where it stopped. Then `mtrain report` writes OUT/reports/<claim>/ (report.md and
-the loss and BLEU plots) for each claim.
+resumes where it stopped. Then `mtrain report` writes OUT/reports/<claim>/ (report.md, the
+loss and BLEU plots, the paired bootstrap against the claim's reference) for each claim, and
+OUT/summary.md puts every claim's test BLEU side by side, per seed and averaged.
+
+`--seeds 1,2` repeats every run with each seed (seed 1 is the run's plain name, seed s
+adds `_seed<s>`): differences smaller than the spread between seeds are noise.
 
 Several runs go side by side in `--lanes` processes of `--threads` threads each: on a
 2-core machine two 1-thread lanes do more work than one 2-thread run, and the runs of a
@@ -15,17 +19,19 @@ without it each run uses its preset's 20-minute time budget.
 
     python scripts/run_ablations.py --out ablations --updates 600 --warmup 100
     python scripts/run_ablations.py --only positions,residual --dry-run
+    python scripts/run_ablations.py --out ablations --updates 600 --warmup 100 --seeds 1,2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -64,9 +70,6 @@ RUNS: Sequence[Run] = (
     Run("swiglu", (BASE, "model.activation=swiglu")),
     Run("no_embedding_scale", (BASE, "model.scale_embeddings=false")),
     Run("untied_embeddings", (BASE, "model.tie_embeddings=false")),
-    # The standard again with other seeds: how far runs differing only by chance fall apart.
-    Run("standard_seed2", (BASE, "seed=2")),
-    Run("standard_seed3", (BASE, "seed=3")),
 )
 
 # Claim -> its runs, the reference first. In the order of docs/ABLATIONS.md.
@@ -84,8 +87,18 @@ CLAIMS: Dict[str, List[str]] = {
     "positions": ["standard", "positions_learned", "positions_rope", "positions_none"],
     "scale_embeddings": ["standard", "no_embedding_scale"],
     "tie_embeddings": ["standard", "untied_embeddings"],
-    "seed_noise": ["standard", "standard_seed2", "standard_seed3"],
 }
+
+
+def with_seed(run: Run, seed: int) -> Run:
+    """The run trained with another seed (seed 1 is the plain run)."""
+    if seed == 1:
+        return run
+    return replace(run, name=f"{run.name}_seed{seed}", overrides=run.overrides + (f"seed={seed}",))
+
+
+def seeded_name(name: str, seed: int) -> str:
+    return name if seed == 1 else f"{name}_seed{seed}"
 
 
 def budget_overrides(run: Run, args: argparse.Namespace) -> List[str]:
@@ -118,12 +131,43 @@ def train(run: Run, args: argparse.Namespace) -> str:
     return f"{run.name}: {status} in {time.time() - start:.0f} s"
 
 
-def report(claim: str, names: Sequence[str], args: argparse.Namespace) -> str:
-    runs = ",".join(str(Path(args.out) / "runs" / name) for name in names)
-    out = Path(args.out) / "reports" / claim
+def report(claim: str, names: Sequence[str], seed: int, args: argparse.Namespace) -> str:
+    runs = ",".join(str(Path(args.out) / "runs" / seeded_name(name, seed)) for name in names)
+    out = Path(args.out) / "reports" / seeded_name(claim, seed)
     code = subprocess.call([sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"],
                            stdout=subprocess.DEVNULL)
     return f"{claim}: {out / 'report.md'}" if code == 0 else f"{claim}: report failed (exit {code})"
+
+
+def test_bleu(args: argparse.Namespace, name: str):
+    path = Path(args.out) / "runs" / name / "metrics.json"
+    if not path.is_file():
+        return None
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    value = (metrics.get("test") or {}).get("bleu")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespace) -> str:
+    """Markdown: per claim, each run's test BLEU per seed, the mean, and the gap to the reference."""
+    lines = [f"# Ablation bench summary ({args.out})", "",
+             "Test BLEU (sacreBLEU 13a) per seed; Δ = mean minus the reference's mean (the claim's first run).", ""]
+    for claim in claims:
+        names = CLAIMS[claim]
+        lines += [f"## {claim}", "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ |",
+                  "|---|" + "---|" * (len(seeds) + 2)]
+        reference_mean = None
+        for name in names:
+            scores = [test_bleu(args, seeded_name(name, seed)) for seed in seeds]
+            known = [score for score in scores if score is not None]
+            mean = sum(known) / len(known) if known else None
+            if reference_mean is None:
+                reference_mean = mean
+            delta = "-" if mean is None or reference_mean is None or name == names[0] else f"{mean - reference_mean:+.2f}"
+            cells = ["-" if score is None else f"{score:.2f}" for score in scores]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {'-' if mean is None else f'{mean:.2f}'} | {delta} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -135,6 +179,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None,
                         help="warmup updates with --updates (not for the no-warmup norm_position runs)")
     parser.add_argument("--validate-every", type=int, default=None, help="default with --updates: updates/4")
+    parser.add_argument("--seeds", default="1", help="comma-separated seeds; each run is trained with each")
     parser.add_argument("--lanes", type=int, default=2, help="runs side by side")
     parser.add_argument("--threads", type=int, default=1, help="threads per run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
@@ -145,8 +190,10 @@ def main() -> None:
     unknown = [c for c in claims if c not in CLAIMS]
     if unknown:
         parser.error(f"--only: unknown claim(s) {', '.join(unknown)}; known: {', '.join(CLAIMS)}")
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     wanted = {name for claim in claims for name in CLAIMS[claim]}
-    runs = [run for run in RUNS if run.name in wanted]
+    # All of seed 1 first: a bench stopped early has whole claims.
+    runs = [with_seed(run, seed) for seed in seeds for run in RUNS if run.name in wanted]
 
     if args.dry_run:
         for run in runs:
@@ -155,8 +202,12 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.lanes) as pool:
         for line in pool.map(lambda run: train(run, args), runs):
             print(line, flush=True)
-    for claim in claims:
-        print(report(claim, CLAIMS[claim], args), flush=True)
+    for seed in seeds:
+        for claim in claims:
+            print(report(claim, CLAIMS[claim], seed, args), flush=True)
+    text = summary(claims, seeds, args)
+    (Path(args.out) / "summary.md").write_text(text + "\n", encoding="utf-8")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -204,3 +204,19 @@ def test_bench_runs_compose_and_differ_from_their_reference_by_their_switches_on
             assert differing and differing <= switched, (claim, name, differing)
             assert cfg.train == reference.train, (claim, name)
         assert reference.model.norm_position == "pre"
+
+
+def test_bench_summary_averages_seeds_and_gives_the_gap_to_the_reference(tmp_path):
+    import argparse
+    import json
+
+    bench = _bench_script()
+    scores = {"standard": 30.0, "standard_seed2": 31.0, "rmsnorm": 29.0, "rmsnorm_seed2": 29.5}
+    for name, bleu in scores.items():
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.json").write_text(json.dumps({"test": {"bleu": bleu}}))
+    text = bench.summary(["norm_type"], [1, 2], argparse.Namespace(out=str(tmp_path)))
+    assert "| standard | 30.00 | 31.00 | 30.50 | - |" in text
+    assert "| rmsnorm | 29.00 | 29.50 | 29.25 | -1.25 |" in text
+    assert bench.with_seed(bench.RUNS[0], 3).overrides[-1] == "seed=3"
+    assert bench.with_seed(bench.RUNS[0], 1) == bench.RUNS[0]
