@@ -77,6 +77,9 @@ def plot_curves(
     plotted = 0
     all_values: List[float] = []
     healthy_values: List[float] = []  # values of runs that did not diverge
+    # Line styles cycle too: runs that train alike (same seed, a small change) overlap, and a
+    # dashed line over a solid one keeps both visible.
+    styles = ["-", "--", ":", "-."]
     for run in runs:
         curve = curves.get(run.name, {}).get(tag, [])
         if not curve:
@@ -87,8 +90,10 @@ def plot_curves(
         all_values += finite
         if not run.diverged:
             healthy_values += finite
-        label = f"{run.name}: {describe(run, keys)}" + (" (diverged)" if run.diverged else "")
-        axes.plot(steps, values, marker="o" if len(curve) < 20 else None, markersize=3, label=label)
+        difference = describe(run, keys)
+        label = run.name + ("" if difference == "-" else f": {difference}") + (" (diverged)" if run.diverged else "")
+        axes.plot(steps, values, styles[plotted % len(styles)], marker="o" if len(curve) < 20 else None,
+                  markersize=3, label=label)
         plotted += 1
     if not plotted:
         plt.close(figure)

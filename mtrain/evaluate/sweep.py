@@ -46,7 +46,7 @@ def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison
         (TRAIN_LOSS, LOSS_PLOT, "training loss", "Training loss"),
         (VALID_BLEU, BLEU_PLOT, "validation BLEU", "Validation BLEU"),
     ):
-        if plot_curves(runs, curves, tag, keys, out_dir / file_name, ylabel, f"{title} ({spec})"):
+        if plot_curves(runs, curves, tag, keys, out_dir / file_name, ylabel, f"{title} ({_short_label(spec, runs)})"):
             plots.append(out_dir / file_name)
         else:
             notes.append(f"no run logged `{tag}` to TensorBoard (<run>/tb/), so there is no {file_name}")
@@ -74,6 +74,16 @@ def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison
     log(table.to_text())
     log(f"report written to {markdown}" + (f" with {', '.join(p.name for p in plots)}" if plots else ""))
     return SweepReport(markdown, table, plots, notes)
+
+
+def _short_label(spec: str, runs) -> str:
+    """The sweep directory, or for a list of run directories their common parent and count."""
+    if "," not in spec:
+        return spec
+    import os
+
+    parent = os.path.commonpath([str(run.path) for run in runs]) if runs else ""
+    return f"{len(runs)} runs in {parent or '.'}"
 
 
 def _common_overrides(runs, differing) -> List[str]:
