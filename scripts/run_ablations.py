@@ -20,6 +20,7 @@ without it each run uses its preset's 20-minute time budget.
     python scripts/run_ablations.py --out ablations --updates 600 --warmup 100
     python scripts/run_ablations.py --only positions,residual --dry-run
     python scripts/run_ablations.py --out ablations --updates 600 --warmup 100 --seeds 1,2
+    python scripts/run_ablations.py --seeds 2 --runs shared_norm,rmsnorm --updates 600 --warmup 100
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None,
                         help="warmup updates with --updates (not for the no-warmup norm_position runs)")
     parser.add_argument("--validate-every", type=int, default=None, help="default with --updates: updates/4")
+    parser.add_argument("--runs", default=None, help="comma-separated run names: train only these (of the claims chosen)")
     parser.add_argument("--seeds", default="1", help="comma-separated seeds; each run is trained with each")
     parser.add_argument("--lanes", type=int, default=2, help="runs side by side")
     parser.add_argument("--threads", type=int, default=1, help="threads per run")
@@ -192,6 +194,12 @@ def main() -> None:
         parser.error(f"--only: unknown claim(s) {', '.join(unknown)}; known: {', '.join(CLAIMS)}")
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     wanted = {name for claim in claims for name in CLAIMS[claim]}
+    if args.runs is not None:
+        chosen = {name.strip() for name in args.runs.split(",") if name.strip()}
+        if chosen - wanted:
+            parser.error(f"--runs: {', '.join(sorted(chosen - wanted))} not in the claims chosen; "
+                         f"known: {', '.join(run.name for run in RUNS)}")
+        wanted = chosen
     # All of seed 1 first: a bench stopped early has whole claims.
     runs = [with_seed(run, seed) for seed in seeds for run in RUNS if run.name in wanted]
 
