@@ -61,6 +61,8 @@ RUNS: Sequence[Run] = (
     Run("detach_memory", (BASE, "model.detach_memory=true")),
     Run("deep_pre", (DEEP, "model.norm_position=pre"), deep=True),
     Run("deep_post", (DEEP, "model.norm_position=post"), deep=True),
+    # The cure the claim implies: the same Post-LN stack with a warmup.
+    Run("deep_post_warmup", (DEEP, "model.norm_position=post", "train.warmup_updates=100"), deep=True),
     Run("post_norm", (BASE, "model.norm_position=post")),
     Run("positions_learned", (BASE, "model.positions=learned")),
     Run("positions_rope", (BASE, "model.positions=rope")),
@@ -75,7 +77,7 @@ RUNS: Sequence[Run] = (
 
 # Claim -> its runs, the reference first. In the order of docs/ABLATIONS.md.
 CLAIMS: Dict[str, List[str]] = {
-    "norm_position": ["deep_pre", "deep_post"],
+    "norm_position": ["deep_pre", "deep_post", "deep_post_warmup"],
     "residual": ["standard", "residual_normalized", "post_norm"],
     "shared_norm": ["standard", "shared_norm"],
     "cross_projections": ["standard", "cross_q_identity", "cross_k_identity", "cross_v_identity",
