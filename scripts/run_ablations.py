@@ -135,8 +135,12 @@ def train(run: Run, args: argparse.Namespace) -> str:
 
 
 def report(claim: str, names: Sequence[str], seed: int, args: argparse.Namespace) -> str:
-    runs = ",".join(str(Path(args.out) / "runs" / seeded_name(name, seed)) for name in names)
+    paths = [Path(args.out) / "runs" / seeded_name(name, seed) for name in names]
+    present = [path for path in paths if (path / "metrics.json").is_file()]
     out = Path(args.out) / "reports" / seeded_name(claim, seed)
+    if len(present) < 2 or present[0] != paths[0]:
+        return f"{out.name}: no report, the reference or every other run is missing"
+    runs = ",".join(str(path) for path in present)
     code = subprocess.call([sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"],
                            stdout=subprocess.DEVNULL)
     return f"{claim}: {out / 'report.md'}" if code == 0 else f"{claim}: report failed (exit {code})"
@@ -152,23 +156,27 @@ def test_bleu(args: argparse.Namespace, name: str):
 
 
 def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespace) -> str:
-    """Markdown: per claim, each run's test BLEU per seed, the mean, and the gap to the reference."""
+    """Markdown: per claim, each run's test BLEU per seed, the mean, and the gap to the reference.
+
+    The gap averages per-seed differences over the seeds both runs have, so a run trained
+    with fewer seeds is compared like with like.
+    """
     lines = [f"# Ablation bench summary ({args.out})", "",
-             "Test BLEU (sacreBLEU 13a) per seed; Δ = mean minus the reference's mean (the claim's first run).", ""]
+             "Test BLEU (sacreBLEU 13a) per seed; Δ: the mean per-seed difference to the claim's first run,",
+             "over the seeds both have (n).", ""]
     for claim in claims:
         names = CLAIMS[claim]
-        lines += [f"## {claim}", "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ |",
-                  "|---|" + "---|" * (len(seeds) + 2)]
-        reference_mean = None
+        lines += [f"## {claim}", "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ | n |",
+                  "|---|" + "---|" * (len(seeds) + 3)]
+        reference = [test_bleu(args, seeded_name(names[0], seed)) for seed in seeds]
         for name in names:
             scores = [test_bleu(args, seeded_name(name, seed)) for seed in seeds]
             known = [score for score in scores if score is not None]
-            mean = sum(known) / len(known) if known else None
-            if reference_mean is None:
-                reference_mean = mean
-            delta = "-" if mean is None or reference_mean is None or name == names[0] else f"{mean - reference_mean:+.2f}"
+            mean = f"{sum(known) / len(known):.2f}" if known else "-"
+            gaps = [score - ref for score, ref in zip(scores, reference) if score is not None and ref is not None]
+            delta = f"{sum(gaps) / len(gaps):+.2f}" if gaps and name != names[0] else "-"
             cells = ["-" if score is None else f"{score:.2f}" for score in scores]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {'-' if mean is None else f'{mean:.2f}'} | {delta} |")
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} | {delta} | {len(gaps) if delta != '-' else '-'} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -187,6 +195,8 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=2, help="runs side by side")
     parser.add_argument("--threads", type=int, default=1, help="threads per run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: reports and summary of the finished runs")
     parser.add_argument("extra", nargs="*", help="more overrides for every run (e.g. data.train_limit=2000)")
     args = parser.parse_args()
 
@@ -209,6 +219,8 @@ def main() -> None:
         for run in runs:
             print(" ".join(command(run, args)))
         return
+    if args.report_only:
+        runs = []
     with ThreadPoolExecutor(max_workers=args.lanes) as pool:
         for line in pool.map(lambda run: train(run, args), runs):
             print(line, flush=True)
