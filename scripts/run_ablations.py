@@ -63,6 +63,10 @@ RUNS: Sequence[Run] = (
     Run("deep_post", (DEEP, "model.norm_position=post"), deep=True),
     # The cure the claim implies: the same Post-LN stack with a warmup.
     Run("deep_post_warmup", (DEEP, "model.norm_position=post", "train.warmup_updates=100"), deep=True),
+    # ... and a gentler recipe still (a third of the learning rate, half the budget as warmup):
+    # does this Post-LN stack train at all?
+    Run("deep_post_gentle", (DEEP, "model.norm_position=post", "train.lr=5e-4", "train.warmup_updates=300"),
+        deep=True),
     Run("post_norm", (BASE, "model.norm_position=post")),
     Run("positions_learned", (BASE, "model.positions=learned")),
     Run("positions_rope", (BASE, "model.positions=rope")),
@@ -77,7 +81,7 @@ RUNS: Sequence[Run] = (
 
 # Claim -> its runs, the reference first. In the order of docs/ABLATIONS.md.
 CLAIMS: Dict[str, List[str]] = {
-    "norm_position": ["deep_pre", "deep_post", "deep_post_warmup"],
+    "norm_position": ["deep_pre", "deep_post", "deep_post_warmup", "deep_post_gentle"],
     "residual": ["standard", "residual_normalized", "post_norm"],
     "shared_norm": ["standard", "shared_norm"],
     "cross_projections": ["standard", "cross_q_identity", "cross_k_identity", "cross_v_identity",
