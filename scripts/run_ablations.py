@@ -147,7 +147,7 @@ def report(claim: str, names: Sequence[str], seed: int, args: argparse.Namespace
     runs = ",".join(str(path) for path in present)
     code = subprocess.call([sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"],
                            stdout=subprocess.DEVNULL)
-    return f"{claim}: {out / 'report.md'}" if code == 0 else f"{claim}: report failed (exit {code})"
+    return f"{out.name}: {out / 'report.md'}" if code == 0 else f"{out.name}: report failed (exit {code})"
 
 
 def test_bleu(args: argparse.Namespace, name: str):
