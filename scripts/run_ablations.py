@@ -26,7 +26,6 @@ without it each run uses its preset's 20-minute time budget.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtrain.evaluate.runs import load_run_summary  # noqa: E402
 
 BASE = "experiment=ablation_base"  # the benchmark model, instruments on
 DEEP = "experiment=ablation_norm_position"  # 6+6 layers, no warmup
@@ -97,15 +100,15 @@ CLAIMS: Dict[str, List[str]] = {
 }
 
 
+def seeded_name(name: str, seed: int) -> str:
+    return name if seed == 1 else f"{name}_seed{seed}"
+
+
 def with_seed(run: Run, seed: int) -> Run:
     """The run trained with another seed (seed 1 is the plain run)."""
     if seed == 1:
         return run
-    return replace(run, name=f"{run.name}_seed{seed}", overrides=run.overrides + (f"seed={seed}",))
-
-
-def seeded_name(name: str, seed: int) -> str:
-    return name if seed == 1 else f"{name}_seed{seed}"
+    return replace(run, name=seeded_name(run.name, seed), overrides=run.overrides + (f"seed={seed}",))
 
 
 def budget_overrides(run: Run, args: argparse.Namespace) -> List[str]:
@@ -150,13 +153,10 @@ def report(claim: str, names: Sequence[str], seed: int, args: argparse.Namespace
     return f"{out.name}: {out / 'report.md'}" if code == 0 else f"{out.name}: report failed (exit {code})"
 
 
-def test_bleu(args: argparse.Namespace, name: str):
-    path = Path(args.out) / "runs" / name / "metrics.json"
-    if not path.is_file():
-        return None
-    metrics = json.loads(path.read_text(encoding="utf-8"))
-    value = (metrics.get("test") or {}).get("bleu")
-    return float(value) if isinstance(value, (int, float)) else None
+def test_bleu(args: argparse.Namespace, name: str) -> Optional[float]:
+    """A run's test BLEU, read as `mtrain report` reads it (None when it has not finished)."""
+    path = Path(args.out) / "runs" / name
+    return load_run_summary(path).score("test") if path.is_dir() else None
 
 
 def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespace) -> str:

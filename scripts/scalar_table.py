@@ -37,26 +37,25 @@ def main() -> None:
 
     patterns = [p.strip() for p in args.tags.split(",") if p.strip()]
     steps = [int(s) for s in args.steps.split(",")]
+    runs = [Path(run) for run in args.runs]
+    for run in runs:
+        if not run.is_dir():
+            sys.exit(f"scalar_table: {run}: no such run directory")
+    tags = sorted({tag for run in runs for tag in scalar_tags(run)
+                   if any(fnmatch.fnmatchcase(tag, p) for p in patterns)})
+    if not tags:
+        sys.exit(f"scalar_table: no tag matches {args.tags!r} in {', '.join(args.runs)}")
+    curves = {run: read_scalars(run, tags) for run in runs}  # each run's events read once
+
     print("| tag | run | " + " | ".join(f"update {s}" for s in steps) + " |")
     print("|---|---|" + "---|" * len(steps))
-    found = False
-    for run in args.runs:
-        if not Path(run).is_dir():
-            sys.exit(f"scalar_table: {run}: no such run directory")
-    tags = sorted({tag for run in args.runs for tag in scalar_tags(Path(run))
-                   if any(fnmatch.fnmatchcase(tag, p) for p in patterns)})
     for tag in tags:
-        for run in args.runs:
-            curve = read_scalars(Path(run), [tag])[tag]
+        for run in runs:
             cells = []
             for step in steps:
-                hit = value_at(curve, step)
+                hit = value_at(curves[run][tag], step)
                 cells.append("-" if hit is None else f"{hit[1]:.{args.digits}g}" + ("" if hit[0] == step else f" (@{hit[0]})"))
-            found = True
-            print(f"| {tag.removeprefix('instruments/')} | {Path(run).name} | " + " | ".join(cells) + " |")
-    if not found:
-        sys.exit(f"scalar_table: no tag matches {args.tags!r} in {', '.join(args.runs)}")
-
+            print(f"| {tag.removeprefix('instruments/')} | {run.name} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

@@ -313,3 +313,21 @@ def test_scalar_table_script_prints_tags_at_updates(fake_sweep):
     missing = subprocess.run([sys.executable, str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1"],
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "no tag matches" in missing.stderr
+
+
+def test_norm_gains_script_reads_a_runs_norms(tiny_run):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "norm_gains.py"
+    result = subprocess.run([sys.executable, str(script), str(tiny_run), "--checkpoint", "best",
+                             "--layers", "decoder.0"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    row = result.stdout.splitlines()[2]
+    # An untrained model's gains are all exactly 1: mean 1, no spread (correlation undefined).
+    assert row.startswith("| run | decoder.0 | self_attn 1.000, cross_attn 1.000, ffn 1.000 | self_attn 0.000,")
+    missing = subprocess.run([sys.executable, str(script), str(tiny_run), "--checkpoint", "best",
+                              "--layers", "decoder.7"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no norms under decoder.7" in missing.stderr
+    no_last = subprocess.run([sys.executable, str(script), str(tiny_run)], capture_output=True, text=True)
+    assert no_last.returncode != 0 and no_last.stderr.startswith("norm_gains: run=")  # one line, no traceback

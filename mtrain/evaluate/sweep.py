@@ -6,6 +6,7 @@ put every run's training loss, and every run's validation BLEU, on one figure ea
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -80,8 +81,6 @@ def _short_label(spec: str, runs) -> str:
     """The sweep directory, or for a list of run directories their common parent and count."""
     if "," not in spec:
         return spec
-    import os
-
     parent = os.path.commonpath([str(run.path) for run in runs]) if runs else ""
     return f"{len(runs)} runs in {parent or '.'}"
 
