@@ -28,7 +28,7 @@ from mtrain.data import prepare_data  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
-from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
+from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
 from mtrain.train.trainer import Trainer  # noqa: E402
 
 
@@ -74,6 +74,7 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
         "src_tgt_tok_s": (tgt + src) / seconds,
         "updates_s": updates / seconds,
         "mfu": mfu,
+        "model_gflops": flops * tgt_per_s / 1e9,
         "peak_mb": peak_memory_mb(device),
         "loss": float(stats["loss_sum"]) / max(stats["tgt_tokens"], 1),
     }
@@ -101,13 +102,17 @@ def main() -> None:
     print(f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
           f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
           f"{args.updates} timed updates after {args.warmup} warm-up")
-    print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'MFU':>7} {'peak MB':>8}")
+    print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} {'peak MB':>8}")
     for name in args.precisions.split(","):
         precision = resolve_precision(name, device)
         r = measure(cfg, data, device, precision, args.updates, args.warmup, run_dir)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{r['precision']:>9} {r['tgt_tok_s']:>10.0f} {r['src_tgt_tok_s']:>10.0f} "
-              f"{r['updates_s']:>7.2f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)
+              f"{r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)
+        if device.type == "cpu":
+            # A CPU has no datasheet peak (no MFU); a large matmul's rate is the yardstick.
+            print(f"# {precision} 1024x1024 matmul probe: {measured_cpu_matmul_flops(precision) / 1e9:.1f} GFLOP/s",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 2. Speed: for each model and mode (bf16, fp32, bf16+compile), warm-up updates, then timed
    updates until `--updates` or `--seconds` per mode, whichever comes first. Printed:
    target tokens/s, source+target tokens/s, MFU (`model.flops_per_token` x target tokens/s
-   / the datasheet peak of `mtrain.train.throughput.peak_flops`) and peak memory.
+   / the datasheet peak of `mtrain.train.throughput.peak_flops`; none on a CPU) and peak memory.
 
 Everything runs the trainer's own update (`Trainer.train_step`, with its batch sampler and
 `collate`) on a synthetic corpus: random tokens, lengths around 30 (log-normal), targets a

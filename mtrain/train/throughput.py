@@ -2,7 +2,10 @@
 
 MFU = achieved model FLOPs per second / the device's peak. The model's FLOPs per target
 token come from `model.flops_per_token`; the peak comes from a table of GPU datasheet
-figures (dense, no sparsity) or, on a CPU, from timing a large matrix product once.
+figures (dense, no sparsity). A CPU has no such figure: a timed matrix product is only a
+lower bound of its peak (it printed MFUs of 57-169% on busy or bf16-emulating CPUs), so on
+a CPU no MFU is reported, only the achieved model GFLOP/s (and, for benchmarks, the
+matrix-product rate of `measured_cpu_matmul_flops` to set it against).
 """
 
 from __future__ import annotations
@@ -27,23 +30,22 @@ _GPU_PEAK_TFLOPS = {
 
 
 def peak_flops(device: torch.device, precision: str) -> Optional[float]:
-    """Peak FLOP/s of `device` at `precision`, or None when unknown."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for fragment, (half, single) in _GPU_PEAK_TFLOPS.items():
-            if fragment in name:
-                return (half if precision in ("bf16", "fp16") else single) * 1e12
+    """Datasheet peak FLOP/s of `device` at `precision`; None for a CPU or an unknown GPU."""
+    if device.type != "cuda":
         return None
-    return measured_cpu_matmul_flops(precision)
+    name = torch.cuda.get_device_name(device)
+    for fragment, (half, single) in _GPU_PEAK_TFLOPS.items():
+        if fragment in name:
+            return (half if precision in ("bf16", "fp16") else single) * 1e12
+    return None
 
 
 @lru_cache(maxsize=None)
 def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 4, trials: int = 5) -> float:
     """FLOP/s of a large square matmul on this CPU with the current thread count.
 
-    The best of several trials, so that a busy machine understates the peak less (a
-    loaded CPU can still make MFU look higher than it is: it is a measured, not a
-    datasheet, peak).
+    The best of several trials, so that a busy machine understates the rate less. A
+    benchmark figure to compare the model's GFLOP/s with, never a peak to divide by.
     """
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     generator = torch.Generator().manual_seed(0)  # leave the training RNG stream untouched
@@ -62,7 +64,7 @@ def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 4
 def model_flops_utilization(
     flops_per_target_token: float, target_tokens_per_second: float, peak: Optional[float]
 ) -> Optional[float]:
-    """Share (0..1) of the peak that the model's useful FLOPs reach."""
+    """Share (0..1) of the peak that the model's useful FLOPs reach; None without a peak."""
     if not peak:
         return None
     return flops_per_target_token * target_tokens_per_second / peak
