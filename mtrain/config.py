@@ -160,7 +160,12 @@ class TrainConfig:
     valid_max_sentences: Optional[int] = None
     log_every: int = 50
     keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
+    # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
+    # kill never loses more than this much training. null: only when validating.
+    save_every: Optional[str] = None
     resume: bool = False
+    # With resume: continue from this checkpoint of the run (e.g. update_200) instead of last.
+    resume_from: Optional[str] = None
     compile: bool = False
     max_bad_updates: int = 5  # consecutive non-finite updates before aborting
     max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting

@@ -29,7 +29,7 @@ from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
 from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
-from mtrain.train.trainer import Trainer  # noqa: E402
+from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -42,7 +42,8 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id).to(device)
-    trainer = Trainer(cfg, run_dir, data, model, device, precision, DistributedContext())
+    trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
+                      validate=no_validation)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tgt = src = sentences = 0
@@ -53,8 +54,8 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             tgt = src = sentences = 0
-        batches = trainer._next_batches()
-        trainer._set_learning_rate()
+        batches = trainer.next_batches()
+        trainer.set_learning_rate()
         stats = trainer.train_step(batches)
         trainer.state.update += 1
         tgt += stats["tgt_tokens"]
@@ -66,8 +67,6 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
     tgt_per_s = tgt / seconds
     flops = model.flops_per_token(max(1, round(src / sentences)), max(1, round(tgt / sentences)))
     mfu = model_flops_utilization(flops, tgt_per_s, peak_flops(device, precision))
-    if trainer.writer is not None:
-        trainer.writer.close()
     return {
         "precision": precision,
         "tgt_tok_s": tgt_per_s,

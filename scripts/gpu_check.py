@@ -54,7 +54,7 @@ from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, seed_everything  # noqa: E402
 from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
-from mtrain.train.trainer import Trainer  # noqa: E402
+from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 MODES = {"bf16": ("bf16", False), "bf16+compile": ("bf16", True), "fp32": ("fp32", False)}
@@ -173,13 +173,14 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
     seed_everything(cfg.seed)
     model = build_model(cfg.model, settings.vocab, settings.vocab, PAD).to(device)
     with compile_backend(settings.compile_backend):
-        trainer = Trainer(cfg, run_dir, data, model, device, precision, DistributedContext())
+        trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
+                          validate=no_validation)
     run = Run(model_name, mode)
     losses, tgt, src, sentences = [], 0, 0, 0
 
     def update() -> dict:
-        batches = trainer._next_batches()
-        trainer._set_learning_rate()
+        batches = trainer.next_batches()
+        trainer.set_learning_rate()
         stats = trainer.train_step(batches)
         trainer.state.update += 1
         losses.append(stats["loss_sum"] / stats["tgt_tokens"])  # a tensor: read once at the end
@@ -208,8 +209,6 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
         run.peak_memory_gib = peak_memory_gib(device)
         run.losses = [float(loss) for loss in losses]
     finally:
-        if trainer.writer is not None:
-            trainer.writer.close()
         del trainer, model
         gc.collect()
         if device.type == "cuda":

@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.errors import MtrainError  # noqa: E402
-from mtrain.train.checkpoint import find_checkpoint, load_checkpoint  # noqa: E402
+from mtrain.rundir import RunDir  # noqa: E402
+from mtrain.train.checkpoint import load_checkpoint  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for run in args.runs:
         try:
-            state = load_checkpoint(find_checkpoint(Path(run), args.checkpoint))["model"]
+            state = load_checkpoint(RunDir(run).find_checkpoint(args.checkpoint))["model"]
         except MtrainError as error:
             sys.exit(f"norm_gains: {error}")
         for layer in [name.strip() for name in args.layers.split(",") if name.strip()]:

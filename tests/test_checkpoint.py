@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mtrain.errors import MtrainError
-from mtrain.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, update_checkpoints
+from mtrain.rundir import RunDir
+from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
 
 
 def test_round_trip(tmp_path):
@@ -55,12 +56,14 @@ def test_checkpoint_with_code_is_refused(tmp_path):
 
 
 def test_find_checkpoint(tmp_path):
+    run = RunDir(tmp_path)
     with pytest.raises(MtrainError, match="no checkpoints"):
-        find_checkpoint(tmp_path, "best")
+        run.find_checkpoint("best")
     (tmp_path / "checkpoints").mkdir()
     for n in (10, 2, 30):
         save_checkpoint(tmp_path / "checkpoints" / f"update_{n}.pt", {"model": {}})
     save_checkpoint(tmp_path / "checkpoints" / "last.pt", {"model": {}})
-    assert find_checkpoint(tmp_path, "best").name == "last.pt"  # no best yet: fall back to last
-    assert [p.name for p in update_checkpoints(tmp_path)] == ["update_2.pt", "update_10.pt", "update_30.pt"]
-    assert find_checkpoint(tmp_path, "update_10.pt").name == "update_10.pt"
+    assert run.find_checkpoint("best").name == "last.pt"  # no best yet: fall back to last
+    assert [p.name for p in run.update_checkpoints()] == ["update_2.pt", "update_10.pt", "update_30.pt"]
+    assert run.find_checkpoint("update_10.pt").name == "update_10.pt"
+    assert run.find_checkpoint("update_10").name == "update_10.pt"  # a name, as train.resume_from takes it

@@ -40,7 +40,7 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             if _in_multirun():
                 log.error("job failed: %s", error)
                 return None
-            sys.exit(2)
+            sys.exit(getattr(error, "exit_status", 2))  # a stop signal exits 128 + its number
 
     return wrapper
 

@@ -1,26 +1,31 @@
 """`mtrain fit`: raw parallel text -> tokenizer -> trained model -> test BLEU, in one run dir.
 
 The run directory is Hydra's output directory. This module wires the stages together in
-the order a reader would expect; each stage lives in its own package.
+the order a reader would expect; each stage lives in its own package:
+
+1. check everything that can refuse the run (run directory, resume, data) -- nothing is
+   written into the run directory before these checks pass;
+2. prepare the data (tokenizer and encoded corpora live in the cache, not the run);
+3. write the run's config, tokenizer and evaluation text; build the model and trainer;
+4. train (validation is `validation` below: loss, and BLEU through the evaluation path);
+5. score the test split through the same path as `mtrain eval`, write metrics.json.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 import hydra
 import numpy as np
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir, atomic_write_text
 
 log = logging.getLogger("mtrain")
 
@@ -28,31 +33,40 @@ log = logging.getLogger("mtrain")
 def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """Train as `cfg` says, writing everything into `run_dir`; returns metrics.json's content."""
     from mtrain.data import prepare_data
-    from mtrain.decode.generator import position_limit
+    from mtrain.evaluate.scoring import check_references
     from mtrain.model import build_model
-    from mtrain.train.checkpoint import CHECKPOINT_DIR
+    from mtrain.train.checkpoint import load_checkpoint
+    from mtrain.train.checkpointing import (Checkpointer, check_resumable_config, check_resumable_data,
+                                            data_fingerprints, is_finished)
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.train.faults import TrainingDiverged
+    from mtrain.train.metric_log import MetricLogger
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
-    from mtrain.train.trainer import Trainer
+    from mtrain.train.schedule import parse_duration
+    from mtrain.train.throughput import peak_flops
+    from mtrain.train.trainer import Trainer, TrainState, budget_reason, special_ids
 
-    if cfg.model.layers is not None:  # the shortcut sets both stacks; record what was built
+    if cfg.model.layers is not None:  # record what is built (both stacks), in a copy of the config
+        cfg = cfg.copy()
         cfg.model.encoder_layers = cfg.model.decoder_layers = cfg.model.layers
+    run = RunDir(run_dir)
+    resume_path = _check_run_dir(run, cfg)
+    resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
+    if resume_state is not None:
+        check_resumable_config(resume_state, cfg, resume_path)
+    if resume_state is not None and is_finished(run.metrics_file):
+        done = budget_reason(TrainState(**resume_state["trainer"]), cfg.train)
+        if done is not None:
+            log.info("%s: this run has finished (%s, test scored); nothing to do. Raise the budget "
+                     "(train.max_updates / train.max_time) to train on, or choose another hydra.run.dir",
+                     run.path, done)
+            return json.loads(run.metrics_file.read_text(encoding="utf-8"))
+
     dist = init_distributed(cfg.train.device)
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
     set_threads(cfg.train.num_threads)
     seed_everything(cfg.seed)
-    _check_writable(run_dir)
-
-    last_checkpoint = run_dir / CHECKPOINT_DIR / "last.pt"
-    if last_checkpoint.exists() and not cfg.train.resume:
-        raise MtrainError(
-            f"{run_dir}: this run directory already has checkpoints; pass train.resume=true to "
-            "continue it, or choose a new hydra.run.dir (nothing was overwritten)"
-        )
-    if cfg.train.resume and not last_checkpoint.exists():
-        log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run_dir)
 
     # Rank 0 prepares (tokenizer, encoded cache); the others then read the same cache.
     if dist.is_main:
@@ -60,40 +74,119 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     dist.barrier()
     if not dist.is_main:
         data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
+    check_eval_lengths(data, None if cfg.model.positions == "none" else cfg.model.max_positions, cfg.data)
+    for split in ("valid", "test"):
+        check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={cfg.data.splits[split]}")
+    fingerprints = data_fingerprints(data.fingerprint, data.tokenizer.fingerprint)
+    if resume_state is not None:
+        check_resumable_data(resume_state, fingerprints, resume_path)
+
+    # Every check has passed: from here on the run directory is written.
+    checkpointer = None
     if dist.is_main:
-        data.tokenizer.save(run_dir / "tokenizer")
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
+        _write_run_files(run, cfg, data)
+        checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))
+        checkpointer.remove_stale_temporary_files()
 
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id).to(device)
-    check_eval_lengths(data, position_limit(model), cfg.data)
-    trainer = Trainer(cfg, run_dir, data, model, device, precision, dist)
-    if cfg.train.resume and last_checkpoint.exists():
-        trainer.resume_from(last_checkpoint)
+    ids = special_ids(data)
+    metrics_log = None
+    if dist.is_main:
+        metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
+                                   resume_state["update"] if resume_state else 0,
+                                   model.flops_per_token, peak_flops(device, precision))
+    validate = validation(cfg, model, data, ids, device, precision)
+    trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
+                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints})
+    if resume_state is not None:
+        trainer.load_state(resume_state)
+        log.info("resumed from %s", resume_path)
+        del resume_state
 
-    metrics: Dict[str, Any] = {"run_dir": str(run_dir), "device": str(device), "precision": precision}
+    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": precision}
     try:
         metrics.update(trainer.fit())
     except TrainingDiverged:
         if dist.is_main:
             metrics.update(updates=trainer.state.update, diverged=True,
                            train_time_s=round(trainer.state.train_seconds, 2))
-            _write_metrics(run_dir, metrics)
+            atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
         raise
     finally:
-        if trainer.writer is not None:
-            trainer.writer.close()
+        if metrics_log is not None:
+            metrics_log.close()
 
     if dist.is_main:
-        metrics["valid"] = dict(trainer.last_validation, best_update=trainer.state.best_update)
         if cfg.train.valid_bleu:
             metrics["valid"]["best_bleu"] = trainer.state.best_score
-        metrics["test"] = score_test_split(cfg, run_dir, trainer, device, precision)
-        _write_metrics(run_dir, metrics)
-        log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items() if isinstance(v, float)))
+        metrics["valid"]["best_update"] = trainer.state.best_update
+        if cfg.data.splits.test is not None:
+            metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, precision)
+            log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
+                                              if isinstance(v, float)))
+        metrics["finished"] = True
+        atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def _check_run_dir(run: RunDir, cfg: DictConfig) -> Optional[Path]:
+    """Refuse a run directory that cannot be used as asked; the checkpoint to resume, if any."""
+    _check_writable(run.path)
+    if run.has_checkpoints() and not cfg.train.resume:
+        raise MtrainError(
+            f"{run.path}: this run directory already has checkpoints; pass train.resume=true to "
+            "continue it, or choose a new hydra.run.dir (nothing was overwritten)"
+        )
+    if not cfg.train.resume:
+        return None
+    if cfg.train.resume_from is not None:
+        return run.find_checkpoint(cfg.train.resume_from)
+    if not run.checkpoint("last").is_file():
+        log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run.path)
+        return None
+    return run.checkpoint("last")
+
+
+def _write_run_files(run: RunDir, cfg: DictConfig, data: Any) -> None:
+    """The run's config (resolved, and Hydra's record of the command line), tokenizer and eval text."""
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    if hydra_cfg is not None:  # Hydra's own writing is off (hydra.output_subdir=null): checks come first
+        atomic_write_text(run.hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+        atomic_write_text(run.hydra_dir / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
+        atomic_write_text(run.overrides_file, OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
+    atomic_write_text(run.config_file, OmegaConf.to_yaml(cfg, resolve=True))
+    data.tokenizer.save(run.tokenizer_dir)
+    for split in ("valid", "test"):
+        text = getattr(data, f"{split}_text")
+        src_path, ref_path = run.split_files(split)
+        atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
+        atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
+
+
+def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, int], device: Any, precision: str):
+    """The trainer's validation: loss and perplexity, and BLEU (`train.valid_bleu`) through the
+    evaluation path of `mtrain eval` (greedy unless `decode.valid_beam` says otherwise)."""
+    from mtrain.evaluate.report import sentence_translator
+    from mtrain.evaluate.scoring import translate_and_score
+    from mtrain.train.validation import validation_loss
+
+    decode_cfg = OmegaConf.merge(cfg.decode, {"beam": cfg.decode.valid_beam, "nbest": 1})
+    translate = sentence_translator(model, data.tokenizer, decode_cfg, device, precision)
+    limit = cfg.train.valid_max_sentences
+    sources, references = list(data.valid_text.src)[:limit], list(data.valid_text.tgt)[:limit]
+    name = f"data.splits.valid={cfg.data.splits.valid}"
+
+    def validate() -> Dict[str, float]:
+        results = validation_loss(model, data.valid, special_ids, cfg.train.max_tokens,
+                                  cfg.train.label_smoothing, device, precision)
+        if cfg.train.valid_bleu:
+            results["bleu"] = translate_and_score(translate, sources, [references], name).scores["bleu"]["score"]
+        return results
+
+    return validate
 
 
 def check_eval_lengths(data, limit: Optional[int], data_cfg: DictConfig) -> None:
@@ -117,41 +210,38 @@ def check_eval_lengths(data, limit: Optional[int], data_cfg: DictConfig) -> None
             )
 
 
-def score_test_split(cfg: DictConfig, run_dir: Path, trainer, device, precision: str) -> Dict[str, Any]:
-    """Decode the test split with the best checkpoint (beam search) and score it with sacreBLEU."""
-    from mtrain.decode import translate_sentences
-    from mtrain.evaluate.metrics import score_corpus
-    from mtrain.train.checkpoint import find_checkpoint, load_checkpoint
+def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, device: Any,
+                     precision: str) -> Dict[str, Any]:
+    """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
+    from mtrain.evaluate.references import read_run_split
+    from mtrain.evaluate.report import score_split, sentence_translator
+    from mtrain.train.checkpoint import load_checkpoint
 
-    best = load_checkpoint(find_checkpoint(run_dir, "best"))
-    trainer.model.load_state_dict(best["model"])
-    trainer.model.eval()
-    sources = list(trainer.data.test_text.src)
-    references = list(trainer.data.test_text.tgt)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        hypotheses = translate_sentences(trainer.model, trainer.tokenizer, sources, cfg.decode, device, precision)
-    seconds = time.perf_counter() - start
-    texts = [nbest[0].text for nbest in hypotheses]
-    (run_dir / "eval").mkdir(exist_ok=True)
-    (run_dir / "eval" / "test.hyp").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-    scores = score_corpus(texts, [references])
-    result: Dict[str, Any] = {"checkpoint": "best.pt", "update": int(best.get("update", 0)),
-                              "beam": cfg.decode.beam, "sentences": len(texts),
-                              "decode_sentences_per_s": round(len(texts) / max(seconds, 1e-9), 2)}
-    for metric, values in scores.items():
+    best_path = run.find_checkpoint("best")
+    best = load_checkpoint(best_path)
+    model.load_state_dict(best["model"])
+    model.eval()
+    translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
+    checkpoint_info = {"path": str(best_path), "which": "best", "update": int(best.get("update", 0)),
+                       "averaged_from": None}
+    decode_info = {**OmegaConf.to_container(cfg.decode, resolve=True), "device": str(device),
+                   "precision": precision, "engine": "torch"}
+    report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
+                         checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)
+    result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"],
+                              "beam": cfg.decode.beam, "sentences": report["sentences"],
+                              "decode_sentences_per_s": report["sentences_per_s"]}
+    for metric, values in report["metrics"].items():
         result[metric] = float(values["score"])
         result[f"{metric}_signature"] = values["signature"]
     return result
 
 
-def _write_metrics(run_dir: Path, metrics: Dict[str, Any]) -> None:
-    tmp = run_dir / ".metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / "metrics.json")
-
-
 def _check_writable(run_dir: Path) -> None:
+    import os
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MtrainError(f"hydra.run.dir={run_dir}: is a file, not a directory; choose another with hydra.run.dir=PATH")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write_test.{os.getpid()}"  # one per rank: ranks share the directory
@@ -159,7 +249,7 @@ def _check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as error:
         raise MtrainError(
-            f"{run_dir}: output directory is not writable ({error.strerror}); choose another with "
+            f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose another with "
             "hydra.run.dir=PATH"
         ) from error
 

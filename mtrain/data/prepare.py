@@ -44,6 +44,7 @@ class PreparedData:
     valid_text: ParallelText  # raw source/reference sentences for BLEU
     test_text: ParallelText
     directory: Path  # the cache entry holding the encoded splits
+    fingerprint: str = ""  # of the encoded corpus: tokenizer, source files and settings
 
 
 def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
@@ -69,10 +70,10 @@ def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
         _log_summary(summary, log)
         rate = summary["train"]["read"] / max(summary["seconds"], 1e-9)
         log(f"data: encoded in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
-    return _open(entry, tokenizer)
+    return _open(entry, tokenizer, key)
 
 
-def _open(entry: Path, tokenizer: Tokenizer) -> PreparedData:
+def _open(entry: Path, tokenizer: Tokenizer, fingerprint: str) -> PreparedData:
     texts = {}
     for split in ("valid", "test"):
         stored = json.loads((entry / split / "text.json").read_text(encoding="utf-8"))
@@ -85,6 +86,7 @@ def _open(entry: Path, tokenizer: Tokenizer) -> PreparedData:
         valid_text=texts["valid"],
         test_text=texts["test"],
         directory=entry,
+        fingerprint=fingerprint,
     )
 
 

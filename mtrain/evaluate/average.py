@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Sequence, Union
 import torch
 
 from mtrain.errors import MtrainError
-from mtrain.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint, update_checkpoints
+from mtrain.rundir import RunDir
+from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
 
 # Training state that belongs to one point of the optimisation, not to an average of them.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")
@@ -23,15 +24,15 @@ _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")
 
 def last_checkpoints(run_dir: Union[str, Path], count: int) -> List[Path]:
     """The newest `count` `update_<N>.pt` checkpoints of a run, oldest first."""
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     if count < 1:
         raise MtrainError(f"average_last={count}: must be at least 1")
-    if not run_dir.is_dir():
+    if not run.path.is_dir():
         raise MtrainError(f"run={run_dir}: no such run directory")
-    found = update_checkpoints(run_dir)
+    found = run.update_checkpoints()
     if not found:
         raise MtrainError(
-            f"run={run_dir}: no update_<N>.pt checkpoints in {run_dir / CHECKPOINT_DIR} to average; "
+            f"run={run_dir}: no update_<N>.pt checkpoints in {run.checkpoint_dir} to average; "
             "is this a run directory written by `mtrain fit`?"
         )
     if len(found) < count:
@@ -98,4 +99,4 @@ def average_to_file(paths: Sequence[Union[str, Path]], out: Union[str, Path]) ->
 
 
 def default_average_path(run_dir: Union[str, Path], count: int) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR / f"average_last{count}.pt"
+    return RunDir(run_dir).checkpoint(f"average_last{count}")

@@ -130,7 +130,11 @@ def check_lengths(num_hyps: int, num_refs: Sequence[int], hyp_name: str = "hypot
 
 
 def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
-    """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too."""
+    """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too.
+
+    Lines end at "\n" only, as `mtrain fit` and `mtrain translate` read them: a CRLF end is
+    trimmed and a lone CR inside a line is a space, never a line break (which would shift
+    every later line against the other file)."""
     path = Path(path)
     if path.is_dir():
         hint = "; to score a run, use run=DIR" if (path / "checkpoints").is_dir() else ""
@@ -139,10 +143,10 @@ def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
         raise MtrainError(f"{what}={path}: no such file")
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as handle:
-                return [line.rstrip() for line in handle]
-        with open(path, encoding="utf-8") as handle:
-            return [line.rstrip() for line in handle]
+            with gzip.open(path, "rt", encoding="utf-8", newline="\n") as handle:
+                return [line.replace("\r", " ").rstrip() for line in handle]
+        with open(path, encoding="utf-8", newline="\n") as handle:
+            return [line.replace("\r", " ").rstrip() for line in handle]
     except UnicodeDecodeError as error:
         raise MtrainError(f"{what}={path}: not valid UTF-8 ({error.reason} at byte {error.start})") from error
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Sequence
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
+from mtrain.rundir import RunDir
 
 SPLITS = ("valid", "test")
 
@@ -45,6 +46,19 @@ def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:
     """The fingerprint of text that exists only in memory (e.g. read from the Hub)."""
     digest = hashlib.sha256("".join(line + "\n" for line in lines).encode("utf-8")).hexdigest()
     return {"role": role, "path": origin, "sha256": digest, "lines": len(lines)}
+
+
+def read_run_split(run: RunDir, data_cfg: Any, split: str) -> SplitText:
+    """A run's `valid` or `test` split: the copy `mtrain fit` kept in the run directory, so a
+    score never depends on where the corpus is now (or on reaching the Hub again); runs
+    written before mtrain kept that copy read the split as their data config says."""
+    if split not in SPLITS:
+        raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
+    src_path, ref_path = run.split_files(split)
+    if src_path.is_file() and ref_path.is_file():
+        return SplitText(read_lines(src_path, "source"), [read_lines(ref_path, "reference")],
+                         [file_record(src_path, "source"), file_record(ref_path, "reference")])
+    return read_split_text(data_cfg, split)
 
 
 def read_split_text(data_cfg: Any, split: str) -> SplitText:

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from mtrain import __version__
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
-from mtrain.evaluate.references import SplitText, file_record, read_reference_files, read_split_text
+from mtrain.evaluate.references import (SplitText, file_record, read_reference_files, read_run_split,
+                                        read_split_text)
 from mtrain.evaluate.runs import run_config
+from mtrain.evaluate.scoring import Translate, translate_and_score
 from mtrain.evaluate.tables import Table
-
-EVAL_DIR = "eval"
+from mtrain.rundir import RunDir, atomic_write_text
 
 
 def metrics_table(scores: Dict[str, Dict[str, Any]]) -> Table:
@@ -43,7 +43,7 @@ def score_hypotheses(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, 
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]
     elif cfg.run:
-        split = read_split_text(run_config(Path(cfg.run)).data, cfg.split)
+        split = read_run_split(RunDir(cfg.run), run_config(Path(cfg.run)).data, cfg.split)
         ref_names = [record["path"] for record in split.files if "reference" in record["role"]]
     else:
         raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")
@@ -56,18 +56,15 @@ def score_hypotheses(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, 
 
 def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Decode `cfg.split` of `cfg.run`, score it, write `eval/<split>.{json,md,hyp}`."""
-    import torch
-
-    from mtrain.decode import translate_sentences
-    from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
-    from mtrain.train.checkpoint import find_checkpoint, load_run
     from mtrain.decode.translator import resolve_decode_precision
+    from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
+    from mtrain.train.checkpoint import load_run
     from mtrain.train.runtime import resolve_device, set_threads
 
     metrics = check_metric_names(cfg.metrics)
-    run_dir = Path(cfg.run)
-    if not run_dir.is_dir():
-        raise MtrainError(f"run={run_dir}: no such run directory")
+    run = RunDir(cfg.run)
+    if not run.path.is_dir():
+        raise MtrainError(f"run={run.path}: no such run directory")
     if cfg.engine not in ("torch", "ctranslate2"):
         raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
     set_threads(cfg.num_threads)
@@ -77,13 +74,13 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
 
     averaged_from: Optional[List[str]] = None
     if cfg.average_last > 0:
-        sources_ckpts = last_checkpoints(run_dir, cfg.average_last)
-        checkpoint = average_to_file(sources_ckpts, default_average_path(run_dir, cfg.average_last))
+        sources_ckpts = last_checkpoints(run.path, cfg.average_last)
+        checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last))
         averaged_from = [str(path) for path in sources_ckpts]
         log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
     else:
-        checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
-    loaded = load_run(run_dir, device=device, checkpoint_path=checkpoint)
+        checkpoint = run.find_checkpoint(cfg.checkpoint)
+    loaded = load_run(run.path, device=device, checkpoint_path=checkpoint)
     model = loaded.model
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
         from mtrain.decode.ct2_engine import convert_loaded
@@ -91,46 +88,66 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         model = convert_loaded(loaded, device, precision, cfg.num_threads)
         precision = model.translator.compute_type
 
-    split = read_split_text(loaded.config.data, cfg.split)
+    split = read_run_split(run, loaded.config.data, cfg.split)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
-    check_lengths(len(split.sources), [len(stream) for stream in split.references], "source",
-                  [record["path"] for record in split.files[1:]] or None)
-
     log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
         f"(beam {cfg.decode.beam}, {device}, {precision}, engine={cfg.engine})")
-    start = time.perf_counter()
-    with torch.inference_mode():
-        nbest = translate_sentences(model, loaded.tokenizer, split.sources, cfg.decode, device, precision)
-    seconds = time.perf_counter() - start
-    hyps = [candidates[0].text if candidates else "" for candidates in nbest]
-    output_tokens = sum(len(candidates[0].tokens) for candidates in nbest if candidates)
+    checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
+                       "update": loaded.update, "averaged_from": averaged_from}
+    decode_info = {**_plain(cfg.decode), "device": str(device), "precision": precision, "engine": cfg.engine}
+    translate = sentence_translator(model, loaded.tokenizer, cfg.decode, device, precision)
+    return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
+                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log)
 
-    scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
+
+def sentence_translator(model: Any, tokenizer: Any, decode_cfg: Any, device: Any, precision: str) -> Translate:
+    """The best hypothesis per source sentence, decoded with `decode_cfg` (a `Translate`)."""
+    import torch
+
+    from mtrain.decode import translate_sentences
+
+    def translate(sources: List[str]) -> List[str]:
+        with torch.inference_mode():
+            nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision)
+        return [candidates[0].text if candidates else "" for candidates in nbest]
+
+    return translate
+
+
+def score_split(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, translate: Translate,
+                checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
+                tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
+                log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}`; the report.
+
+    `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
+    """
+    name = f"data.splits.{split_key}={data_cfg.splits[split_key]}"
+    scored = translate_and_score(translate, split.sources, split.references, name, metrics, tokenize,
+                                 lowercase, chrf_word_order)
     report = {
-        "run": str(run_dir.resolve()),
-        "split": cfg.split,
-        "split_name": str(loaded.config.data.splits[cfg.split]),
-        "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
-        "checkpoint": {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
-                       "update": loaded.update, "averaged_from": averaged_from},
-        "decode": {**_plain(cfg.decode), "device": str(device), "precision": precision, "engine": cfg.engine},
+        "run": str(run.path.resolve()),
+        "split": split_key,
+        "split_name": str(data_cfg.splits[split_key]),
+        "language_pair": f"{data_cfg.src}-{data_cfg.tgt}",
+        "checkpoint": checkpoint_info,
+        "decode": decode_info,
         "data": split.files,
-        "sentences": len(hyps),
+        "sentences": len(scored.hypotheses),
         "skipped_pairs": split.skipped,
-        "decode_time_s": round(seconds, 3),
-        "sentences_per_s": round(len(hyps) / max(seconds, 1e-9), 2),
-        "target_tokens_per_s": round(output_tokens / max(seconds, 1e-9), 1),
-        "metrics": scores,
-        "scoring": {"tokenize": cfg.tokenize, "lowercase": cfg.lowercase, "chrf_word_order": cfg.chrf_word_order},
-        "mtrain_version": _version(),
+        "decode_time_s": round(scored.seconds, 3),
+        "sentences_per_s": round(scored.sentences_per_second, 2),
+        "metrics": scored.scores,
+        "scoring": {"tokenize": tokenize, "lowercase": lowercase, "chrf_word_order": chrf_word_order},
+        "mtrain_version": __version__,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    paths = write_report(run_dir / EVAL_DIR, cfg.split, report, hyps)
-    log(metrics_table(scores).to_text())
-    log(f"{len(hyps)} sentences in {seconds:.1f}s ({report['sentences_per_s']:.1f} sentences/s); "
-        f"report: {paths['json']}, {paths['md']}")
+    paths = write_report(run.eval_dir, split_key, report, scored.hypotheses)
+    log(metrics_table(scored.scores).to_text())
+    log(f"{len(scored.hypotheses)} sentences in {scored.seconds:.1f}s ({report['sentences_per_s']:.1f} "
+        f"sentences/s); report: {paths['json']}, {paths['md']}")
     return report
 
 
@@ -142,11 +159,11 @@ def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequen
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {kind: out_dir / f"{split}.{kind}" for kind in ("hyp", "json", "md")}
-    _write_atomic(paths["hyp"], "".join(line + "\n" for line in hyps))
+    atomic_write_text(paths["hyp"], "".join(line + "\n" for line in hyps))
     report["data"] = [r for r in report.get("data", []) if r.get("role") != "hypotheses"]
     report["data"].append(file_record(paths["hyp"], "hypotheses"))
-    _write_atomic(paths["json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    _write_atomic(paths["md"], render_markdown(report))
+    atomic_write_text(paths["json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(paths["md"], render_markdown(report))
     return paths
 
 
@@ -165,8 +182,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
     lines += [f"- **Decoding**: {settings}",
               f"- **Sentences**: {report['sentences']}"
               + (f" ({report['skipped_pairs']} pairs skipped: not valid UTF-8)" if report.get("skipped_pairs") else ""),
-              f"- **Decoding time**: {report['decode_time_s']:.2f} s ({report['sentences_per_s']:.1f} sentences/s, "
-              f"{report['target_tokens_per_s']:.0f} target tokens/s)",
+              f"- **Decoding time**: {report['decode_time_s']:.2f} s ({report['sentences_per_s']:.1f} sentences/s)",
               "- **Scoring**: " + ", ".join(f"{k}={v}" for k, v in report["scoring"].items()),
               f"- **mtrain** {report['mtrain_version']}, {report['created']}", "",
               "| file | role | lines | sha256 |", "|---|---|---|---|"]
@@ -178,15 +194,3 @@ def _plain(node: Any) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _version() -> str:
-    from mtrain import __version__
-
-    return __version__

@@ -16,10 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 from mtrain.errors import MtrainError
-
-METRICS_FILE = "metrics.json"
-OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-EVAL_DIR = "eval"
+from mtrain.rundir import RunDir
 
 
 @dataclass
@@ -33,7 +30,7 @@ class RunSummary:
     evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval/<split>.json by split
 
     def hyp_path(self, split: str = "test") -> Path:
-        return self.path / EVAL_DIR / f"{split}.hyp"
+        return RunDir(self.path).eval_file(split, "hyp")
 
     def score(self, split: str, metric: str = "bleu") -> Optional[float]:
         """A split's score: `mtrain eval`'s report if there is one, else metrics.json."""
@@ -71,19 +68,15 @@ def discover_runs(spec: str) -> List[RunSummary]:
     root = Path(spec)
     if not root.is_dir():
         raise MtrainError(f"runs={root}: no such directory")
-    children = sorted((p for p in root.iterdir() if p.is_dir() and _looks_like_run(p)), key=_run_order)
+    children = sorted((p for p in root.iterdir() if p.is_dir() and RunDir(p).looks_like_run()), key=_run_order)
     if children:
         return [load_run_summary(path, path.name) for path in children]
-    if _looks_like_run(root):
+    if RunDir(root).looks_like_run():
         return [load_run_summary(root, root.name)]
     raise MtrainError(
         f"runs={root}: no runs found; expected a Hydra multirun directory (subdirectories "
-        f"0/, 1/, ... with {OVERRIDES_FILE} or {METRICS_FILE}) or run directories separated by commas"
+        f"0/, 1/, ... with .hydra/overrides.yaml or metrics.json) or run directories separated by commas"
     )
-
-
-def _looks_like_run(path: Path) -> bool:
-    return (path / OVERRIDES_FILE).is_file() or (path / METRICS_FILE).is_file() or (path / "checkpoints").is_dir()
 
 
 def _run_order(path: Path) -> tuple:
@@ -93,12 +86,12 @@ def _run_order(path: Path) -> tuple:
 
 def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
     path = Path(path)
+    run = RunDir(path)
     evals = {}
-    eval_dir = path / EVAL_DIR
-    if eval_dir.is_dir():
-        for report in sorted(eval_dir.glob("*.json")):
+    if run.eval_dir.is_dir():
+        for report in sorted(run.eval_dir.glob("*.json")):
             evals[report.stem] = _read_json(report)
-    metrics_path = path / METRICS_FILE
+    metrics_path = run.metrics_file
     return RunSummary(
         name=name or path.name,
         path=path,
@@ -110,7 +103,7 @@ def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
 
 def read_overrides(run_dir: Path) -> Dict[str, str]:
     """`.hydra/overrides.yaml` as {key: value}; `+`/`++` prefixes dropped, `~key` kept as deleted."""
-    path = Path(run_dir) / OVERRIDES_FILE
+    path = RunDir(run_dir).overrides_file
     if not path.is_file():
         return {}
     try:
@@ -133,7 +126,8 @@ def run_config(run_dir: Path) -> Any:
     """The resolved config a run was trained with (`config.yaml`, else `.hydra/config.yaml`)."""
     from omegaconf import OmegaConf
 
-    for path in (Path(run_dir) / "config.yaml", Path(run_dir) / ".hydra" / "config.yaml"):
+    run = RunDir(run_dir)
+    for path in (run.config_file, run.hydra_dir / "config.yaml"):
         if path.is_file():
             return OmegaConf.load(path)
     raise MtrainError(f"run={run_dir}: no config.yaml or .hydra/config.yaml; is it a run directory of `mtrain fit`?")

@@ -7,9 +7,6 @@ scaler and RNG states, data position, the plain-dict config), so it loads with
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,54 +17,23 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir, atomic_write
 
-CHECKPOINT_DIR = "checkpoints"
-_UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
-_OTHER_CHECKPOINT = ("use another checkpoint (translate/eval: checkpoint=last|best|PATH; to resume training, "
-                     "copy an older checkpoints/update_N.pt over checkpoints/last.pt)")
+_OTHER_CHECKPOINT = ("use another checkpoint (translate/eval: checkpoint=last|best|update_N|PATH; to resume "
+                     "training from an older one: train.resume=true train.resume_from=update_N)")
 
 
 def save_checkpoint(path: Union[str, Path], state: Dict[str, Any]) -> None:
-    """Write `state` to `path` so that a crash at any moment leaves the old file intact.
-
-    The bytes go to a temporary file in the same directory, are fsynced, and only then
-    renamed over `path` (rename is atomic on POSIX file systems).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write `state` to `path` atomically (`mtrain.rundir.atomic_write`): a crash at any
+    moment leaves the old file intact."""
     try:
-        with os.fdopen(fd, "wb") as tmp_file:
-            torch.save(state, tmp_file)
-            tmp_file.flush()
-            os.fsync(tmp_file.fileno())
-        os.replace(tmp_name, path)
-        _fsync_directory(path.parent)
-    except BaseException as error:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        if isinstance(error, OSError):
-            raise MtrainError(
-                f"{path}: could not write checkpoint ({error.strerror or error}); "
-                "the previous checkpoint is intact. Free disk space or fix permissions, "
-                "then resume with train.resume=true"
-            ) from error
-        raise
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        atomic_write(path, lambda handle: torch.save(state, handle))
+    except OSError as error:
+        raise MtrainError(
+            f"{path}: could not write checkpoint ({error.strerror or error}); "
+            "the previous checkpoint is intact. Free disk space or fix permissions, "
+            "then resume with train.resume=true"
+        ) from error
 
 
 def load_checkpoint(path: Union[str, Path], map_location: Any = "cpu") -> Dict[str, Any]:
@@ -104,39 +70,6 @@ def _damaged_record(path: Path) -> Optional[str]:
         return None  # not torch's zip format: torch.load has judged it already
     with zipfile.ZipFile(path) as archive:
         return archive.testzip()
-
-
-def update_checkpoints(run_dir: Union[str, Path]) -> List[Path]:
-    """The `update_<N>.pt` checkpoints of a run, oldest first."""
-    directory = Path(run_dir) / CHECKPOINT_DIR
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _UPDATE_NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def find_checkpoint(run_dir: Union[str, Path], which: str = "best") -> Path:
-    """Resolve `best`, `last` or an explicit path to an existing checkpoint file."""
-    run_dir = Path(run_dir)
-    if which not in ("best", "last"):
-        path = Path(which)
-        if not path.is_absolute() and not path.exists():
-            path = run_dir / CHECKPOINT_DIR / which
-        if not path.is_file():
-            raise MtrainError(f"checkpoint={which}: no such file (looked in . and {run_dir / CHECKPOINT_DIR})")
-        return path
-    if not run_dir.is_dir():
-        raise MtrainError(f"run={run_dir}: no such run directory")
-    path = run_dir / CHECKPOINT_DIR / f"{which}.pt"
-    if path.is_file():
-        return path
-    fallback = run_dir / CHECKPOINT_DIR / "last.pt"
-    if which == "best" and fallback.is_file():
-        return fallback
-    raise MtrainError(
-        f"run={run_dir}: no checkpoints in {run_dir / CHECKPOINT_DIR}; "
-        "is this a run directory written by `mtrain fit`?"
-    )
 
 
 def stored_config(state: Dict[str, Any], path: Path) -> DictConfig:
@@ -181,11 +114,11 @@ def load_run(
     from mtrain.model import build_model
     from mtrain.tokenizer import Tokenizer
 
-    run_dir = Path(run_dir)
-    path = checkpoint_path or find_checkpoint(run_dir, which)
+    run = RunDir(run_dir)
+    path = checkpoint_path or run.find_checkpoint(which)
     state = load_checkpoint(path, map_location="cpu")
     config = stored_config(state, path)
-    tokenizer_dir = run_dir / "tokenizer"
+    tokenizer_dir = run.tokenizer_dir
     if not tokenizer_dir.is_dir():
         raise MtrainError(f"run={run_dir}: no tokenizer/ directory; the run directory is incomplete")
     tokenizer = Tokenizer.load(tokenizer_dir)

@@ -20,11 +20,20 @@ log = logging.getLogger("mtrain")
 
 
 class StopSignal:
-    """SIGTERM/SIGINT ask for a checkpoint at the next update boundary; a second one exits now."""
+    """SIGTERM/SIGINT ask for a checkpoint at the next update boundary; a second one exits now.
+
+    `signum` and `name` say which signal stopped training (the exit status is 128 + signum,
+    as a shell reports a process killed by it, so a scheduler can tell it from an error).
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum = 0
         self._previous = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "a signal"
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -43,6 +52,7 @@ class StopSignal:
             log.warning("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
             os._exit(128 + signum)
         self.requested = True
+        self.signum = signum
         log.warning(
             "%s received: finishing this update, writing a checkpoint, then exiting "
             "(send it again to exit at once)", signal.Signals(signum).name

@@ -1,0 +1,189 @@
+"""The run directory: every path and file name of a run, and the one atomic writer.
+
+`mtrain fit` writes a run directory; translate, eval, report, average and export read it.
+Every name below is spelled here and nowhere else:
+
+    config.yaml              the resolved config the run was trained with
+    .hydra/overrides.yaml    the command-line overrides (labels runs in sweep reports)
+    tokenizer/               the SentencePiece model(s)
+    data/{valid,test}.{src,ref}   the raw text the run validated and was tested on
+    checkpoints/             update_N.pt, last.pt, best.pt, average_lastN.pt
+    eval/                    reports of `mtrain eval` and fit's test decode
+    tb/                      TensorBoard events
+    train.log, metrics.json
+
+Writes that must never leave a half-written file go through `atomic_write`: the bytes go
+to a temporary file in the same directory, are fsynced, and are renamed over the target.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import IO, Callable, List, Tuple, Union
+
+from mtrain.errors import MtrainError
+
+_UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
+TMP_SUFFIX = ".tmp"
+
+
+def atomic_write(path: Union[str, Path], write: Callable[[IO[bytes]], None]) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a mix; an error
+    removes the temporary file and re-raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+        _fsync_directory(path.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: Union[str, Path], text: str) -> None:
+    """`atomic_write` of UTF-8 text."""
+    data = text.encode("utf-8")
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class RunDir:
+    """The paths of one run directory (nothing is created until something is written)."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ files
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def hydra_dir(self) -> Path:
+        return self.path / ".hydra"
+
+    @property
+    def overrides_file(self) -> Path:
+        return self.hydra_dir / "overrides.yaml"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "train.log"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tb"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / "eval"
+
+    def eval_file(self, split: str, kind: str) -> Path:
+        """`eval/<split>.<kind>`: kind is hyp, json or md."""
+        return self.eval_dir / f"{split}.{kind}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.path / "data"
+
+    def split_files(self, split: str) -> Tuple[Path, Path]:
+        """The run's own copy of a split's raw sources and references (one sentence a line)."""
+        return self.data_dir / f"{split}.src", self.data_dir / f"{split}.ref"
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    def checkpoint(self, name: str) -> Path:
+        """`checkpoints/<name>.pt` (name: last, best, update_N, average_lastN)."""
+        return self.checkpoint_dir / f"{name}.pt"
+
+    def update_checkpoint(self, update: int) -> Path:
+        return self.checkpoint(f"update_{update}")
+
+    def update_checkpoints(self) -> List[Path]:
+        """The `update_<N>.pt` checkpoints, oldest first."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.checkpoint_dir.iterdir() if (m := _UPDATE_NAME.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def has_checkpoints(self) -> bool:
+        return self.checkpoint("last").is_file() or bool(self.update_checkpoints())
+
+    def find_checkpoint(self, which: str = "best") -> Path:
+        """Resolve `best`, `last`, a checkpoint name (`update_200`) or a path to an existing file.
+
+        `best` falls back to `last` (a run stopped before its first validation).
+        """
+        if which not in ("best", "last"):
+            path = Path(which)
+            if not path.is_absolute() and not path.exists():
+                name = which if which.endswith(".pt") else f"{which}.pt"
+                path = self.checkpoint_dir / name
+            if not path.is_file():
+                raise MtrainError(f"checkpoint={which}: no such file (looked in . and {self.checkpoint_dir})")
+            return path
+        if not self.path.is_dir():
+            raise MtrainError(f"run={self.path}: no such run directory")
+        path = self.checkpoint(which)
+        if path.is_file():
+            return path
+        if which == "best" and self.checkpoint("last").is_file():
+            return self.checkpoint("last")
+        raise MtrainError(
+            f"run={self.path}: no checkpoints in {self.checkpoint_dir}; "
+            "is this a run directory written by `mtrain fit`?"
+        )
+
+    def stale_temporary_files(self) -> List[Path]:
+        """Temporary files of interrupted atomic writes (safe to delete: never renamed)."""
+        found: List[Path] = []
+        for directory in (self.path, self.checkpoint_dir, self.eval_dir, self.data_dir):
+            if directory.is_dir():
+                found += [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)]
+        return found
+
+    def looks_like_run(self) -> bool:
+        """Whether `mtrain fit` wrote this directory (any of its marks)."""
+        return (self.overrides_file.is_file() or self.metrics_file.is_file() or self.checkpoint_dir.is_dir()
+                or self.config_file.is_file())
+

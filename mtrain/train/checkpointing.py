@@ -1,0 +1,117 @@
+"""When and where a run's checkpoints are written, and whether one may resume this run.
+
+`update_N.pt` is written first (atomically), loaded back to verify it, then copied to
+`last.pt` (and `best.pt`). The copies are files of their own, never hard links: replacing
+one by hand (or by a tool) can never change another. Old `update_N.pt` files beyond
+`train.keep_last` are pruned only after the new one is known good.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir, atomic_write
+from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
+
+log = logging.getLogger("mtrain")
+
+# Config sections a checkpoint can only continue with unchanged values.
+RESUME_SECTIONS = ("model", "tokenizer")
+
+
+class Checkpointer:
+    """Writes a run's checkpoints; `due()` says when the wall-clock interval has passed."""
+
+    def __init__(self, run: RunDir, keep_last: int, save_every_seconds: Optional[float]) -> None:
+        self.run = run
+        self.keep_last = max(1, keep_last)
+        self.save_every_seconds = save_every_seconds
+        self.last_saved_update = -1
+        self._last_save_time = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether `train.save_every` has passed since the last save."""
+        return (self.save_every_seconds is not None
+                and time.monotonic() - self._last_save_time >= self.save_every_seconds)
+
+    def save(self, state: Dict[str, Any], update: int, best: bool) -> Path:
+        path = self.run.update_checkpoint(update)
+        save_checkpoint(path, state)
+        load_checkpoint(path)  # never prune older checkpoints before the new one is known good
+        _copy_atomic(path, self.run.checkpoint("last"))
+        if best:
+            _copy_atomic(path, self.run.checkpoint("best"))
+        for old in self.run.update_checkpoints()[: -self.keep_last]:
+            old.unlink()
+        self.last_saved_update = update
+        self._last_save_time = time.monotonic()
+        log.info("saved %s%s", path.name, " (best)" if best else "")
+        return path
+
+    def remove_stale_temporary_files(self) -> None:
+        """Temporary files left by writes that a kill interrupted (never renamed into place)."""
+        for path in self.run.stale_temporary_files():
+            log.info("removing %s (left by an interrupted write)", path)
+            path.unlink()
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    with open(source, "rb") as handle:
+        atomic_write(target, lambda out: shutil.copyfileobj(handle, out, 1 << 24))
+
+
+def data_fingerprints(corpus: str, tokenizer: str) -> Dict[str, str]:
+    """What a checkpoint records of the data it was trained on (see `check_resumable`)."""
+    return {"corpus": corpus, "tokenizer": tokenizer}
+
+
+def check_resumable_config(state: Dict[str, Any], cfg: DictConfig, path: Path) -> None:
+    """Refuse, with one line naming the key, to continue a checkpoint with other model or
+    tokenizer settings."""
+    saved = state.get("config", {})
+    current = OmegaConf.to_container(cfg, resolve=True)
+    for section in RESUME_SECTIONS:
+        old, new = saved.get(section, {}), current.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                raise MtrainError(
+                    f"{path}: checkpoint was trained with {section}.{key}={old.get(key)!r} but the config "
+                    f"says {new.get(key)!r}; resume with the original settings or start a new run (nothing was written)"
+                )
+
+
+def check_resumable_data(state: Dict[str, Any], fingerprints: Dict[str, str], path: Path) -> None:
+    """Refuse to continue a checkpoint on another encoded corpus or tokenizer vocabulary:
+    continuing old weights on new token ids trains a model whose embeddings mean other pieces."""
+    stored = state.get("data_fingerprints")
+    if stored is None:
+        log.warning("%s: written by an older mtrain without data fingerprints; the corpus is not checked", path)
+        return
+    for name in ("tokenizer", "corpus"):
+        if stored.get(name) != fingerprints.get(name):
+            what = "tokenizer vocabulary" if name == "tokenizer" else "encoded training data"
+            raise MtrainError(
+                f"{path}: the {what} differs from the one this checkpoint was trained on "
+                f"({name} fingerprint {str(stored.get(name))[:12]} vs {str(fingerprints.get(name))[:12]} now: "
+                "data.* settings or the corpus files changed); resume with the original data or start a new "
+                "run (nothing was written)"
+            )
+
+
+def is_finished(metrics_file: Path) -> bool:
+    """Whether a run's metrics.json records a completed training (its test scored or skipped)."""
+    if not metrics_file.is_file():
+        return False
+    try:
+        metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(metrics.get("finished"))

@@ -1,0 +1,142 @@
+"""What the trainer reports: log lines, TensorBoard scalars, a progress bar, throughput.
+
+Training statistics arrive as device tensors and are summed lazily over a log window;
+they are read on the host once per `train.log_every` updates, so logging adds no host
+synchronisation to the updates in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from mtrain.train.throughput import model_flops_utilization
+
+log = logging.getLogger("mtrain")
+
+
+class MetricLogger:
+    """Log lines (rank 0), TensorBoard scalars under `tensorboard_dir`, and a tqdm bar on a terminal."""
+
+    def __init__(self, tensorboard_dir: Optional[Path], total_updates: Optional[int], initial_update: int,
+                 flops_per_token: Callable[[int, int], float], peak_flops: Optional[float]) -> None:
+        self.writer = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.window = Window()
+        self.last_train_loss = float("nan")
+        self.progress = None
+        if tensorboard_dir is not None:  # rank 0 only
+            from tqdm import tqdm
+
+            # disable=None: shown on a terminal, silent in logs and pipes.
+            self.progress = tqdm(total=total_updates, initial=initial_update, unit="upd",
+                                 dynamic_ncols=True, disable=None, leave=False)
+
+    def update(self, stats: Dict[str, Any]) -> None:
+        """One finished update's statistics (tensors are not read here)."""
+        self.window.add(stats)
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def pause(self) -> None:
+        """Exclude what follows (validation, checkpoints) from the window's throughput."""
+        self.window.pause()
+
+    def resume(self) -> None:
+        self.window.resume()
+
+    def log_train(self, update: int, epoch: int, lr: float) -> None:
+        """A log line and scalars for the window of updates since the last call."""
+        window, self.window = self.window, Window()
+        if not window.updates:
+            return
+        values = window.summary()
+        mean_src = window.src_tokens / max(window.sentences, 1)
+        mean_tgt = window.tgt_tokens / max(window.sentences, 1)
+        flops = self.flops_per_token(max(1, round(mean_src)), max(1, round(mean_tgt)))
+        # Every rank runs at about the same speed: MFU per rank is MFU of the job.
+        values["mfu"] = model_flops_utilization(flops, values["tgt_tokens_per_s"], self.peak_flops)
+        values["lr"] = lr
+        self.last_train_loss = values["loss"]
+        self.scalars("train", values, update)
+        if self.progress is not None:
+            self.progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}",
+                                      tok_s=f"{values['tgt_tokens_per_s']:.0f}")
+        if self.writer is not None:
+            log.info(
+                "train | update %d | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s",
+                update, epoch, values["loss"], lr, values["grad_norm"],
+                values["tgt_tokens_per_s"], values["src_tgt_tokens_per_s"],
+                f" | mfu {100 * values['mfu']:.1f}%" if values.get("mfu") is not None else "",
+            )
+
+    def log_valid(self, update: int, results: Dict[str, float], seconds: float) -> None:
+        self.scalars("valid", results, update)
+        details = "".join(f" | {key} {value:.2f}" for key, value in results.items() if key not in ("loss", "ppl"))
+        log.info("valid | update %d | loss %.3f | ppl %.2f%s | %.1f s",
+                 update, results.get("loss", float("nan")), results.get("ppl", float("nan")), details, seconds)
+
+    def scalars(self, prefix: str, values: Dict[str, Optional[float]], step: int) -> None:
+        if self.writer is None:
+            return
+        for key, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+            self.writer = None
+
+
+class Window:
+    """Sums over the updates between two log lines (tensors summed lazily, read once)."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.loss_sum: Any = 0.0
+        self.nll_sum: Any = 0.0
+        self.grad_norm_sum: Any = 0.0
+        self.tgt_tokens = 0
+        self.src_tokens = 0
+        self.sentences = 0
+        self.start = time.perf_counter()
+        self.paused_at: Optional[float] = None
+
+    def add(self, stats: Dict[str, Any]) -> None:
+        self.updates += 1
+        self.loss_sum = self.loss_sum + stats["loss_sum"]
+        self.nll_sum = self.nll_sum + stats["nll_sum"]
+        self.grad_norm_sum = self.grad_norm_sum + stats["grad_norm"]
+        self.tgt_tokens += stats["tgt_tokens"]
+        self.src_tokens += stats["src_tokens"]
+        self.sentences += stats.get("sentences", 0)
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.paused_at is not None:
+            self.start += time.perf_counter() - self.paused_at  # the pause does not count
+            self.paused_at = None
+
+    def summary(self) -> Dict[str, float]:
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        return {
+            "loss": float(self.loss_sum) / max(self.tgt_tokens, 1),
+            "nll_loss": float(self.nll_sum) / max(self.tgt_tokens, 1),
+            "grad_norm": float(self.grad_norm_sum) / max(self.updates, 1),
+            "tgt_tokens_per_s": self.tgt_tokens / seconds,
+            "src_tgt_tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,
+        }

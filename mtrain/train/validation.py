@@ -1,0 +1,36 @@
+"""Validation loss: the label-smoothed loss and perplexity of a held-out split."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+
+from mtrain.data import EncodedCorpus, TokenBatchSampler, collate
+from mtrain.train.loss import sequence_loss
+from mtrain.train.runtime import autocast
+
+
+@torch.inference_mode()
+def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: Dict[str, int], max_tokens: int,
+                    label_smoothing: float, device: torch.device, precision: str) -> Dict[str, float]:
+    """{loss, nll_loss, ppl} per target token of `corpus` (the model is left in eval mode).
+
+    special_ids: pad, bos and eos ids of the tokenizer.
+    """
+    model.eval()
+    loss_sum = nll_sum = tokens = 0.0
+    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=max_tokens, seed=0, shuffle=False)
+    for indices in sampler.batches(0):
+        batch = collate(corpus, indices, special_ids["pad"], special_ids["bos"], special_ids["eos"]).to(device)
+        with autocast(device, precision):
+            logits = model(batch.src_tokens, batch.src_padding_mask, batch.tgt_input)
+        loss, nll = sequence_loss(logits, batch.tgt_output, special_ids["pad"], label_smoothing,
+                                  model.tgt_vocab_size)
+        loss_sum += float(loss)
+        nll_sum += float(nll)
+        tokens += batch.num_tgt_tokens
+    results = {"loss": loss_sum / max(tokens, 1), "nll_loss": nll_sum / max(tokens, 1)}
+    results["ppl"] = math.exp(min(results["nll_loss"], 50.0))
+    return results
