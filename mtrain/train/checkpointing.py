@@ -46,9 +46,15 @@ class Checkpointer:
         path = self.run.update_checkpoint(update)
         save_checkpoint(path, state)
         load_checkpoint(path)  # never prune older checkpoints before the new one is known good
-        _copy_atomic(path, self.run.checkpoint("last"))
-        if best:
-            _copy_atomic(path, self.run.checkpoint("best"))
+        for name in ("last", "best") if best else ("last",):
+            try:
+                _copy_atomic(path, self.run.checkpoint(name))
+            except OSError as error:
+                raise MtrainError(
+                    f"{self.run.checkpoint(name)}: could not write checkpoint ({error.strerror or error}); "
+                    f"{path.name} is complete. Free disk space, then resume with train.resume=true "
+                    f"train.resume_from={path.stem}"
+                ) from error
         for old in self.run.update_checkpoints()[: -self.keep_last]:
             old.unlink()
         self.last_saved_update = update

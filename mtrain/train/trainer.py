@@ -282,6 +282,8 @@ class Trainer:
                 self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr())
             if stop_reason == "stop signal":
                 self.save_without_validation()
+                log.info("training stopped: stop signal (update %d, %.0f s)", self.state.update,
+                         self.state.train_seconds)
                 raise TrainingInterrupted(
                     f"stopped by {self.stop_signal.name} at update {self.state.update}; checkpoint written, "
                     "continue with train.resume=true", 128 + self.stop_signal.signum)

@@ -1,0 +1,167 @@
+"""A run is never damaged: refusals write nothing, resume checks its data, checkpoints never alias.
+
+Each refusal is checked against a hash of every file of the run directory before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtrain.errors import MtrainError
+from mtrain.evaluate.metrics import read_lines
+from mtrain.evaluate.scoring import check_references, translate_and_score
+from mtrain.rundir import RunDir
+from mtrain.train.checkpoint import load_checkpoint
+from tests.test_fit import TINY, compose_fit, mtrain, run_fit
+
+FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1"]
+
+
+def snapshot(run_dir: Path) -> dict:
+    """{relative path: sha256} of every file under `run_dir`."""
+    return {str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(run_dir.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, multi30k_slice):
+    """A run of 4 updates (checkpoints at 2 and 4, test scored); tests copy it before touching it."""
+    base = tmp_path_factory.mktemp("finished")
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={base / 'cache'}", *FAST,
+              "train.max_updates=4", "train.validate_every=2"]
+    result = mtrain("fit", *common, f"hydra.run.dir={base / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return common, base / "run"
+
+
+@pytest.fixture
+def run_copy(tmp_path, finished_run):
+    common, run_dir = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    return common, copy
+
+
+def test_refused_fresh_start_leaves_the_run_byte_identical(run_copy):
+    common, run_dir = run_copy
+    before = snapshot(run_dir)
+    result = mtrain("fit", *common, "train.max_updates=6", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
+    assert len(errors) == 1 and "already has checkpoints" in errors[0] and "Traceback" not in result.stderr
+    assert snapshot(run_dir) == before  # .hydra/ included: the refused overrides are not recorded
+
+
+def test_refused_resume_with_another_vocabulary_size_leaves_the_run_byte_identical(run_copy):
+    common, run_dir = run_copy
+    before = snapshot(run_dir)
+    result = mtrain("fit", *common, "tokenizer.vocab_size=500", "train.resume=true", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2 and "tokenizer.vocab_size=600" in result.stderr, result.stderr[-2000:]
+    assert snapshot(run_dir) == before
+
+
+def test_resume_on_another_corpus_is_refused_naming_the_data(run_copy, multi30k_slice, tmp_path):
+    common, run_dir = run_copy
+    other = tmp_path / "other_corpus"
+    shutil.copytree(multi30k_slice, other)
+    train_de = other / "train.de"
+    train_de.write_text("".join(reversed(train_de.read_text(encoding="utf-8").splitlines(keepends=True))),
+                        encoding="utf-8")
+    before = snapshot(run_dir)
+    overrides = [o for o in common if not o.startswith("data.local_dir=")]
+    with pytest.raises(MtrainError, match="differs from the one this checkpoint was trained on"):
+        run_fit(compose_fit([*overrides, f"data.local_dir={other}", "train.max_updates=6", "train.resume=true"]),
+                run_dir)
+    assert snapshot(run_dir) == before  # the tokenizer of the run was not retrained
+
+
+def test_resume_on_a_filtered_corpus_is_refused(run_copy):
+    common, run_dir = run_copy
+    before = snapshot(run_dir)
+    overrides = [o for o in common if not o.startswith("data.train_limit=")]
+    with pytest.raises(MtrainError, match="differs from the one this checkpoint was trained on"):
+        run_fit(compose_fit([*overrides, "data.train_limit=200", "train.max_updates=6", "train.resume=true"]),
+                run_dir)
+    assert snapshot(run_dir) == before
+
+
+def test_resuming_a_finished_run_changes_nothing(run_copy, caplog):
+    common, run_dir = run_copy
+    before = snapshot(run_dir)
+    caplog.set_level(logging.INFO, logger="mtrain")
+    metrics = run_fit(compose_fit([*common, "train.resume=true"]), run_dir)
+    assert metrics["finished"] and metrics["test"]["bleu"] >= 0
+    assert "this run has finished" in caplog.text
+    assert snapshot(run_dir) == before
+
+
+def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, caplog):
+    common, run_dir = run_copy
+    caplog.set_level(logging.INFO, logger="mtrain")
+    run = RunDir(run_dir)
+    last, update_4 = run.checkpoint("last"), run.update_checkpoint(4)
+    assert os.stat(last).st_ino != os.stat(update_4).st_ino and os.stat(last).st_nlink == 1
+    update_2 = run.update_checkpoint(2).read_bytes()
+    shutil.copyfile(run.update_checkpoint(2), last)  # what a user might do by hand
+    assert load_checkpoint(update_4)["update"] == 4  # never aliased: update_4.pt is untouched
+    shutil.copyfile(update_4, last)
+    (run.checkpoint_dir / ".last.pt.x1y2.tmp").write_bytes(b"half a checkpoint")  # an interrupted write
+
+    metrics = run_fit(compose_fit([*common, "train.max_updates=6", "train.resume=true",
+                                   "train.resume_from=update_2"]), run_dir)
+    assert "resumed at update 2" in caplog.text and metrics["updates"] == 6
+    assert not list(run.checkpoint_dir.glob(".*.tmp"))
+    assert run.update_checkpoint(2).read_bytes() == update_2 or not run.update_checkpoint(2).exists()
+
+
+def test_save_every_checkpoints_without_validation(tmp_path, multi30k_slice):
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
+    run_fit(compose_fit([*common, "train.max_updates=3", "train.validate_every=1000",
+                         "train.save_every=0.001s", "train.keep_last=5"]), tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    assert [p.name for p in run.update_checkpoints()] == ["update_1.pt", "update_2.pt", "update_3.pt"]
+    assert load_checkpoint(run.checkpoint("best"))["update"] == 3  # only the final validation competes
+
+
+def test_eval_reads_a_lone_cr_as_a_space_not_a_line_break(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_bytes(b"a dog\rruns\r\nthe cat sleeps\n")
+    ref.write_bytes(b"a dog runs\nthe cat\rsleeps\n")
+    assert read_lines(hyp) == ["a dog runs", "the cat sleeps"] == read_lines(ref)
+
+
+def test_blank_references_are_refused():
+    with pytest.raises(MtrainError, match="blank on every line"):
+        check_references([["", "  ", "\t"]], "data.splits.valid=val")
+    with pytest.raises(MtrainError, match="empty"):
+        translate_and_score(lambda sources: sources, [], [[]], "ref=x")
+    scored = translate_and_score(lambda sources: list(sources), ["a b c d"], [["a b c d"]], "ref=x")
+    assert scored.scores["bleu"]["score"] == pytest.approx(100.0)
+
+
+def test_kill_during_a_checkpoint_write_keeps_last_intact(tmp_path, multi30k_slice, monkeypatch):
+    """A write that dies half-way (the temporary file is never renamed) leaves last.pt as it was."""
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def dies_on_third_write(obj, handle, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # update_4.pt: the second checkpoint
+            handle.write(b"partial")
+            raise KeyboardInterrupt  # as a kill would stop it, not an OSError
+        return real_save(obj, handle, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", dies_on_third_write)
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(compose_fit([*common, "train.max_updates=4", "train.validate_every=2"]), tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    assert load_checkpoint(run.checkpoint("last"))["update"] == 2
+    assert not list(run.checkpoint_dir.glob(".*.tmp"))  # atomic_write removed its temporary file
