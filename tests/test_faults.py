@@ -40,7 +40,10 @@ def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_sl
     process = start_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
                          "train.max_updates=100000", "train.validate_every=100000", f"hydra.run.dir={run_dir}"])
     wait_for(run_dir / "tb", process)
-    time.sleep(3.0)  # some updates, no checkpoint yet (validate_every is huge)
+    deadline = time.time() + 120
+    while "train | update 2 " not in (run_dir / "train.log").read_text():  # some updates, no checkpoint yet
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.1)
     process.send_signal(signal.SIGTERM)
     signalled = time.perf_counter()
     _, stderr = process.communicate(timeout=120)

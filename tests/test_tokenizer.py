@@ -125,3 +125,15 @@ def test_bad_tokenizer_settings(data):
     with pytest.raises(MtrainError, match="four distinct"):
         train_or_load_tokenizer(TokenizerConfig(pad_id=0), data, log=quiet)
     assert not list((Path(data.cache_dir) / "tokenizers").glob("*tmp*")), "failed builds left staging dirs"
+
+
+def test_sentencepiece_failures_get_the_hint_of_their_cause():
+    from mtrain.tokenizer.training import sentencepiece_hint
+
+    too_high = ("INTERNAL: src/trainer_interface.cc(744) [(trainer_spec_.vocab_size()) == "
+                "(model_proto->pieces_size())] Vocabulary size too high (1000). Please set it to a value <= 12.")
+    assert "lower tokenizer.vocab_size to at most 12" in sentencepiece_hint(too_high)
+    too_small = "Vocabulary size is smaller than required_chars. 600 vs 3000. Increase vocab_size or decrease character_coverage"
+    assert "raise tokenizer.vocab_size" in sentencepiece_hint(too_small)
+    no_lines = "INTERNAL: src/trainer_interface.cc(467) [!sentences_.empty()]"
+    assert "CR-only line ends" in sentencepiece_hint(no_lines) and "vocab_size" not in sentencepiece_hint(no_lines)

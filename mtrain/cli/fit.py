@@ -32,19 +32,10 @@ log = logging.getLogger("mtrain")
 
 def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """Train as `cfg` says, writing everything into `run_dir`; returns metrics.json's content."""
-    from mtrain.data import prepare_data
-    from mtrain.evaluate.scoring import check_references
-    from mtrain.model import build_model
     from mtrain.train.checkpoint import load_checkpoint
-    from mtrain.train.checkpointing import (Checkpointer, check_resumable_config, check_resumable_data,
-                                            data_fingerprints, is_finished)
-    from mtrain.train.distributed import init_distributed, shutdown_distributed
-    from mtrain.train.faults import TrainingDiverged
-    from mtrain.train.metric_log import MetricLogger
-    from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
-    from mtrain.train.schedule import parse_duration
-    from mtrain.train.throughput import peak_flops
-    from mtrain.train.trainer import Trainer, TrainState, budget_reason, special_ids
+    from mtrain.train.checkpointing import check_resumable_config, is_finished
+    from mtrain.train.faults import StopSignal
+    from mtrain.train.trainer import TrainState, budget_reason
 
     if cfg.model.layers is not None:  # record what is built (both stacks), in a copy of the config
         cfg = cfg.copy()
@@ -61,6 +52,30 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
                      "(train.max_updates / train.max_time) to train on, or choose another hydra.run.dir",
                      run.path, done)
             return json.loads(run.metrics_file.read_text(encoding="utf-8"))
+
+    # From here on SIGTERM/SIGINT stop at the next update boundary with a checkpoint.
+    stop_signal = StopSignal()
+    stop_signal.install()
+    try:
+        return _fit(cfg, run, resume_path, resume_state, stop_signal)
+    finally:
+        stop_signal.uninstall()
+
+
+def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
+         stop_signal: Any) -> Dict[str, Any]:
+    """Prepare, write the run, train, test: `run_fit` once its checks have passed."""
+    from mtrain.data import prepare_data
+    from mtrain.evaluate.scoring import check_references
+    from mtrain.model import build_model
+    from mtrain.train.checkpointing import Checkpointer, check_resumable_data, data_fingerprints
+    from mtrain.train.distributed import init_distributed, shutdown_distributed
+    from mtrain.train.faults import TrainingDiverged
+    from mtrain.train.metric_log import MetricLogger
+    from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
+    from mtrain.train.schedule import parse_duration
+    from mtrain.train.throughput import peak_flops
+    from mtrain.train.trainer import Trainer, special_ids
 
     dist = init_distributed(cfg.train.device)
     device = resolve_device(cfg.train.device, dist.local_rank)
@@ -98,7 +113,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
                                    model.flops_per_token, peak_flops(device, precision))
     validate = validation(cfg, model, data, ids, device, precision)
     trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
-                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints})
+                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal)
     if resume_state is not None:
         trainer.load_state(resume_state)
         log.info("resumed from %s", resume_path)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir
 from mtrain.evaluate.runs import RunSummary, describe
 
-TB_DIR = "tb"
 TRAIN_LOSS = "train/loss"
 VALID_BLEU = "valid/bleu"
 
@@ -27,7 +27,7 @@ def _accumulators(run_dir: Path):
 
     # The event reader logs every file it opens at INFO; that is noise in a report.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    tb_dir = Path(run_dir) / TB_DIR
+    tb_dir = RunDir(run_dir).tensorboard_dir
     if not tb_dir.is_dir():
         return
     # Event files may sit in tb/ itself or one level below (one writer per subdirectory).

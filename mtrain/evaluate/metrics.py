@@ -19,6 +19,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
 # Tokenizers that need optional packages (sacrebleu[ja], sacrebleu[ko]).
@@ -137,7 +138,7 @@ def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
     every later line against the other file)."""
     path = Path(path)
     if path.is_dir():
-        hint = "; to score a run, use run=DIR" if (path / "checkpoints").is_dir() else ""
+        hint = "; to score a run, use run=DIR" if RunDir(path).checkpoint_dir.is_dir() else ""
         raise MtrainError(f"{what}={path}: a directory, not a text file{hint}")
     if not path.is_file():
         raise MtrainError(f"{what}={path}: no such file")

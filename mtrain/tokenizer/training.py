@@ -13,6 +13,7 @@ memory stays bounded for WMT-size corpora.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -124,8 +125,23 @@ def _train_model(cfg: Any, text_file: Path, model_file: Path, threads: int) -> N
             minloglevel=2,  # errors only: its progress log would drown ours
         )
     except RuntimeError as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise MtrainError(
             f"tokenizer (vocab_size={cfg.vocab_size}, model_type={cfg.model_type}): SentencePiece "
-            f"training failed: {error}. A vocabulary too large for a small corpus is the usual cause: "
-            "lower tokenizer.vocab_size"
+            f"training failed ({message}); {sentencepiece_hint(message)}"
         ) from error
+
+
+def sentencepiece_hint(message: str) -> str:
+    """What to change for a SentencePiece training error, from its message."""
+    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+    if too_high:
+        return (f"the corpus has too few distinct pieces for {too_high.group(1)}: lower tokenizer.vocab_size "
+                f"to at most {too_high.group(2)}")
+    if "smaller than required_chars" in message or "increase vocab_size" in message.lower():
+        return "the corpus has more characters than the vocabulary can hold: raise tokenizer.vocab_size or lower tokenizer.character_coverage"
+    if "sentences_.empty()" in message:
+        return ("no line of the training text was usable: every line is longer than SentencePiece accepts "
+                "(4,192 bytes). A file with CR-only line ends, or all text on one line, reads as one giant "
+                "line: give the corpus one sentence per line with LF or CRLF line ends")
+    return "check the training text, or change tokenizer.vocab_size"

@@ -36,6 +36,8 @@ class StopSignal:
         return signal.Signals(self.signum).name if self.signum else "a signal"
 
     def install(self) -> None:
+        if self._previous:  # already installed (mtrain fit installs it before preparing data)
+            return
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -100,9 +100,12 @@ class Trainer:
         checkpointer: Optional[Checkpointer] = None,
         metrics: Optional[MetricLogger] = None,
         checkpoint_extras: Optional[Dict[str, Any]] = None,
+        stop_signal: Optional[StopSignal] = None,
     ) -> None:
         """`checkpointer` and `metrics` are rank 0's (None elsewhere); `validate` runs on rank 0;
-        `checkpoint_extras` are stored in every checkpoint (e.g. the data fingerprints)."""
+        `checkpoint_extras` are stored in every checkpoint (e.g. the data fingerprints);
+        `stop_signal` may be installed before the trainer exists (a signal then stops training
+        at its first update boundary)."""
         self.cfg = cfg
         self.train_cfg = cfg.train
         self.model = model  # the bare module: checkpoints, validation, statistics
@@ -145,7 +148,8 @@ class Trainer:
         )
         self.state = TrainState()
         self.max_seconds = parse_duration(self.train_cfg.max_time)
-        self.stop_signal = StopSignal()
+        self.stop_signal = stop_signal or StopSignal()
+        self._owns_stop_signal = stop_signal is None  # else its owner uninstalls it
         self.non_finite = NonFiniteGuard(self.train_cfg.max_bad_updates)
         self.out_of_memory = OutOfMemoryGuard(self.train_cfg.max_oom_batches)
         self.last_validation: Dict[str, float] = {}
@@ -290,7 +294,8 @@ class Trainer:
             if self._last_saved_update != self.state.update:
                 self.validate_and_save()
         finally:
-            self.stop_signal.uninstall()
+            if self._owns_stop_signal:
+                self.stop_signal.uninstall()
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
         return {
             "updates": self.state.update,
