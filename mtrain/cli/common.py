@@ -15,10 +15,9 @@ from mtrain.config import register_configs
 from mtrain.errors import MtrainError
 
 
-def find_config_dir() -> Path:
+def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:
     """mtrain/configs/ in an installed wheel (pyproject.toml maps configs/ there), else
     configs/ at the top of the checkout (`pip install -e .` or PYTHONPATH=checkout)."""
-    package = Path(__file__).resolve().parents[1]
     installed = package / "configs"
     return installed if installed.is_dir() else package.parent / "configs"
 
