@@ -32,6 +32,9 @@ class HubConfig:
 
     id: Optional[str] = None  # e.g. "wmt/wmt14"
     config: Optional[str] = None  # e.g. "de-en"
+    # Branch, tag or commit; null: main. "refs/convert/parquet" reads the Hub's parquet export
+    # (mtrain falls back to it by itself when main holds a loading script).
+    revision: Optional[str] = None
     # Our split name (train/valid/test) -> the Hub's split name.
     splits: Dict[str, str] = field(
         default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
