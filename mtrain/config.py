@@ -211,7 +211,7 @@ class TranslateConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
     attention: Optional[str] = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
@@ -236,7 +236,7 @@ class EvalConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
     engine: str = "torch"
 
 

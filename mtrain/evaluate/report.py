@@ -62,8 +62,9 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     from mtrain.decode import translate_sentences
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.train.checkpoint import find_checkpoint, load_run
+    from mtrain.decode.threads import set_decode_threads
     from mtrain.decode.translator import resolve_decode_precision
-    from mtrain.train.runtime import resolve_device, set_threads
+    from mtrain.train.runtime import resolve_device
 
     metrics = check_metric_names(cfg.metrics)
     run_dir = Path(cfg.run)
@@ -71,7 +72,6 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         raise MtrainError(f"run={run_dir}: no such run directory")
     if cfg.engine not in ("torch", "ctranslate2"):
         raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
-    set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # CTranslate2 also takes its own weight types (precision=int8); see mtrain.decode.ct2_engine.
     precision = resolve_decode_precision(cfg.precision, device) if cfg.engine == "torch" else cfg.precision
@@ -86,10 +86,11 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     loaded = load_run(run_dir, device=device, checkpoint_path=checkpoint)
     model = loaded.model
+    threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
         from mtrain.decode.ct2_engine import convert_loaded
 
-        model = convert_loaded(loaded, device, precision, cfg.num_threads)
+        model = convert_loaded(loaded, device, precision, threads)
         precision = model.translator.compute_type
 
     split = read_split_text(loaded.config.data, cfg.split)
