@@ -252,7 +252,10 @@ def _value_text(value: Any) -> str:
 def field_descriptions(schema: type) -> Dict[str, str]:
     """Field name -> its comment in the dataclass source: the full-line comments right above
     the field, then the comment at the end of its line, joined into one line."""
-    source = textwrap.dedent(inspect.getsource(schema))
+    try:
+        source = textwrap.dedent(inspect.getsource(schema))
+    except (OSError, TypeError):  # installed without its .py sources: no descriptions
+        return {}
     comments: Dict[int, Tuple[str, bool]] = {}  # line -> (text, whole line)
     lines = source.splitlines()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
