@@ -125,9 +125,7 @@ def _compose(command: str, config_name: str, config_dir: Path, overrides: List[s
     from hydra import compose, initialize_config_dir
 
     if command == "export":
-        import mtrain.cli.export  # noqa: F401  (registers export_schema)
-    else:
-        import mtrain.cli.common  # noqa: F401  (registers the schemas)
+        import mtrain.cli.export  # noqa: F401  (registers export_schema; the others are in mtrain.cli.common)
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         if overrides:
             try:
