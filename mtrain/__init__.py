@@ -4,8 +4,8 @@ __version__ = "0.1.0"
 
 
 def installed_version() -> str:
-    """The version pip installed (the package's metadata); __version__ when mtrain runs from a
-    checkout that was never installed. Checkpoints and reports record it."""
+    """What `mtrain --version` prints: the version pip installed (the package's metadata), or
+    __version__ when mtrain runs from a checkout that was never installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from mtrain import installed_version
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
 from mtrain.evaluate.references import SplitText, file_record, read_reference_files, read_split_text
@@ -126,7 +125,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         "target_tokens_per_s": round(output_tokens / max(seconds, 1e-9), 1),
         "metrics": scores,
         "scoring": {"tokenize": cfg.tokenize, "lowercase": cfg.lowercase, "chrf_word_order": cfg.chrf_word_order},
-        "mtrain_version": installed_version(),
+        "mtrain_version": _version(),
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     paths = write_report(run_dir / EVAL_DIR, cfg.split, report, hyps)
@@ -186,3 +185,9 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _version() -> str:
+    from mtrain import __version__
+
+    return __version__

@@ -117,14 +117,14 @@ def export_run(run_dir: Path, out_dir: Path, which: str = "best", quantization: 
 
 def run_metadata(loaded) -> dict:
     """What `mtrain_export.json` says about the origin of the weights."""
-    from mtrain import installed_version
+    from mtrain import __version__
 
     return {
         "checkpoint": str(loaded.checkpoint_path.resolve()),
         "update": loaded.update,
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
         "model": _plain(loaded.config.model),
-        "mtrain_version": installed_version(),
+        "mtrain_version": __version__,
     }
 
 

@@ -21,7 +21,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain import installed_version
 from mtrain.data import Batch, PreparedData, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
 from mtrain.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint, update_checkpoints
@@ -354,7 +353,7 @@ class Trainer:
             "trainer": asdict(self.state),
             "update": self.state.update,
             "config": OmegaConf.to_container(self.cfg, resolve=True),
-            "mtrain_version": installed_version(),
+            "mtrain_version": _version(),
         }
 
     def save(self, best: bool) -> None:
@@ -504,3 +503,9 @@ def _check_compatible(saved: Dict[str, Any], cfg: DictConfig, path: Path) -> Non
                     f"{path}: checkpoint was trained with {section}.{key}={old.get(key)!r} but the config "
                     f"says {new.get(key)!r}; resume with the original settings or start a new run"
                 )
+
+
+def _version() -> str:
+    from mtrain import __version__
+
+    return __version__
