@@ -32,6 +32,9 @@ class HubConfig:
 
     id: Optional[str] = None  # e.g. "wmt/wmt14"
     config: Optional[str] = None  # e.g. "de-en"
+    # Branch, tag or commit; null: main. "refs/convert/parquet" reads the Hub's parquet export
+    # (mtrain falls back to it by itself when main holds a loading script).
+    revision: Optional[str] = None
     # Our split name (train/valid/test) -> the Hub's split name.
     splits: Dict[str, str] = field(
         default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
@@ -213,7 +216,7 @@ class TranslateConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
     attention: Optional[str] = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
@@ -238,7 +241,7 @@ class EvalConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
     engine: str = "torch"
 
 

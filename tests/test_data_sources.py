@@ -226,8 +226,45 @@ def test_hub_unknown_config_or_split_is_a_clear_error(tmp_path, no_data_dir):
         list(resolve_source(bad_split).pairs("valid", ReadStats()))
 
 
+def write_parquet_export(directory: Path, config: str, splits: dict) -> Path:
+    """A dataset laid out as the Hub's parquet export (refs/convert/parquet) lays it out:
+    <config>/<split>/0000.parquet, or <config>/partial-<split>/ for a split cut short."""
+    import datasets
+
+    for folder, pairs in splits.items():
+        (directory / config / folder).mkdir(parents=True)
+        rows = {"translation": [{"de": d, "en": e} for d, e in pairs]}
+        datasets.Dataset.from_dict(rows).to_parquet(str(directory / config / folder / "0000.parquet"))
+    return directory
+
+
+def test_a_script_dataset_is_read_from_its_parquet_export(tmp_path, no_data_dir, caplog):
+    # As on the Hub: a loading script, which `datasets` >= 4 refuses, beside the export.
+    dataset = write_parquet_export(tmp_path / "iwslt_like", "iwslt2017-de-en",
+                                   {"train": PAIRS, "validation": PAIRS[:2], "partial-test": PAIRS[2:]})
+    (dataset / "iwslt_like.py").write_text("import datasets\n", encoding="utf-8")
+    cfg = hub_config(dataset, config="iwslt2017-de-en")
+    with caplog.at_level("WARNING", logger="mtrain"):
+        assert list(resolve_source(cfg).pairs("train", ReadStats())) == PAIRS
+    assert "built by a loading script" in caplog.text and "parquet export" in caplog.text
+    assert list(resolve_source(cfg).pairs("valid", ReadStats())) == PAIRS[:2]
+    with caplog.at_level("WARNING", logger="mtrain"):
+        assert list(resolve_source(cfg).pairs("test", ReadStats())) == PAIRS[2:]
+    assert "only the first part of split test" in caplog.text
+
+
+def test_hub_revision_parquet_export_reads_it_directly(tmp_path, no_data_dir, caplog):
+    dataset = write_parquet_export(tmp_path / "export", "default", {"train": PAIRS})
+    cfg = hub_config(dataset, revision="refs/convert/parquet")
+    with caplog.at_level("WARNING", logger="mtrain"):
+        assert list(resolve_source(cfg).pairs("train", ReadStats())) == PAIRS
+    assert "loading script" not in caplog.text
+    with pytest.raises(MtrainError, match=r"revision refs/convert/parquet.*no default/validation/ folder"):
+        list(resolve_source(cfg).pairs("valid", ReadStats()))
+
+
 def test_unreachable_hub_names_the_dataset_and_the_local_alternatives(monkeypatch, no_data_dir):
-    def offline(dataset_id, config, split):
+    def offline(dataset_id, config, split, revision=None):
         raise ConnectionError(f"Couldn't reach '{dataset_id}' on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setattr(hub, "load_hub_split", offline)

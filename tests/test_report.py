@@ -158,6 +158,21 @@ def test_hypotheses_scored_against_a_runs_split(tiny_run, tmp_path, monkeypatch,
     assert "has 12 lines but" in capsys.readouterr().err
 
 
+def test_data_records_count_the_text_lines_of_gzip_files(tmp_path):
+    """A .gz holds few newline bytes of its own: its lines are those of the text inside."""
+    import gzip
+
+    from mtrain.evaluate.references import file_record
+
+    rng = random.Random(0)
+    text = "".join(" ".join(str(rng.random()) for _ in range(5)) + "\n" for _ in range(1000))
+    with gzip.open(tmp_path / "test.en.gz", "wt", encoding="utf-8") as handle:
+        handle.write(text + "no newline at the end")
+    (tmp_path / "test.en").write_text(text, encoding="utf-8")
+    assert file_record(tmp_path / "test.en.gz", "reference")["lines"] == 1001
+    assert file_record(tmp_path / "test.en", "reference")["lines"] == 1000
+
+
 def test_write_report_holds_every_field(tmp_path):
     from mtrain.evaluate.report import write_report
 

@@ -14,8 +14,15 @@ from omegaconf import DictConfig, OmegaConf
 from mtrain.config import register_configs
 from mtrain.errors import MtrainError
 
-# configs/ sits at the repository root, next to the package (installed with `pip install -e .`).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:
+    """mtrain/configs/ in an installed wheel (pyproject.toml maps configs/ there), else
+    configs/ at the top of the checkout (`pip install -e .` or PYTHONPATH=checkout)."""
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+CONFIG_DIR = str(find_config_dir())
 
 register_configs()
 

@@ -31,21 +31,22 @@ def run_translate(cfg: DictConfig) -> None:
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths
     from mtrain.decode.translator import resolve_decode_precision
+    from mtrain.decode.threads import set_decode_threads
     from mtrain.train.checkpoint import load_run
-    from mtrain.train.runtime import resolve_device, set_threads
+    from mtrain.train.runtime import resolve_device
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     if cfg.engine not in ("torch", "ctranslate2"):
         raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
     check_paths(cfg.input, cfg.output)  # before the model loads
-    set_threads(cfg.num_threads)
+    threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     if cfg.engine == "ctranslate2":
         from mtrain.decode.ct2_engine import open_ctranslate2
 
         # run= may also be a directory written by `mtrain export`.
-        model = open_ctranslate2(cfg.run, cfg.checkpoint, device, cfg.precision, cfg.num_threads)
+        model = open_ctranslate2(cfg.run, cfg.checkpoint, device, cfg.precision, threads)
         log.info("translating with CTranslate2: %s on %s, beam %d", model.description, device, cfg.decode.beam)
         report = translate_stream(model, model.tokenizer, cfg, device, cfg.precision)
         log.info("translated %d lines", report.lines)

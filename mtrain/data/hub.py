@@ -8,24 +8,60 @@ read in batches from those memory-mapped files, so even WMT-size splits stream.
 Two layouts are understood: a dict column such as wmt14's `translation` = {"de": ..., "en":
 ...} (`data.hub.translation_field`), or one column per language (`translation_field: null`,
 columns `data.hub.src_field`/`tgt_field`, defaulting to the language codes).
+
+`datasets` 4 and later refuse datasets built by a loading script (IWSLT/iwslt2017 is one).
+The Hub keeps a parquet export of most of them on the `refs/convert/parquet` branch, laid out
+as `<config>/<split>/NNNN.parquet` (`<config>/partial-<split>/` when a big split was cut
+short); a refused script makes mtrain read that export instead and say so.
+`data.hub.revision=refs/convert/parquet` goes there directly (also for a local copy of it).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional
 
 from mtrain.data.sources import Pair, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
 READ_BATCH = 2000  # rows per Arrow batch while streaming a split
+PARQUET_EXPORT = "refs/convert/parquet"
+
+log = logging.getLogger("mtrain")
 
 
-def load_hub_split(dataset_id: str, config: Any, split: str) -> Any:
+def load_hub_split(dataset_id: str, config: Any, split: str, revision: Optional[str] = None) -> Any:
     """The one call into `datasets` (tests replace it to simulate an unreachable Hub)."""
     import datasets
 
-    return datasets.load_dataset(dataset_id, config, split=split)
+    if revision == PARQUET_EXPORT:
+        files = parquet_export_files(dataset_id, config, split)
+        return datasets.load_dataset("parquet", data_files={split: files}, split=split)
+    return datasets.load_dataset(dataset_id, config, split=split, revision=revision)
+
+
+def parquet_export_files(dataset_id: str, config: Optional[str], split: str) -> List[str]:
+    """The parquet files of `split` in the Hub's export of `dataset_id` (or in a local copy of
+    that export): `<config>/<split>/*.parquet`, else `<config>/partial-<split>/*.parquet`."""
+    from datasets.data_files import resolve_pattern
+
+    local = Path(dataset_id).expanduser()
+    base = str(local) if local.is_dir() else f"hf://datasets/{dataset_id}@{PARQUET_EXPORT}"
+    folder = config or "default"  # the export names a dataset without configs "default"
+    try:
+        return resolve_pattern(f"{folder}/{split}/*.parquet", base_path=base)
+    except FileNotFoundError:
+        pass
+    try:
+        files = resolve_pattern(f"{folder}/partial-{split}/*.parquet", base_path=base)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"its parquet export ({PARQUET_EXPORT}) has no {folder}/{split}/ folder"
+        ) from None
+    log.warning("data: the parquet export of %s holds only the first part of split %s (%s/partial-%s/)",
+                dataset_id, split, folder, split)
+    return files
 
 
 class HubSource:
@@ -36,7 +72,8 @@ class HubSource:
         self.hub = cfg.hub
         self.tried = tried  # what resolution tried before the Hub, for error messages
         config = f", config {self.hub.config}" if self.hub.config else ""
-        self.description = f"Hugging Face dataset {self.hub.id}{config}"
+        revision = f", revision {self.hub.revision}" if self.hub.revision else ""
+        self.description = f"Hugging Face dataset {self.hub.id}{config}{revision}"
 
     def _split_name(self, split: str) -> str:
         if split not in self.hub.splits:
@@ -45,6 +82,8 @@ class HubSource:
 
     def fingerprint(self, split: str) -> str:
         parts = [str(self.hub.id), str(self.hub.config), self._split_name(split)]
+        if self.hub.revision:  # (only when set: caches made before the key existed stay valid)
+            parts.append(f"revision={self.hub.revision}")
         local = Path(str(self.hub.id)).expanduser()
         if local.exists():  # a local copy: its files' sizes and mtimes stand for its content
             # Hidden files (download tools' metadata and locks) say nothing about the content.
@@ -58,9 +97,10 @@ class HubSource:
     def load(self, split: str) -> Any:
         """The split as a `datasets.Dataset`, its columns checked against the field mapping."""
         hub_split = self._split_name(split)
-        where = f"data.hub.id={self.hub.id} (config {self.hub.config}, split {hub_split})"
+        revision = f", revision {self.hub.revision}" if self.hub.revision else ""
+        where = f"data.hub.id={self.hub.id} (config {self.hub.config}, split {hub_split}{revision})"
         try:
-            dataset = load_hub_split(self.hub.id, self.hub.config, hub_split)
+            dataset = self._load_or_read_export(hub_split)
         except ConnectionError as error:  # also huggingface_hub's offline-mode errors
             raise MtrainError(
                 f"{where}: the Hugging Face Hub cannot be reached ({error}). Already tried: "
@@ -76,16 +116,22 @@ class HubSource:
             ) from error
         except ValueError as error:  # an unknown config or split name; the message lists the valid ones
             raise MtrainError(f"{where}: {error}; fix data.hub.config or data.hub.splits.{split}") from error
+        self._check_columns(dataset, where)
+        return dataset
+
+    def _load_or_read_export(self, hub_split: str) -> Any:
+        """The split at data.hub.revision; the parquet export when that holds a loading script."""
+        try:
+            return load_hub_split(self.hub.id, self.hub.config, hub_split, self.hub.revision)
         except RuntimeError as error:
             if "scripts are no longer supported" not in str(error):
                 raise
-            raise MtrainError(
-                f"{where}: this dataset is built by a loading script, which the installed `datasets` "
-                "no longer runs. Download its parquet export (the Hub's refs/convert/parquet branch) "
-                "and set data.hub.id to that directory, or use local files with data.local_dir=DIR"
-            ) from error
-        self._check_columns(dataset, where)
-        return dataset
+        log.warning(
+            "data: %s is built by a loading script, which the installed `datasets` no longer runs; "
+            "reading the Hub's parquet export instead (data.hub.revision=%s goes there directly)",
+            self.hub.id, PARQUET_EXPORT,
+        )
+        return load_hub_split(self.hub.id, self.hub.config, hub_split, PARQUET_EXPORT)
 
     def _check_columns(self, dataset: Any, where: str) -> None:
         columns = list(dataset.column_names)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, TextIO
 
+from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 
@@ -81,15 +82,7 @@ def read_chunks(stream: BinaryIO, chunk_lines: int, stats: ReadStats) -> Iterato
 
 def count_lines(path: Optional[str]) -> Optional[int]:
     """Lines in a file (for a progress bar's total); None for stdin."""
-    if path is None:
-        return None
-    count = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
+    return None if path is None else count_file_lines(Path(path))
 
 
 def open_output(path: Optional[str]) -> TextIO:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from mtrain.data.local_files import count_lines
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
 from mtrain.rundir import RunDir
@@ -29,17 +30,13 @@ class SplitText:
 
 
 def file_record(path: Path, role: str) -> Dict[str, Any]:
-    """Where a file is, its SHA-256 and line count."""
+    """Where a file is, the SHA-256 of its bytes (compressed, for a `.gz`) and its lines of text."""
     path = Path(path)
     digest = hashlib.sha256()
-    lines, last = 0, b"\n"
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-            lines += block.count(b"\n")
-            last = block[-1:]
-    lines += last != b"\n"  # a last line without its newline still counts
-    return {"role": role, "path": str(path.resolve()), "sha256": digest.hexdigest(), "lines": lines}
+    return {"role": role, "path": str(path.resolve()), "sha256": digest.hexdigest(), "lines": count_lines(path)}
 
 
 def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:

@@ -56,10 +56,11 @@ def score_hypotheses(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, 
 
 def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Decode `cfg.split` of `cfg.run`, score it, write `eval/<split>.{json,md,hyp}`."""
+    from mtrain.decode.threads import set_decode_threads
     from mtrain.decode.translator import resolve_decode_precision
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.train.checkpoint import load_run
-    from mtrain.train.runtime import resolve_device, set_threads
+    from mtrain.train.runtime import resolve_device
 
     metrics = check_metric_names(cfg.metrics)
     run = RunDir(cfg.run)
@@ -67,7 +68,6 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         raise MtrainError(f"run={run.path}: no such run directory")
     if cfg.engine not in ("torch", "ctranslate2"):
         raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
-    set_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # CTranslate2 also takes its own weight types (precision=int8); see mtrain.decode.ct2_engine.
     precision = resolve_decode_precision(cfg.precision, device) if cfg.engine == "torch" else cfg.precision
@@ -82,10 +82,11 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
         checkpoint = run.find_checkpoint(cfg.checkpoint)
     loaded = load_run(run.path, device=device, checkpoint_path=checkpoint)
     model = loaded.model
+    threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
         from mtrain.decode.ct2_engine import convert_loaded
 
-        model = convert_loaded(loaded, device, precision, cfg.num_threads)
+        model = convert_loaded(loaded, device, precision, threads)
         precision = model.translator.compute_type
 
     split = read_run_split(run, loaded.config.data, cfg.split)

@@ -1,0 +1,83 @@
+"""`mtrain COMMAND --help` (mtrain.cli.help) and `mtrain --version` (mtrain.cli.main)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Optional
+
+from mtrain.cli.help import command_help, field_descriptions
+
+
+def mtrain(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, timeout=120)
+
+
+def key_line(text: str, key: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(f"{key} "))
+
+
+def test_fit_help_lists_groups_presets_and_every_key_with_type_default_and_description():
+    result = mtrain("fit", "--help")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.startswith("usage: mtrain fit")
+    assert "powered by Hydra" not in text and "_schema" not in text
+    assert "model  (now: transformer_small)" in text and "transformer_big" in text and "multi30k_cpu" in text
+    lines = text.splitlines()
+    at = next(index for index, line in enumerate(lines) if line.strip().startswith("model.layers "))
+    assert "int|null = null" in lines[at] and "sets both stacks" in " ".join(lines[at:at + 2])  # beside or below
+    assert "data.clean.max_len_ratio" in text and "train.betas" in text and "list[float] = [0.9, 0.98]" in text
+    assert "examples:" in text and "--hydra-help" in text
+
+
+def test_help_shows_the_values_the_overrides_give():
+    text = command_help("fit", ["experiment=multi30k_cpu", "model.d_model=64"])
+    assert "experiment  (now: multi30k_cpu)" in text
+    assert key_line(text, "train.max_time").split()[1:4] == ["str|null", "=", "20m"]
+    assert key_line(text, "model.d_model").split()[1:4] == ["int", "=", "64"]
+
+
+def test_translate_help_lists_only_translate_keys():
+    text = command_help("translate")
+    keys = [line.split()[0] for line in text.split("keys (")[1].splitlines()[1:] if line.startswith("    ")]
+    assert {"run", "input", "output", "engine", "decode.beam"} <= set(keys)
+    assert not [key for key in keys if key.split(".")[0] in ("model", "train", "data", "tokenizer", "experiment")]
+    assert "experiment" not in text
+
+
+def test_help_imports_neither_torch_nor_the_command():
+    probe = ("import sys; from mtrain.cli.help import command_help; command_help('fit'); command_help('export'); "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m == 'mtrain.cli.fit'))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@dataclass
+class Example:
+    plain: int = 1
+    # What the block above a field says,
+    # on two lines.
+    described: Optional[str] = "a # inside a string"  # and its own comment
+    trailing: float = 0.5  # only a trailing comment
+
+
+def test_field_descriptions_join_the_comments_above_and_beside_a_field():
+    assert field_descriptions(Example) == {
+        "described": "What the block above a field says, on two lines. and its own comment",
+        "trailing": "only a trailing comment",
+    }
+
+
+def test_hydra_help_stays_reachable():
+    result = mtrain("average", "--hydra-help")
+    assert result.returncode == 0 and "Hydra" in result.stdout
+
+
+def test_version_prints_the_installed_version():
+    for flag in ("--version", "-V"):
+        result = mtrain(flag)
+        assert result.returncode == 0 and result.stdout == f"mtrain {version('mtrain')}\n"
