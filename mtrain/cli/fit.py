@@ -65,7 +65,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
 
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id).to(device)
+                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     check_eval_lengths(data, position_limit(model), cfg.data)
     trainer = Trainer(cfg, run_dir, data, model, device, precision, dist)
     if cfg.train.resume and last_checkpoint.exists():

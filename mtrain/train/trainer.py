@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mtrain.data import Batch, PreparedData, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
+from mtrain.model import StatisticsRecorder
 from mtrain.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint, update_checkpoints
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is_out_of_memory
@@ -111,6 +112,7 @@ class Trainer:
         self._epoch_batches: Optional[List[np.ndarray]] = None
         self._last_saved_update = -1
         self._instrumenting = False
+        self._statistics = StatisticsRecorder(model)
         self.last_validation: Dict[str, float] = {}
         self.final_train_loss = float("nan")
 
@@ -183,7 +185,7 @@ class Trainer:
                 self._set_learning_rate()
                 self._instrumenting = cfg.instruments and (self.state.update + 1) % cfg.instrument_every == 0
                 if self._instrumenting:
-                    self.model.collect_statistics(True)
+                    self._statistics.arm()
                 stats = self._guarded_step(batches)
                 self.state.train_seconds = time.perf_counter() - loop_start
                 if stats is None:  # out of memory: batch skipped
@@ -422,9 +424,9 @@ class Trainer:
                 float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
                 if grads else 0.0
             )
-        for name, value in self.model.statistics.items():
+        for name, value in self._statistics.statistics.items():
             values[f"activations/{name}"] = value
-        self.model.collect_statistics(False)
+        self._statistics.disarm()
         self._write_scalars("instruments", values, step=self.state.update + 1)
 
     def _write_scalars(self, prefix: str, values: Dict[str, Optional[float]], step: Optional[int] = None) -> None:
