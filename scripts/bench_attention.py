@@ -63,7 +63,7 @@ class Setting:
         self.impl, self.precision, self.dropout, self.torch_dropout = impl, precision, dropout, torch_dropout
         torch.manual_seed(0)
         cfg = ModelConfig(dropout=dropout, attention_impl=impl)
-        self.model = build_model(cfg, VOCAB, VOCAB, PAD).train()
+        self.model = build_model(cfg, VOCAB, VOCAB, PAD, joint_vocab=True).train()
         self.best = float("inf")
         self.best_cpu = float("inf")
 

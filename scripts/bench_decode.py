@@ -93,7 +93,8 @@ def load(args, device: torch.device):
 
     tokenizer = benchmark_tokenizer(Path(args.tokenizer_cache).expanduser())
     torch.manual_seed(0)
-    model = build_model(BENCH_MODEL, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    model = build_model(BENCH_MODEL, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint)
     return model.to(device).eval(), tokenizer, "random benchmark-size model (outputs run to max length)"
 
 

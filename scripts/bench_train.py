@@ -41,7 +41,7 @@ def peak_memory_mb(device: torch.device) -> float:
 def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path) -> dict:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id).to(device)
+                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
                       validate=no_validation)
     if device.type == "cuda":

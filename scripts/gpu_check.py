@@ -171,7 +171,7 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
     precision, compiled = MODES[mode]
     cfg = fit_config(model_name, settings, compiled, list(extra))
     seed_everything(cfg.seed)
-    model = build_model(cfg.model, settings.vocab, settings.vocab, PAD).to(device)
+    model = build_model(cfg.model, settings.vocab, settings.vocab, PAD, joint_vocab=True).to(device)
     with compile_backend(settings.compile_backend):
         trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
                           validate=no_validation)

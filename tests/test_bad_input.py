@@ -196,7 +196,7 @@ def run_dir(tmp_path_factory, clean) -> Path:
     clean.tokenizer.save(directory / "tokenizer")
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY_MODEL), clean.tokenizer.src_vocab_size, clean.tokenizer.tgt_vocab_size,
-                        clean.tokenizer.pad_id)
+                        clean.tokenizer.pad_id, joint_vocab=clean.tokenizer.joint)
     config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**TINY_MODEL))))
     save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 3})
     return directory
@@ -269,7 +269,7 @@ def test_checkpoint_from_an_incompatible_config_is_refused(tmp_path, run_dir, ch
 
 
 def test_checkpoint_and_a_replaced_tokenizer_do_not_fit(tmp_path, run_dir):
-    other_vocabulary = build_model(ModelConfig(**TINY_MODEL), 200, 200, 1).state_dict()
+    other_vocabulary = build_model(ModelConfig(**TINY_MODEL), 200, 200, 1, joint_vocab=True).state_dict()
     run = changed_run(run_dir, tmp_path, lambda state: state.__setitem__("model", other_vocabulary))
     with pytest.raises(MtrainError) as error:
         load_run(run)

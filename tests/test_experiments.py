@@ -128,7 +128,7 @@ def test_every_sweep_variant_builds_and_trains_one_step(preset):
         models.add(OmegaConf.to_yaml(cfg.model))
         model_cfg = OmegaConf.merge(cfg.model, TINY_MODEL)
         torch.manual_seed(0)
-        model = build_model(model_cfg, VOCAB, VOCAB, PAD).train()
+        model = build_model(model_cfg, VOCAB, VOCAB, PAD, joint_vocab=True).train()
         logits = model(src, padding, tgt_in)
         loss = F.cross_entropy(logits[..., :VOCAB].reshape(-1, VOCAB), tgt_out.reshape(-1), ignore_index=PAD)
         loss.backward()

@@ -82,7 +82,8 @@ def model(tokenizer):
     have clear winners and both engines must agree token for token."""
     torch.set_num_threads(1)  # module fixtures run before the per-test thread setting
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    model = build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint)
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -194,7 +195,8 @@ def test_every_supported_switch_gives_the_same_log_probs(variant, tokenizer, tmp
     """CTranslate2's scores of target sentences equal mtrain's log-softmax, token by token."""
     cfg = ModelConfig(**{**MODEL, **variant})
     torch.manual_seed(1)
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id).eval()
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint).eval()
     with torch.no_grad():  # norms and biases away from their initial 1 and 0
         for name, parameter in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -228,7 +230,8 @@ def test_export_directory_holds_the_real_vocabulary_and_tokenizer(exported, toke
 
 def test_padded_vocabulary_rows_are_cut(tokenizer, tmp_path):
     cfg = ModelConfig(**{**MODEL, "vocab_multiple": 48})
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint)
     assert model.output_proj.weight.shape[0] > tokenizer.tgt_vocab_size
     directory = export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
     assert len(json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))) == tokenizer.tgt_vocab_size
@@ -238,7 +241,8 @@ def test_padded_vocabulary_rows_are_cut(tokenizer, tmp_path):
 @pytest.mark.parametrize("order", ["cross_self_ffn", "self_ffn_cross"])
 def test_unsupported_decoder_order_is_refused_naming_it(order, tokenizer, tmp_path):
     cfg = ModelConfig(**{**MODEL, "decoder_order": order})
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint)
     with pytest.raises(MtrainError, match=f"model.decoder_order={order}: CTranslate2's decoder layer"):
         export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()

@@ -25,7 +25,7 @@ def tiny_model(seed: int = 0, **overrides):
     torch.manual_seed(seed)
     cfg = ModelConfig(**{"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 4, "ffn_dim": 64,
                          "dropout": 0.0, "max_positions": 128, **overrides})
-    model = build_model(cfg, VOCAB, VOCAB, PAD).eval()
+    model = build_model(cfg, VOCAB, VOCAB, PAD, joint_vocab=True).eval()
     with torch.no_grad():
         model.output_proj.weight.mul_(3.0)  # peakier than at init, so EOS comes at varied steps
     return model

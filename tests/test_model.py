@@ -13,8 +13,10 @@ import torch.nn.functional as F
 
 from mtrain.config import ModelConfig
 from mtrain.errors import MtrainError
-from mtrain.model import Seq2SeqTransformer, build_model
+from mtrain.model import Seq2SeqTransformer, StatisticsRecorder, build_model
 from mtrain.model.dropout import dropout, dropout_add
+from mtrain.model.layers import DecoderLayer, EncoderLayer
+from mtrain.model.variants import VariantDecoderLayer, VariantEncoderLayer
 
 PAD, BOS, EOS = 1, 2, 3
 VOCAB = 21  # padded to 24 rows by vocab_multiple=8
@@ -26,9 +28,11 @@ def tiny(**overrides) -> ModelConfig:
     return ModelConfig(**settings)
 
 
-def build(cfg: ModelConfig, src_vocab: int = VOCAB, tgt_vocab: int = VOCAB, seed: int = 0) -> Seq2SeqTransformer:
+def build(cfg: ModelConfig, src_vocab: int = VOCAB, tgt_vocab: int = VOCAB, seed: int = 0,
+          joint: bool | None = None) -> Seq2SeqTransformer:
+    """The model for `cfg`; the vocabulary is joint when not said otherwise and sizes are equal."""
     torch.manual_seed(seed)
-    return build_model(cfg, src_vocab, tgt_vocab, PAD)
+    return build_model(cfg, src_vocab, tgt_vocab, PAD, joint_vocab=src_vocab == tgt_vocab if joint is None else joint)
 
 
 def batch(batch_size: int = 3, src_len: int = 7, tgt_len: int = 6, seed: int = 1):
@@ -60,6 +64,15 @@ VARIANTS = [
     {"activation": "gelu", "final_norm": False, "scale_embeddings": False},
     {"attention_impl": "sdpa"},
     {"tie_embeddings": False},
+    {"cross_q_proj": False},
+    {"cross_v_proj": False},
+    {"norm_type": "rmsnorm"},
+    {"shared_norm": True},
+    {"activation": "swiglu"},
+    {"detach_memory": True},
+    {"norm_position": "post", "decoder_order": "cross_self_ffn", "shared_norm": True},
+    {"residual_input": "normalized", "decoder_order": "self_ffn_cross", "norm_type": "rmsnorm"},
+    {"positions": "rope", "cross_q_proj": False, "activation": "swiglu", "attention_impl": "sdpa"},
 ]
 
 
@@ -146,6 +159,43 @@ def test_normalized_residual_layer_matches_hand_formula():
     layer.ffn.forward = lambda h: torch.zeros_like(h)
     out = layer(x, keys, values, bias)[0]
     torch.testing.assert_close(out.mean(-1), torch.zeros(2, 5), rtol=0, atol=1e-5)
+
+
+def test_standard_decoder_layer_matches_hand_formula():
+    # x + SA(LN1 x); x + CA(LN2 x, memory); x + FFN(LN3 x), each sublayer with its own norm.
+    cfg = tiny()
+    layer = build(cfg).decoder[0].eval()
+    assert type(layer) is DecoderLayer
+    x = torch.randn(2, 5, cfg.d_model) * 3 + 1
+    memory = torch.randn(2, 4, cfg.d_model)
+    bias = torch.zeros(2, 1, 1, 4).masked_fill(torch.tensor([False, False, True, True]), float("-inf"))
+    keys, values = layer.cross_attn.project_memory(memory)
+    expected = x + layer.self_attn(layer.self_attn_norm(x), causal=True)
+    expected = expected + layer.cross_attn(layer.cross_attn_norm(expected), keys, values, bias)[0]
+    expected = expected + layer.ffn(layer.ffn_norm(expected))
+    torch.testing.assert_close(layer(x, keys, values, bias)[0], expected, rtol=0, atol=0)
+
+
+LAYER_CLASSES = [
+    ({}, EncoderLayer, DecoderLayer),
+    ({"shared_norm": True, "norm_type": "rmsnorm", "activation": "swiglu", "cross_q_proj": False},
+     EncoderLayer, DecoderLayer),
+    ({"norm_position": "post"}, VariantEncoderLayer, VariantDecoderLayer),
+    ({"residual_input": "normalized"}, VariantEncoderLayer, VariantDecoderLayer),
+    ({"decoder_order": "cross_self_ffn"}, EncoderLayer, VariantDecoderLayer),
+]
+
+
+@pytest.mark.parametrize("variant, encoder, decoder", LAYER_CLASSES, ids=[variant_id(v) for v, _, _ in LAYER_CLASSES])
+def test_ablations_are_built_around_the_standard_layers(variant, encoder, decoder):
+    model = build(tiny(**variant))
+    assert type(model.encoder[0]) is encoder and type(model.decoder[0]) is decoder
+    # A variant connects the standard layer's sublayers differently: same parameters, same names.
+    standard = build(tiny(**{k: v for k, v in variant.items()
+                             if k not in ("norm_position", "residual_input", "decoder_order")}))
+    for stack in ("encoder", "decoder"):
+        shapes = {n: p.shape for n, p in getattr(model, stack).state_dict().items()}
+        assert shapes == {n: p.shape for n, p in getattr(standard, stack).state_dict().items()}
 
 
 def test_normalized_residual_needs_pre_norm():
@@ -241,15 +291,26 @@ def test_identity_cross_projections_do_not_exist_and_match_hand_formula():
 
 
 def test_tied_embeddings():
-    joint = build(tiny())
+    joint = build(tiny(), joint=True)
     assert joint.src_embed.tokens.weight is joint.tgt_embed.tokens.weight is joint.output_proj.weight
-    separate = build(tiny(), src_vocab=30, tgt_vocab=VOCAB)
+    separate = build(tiny(), src_vocab=30, tgt_vocab=VOCAB, joint=False)
     assert separate.tgt_embed.tokens.weight is separate.output_proj.weight
     assert separate.src_embed.tokens.weight is not separate.tgt_embed.tokens.weight
     assert separate.src_embed.tokens.weight.shape == (32, 32)  # 30 rows padded to 32
     untied = build(tiny(tie_embeddings=False))
     weights = {id(untied.src_embed.tokens.weight), id(untied.tgt_embed.tokens.weight), id(untied.output_proj.weight)}
     assert len(weights) == 3
+
+
+def test_separate_vocabularies_of_equal_size_are_not_tied():
+    # tokenizer.joint=false: id 200 is one piece in the source and another in the target.
+    model = build(tiny(), joint=False)
+    assert model.src_embed.tokens.weight is not model.tgt_embed.tokens.weight
+    assert model.tgt_embed.tokens.weight is model.output_proj.weight
+    names = dict(model.named_parameters())  # named_parameters lists a shared tensor once
+    assert "src_embed.tokens.weight" in names and "tgt_embed.tokens.weight" in names
+    with pytest.raises(ValueError, match="joint vocabulary"):
+        build(tiny(), src_vocab=30, tgt_vocab=VOCAB, joint=True)
 
 
 def test_padded_vocabulary_rows_get_minus_infinity():
@@ -356,7 +417,7 @@ def test_reorder_then_step_equals_step_on_reordered_inputs(variant):
 # ----------------------------------------------------------------------------- FLOPs
 def test_flops_per_token_matches_hand_count():
     cfg = ModelConfig(d_model=8, heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1)
-    model = build_model(cfg, 16, 16, PAD)  # 16 rows already a multiple of 8
+    model = build_model(cfg, 16, 16, PAD, joint_vocab=True)  # 16 rows already a multiple of 8
     S, T, d = 5, 4, 8
     encoder = S * 2 * (4 * d * d + 2 * d * 16) + 4 * S * S * d  # W_QKVO + FFN, then QK^T and AV
     decoder = T * 2 * (4 * d * d + 2 * d * d + 2 * d * 16)  # self W_QKVO, cross W_Q W_O, FFN
@@ -366,32 +427,60 @@ def test_flops_per_token_matches_hand_count():
     assert encoder + decoder + output == 14496
     assert model.flops_per_token(S, T) == 3 * 14496 / T
     no_kv = build_model(ModelConfig(d_model=8, heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
-                                    cross_k_proj=False, cross_v_proj=False), 16, 16, PAD)
+                                    cross_k_proj=False, cross_v_proj=False), 16, 16, PAD, joint_vocab=True)
     assert no_kv.flops_per_token(S, T) == 3 * (14496 - S * 2 * 2 * d * d) / T
 
 
 def test_benchmark_model_size():
-    model = build_model(ModelConfig(), 8000, 8000, PAD)
+    model = build_model(ModelConfig(), 8000, 8000, PAD, joint_vocab=True)
     assert sum(p.numel() for p in model.parameters()) == 7_578_624  # the 7.58M of BENCHMARK.md
 
 
 # ----------------------------------------------------------------------------- instruments
-def test_collect_statistics_records_one_forward_then_stops():
+def test_statistics_recorder_records_one_forward_then_stops():
     model = build(tiny(layers=3)).train()
     src, padding, tgt = batch()
+    recorder = StatisticsRecorder(model)
     model(src, padding, tgt)
-    assert model.statistics == {}
-    model.collect_statistics(True)
+    assert recorder.statistics == {}
+    recorder.arm()
     model(src, padding, tgt)
-    stats = dict(model.statistics)
+    stats = dict(recorder.statistics)
     for name in ("encoder.0.self_attn.input_std", "encoder.2.ffn.input_mean", "decoder.2.cross_attn.entropy",
                  "decoder.1.self_attn.entropy", "decoder.1.residual_std", "encoder.0.residual_mean",
                  "decoder.0.ffn.output_std"):
         assert name in stats and math.isfinite(stats[name]), name
     assert 0.0 < stats["decoder.2.cross_attn.entropy"] <= math.log(7) + 1e-6
+    assert not recorder.armed
     model(src, padding, tgt)
-    assert model.statistics == stats  # the hooks are gone
+    assert recorder.statistics == stats  # the hooks are gone
     assert all(not hook for m in model.modules() for hook in (m._forward_hooks, m._forward_pre_hooks))
+
+
+def test_attention_entropy_by_hand_and_with_the_fused_kernel():
+    src, padding, tgt = batch()
+    stats = {}
+    for impl in ("math", "sdpa"):  # sdpa never returns probabilities: the hook recomputes them
+        model = build(tiny(attention_impl=impl)).eval()
+        recorder = StatisticsRecorder(model)
+        recorder.arm()
+        model(src, padding, tgt)
+        stats[impl] = recorder.statistics
+    assert stats["math"].keys() == stats["sdpa"].keys()
+    for name, value in stats["math"].items():
+        assert stats["sdpa"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    # By hand, layer 0's cross-attention: the mean over batch, heads and queries of -sum p log p.
+    model = build(tiny()).eval()
+    layer = model.decoder[0]
+    memory = model.encode(src, padding)
+    embedded = model.tgt_embed(tgt)
+    x = embedded + layer.self_attn(layer.self_attn_norm(embedded), causal=True)
+    q = layer.cross_attn.q_proj(layer.cross_attn_norm(x)).view(3, 6, 4, 8).transpose(1, 2)
+    k = layer.cross_attn.k_proj(memory).view(3, 7, 4, 8).transpose(1, 2)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8) + torch.zeros(3, 7).masked_fill(padding, -math.inf)[:, None, None]
+    p = torch.softmax(scores, -1)
+    expected = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean().item()
+    assert stats["math"]["decoder.0.cross_attn.entropy"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_gradient_norm_groups():
@@ -471,7 +560,7 @@ def test_tiny_model_learns_task(task):
     steps, warmup = 300, 20
     cfg = ModelConfig(d_model=64, heads=4, ffn_dim=128, layers=2, dropout=0.0, max_positions=16)
     torch.manual_seed(0)
-    model = build_model(cfg, 14, 14, PAD).train()
+    model = build_model(cfg, 14, 14, PAD, joint_vocab=True).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warmup, (steps - step) / (steps - warmup))

@@ -99,7 +99,8 @@ def model(tokenizer):
     torch.manual_seed(0)
     cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32, dropout=0.0,
                       max_positions=64)
-    return build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id).eval()
+    return build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                       joint_vocab=tokenizer.joint).eval()
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

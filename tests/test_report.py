@@ -61,7 +61,8 @@ def tiny_run(tmp_path_factory) -> Path:
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
     torch.manual_seed(0)
     for update in (10, 20, 30):
-        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                            joint_vocab=tokenizer.joint)
         state = {"model": model.state_dict(), "update": update, "config": to_plain(cfg), "mtrain_version": "0.1.0"}
         save_checkpoint(run / "checkpoints" / f"update_{update}.pt", state)
         if update == 20:

@@ -30,7 +30,7 @@ def tiny_model(vocab: int, seed: int = 0, sharpness: float = 3.0):
     torch.manual_seed(seed)
     cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=16, heads=2, ffn_dim=32,
                       dropout=0.0, vocab_multiple=8, max_positions=64)
-    model = build_model(cfg, vocab, vocab, PAD).eval()
+    model = build_model(cfg, vocab, vocab, PAD, joint_vocab=True).eval()
     with torch.no_grad():  # sharper distributions than the default init: beams disagree more
         model.output_proj.weight.mul_(sharpness)
     return model

@@ -56,7 +56,8 @@ def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id).eval()
+    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                       joint_vocab=tokenizer.joint).eval()
 
 
 @pytest.fixture(scope="module")

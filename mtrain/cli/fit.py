@@ -104,7 +104,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
         checkpointer.remove_stale_temporary_files()
 
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id).to(device)
+                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     ids = special_ids(data)
     metrics_log = None
     if dist.is_main:

@@ -2,9 +2,11 @@
 
 Both have separate W_Q, W_K, W_V and W_O projections. Cross-attention takes queries from the
 decoder and keys/values from the encoder output; for the ablation bench any of its W_Q, W_K,
-W_V can be left out (the identity: that Linear does not exist).
+W_V can be left out (the identity: an `nn.Identity` with no parameters takes its place).
 
-The attention itself runs one of two ways (`model.attention_impl`):
+The attention itself, softmax(QK^T/sqrt(d) + mask) V, is a parameter-free submodule
+(`DotProductAttention`) of each attention module, so that an instrument can hook it and see
+the queries and keys (`mtrain.model.instruments`). It runs one of two ways (`model.attention_impl`):
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, a fused kernel;
 - `math`: matmul, additive mask, softmax, matmul, written out below.
 `auto` takes sdpa on CUDA and math on CPU, where it trains faster for the short sentences
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 
 from mtrain.model.dropout import dropout
 from mtrain.model.positions import RotaryPositions
+from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import LayerCache
 
 
@@ -64,6 +67,21 @@ def fused_linear(x: Tensor, projections: list[nn.Linear]) -> Tensor:
     return F.linear(x, weight, bias)
 
 
+def attention_probabilities(q: Tensor, k: Tensor, bias: Tensor | None, causal: bool) -> Tensor:
+    """softmax(q k^T / sqrt(head_dim) + mask), fp32 (batch, heads, q_len, k_len), from
+    (batch, heads, length, head_dim) queries and keys; `bias` is an fp32 additive mask
+    broadcastable to the scores (0 or -inf)."""
+    if causal:
+        causal_bias = _causal_bias(q.shape[-2], k.shape[-2], q.device)
+        bias = causal_bias if bias is None else bias + causal_bias
+    scores = torch.matmul(q, k.transpose(-2, -1))  # (batch, heads, q_len, k_len)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    # Softmax in fp32: more accurate, and on CPU faster than bf16 softmax (forward and
+    # backward). Adding the fp32 mask does the upcast in the same pass.
+    scores = scores * scale if bias is None else torch.add(bias, scores, alpha=scale)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -85,22 +103,27 @@ def attend(
             bias = bias.to(q.dtype)  # (batch, 1, 1, k_len): a few bytes
         output = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=causal)
         return output, None
-    if causal:
-        causal_bias = _causal_bias(q.shape[-2], k.shape[-2], q.device)
-        bias = causal_bias if bias is None else bias + causal_bias
-    scores = torch.matmul(q, k.transpose(-2, -1))  # (batch, heads, q_len, k_len)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    # Softmax in fp32: more accurate, and on CPU faster than bf16 softmax (forward and
-    # backward). Adding the fp32 mask does the upcast in the same pass.
-    scores = scores * scale if bias is None else torch.add(bias, scores, alpha=scale)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    weights = attention_probabilities(q, k, bias, causal)
     output = torch.matmul(dropout(weights.to(v.dtype), dropout_p, training=dropout_p > 0.0), v)
     return output, (weights if need_weights else None)
 
 
-def _entropy(weights: Tensor) -> float:
-    """Mean entropy (nats) of the attention distributions, over batch, heads and queries."""
-    return torch.special.entr(weights.detach()).sum(-1).mean().item()
+class DotProductAttention(nn.Module):
+    """`attend` with this module's dropout (in training) and implementation; no parameters.
+
+    Called with positional arguments (q, k, v, bias, causal, need_weights), which is what a
+    forward hook sees (`mtrain.model.instruments` reads q, k, bias and causal).
+    """
+
+    def __init__(self, attention_dropout: float, impl: str):
+        super().__init__()
+        self.attention_dropout = attention_dropout
+        self.impl = impl
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        dropout_p = self.attention_dropout if self.training else 0.0
+        return attend(q, k, v, bias, causal, dropout_p, _use_sdpa(self.impl, q), need_weights)
 
 
 class SelfAttention(nn.Module):
@@ -109,15 +132,12 @@ class SelfAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: str, rotary: RotaryPositions | None):
         super().__init__()
         self.heads = heads
-        self.attention_dropout = attention_dropout
-        self.impl = impl
         self.rotary = rotary
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.record_entropy = False  # set by the statistics recorder for one forward pass
-        self.entropy: float | None = None
+        self.attention = DotProductAttention(attention_dropout, impl)
 
     def forward(self, x: Tensor, bias: Tensor | None = None, causal: bool = False,
                 cache: LayerCache | None = None, offset: int = 0) -> Tensor:
@@ -127,6 +147,7 @@ class SelfAttention(nn.Module):
         `cache` (incremental decoding, one new position at `offset`) the new keys/values are
         appended to it and the query attends to every cached position.
         """
+        x = to_compute_dtype(x)
         batch, length, _ = x.shape
         q, k, v = fused_linear(x, [self.q_proj, self.k_proj, self.v_proj]).chunk(3, dim=-1)
         q = q.view(batch, length, self.heads, -1)
@@ -137,14 +158,7 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.extend(k, v)
             causal = False  # the single new query may see every cached key
-        output, weights = attend(
-            q, k, v, bias, causal,
-            self.attention_dropout if self.training else 0.0,
-            use_sdpa=_use_sdpa(self.impl, x),
-            need_weights=self.record_entropy,
-        )
-        if weights is not None:
-            self.entropy = _entropy(weights)
+        output, _ = self.attention(q, k, v, bias, causal)
         return self.out_proj(merge_heads(output))
 
 
@@ -155,40 +169,29 @@ class CrossAttention(nn.Module):
                  q_proj: bool = True, k_proj: bool = True, v_proj: bool = True):
         super().__init__()
         self.heads = heads
-        self.attention_dropout = attention_dropout
-        self.impl = impl
-        self.q_proj = nn.Linear(d_model, d_model) if q_proj else None
-        self.k_proj = nn.Linear(d_model, d_model) if k_proj else None
-        self.v_proj = nn.Linear(d_model, d_model) if v_proj else None
+        self.q_proj = nn.Linear(d_model, d_model) if q_proj else nn.Identity()
+        self.k_proj = nn.Linear(d_model, d_model) if k_proj else nn.Identity()
+        self.v_proj = nn.Linear(d_model, d_model) if v_proj else nn.Identity()
         self.out_proj = nn.Linear(d_model, d_model)
-        self.record_entropy = False
-        self.entropy: float | None = None
+        self.attention = DotProductAttention(attention_dropout, impl)
 
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values (batch, heads, src_len, head_dim) from memory (batch, src_len, d_model).
 
         Called once per forward pass, or once per decode by `start_decoding`.
         """
-        if self.k_proj is not None and self.v_proj is not None:
+        if isinstance(self.k_proj, nn.Linear) and isinstance(self.v_proj, nn.Linear):
             keys, values = fused_linear(memory, [self.k_proj, self.v_proj]).chunk(2, dim=-1)
         else:
-            keys = memory if self.k_proj is None else self.k_proj(memory)
-            values = memory if self.v_proj is None else self.v_proj(memory)
+            keys, values = self.k_proj(memory), self.v_proj(memory)
         return split_heads(keys, self.heads), split_heads(values, self.heads)
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (batch, tgt_len, d_model) -> output (batch, tgt_len, d_model) and, when asked,
         attention probabilities averaged over heads (batch, tgt_len, src_len)."""
-        q = split_heads(x if self.q_proj is None else self.q_proj(x), self.heads)
-        output, weights = attend(
-            q, keys, values, bias, False,
-            self.attention_dropout if self.training else 0.0,
-            use_sdpa=_use_sdpa(self.impl, x),
-            need_weights=need_weights or self.record_entropy,
-        )
-        if weights is not None and self.record_entropy:
-            self.entropy = _entropy(weights)
+        q = split_heads(self.q_proj(to_compute_dtype(x)), self.heads)
+        output, weights = self.attention(q, keys, values, bias, False, need_weights)
         output = self.out_proj(merge_heads(output))
         return output, (weights.mean(dim=1) if need_weights else None)
 

@@ -48,12 +48,18 @@ def check_model_config(cfg: ModelConfig) -> None:
         )
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Seq2SeqTransformer:
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, *,
+                joint_vocab: bool) -> Seq2SeqTransformer:
+    """The Transformer for these vocabularies; `joint_vocab` (the tokenizer's `.joint`: one
+    vocabulary for both languages) lets `model.tie_embeddings` tie the source embedding too."""
     check_model_config(cfg)
+    if joint_vocab and src_vocab_size != tgt_vocab_size:
+        raise ValueError(f"a joint vocabulary has one size, got {src_vocab_size} and {tgt_vocab_size}")
     for name, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
         if not 0 <= pad_id < size:
             raise MtrainError(f"tokenizer.pad_id: {pad_id} is outside the {name} vocabulary of {size}")
     encoder_layers = cfg.layers if cfg.layers is not None else cfg.encoder_layers
     decoder_layers = cfg.layers if cfg.layers is not None else cfg.decoder_layers
     final_norm = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == "pre"
-    return Seq2SeqTransformer(cfg, src_vocab_size, tgt_vocab_size, pad_id, encoder_layers, decoder_layers, final_norm)
+    return Seq2SeqTransformer(cfg, src_vocab_size, tgt_vocab_size, pad_id, joint_vocab,
+                              encoder_layers, decoder_layers, final_norm)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtrain.model.dropout import dropout
+from mtrain.model.precision import to_compute_dtype
 
 
 def swiglu_hidden_size(ffn_dim: int) -> int:
@@ -32,6 +33,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(batch, length, d_model) -> (batch, length, d_model)."""
+        x = to_compute_dtype(x)
         if self.gate is not None:
             hidden = F.silu(self.gate(x)) * self.up(x)
         elif self.activation == "gelu":

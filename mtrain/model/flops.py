@@ -30,10 +30,8 @@ if TYPE_CHECKING:
     from mtrain.model.transformer import Seq2SeqTransformer
 
 
-def matmul_weights(module: nn.Module | None) -> int:
-    """Weights of the Linear layers in `module`: each is used once per token."""
-    if module is None:
-        return 0
+def matmul_weights(module: nn.Module) -> int:
+    """Weights of the Linear layers in `module` (0 for an identity): each is used once per token."""
     return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
 
 

@@ -4,9 +4,11 @@
     [bos] y       -> Embedding -> DecoderLayer x M (self-attn, cross-attn to memory, FFN)
                   -> final norm -> output projection -> logits
 
-The output projection shares its matrix with the target embedding when
-`model.tie_embeddings`, and with the source embedding too when both vocabularies have the
-same size (a joint vocabulary). Vocabulary rows are padded to `model.vocab_multiple`; the
+The layers are the standard Pre-LN ones of `layers.py`, or the ablation variant the config
+asks for (`variants.py`). The output projection shares its matrix with the target embedding
+when `model.tie_embeddings`, and with the source embedding too when the vocabulary is joint
+(one vocabulary for both languages; separate vocabularies of equal size are not tied: their
+ids mean different pieces). Vocabulary rows are padded to `model.vocab_multiple`; the
 logits of padded rows are returned and are -inf, so softmax gives them probability 0.
 
 Incremental decoding: `start_decoding` projects the encoder output into every decoder
@@ -24,10 +26,11 @@ from mtrain.errors import MtrainError
 from mtrain.model.attention import padding_bias
 from mtrain.model.embeddings import Embedding, padded_rows
 from mtrain.model.flops import training_flops_per_target_token
-from mtrain.model.instruments import StatisticsRecorder
-from mtrain.model.layers import DecoderLayer, EncoderLayer, make_norm, to_compute_dtype
+from mtrain.model.layers import make_norm
 from mtrain.model.positions import LearnedPositions, RotaryPositions, SinusoidalPositions
+from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import DecoderState, LayerCache
+from mtrain.model.variants import decoder_layer, encoder_layer
 
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
@@ -42,7 +45,7 @@ class Seq2SeqTransformer(nn.Module):
     """Build with `mtrain.model.build_model`, which checks the config first."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
-                 encoder_layers: int, decoder_layers: int, final_norm: bool):
+                 joint_vocab: bool, encoder_layers: int, decoder_layers: int, final_norm: bool):
         super().__init__()
         d_model = cfg.d_model
         self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
@@ -53,8 +56,8 @@ class Seq2SeqTransformer(nn.Module):
         tgt_rows = padded_rows(tgt_vocab_size, cfg.vocab_multiple)
         self.src_embed = Embedding(src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
         self.tgt_embed = Embedding(tgt_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(decoder_layers))
+        self.encoder = nn.ModuleList(encoder_layer(cfg, rotary) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(decoder_layer(cfg, rotary) for _ in range(decoder_layers))
         self.encoder_norm = make_norm(cfg.norm_type, d_model) if final_norm else None
         self.decoder_norm = make_norm(cfg.norm_type, d_model) if final_norm else None
         for module in [*self.encoder.modules(), *self.decoder.modules()]:
@@ -65,11 +68,8 @@ class Seq2SeqTransformer(nn.Module):
         nn.init.normal_(self.output_proj.weight, mean=0.0, std=d_model**-0.5)
         if cfg.tie_embeddings:
             self.output_proj.weight = self.tgt_embed.tokens.weight
-            if src_vocab_size == tgt_vocab_size:
+            if joint_vocab:
                 self.src_embed.tokens.weight = self.tgt_embed.tokens.weight
-
-        self.statistics: dict[str, float] = {}  # filled by collect_statistics
-        self._recorder = StatisticsRecorder(self)
 
     # ------------------------------------------------------------------ training
     def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
@@ -137,24 +137,10 @@ class Seq2SeqTransformer(nn.Module):
             return logits, torch.stack(attention, dim=1)
         return logits, attention[0]
 
-    # ------------------------------------------------------------------ accounting and instruments
+    # ------------------------------------------------------------------ accounting
     def flops_per_token(self, src_len: int, tgt_len: int) -> float:
         """Training FLOPs per target token for a pair of these lengths (see `mtrain.model.flops`)."""
         return training_flops_per_target_token(self, src_len, tgt_len)
-
-    def collect_statistics(self, enabled: bool = True) -> None:
-        """Record activation statistics into `self.statistics` during the next forward() only.
-
-        Names: `{encoder|decoder}.{i}.{self_attn|cross_attn|ffn}.{input_mean|input_std|output_std}`,
-        `{encoder|decoder}.{i}.{self_attn|cross_attn}.entropy` (mean nats per query) and
-        `{encoder|decoder}.{i}.{residual_mean|residual_std}` (the stream after layer i).
-        Recording switches itself off after that forward (or with enabled=False); when off
-        there is no cost at all: the hooks are removed.
-        """
-        if enabled:
-            self._recorder.arm()
-        else:
-            self._recorder.disarm()
 
     def gradient_norm_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameter groups whose gradient norms the trainer may log. Groups can overlap
@@ -169,9 +155,9 @@ class Seq2SeqTransformer(nn.Module):
         for index, layer in enumerate(self.decoder):
             groups[f"decoder.{index}"] = list(layer.parameters())
             for name in ("q_proj", "k_proj", "v_proj"):
-                projection = getattr(layer.cross_attn, name)
-                if projection is not None:
-                    groups[f"decoder.{index}.cross_attn.{name}"] = list(projection.parameters())
+                parameters = list(getattr(layer.cross_attn, name).parameters())
+                if parameters:  # an identity projection has none
+                    groups[f"decoder.{index}.cross_attn.{name}"] = parameters
         for name in ("encoder_norm", "decoder_norm"):
             if getattr(self, name) is not None:
                 groups[name] = list(getattr(self, name).parameters())

@@ -123,7 +123,8 @@ def load_run(
         raise MtrainError(f"run={run_dir}: no tokenizer/ directory; the run directory is incomplete")
     tokenizer = Tokenizer.load(tokenizer_dir)
     try:
-        model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id)
+        model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                            joint_vocab=tokenizer.joint)
     except MtrainError as error:
         raise MtrainError(f"{path}: the model config stored in the checkpoint is invalid: {error}") from error
     try:

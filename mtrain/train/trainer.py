@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mtrain.data import Batch, EncodedCorpus, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
 from mtrain.train.checkpointing import Checkpointer
+from mtrain.model import StatisticsRecorder
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is_out_of_memory
 from mtrain.train.loss import sequence_loss
@@ -156,6 +157,7 @@ class Trainer:
         self._epoch_batches: Optional[List[np.ndarray]] = None
         self._last_saved_update = -1
         self._instrumenting = False
+        self._statistics = StatisticsRecorder(model)
 
     # ----------------------------------------------------------------- the update
     def train_step(self, batches: List[Batch]) -> Dict[str, Any]:
@@ -261,7 +263,7 @@ class Trainer:
                 self.set_learning_rate()
                 self._instrumenting = cfg.instruments and (self.state.update + 1) % cfg.instrument_every == 0
                 if self._instrumenting:
-                    self.model.collect_statistics(True)
+                    self._statistics.arm()
                 stats = self._guarded_step(batches)
                 self.state.train_seconds = time.perf_counter() - loop_start
                 if stats is None:  # out of memory: batch skipped
@@ -425,8 +427,8 @@ class Trainer:
                 float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
                 if grads else 0.0
             )
-        for name, value in self.model.statistics.items():
+        for name, value in self._statistics.statistics.items():
             values[f"activations/{name}"] = value
-        self.model.collect_statistics(False)
+        self._statistics.disarm()
         if self.metrics is not None:
             self.metrics.scalars("instruments", values, self.state.update + 1)
