@@ -86,7 +86,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     loaded = load_run(run_dir, device=device, checkpoint_path=checkpoint)
     model = loaded.model
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
-        from mtrain.decode.ct2_engine import convert_loaded
+        from mtrain.export.engine import convert_loaded
 
         model = convert_loaded(loaded, device, precision, cfg.num_threads)
         precision = model.translator.compute_type
