@@ -44,6 +44,7 @@ from mtrain.decode.sampling import SamplingSearch
 from mtrain.decode.search import BeamSearch, GreedySearch, SearchAlgorithm
 from mtrain.decode.step_functions import CachedStep, RecomputeStep
 from mtrain.errors import MtrainError
+from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
 
@@ -150,7 +151,7 @@ def generate(
             attention = attention.float().unsqueeze(1)  # (rows, 1, [layers,] src_len)
             if attention_history is None:
                 attention_history = attention[:, :0]
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
         ban_tokens(lprobs, (pad_id, bos_id))
         apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
         if no_repeat is not None:
@@ -230,19 +231,6 @@ def _next_live(choices, chosen_rows: Tensor, continues: Tensor, width: int) -> t
     tokens = choices.tokens.gather(1, order)
     scores = choices.scores.gather(1, order).masked_fill(~valid, NEG_INF)
     return rows, tokens, scores
-
-
-def position_limit(model) -> Optional[int]:
-    """How many positions the model can embed (None: no limit, e.g. positions=none).
-
-    The model's `max_positions` if it has one, else the smallest `max_positions` of its
-    position modules (sinusoidal/learned tables, rope), which raise past it.
-    """
-    limit = getattr(model, "max_positions", None)
-    if isinstance(limit, int):
-        return limit
-    limits = [m.max_positions for m in model.modules() if isinstance(getattr(m, "max_positions", None), int)]
-    return min(limits) if limits else None
 
 
 def _best_reachable(score: Tensor, step: int, max_len: Tensor, alpha: float) -> Tensor:

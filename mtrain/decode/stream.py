@@ -21,11 +21,11 @@ from tqdm import tqdm
 
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
-from mtrain.decode.generator import position_limit
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.textio import ReadStats, count_lines, nbest_rows, one_line, open_input, open_output, read_chunks
 from mtrain.decode.translator import translate_encoded
 from mtrain.errors import MtrainError
+from mtrain.model.positions import position_limit
 
 log = logging.getLogger("mtrain.translate")
 

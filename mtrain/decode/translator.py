@@ -10,8 +10,8 @@ and bf16, four runs on the shared machine), with the same outputs (scripts/bench
 An empty (or blank) sentence is not decoded: it gets an empty hypothesis. The trainer's
 validation BLEU, `mtrain eval` and `mtrain translate` all come through here.
 
-An engine (`Engine`) decodes one batch: `TorchEngine` (mtrain's own model, `generate`) or
-CTranslate2 (`mtrain.decode.ct2_engine.CTranslate2Model`, `engine=ctranslate2`).
+An engine (`Engine`) decodes one batch: `TorchEngine` (mtrain's own model, `generate`;
+`torch_engine.py`) or CTranslate2 (`ct2_engine.py`, `engine=ctranslate2`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
 import torch
 
 from mtrain.config import DecodeConfig
-from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.runtime import autocast, check_precision, cpu_has_bf16_matmul
+from mtrain.decode.torch_engine import TorchEngine, resolve_decode_precision
+
+__all__ = ["Engine", "TorchEngine", "resolve_decode_precision", "token_budget_batches", "translate_encoded",
+           "translate_sentences"]
 
 
 @runtime_checkable
@@ -35,60 +37,6 @@ class Engine(Protocol):
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best
         first, without `.text` (the translator detokenizes)."""
         ...
-
-
-def resolve_decode_precision(name: str, device: torch.device) -> str:
-    """fp32 | bf16 | fp16 | auto -> the precision decoding runs in (autocast for bf16/fp16).
-
-    auto picks what decoded faster where it was measured (scripts/bench_decode.py, Multi30k
-    test_2016_flickr, 1,000 sentences, a 3+3 layer d_model 256 run):
-    - CPU with bf16 matrix instructions (AVX512-BF16 or AMX): bf16, 1.6-2.4x faster than fp32
-      (1 thread, depending on the machine's load) at the same BLEU (28.03 vs 27.92 greedy,
-      28.76 vs 28.71 beam 5). Other CPUs emulate bf16 products (~1 GFLOP/s): fp32.
-    - CUDA: fp32. On an H200, bf16 autocast decoded 18-23x slower than fp32 (greedy 148 vs
-      3,461 sent/s, beam 5 67 vs 1,240): decoding a small model is bound by kernel launches
-      and host synchronisations, not by matrix products, and autocast adds a cast kernel per
-      product input per step. bf16 is one `precision=bf16` away when a GPU measurement
-      (`scripts/bench_decode.py --devices cuda`) says it has caught up.
-    Scores and log-softmax stay fp32 either way.
-    """
-    check_precision(name, device)
-    if name != "auto":
-        return name
-    if device.type == "cpu" and cpu_has_bf16_matmul():
-        return "bf16"
-    return "fp32"
-
-
-class TorchEngine:
-    """mtrain's model decoding with `generate` (the KV cache; `use_cache=False` recomputes
-    the prefix every step: reference and benchmark)."""
-
-    def __init__(self, model, pad_id: int, bos_id: int, eos_id: int, device: torch.device | str,
-                 precision: str = "fp32", use_cache: bool = True) -> None:
-        self.model = model
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.device = torch.device(device)
-        self.precision = resolve_decode_precision(precision, self.device)
-        self.use_cache = use_cache
-
-    def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
-                        attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
-        src_tokens = torch.full((len(sources), max(len(ids) for ids in sources)), self.pad_id, dtype=torch.long)
-        for row, ids in enumerate(sources):
-            src_tokens[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        src_tokens = src_tokens.to(self.device)
-        was_training = self.model.training
-        self.model.eval()  # no dropout while decoding (the trainer decodes mid-training)
-        try:
-            with autocast(self.device, self.precision):
-                return generate(
-                    self.model, src_tokens, src_tokens.eq(self.pad_id), cfg,
-                    bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id,
-                    use_cache=self.use_cache, attention_layer=attention_layer,
-                )
-        finally:
-            self.model.train(was_training)
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
