@@ -34,29 +34,44 @@ class CachedStep:
     """Incremental decoding with the model's `DecoderState` (one token per step).
 
     The state's cross-attention keys/values stay one row per sentence, shared by the
-    sentence's hypotheses (`mtrain.model.state`). `attention_layer` (None: no attention) is
-    passed to `decode_step`: "last", "all" or a layer index; the weights come back averaged
-    over heads.
+    sentence's hypotheses (`mtrain.model.state`). The first step runs one row per sentence:
+    every hypothesis starts as the same [bos], so the `width` rows would compute the same
+    logits (in beam search all but one of them are dead anyway). `attention_layer` (None: no
+    attention) is passed to `decode_step`: "last", "all" or a layer index; the weights come
+    back averaged over heads.
     """
 
     def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor, width: int,
                  attention_layer: Optional[int | str] = None) -> None:
         self.model = model
+        self.width = width
         self.attention_layer = attention_layer
         self.state = model.start_decoding(memory, src_padding_mask)
+        self.rows_per_sentence = 1  # rows of the self-attention caches per sentence, until reordered
 
     def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         if self.state.step != prefix.size(1) - 1:
             raise RuntimeError(f"decoder state is at step {self.state.step}, prefix has {prefix.size(1)} tokens")
+        tokens = prefix[:, -1]
+        shared = self.state.step == 0 and self.width > 1
+        if shared:
+            tokens = tokens[:: self.width]  # one [bos] per sentence
         if self.attention_layer is None:
-            return self.model.decode_step(prefix[:, -1], self.state), None
-        logits, attention = self.model.decode_step(
-            prefix[:, -1], self.state, need_attention=True, attention_layer=self.attention_layer
-        )
-        return logits, attention
+            logits, attention = self.model.decode_step(tokens, self.state), None
+        else:
+            logits, attention = self.model.decode_step(
+                tokens, self.state, need_attention=True, attention_layer=self.attention_layer
+            )
+        if not shared:
+            self.rows_per_sentence = self.width
+            return logits, attention
+        expand = (lambda t: t.repeat_interleave(self.width, dim=0))
+        return expand(logits), (None if attention is None else expand(attention))
 
     def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
-        self.state.reorder_hypotheses(rows, sentences)
+        # After the shared first step, hypothesis row r of the beam reads sentence r // width's cache row.
+        self.state.reorder_hypotheses(rows // (self.width // self.rows_per_sentence), sentences)
+        self.rows_per_sentence = self.width
 
 
 class RecomputeStep:
