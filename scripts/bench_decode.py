@@ -17,7 +17,7 @@ is used. A random model never prefers EOS, so every hypothesis runs to max lengt
 (1.5 * src_len + 10): that is the costliest case per sentence and exaggerates what the
 cache saves; tokens/s stays comparable, sentences/s does not. Measure a trained run.
 With ctranslate2 installed, the same model is converted (`mtrain.export`) and decoded by
-CTranslate2 on the CPU in float32 and int8 (`--ct2`; bfloat16 too) through `mtrain.decode.ct2_engine`
+CTranslate2 on the CPU in float32 and int8 (`--ct2`) through `mtrain.decode.ct2_engine`
 (mtrain's length and stopping semantics), with as many threads as torch; a last line per
 mode gives CTranslate2's speed over mtrain's fastest cached setting, and how many outputs
 CTranslate2 float32 shares with mtrain fp32.
@@ -99,7 +99,7 @@ def load(args, device: torch.device):
 
 def load_ctranslate2(args, model, tokenizer, compute_type: str):
     """The same weights converted to CTranslate2 (mtrain.export), decoding with mtrain's
-    semantics (mtrain.decode.ct2_engine); `compute_type` float32, bfloat16 or int8 (cast on load)."""
+    semantics (mtrain.decode.ct2_engine); `compute_type` float32 or int8 (quantized on load)."""
     import tempfile
 
     from mtrain.decode.ct2_engine import load_ctranslate2 as load_exported
@@ -110,7 +110,7 @@ def load_ctranslate2(args, model, tokenizer, compute_type: str):
         from mtrain.train.checkpoint import load_run
 
         model_cfg = load_run(args.run, which=args.checkpoint).config.model
-    precision = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8"}[compute_type]
+    precision = {"float32": "fp32", "int8": "int8"}[compute_type]
     with tempfile.TemporaryDirectory() as scratch:
         directory = export_ctranslate2(model.state_dict(), model_cfg, tokenizer, Path(scratch) / "ct2")
         return load_exported(directory, torch.device("cpu"), precision, torch.get_num_threads(), tokenizer)
