@@ -24,7 +24,7 @@ from mtrain.config import DecodeConfig
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine, resolve_decode_precision
 
-__all__ = ["Engine", "TorchEngine", "resolve_decode_precision", "token_budget_batches", "translate_encoded",
+__all__ = ["Engine", "TorchEngine", "as_engine", "resolve_decode_precision", "token_budget_batches", "translate_encoded",
            "translate_sentences"]
 
 
@@ -37,6 +37,15 @@ class Engine(Protocol):
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best
         first, without `.text` (the translator detokenizes)."""
         ...
+
+
+def as_engine(model, tokenizer, device: torch.device | str, precision: str = "fp32",
+              use_cache: bool = True) -> Engine:
+    """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
+    (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)."""
+    if isinstance(model, Engine):
+        return model
+    return TorchEngine(model, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device, precision, use_cache)
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -78,8 +87,7 @@ def translate_encoded(
     `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`.
     `on_batch(num_sentences)` is called after each batch (progress bars).
     """
-    engine = model if isinstance(model, Engine) else TorchEngine(
-        model, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device, precision, use_cache)
+    engine = as_engine(model, tokenizer, device, precision, use_cache)
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == "none" else cfg.nbest
