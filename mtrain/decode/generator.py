@@ -123,6 +123,7 @@ def generate(
     max_len = max_len.clamp(min=0)
     min_len = cfg.min_len
     no_repeat = NoRepeatNgram(cfg.no_repeat_ngram) if cfg.no_repeat_ngram > 0 else None
+    never_emitted = torch.tensor([pad_id, bos_id], device=device)
 
     memory = model.encode(src_tokens, src_padding_mask)  # (batch, src_len, d_model)
     # Every sentence gets `width` rows (the algorithm says which start alive); the step
@@ -152,7 +153,7 @@ def generate(
             if attention_history is None:
                 attention_history = attention[:, :0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
-        ban_tokens(lprobs, (pad_id, bos_id))
+        ban_tokens(lprobs, never_emitted)
         apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
         if no_repeat is not None:
             no_repeat(lprobs, prefix[:, 1:])

@@ -14,9 +14,13 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
-def ban_tokens(lprobs: Tensor, token_ids: Sequence[int]) -> None:
-    """Never emit these tokens (pad and bos: they are not outputs)."""
-    lprobs[:, list(token_ids)] = NEG_INF
+def ban_tokens(lprobs: Tensor, token_ids: Tensor | Sequence[int]) -> None:
+    """Never emit these tokens (pad and bos: they are not outputs).
+
+    Pass the ids as a tensor on `lprobs`' device in a decoding loop: a Python list would be
+    copied to the GPU at every step.
+    """
+    lprobs.index_fill_(1, torch.as_tensor(token_ids, device=lprobs.device), NEG_INF)
 
 
 def apply_length_limits(lprobs: Tensor, step: int, min_len: int, max_len: Tensor | None, eos_id: int) -> None:
