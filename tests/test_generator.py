@@ -166,9 +166,10 @@ def test_finished_sentences_leave_the_batch():
 
     model.decode_step = counting
     decode(model, src, mask, beam=3, max_len_a=1.0, max_len_b=0)
-    assert rows_per_step[0] == 5 * 3
+    assert rows_per_step[0] == 5  # the first step: one [bos] per sentence, shared by its beam
+    assert rows_per_step[1] == 5 * 3
     assert rows_per_step[-1] == 3  # only the long sentence's beam is left
-    assert rows_per_step == sorted(rows_per_step, reverse=True)
+    assert rows_per_step[1:] == sorted(rows_per_step[1:], reverse=True)
 
 
 @pytest.mark.parametrize("layer,shape", [("last", ()), ("all", (2,)), (0, ())])
@@ -203,3 +204,26 @@ def test_bf16_autocast_decodes():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hyps = decode(model, src, mask, beam=3)
     assert all(len(s) == 1 and s[0].score <= 0 for s in hyps)
+
+
+HOST_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__")
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_model, monkeypatch):
+    """On a GPU each host synchronisation stalls the queue of kernels; per step the loop needs
+    two (which hypotheses finished, which sentences stay) and nothing else reads a tensor."""
+    events: list[str] = []
+    for name in HOST_SYNCS:
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k))
+    decode_step = copy_model.decode_step
+    monkeypatch.setattr(copy_model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
+    src, mask = source_batch([9, 5, 7, 3, 6], seed=2)
+    decode(copy_model, src, mask, beam=beam, nbest=1)
+    first, last = events.index("step"), len(events) - events[::-1].index("step")
+    loop = events[first:last]
+    steps = loop.count("step")
+    assert steps > 3
+    assert len(loop) - steps <= 2 * steps, [e for e in loop if e != "step"]

@@ -219,3 +219,12 @@ def test_bad_decode_settings_name_their_key(overrides, key):
 
     with pytest.raises(MtrainError, match=key):
         build_search(DecodeConfig(**overrides), torch.device("cpu"))
+
+
+def test_length_limits_without_rows_at_the_limit_only_ban_early_eos():
+    lprobs = torch.log_softmax(torch.randn(2, 6), dim=-1)
+    original = lprobs.clone()
+    apply_length_limits(lprobs, step=1, min_len=3, max_len=None, eos_id=EOS)
+    assert torch.isinf(lprobs[:, EOS]).all()
+    apply_length_limits(original, step=3, min_len=3, max_len=torch.tensor([5, 9]), eos_id=EOS)
+    assert torch.isfinite(original).all()  # past min_len, below both limits: nothing changes

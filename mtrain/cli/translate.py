@@ -43,7 +43,7 @@ def run_translate(cfg: DictConfig) -> None:
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     if cfg.engine == "ctranslate2":
-        from mtrain.decode.ct2_engine import open_ctranslate2
+        from mtrain.export.engine import open_ctranslate2
 
         # run= may also be a directory written by `mtrain export`.
         model = open_ctranslate2(cfg.run, cfg.checkpoint, device, cfg.precision, threads)

@@ -1,8 +1,11 @@
 """Decoding with CTranslate2 (`engine=ctranslate2`), with mtrain's decoding semantics.
 
 `CTranslate2Model` wraps a `ctranslate2.Translator` loaded from a directory written by
-`mtrain export` (or converted on the fly from a run by `open_ctranslate2`), and translates
-encoded sources like `translate_encoded` does, returning the same `Hypothesis` objects.
+`mtrain export` (`load_ctranslate2`; a run's checkpoint is converted on the fly by
+`mtrain.export.engine`), and is a decoding engine (`mtrain.decode.translator.Engine`): it
+translates a batch of encoded sources into the same `Hypothesis` objects as the torch
+engine; `translate_encoded` batches for both. This module reads the directory format
+(`METADATA_FILE`) that `mtrain.export` writes, and never imports the exporter.
 How each `DecodeConfig` key maps, and where CTranslate2 differs:
 
 - beam, nbest, length_penalty: `beam_size`, `num_hypotheses`, `length_penalty`.
@@ -29,15 +32,14 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
   with `decode.seed`; its random stream is its own, so samples differ from engine=torch.
 - early_stopping=false (mtrain's exact stopping bound) has no CTranslate2 counterpart: refused.
 - attention pictures: the last decoder layer only (the exported alignment layer), heads averaged;
-  with beam > 1 one sentence per call (see `translate_encoded`).
+  with beam > 1 one sentence per call (see `translate_batch`).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -45,6 +47,9 @@ from mtrain.config import DecodeConfig
 from mtrain.decode.generator import build_search
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
+
+# What `mtrain export` writes next to the model: where it came from, special tokens, position limit.
+METADATA_FILE = "mtrain_export.json"
 
 # length_penalty=0 for CTranslate2: exactly 0 would select its other stopping rule (see above).
 UNNORMALISED = 1e-9
@@ -69,32 +74,26 @@ class CTranslate2Model:
         self._eos_piece = pieces[tokenizer.eos_id]
         self._banned = [[pieces[tokenizer.pad_id]], [pieces[tokenizer.bos_id]]]
 
-    def translate_encoded(self, sources: Sequence[Optional[Sequence[int]]], cfg: DecodeConfig,
-                          attention_layer: Optional[int | str] = None,
-                          on_batch: Optional[Callable[[int], None]] = None) -> list[list[Hypothesis]]:
-        """Like `mtrain.decode.translate_encoded`: sources are ids ending in eos (None: empty)."""
+    def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
+                        attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
+        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
         options = self._options(cfg, attention_layer)
-        results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
+        results: list[list[Hypothesis]] = [[] for _ in sources]
         groups: dict[int, list[int]] = {}
         for i, ids in enumerate(sources):
-            if ids:
-                if len(ids) > self.max_positions:
-                    raise MtrainError(
-                        f"model.max_positions: a source of {len(ids)} tokens exceeds the model's "
-                        f"{self.max_positions} positions; shorten the input"
-                    )
-                groups.setdefault(len(ids), []).append(i)
-        for src_len in sorted(groups, reverse=True):  # longest first, as the torch engine does
+            if len(ids) > self.max_positions:
+                raise MtrainError(
+                    f"model.max_positions: a source of {len(ids)} tokens exceeds the model's "
+                    f"{self.max_positions} positions; shorten the input"
+                )
+            groups.setdefault(len(ids), []).append(i)
+        # CTranslate2 (4.8.5) gives a batch's later sentences the first-step attention row of
+        # another sentence in beam search (its first step runs unexpanded): one at a time then.
+        per_call = 1 if options["return_attention"] and options["beam_size"] > 1 else len(sources)
+        for src_len, indices in groups.items():
             max_len = self.max_output_length(src_len, cfg)
-            hypotheses = cfg.beam if cfg.sampling == "none" else cfg.nbest
-            per_batch = max(1, cfg.max_tokens // (src_len * hypotheses))  # the budget of translator.py
-            if options["return_attention"] and options["beam_size"] > 1:
-                # CTranslate2 (4.8.5) gives a batch's later sentences the first-step attention
-                # row of another sentence in beam search (its first step runs unexpanded).
-                per_batch = 1
-            indices = groups[src_len]
-            for start in range(0, len(indices), per_batch):
-                batch = indices[start: start + per_batch]
+            for start in range(0, len(indices), per_call):
+                batch = indices[start: start + per_call]
                 src_pieces = [self.tokenizer.src_pieces(sources[i]) for i in batch]
                 outputs = self.translator.translate_batch(
                     src_pieces,
@@ -104,8 +103,6 @@ class CTranslate2Model:
                 )
                 for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg)):
                     results[i] = hyps
-                if on_batch is not None:
-                    on_batch(len(batch))
         return results
 
     def max_output_length(self, src_len: int, cfg: DecodeConfig) -> int:
@@ -171,7 +168,6 @@ class CTranslate2Model:
                 hyp = Hypothesis(tokens=tokens, score=score, log_prob=score * length**alpha)
                 if weights is not None:
                     hyp.attention = torch.tensor(weights)[:length]  # (output tokens + EOS, src_len)
-                hyp.text = self.tokenizer.decode_tgt(tokens)
                 hyps.append(hyp)
                 if not ended:
                     at_limit.append((row, hyp))
@@ -196,10 +192,21 @@ def compute_type(precision: str) -> str:
     return COMPUTE_TYPES[precision]
 
 
+def import_ctranslate2():
+    """The ctranslate2 module, or an MtrainError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise MtrainError(
+            f"ctranslate2 is not installed ({error}); install it with `pip install 'mtrain[ct2]'` "
+            "(or `pip install ctranslate2`)"
+        ) from error
+    return ctranslate2
+
+
 def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "auto",
                      num_threads: Optional[int] = None, tokenizer=None) -> CTranslate2Model:
     """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given)."""
-    from mtrain.export.ctranslate2_model import METADATA_FILE, import_ctranslate2
     from mtrain.tokenizer import Tokenizer
 
     ctranslate2 = import_ctranslate2()
@@ -222,32 +229,4 @@ def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "au
 
 
 def is_export_dir(path: Path) -> bool:
-    from mtrain.export.ctranslate2_model import METADATA_FILE
-
     return (Path(path) / METADATA_FILE).is_file()
-
-
-def open_ctranslate2(run: Path, which: str, device: torch.device, precision: str = "auto",
-                     num_threads: Optional[int] = None) -> CTranslate2Model:
-    """A CTranslate2 model from an `mtrain export` directory, or from a run's checkpoint
-    (`which`: best|last|a path) converted on the fly."""
-    if is_export_dir(run):
-        return load_ctranslate2(run, device, precision, num_threads)
-    from mtrain.train.checkpoint import load_run
-
-    return convert_loaded(load_run(run, which=which), device, precision, num_threads)
-
-
-def convert_loaded(loaded, device: torch.device, precision: str = "auto",
-                   num_threads: Optional[int] = None) -> CTranslate2Model:
-    """A loaded run (`mtrain.train.checkpoint.LoadedRun`) converted in fp32 into a temporary
-    directory and loaded from there (CTranslate2 quantizes on load when `precision` asks)."""
-    from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
-
-    with tempfile.TemporaryDirectory(prefix="mtrain-ct2-") as scratch:
-        model_dir = export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer,
-                                       Path(scratch) / "model", metadata=run_metadata(loaded))
-        # The weights are in memory once loaded; the run's tokenizer outlives the scratch copy.
-        model = load_ctranslate2(model_dir, device, precision, num_threads, loaded.tokenizer)
-    model.description = f"{loaded.checkpoint_path} (update {loaded.update}, converted), {model.translator.compute_type}"
-    return model

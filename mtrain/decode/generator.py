@@ -10,8 +10,10 @@ the search algorithm that turns log-probabilities into choices (`search.py`,
 2. the algorithm's choices; an EOS choice among the first `width` becomes a finished
    hypothesis, scored `log_prob / length**alpha` with `length` = output tokens incl. EOS;
    the first `width` non-EOS choices are the next live set (missing ones are dead: -inf);
-3. finished sentences leave the batch: one `reorder(index)` applies the beam
+3. finished sentences leave the batch: one `reorder(rows, sentences)` applies the beam
    back-pointers and drops them, so the batch and the compute shrink as sentences end.
+   What depends only on the source (the cross-attention keys/values) is kept once per
+   sentence, not per hypothesis: following the back-pointers never copies it.
 
 When is a sentence done? At its max length (`max_len = a * src_len + b` output tokens
 before EOS, `src_len` counting the source's eos), when no live hypothesis is left, or:
@@ -22,7 +24,9 @@ before EOS, `src_len` counting the source's eos), when no live hypothesis is lef
   finished one. Log-probs are <= 0, so a live row with score s can at best end as
   `s / L**alpha` with L its longest possible length (alpha > 0), `s / (t+2)**alpha`
   (alpha < 0) or `s` (alpha = 0): a true bound, at the price of longer searches.
-The Python work per step is constant: no loop over sentences or hypotheses.
+The Python work per step is constant: no loop over sentences or hypotheses, and two host
+synchronisations (which hypotheses finished, which sentences stay): on a GPU, everything
+else is queued without waiting.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from mtrain.decode.sampling import SamplingSearch
 from mtrain.decode.search import BeamSearch, GreedySearch, SearchAlgorithm
 from mtrain.decode.step_functions import CachedStep, RecomputeStep
 from mtrain.errors import MtrainError
+from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
 
@@ -118,18 +123,14 @@ def generate(
     max_len = max_len.clamp(min=0)
     min_len = cfg.min_len
     no_repeat = NoRepeatNgram(cfg.no_repeat_ngram) if cfg.no_repeat_ngram > 0 else None
+    never_emitted = torch.tensor([pad_id, bos_id], device=device)
 
     memory = model.encode(src_tokens, src_padding_mask)  # (batch, src_len, d_model)
-    # Every sentence gets `width` rows (the algorithm says which start alive).
+    # Every sentence gets `width` rows (the algorithm says which start alive); the step
+    # function keeps what depends only on the source (cross-attention keys/values) per sentence.
     expand = torch.arange(batch, device=device).repeat_interleave(width)
     step_class = CachedStep if use_cache else RecomputeStep
-    step_fn = step_class(
-        model,
-        src_tokens.index_select(0, expand),
-        memory.index_select(0, expand),
-        src_padding_mask.index_select(0, expand),
-        attention_layer,
-    )
+    step_fn = step_class(model, src_tokens, memory, src_padding_mask, width, attention_layer)
     need_attention = attention_layer is not None
 
     sentence = torch.arange(batch, device=device)  # (n,) which input sentence each active one is
@@ -142,6 +143,7 @@ def generate(
     best_finished = torch.full((batch, width), NEG_INF, device=device)
     finished: list[_Finished] = []
     longest = int(max_len.max())
+    shortest = int(max_len.min())  # no row is at its length limit before this step
 
     for step in range(longest + 1):
         n = sentence.size(0)
@@ -150,9 +152,9 @@ def generate(
             attention = attention.float().unsqueeze(1)  # (rows, 1, [layers,] src_len)
             if attention_history is None:
                 attention_history = attention[:, :0]
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
-        ban_tokens(lprobs, (pad_id, bos_id))
-        apply_length_limits(lprobs, step, min_len, row_max_len, eos_id)
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
+        ban_tokens(lprobs, never_emitted)
+        apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
         if no_repeat is not None:
             no_repeat(lprobs, prefix[:, 1:])
         choices = search.step(lprobs.view(n, width, -1), scores)
@@ -164,8 +166,8 @@ def generate(
         # An EOS choice among the first `width` is a finished hypothesis (fairseq's rule).
         among_best = torch.arange(choices.tokens.size(1), device=device) < width
         accept = is_eos & alive & among_best
-        if bool(accept.any()):
-            which, pos = accept.nonzero(as_tuple=True)
+        which, pos = accept.nonzero(as_tuple=True)  # a host synchronisation (1 of 2 per step)
+        if which.numel():
             rows = chosen_rows[which, pos]
             finished.append(
                 _Finished(
@@ -195,18 +197,21 @@ def generate(
         else:
             best_live = _best_reachable(next_scores.max(dim=1).values, step, sentence_max_len, alpha)
             done |= enough & (best_live <= best_finished.index_select(0, sentence)[:, -1])
-        if bool(done.all()):
+        kept = (~done).nonzero().squeeze(1)  # a host synchronisation (2 of 2 per step)
+        if kept.numel() == 0:
             break
-        keep = ~done
-        index = next_rows[keep].view(-1)  # rows to keep, following the back-pointers
-        if not _is_identity(index, n * width):  # greedy with no sentence done: nothing to move
-            step_fn.reorder(index)
-        prefix = torch.cat([prefix.index_select(0, index), next_tokens[keep].view(-1, 1)], dim=1)
+        kept_sentences = None if kept.numel() == n else kept
+        if kept_sentences is not None:
+            next_rows, next_tokens, next_scores = (t.index_select(0, kept) for t in (next_rows, next_tokens, next_scores))
+            sentence = sentence.index_select(0, kept)
+        index = next_rows.view(-1)  # rows to keep, following the back-pointers
+        if width > 1 or kept_sentences is not None:  # greedy with no sentence done: nothing moves
+            step_fn.reorder(index, kept_sentences)
+        prefix = torch.cat([prefix.index_select(0, index), next_tokens.view(-1, 1)], dim=1)
         if need_attention:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
         row_max_len = row_max_len.index_select(0, index)
-        scores = next_scores[keep]
-        sentence = sentence[keep]
+        scores = next_scores
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
 
@@ -227,23 +232,6 @@ def _next_live(choices, chosen_rows: Tensor, continues: Tensor, width: int) -> t
     tokens = choices.tokens.gather(1, order)
     scores = choices.scores.gather(1, order).masked_fill(~valid, NEG_INF)
     return rows, tokens, scores
-
-
-def _is_identity(index: Tensor, rows: int) -> bool:
-    return index.numel() == rows and bool((index == torch.arange(rows, device=index.device)).all())
-
-
-def position_limit(model) -> Optional[int]:
-    """How many positions the model can embed (None: no limit, e.g. positions=none).
-
-    The model's `max_positions` if it has one, else the smallest `max_positions` of its
-    position modules (sinusoidal/learned tables, rope), which raise past it.
-    """
-    limit = getattr(model, "max_positions", None)
-    if isinstance(limit, int):
-        return limit
-    limits = [m.max_positions for m in model.modules() if isinstance(getattr(m, "max_positions", None), int)]
-    return min(limits) if limits else None
 
 
 def _best_reachable(score: Tensor, step: int, max_len: Tensor, alpha: float) -> Tensor:

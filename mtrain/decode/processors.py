@@ -14,28 +14,34 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
-def ban_tokens(lprobs: Tensor, token_ids: Sequence[int]) -> None:
-    """Never emit these tokens (pad and bos: they are not outputs)."""
-    lprobs[:, list(token_ids)] = NEG_INF
+def ban_tokens(lprobs: Tensor, token_ids: Tensor | Sequence[int]) -> None:
+    """Never emit these tokens (pad and bos: they are not outputs).
+
+    Pass the ids as a tensor on `lprobs`' device in a decoding loop: a Python list would be
+    copied to the GPU at every step.
+    """
+    lprobs.index_fill_(1, torch.as_tensor(token_ids, device=lprobs.device), NEG_INF)
 
 
-def apply_length_limits(lprobs: Tensor, step: int, min_len: int, max_len: Tensor, eos_id: int) -> None:
+def apply_length_limits(lprobs: Tensor, step: int, min_len: int, max_len: Tensor | None, eos_id: int) -> None:
     """Ban EOS before `min_len` output tokens; force EOS once a row has `max_len` tokens
     (the limit wins over `min_len` when they clash).
 
     At `step` a row holds `step` output tokens (bos excluded), so EOS chosen now gives an
     output of `step` tokens. max_len (rows,) long: each row's own limit (it depends on the
-    sentence's source length).
+    sentence's source length); None when the caller knows no row is at its limit yet. The
+    rows at their limit are masked, not looked up: no host synchronisation.
     """
+    if max_len is None:
+        if step < min_len:
+            lprobs[:, eos_id] = NEG_INF
+        return
     at_limit = max_len <= step  # (rows,)
-    force = bool(at_limit.any())
-    if force:
-        eos_lprobs = lprobs[:, eos_id].clone()  # a forced EOS keeps the model's log-prob
+    eos_lprobs = lprobs[:, eos_id].clone()  # a forced EOS keeps the model's log-prob
     if step < min_len:
-        lprobs[:, eos_id] = NEG_INF
-    if force:
-        lprobs.masked_fill_(at_limit.unsqueeze(-1), NEG_INF)
-        lprobs[:, eos_id] = torch.where(at_limit, eos_lprobs, lprobs[:, eos_id])
+        eos_lprobs.masked_fill_(~at_limit, NEG_INF)
+    lprobs.masked_fill_(at_limit.unsqueeze(-1), NEG_INF)
+    lprobs[:, eos_id] = eos_lprobs
 
 
 class NoRepeatNgram:

@@ -7,8 +7,10 @@ runs the whole decoder over the whole prefix, as training does (teacher forcing 
 causal mask). It exists to check the cache (same tokens and scores) and to measure what
 the cache buys (`scripts/bench_decode.py`); nothing else should use it.
 
-Both follow the live hypotheses with `reorder(index)`, where `index` selects rows: beam
-back-pointers and dropped finished sentences in one index operation.
+Both are built from the source batch, one row per sentence, and decode `width` rows
+(hypotheses) per sentence, sentence-major. They follow the live hypotheses with
+`reorder(rows, sentences)`: `rows` selects hypotheses (beam back-pointers and dropped
+finished sentences in one index operation), `sentences` the sentences that stay (None: all).
 """
 
 from __future__ import annotations
@@ -24,35 +26,52 @@ class StepFunction(Protocol):
         position t+1 and, when attention was asked for, cross-attention (rows, src_len)."""
         ...
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
         ...
 
 
 class CachedStep:
     """Incremental decoding with the model's `DecoderState` (one token per step).
 
-    `attention_layer` (None: no attention) is passed to `decode_step`: "last", "all" or a
-    layer index; the weights come back averaged over heads.
+    The state's cross-attention keys/values stay one row per sentence, shared by the
+    sentence's hypotheses (`mtrain.model.state`). The first step runs one row per sentence:
+    every hypothesis starts as the same [bos], so the `width` rows would compute the same
+    logits (in beam search all but one of them are dead anyway). `attention_layer` (None: no
+    attention) is passed to `decode_step`: "last", "all" or a layer index; the weights come
+    back averaged over heads.
     """
 
-    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor,
+    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor, width: int,
                  attention_layer: Optional[int | str] = None) -> None:
         self.model = model
+        self.width = width
         self.attention_layer = attention_layer
         self.state = model.start_decoding(memory, src_padding_mask)
+        self.rows_per_sentence = 1  # rows of the self-attention caches per sentence, until reordered
 
     def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         if self.state.step != prefix.size(1) - 1:
             raise RuntimeError(f"decoder state is at step {self.state.step}, prefix has {prefix.size(1)} tokens")
+        tokens = prefix[:, -1]
+        shared = self.state.step == 0 and self.width > 1
+        if shared:
+            tokens = tokens[:: self.width]  # one [bos] per sentence
         if self.attention_layer is None:
-            return self.model.decode_step(prefix[:, -1], self.state), None
-        logits, attention = self.model.decode_step(
-            prefix[:, -1], self.state, need_attention=True, attention_layer=self.attention_layer
-        )
-        return logits, attention
+            logits, attention = self.model.decode_step(tokens, self.state), None
+        else:
+            logits, attention = self.model.decode_step(
+                tokens, self.state, need_attention=True, attention_layer=self.attention_layer
+            )
+        if not shared:
+            self.rows_per_sentence = self.width
+            return logits, attention
+        expand = (lambda t: t.repeat_interleave(self.width, dim=0))
+        return expand(logits), (None if attention is None else expand(attention))
 
-    def reorder(self, index: Tensor) -> None:
-        self.state.reorder(index)
+    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
+        # After the shared first step, hypothesis row r of the beam reads sentence r // width's cache row.
+        self.state.reorder_hypotheses(rows // (self.width // self.rows_per_sentence), sentences)
+        self.rows_per_sentence = self.width
 
 
 class RecomputeStep:
@@ -62,18 +81,18 @@ class RecomputeStep:
     path against an independent computation. It re-encodes the source every step too.
     """
 
-    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor,
+    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor, width: int,
                  attention_layer: Optional[int | str] = None) -> None:
         if attention_layer is not None:
             raise ValueError("attention pictures need the cached decoder (use_cache=True)")
         self.model = model
-        self.src_tokens = src_tokens
-        self.src_padding_mask = src_padding_mask
+        self.src_tokens = src_tokens.repeat_interleave(width, dim=0)  # one row per hypothesis
+        self.src_padding_mask = src_padding_mask.repeat_interleave(width, dim=0)
 
     def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         logits = self.model(self.src_tokens, self.src_padding_mask, prefix)  # (rows, t+1, vocab)
         return logits[:, -1], None
 
-    def reorder(self, index: Tensor) -> None:
-        self.src_tokens = self.src_tokens.index_select(0, index)
-        self.src_padding_mask = self.src_padding_mask.index_select(0, index)
+    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
+        self.src_tokens = self.src_tokens.index_select(0, rows)
+        self.src_padding_mask = self.src_padding_mask.index_select(0, rows)

@@ -21,11 +21,11 @@ from tqdm import tqdm
 
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
-from mtrain.decode.generator import position_limit
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.textio import ReadStats, count_lines, nbest_rows, one_line, open_input, open_output, read_chunks
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translator import as_engine, translate_encoded
 from mtrain.errors import MtrainError
+from mtrain.model.positions import position_limit
 
 log = logging.getLogger("mtrain.translate")
 
@@ -80,6 +80,7 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
         raise MtrainError(f"max_input_tokens={cfg.max_input_tokens}: must be >= 2 (one token and eos)")
     limit = cfg.max_input_tokens
     model_limit = position_limit(model)
+    engine = as_engine(model, tokenizer, device, precision)  # once: a bf16 engine casts the weights
     if model_limit is not None and model_limit < limit:
         limit = model_limit  # the encoder cannot embed more positions
     attention_layer = attention_layer_of(cfg)
@@ -100,7 +101,7 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
                 truncated += cut
                 sources.append(ids)
             progress.update(sum(ids is None for ids in sources))
-            hyps = translate_encoded(model, tokenizer, sources, cfg.decode, device, precision,
+            hyps = translate_encoded(engine, tokenizer, sources, cfg.decode, device, precision,
                                      attention_layer=attention_layer, on_batch=progress.update)
             for offset, sentence_hyps in enumerate(hyps):
                 if nbest:

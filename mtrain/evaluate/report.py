@@ -84,7 +84,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     model = loaded.model
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
-        from mtrain.decode.ct2_engine import convert_loaded
+        from mtrain.export.engine import convert_loaded
 
         model = convert_loaded(loaded, device, precision, threads)
         precision = model.translator.compute_type

@@ -20,24 +20,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
 
-METADATA_FILE = "mtrain_export.json"
-# ctranslate2's weight types (`ct2-*-converter --quantization`); null keeps fp32.
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
-
-
-def import_ctranslate2():
-    """The ctranslate2 module, or an MtrainError saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise MtrainError(
-            f"ctranslate2 is not installed ({error}); install it with `pip install 'mtrain[ct2]'` "
-            "(or `pip install ctranslate2`)"
-        ) from error
-    return ctranslate2
 
 
 def special_pieces(tokenizer) -> dict[str, str]:

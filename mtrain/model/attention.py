@@ -188,12 +188,21 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (batch, tgt_len, d_model) -> output (batch, tgt_len, d_model) and, when asked,
-        attention probabilities averaged over heads (batch, tgt_len, src_len)."""
+        """x (rows, tgt_len, d_model) -> output (rows, tgt_len, d_model) and, when asked,
+        attention probabilities averaged over heads (rows, tgt_len, src_len).
+
+        keys/values (sentences, heads, src_len, head_dim) and bias (sentences, 1, 1, src_len)
+        have one row per sentence; x has `rows = sentences x hypotheses` rows, sentence-major
+        (1 hypothesis except in beam search). A sentence's hypotheses share its keys/values:
+        their queries are attended as more query positions of that sentence, so the
+        keys/values are never copied per hypothesis.
+        """
+        rows, tgt_len, d_model = x.shape
+        x = x.reshape(keys.shape[0], -1, d_model)  # (sentences, hypotheses * tgt_len, d_model)
         q = split_heads(self.q_proj(to_compute_dtype(x)), self.heads)
         output, weights = self.attention(q, keys, values, bias, False, need_weights)
-        output = self.out_proj(merge_heads(output))
-        return output, (weights.mean(dim=1) if need_weights else None)
+        output = self.out_proj(merge_heads(output)).view(rows, tgt_len, d_model)
+        return output, (weights.mean(dim=1).view(rows, tgt_len, -1) if need_weights else None)
 
 
 def _use_sdpa(impl: str, x: Tensor) -> bool:

@@ -13,6 +13,7 @@ position `state.step`.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -92,3 +93,16 @@ class RotaryPositions(nn.Module):
         sin = self.sin[offset : offset + length, None, :].to(x.dtype)
         first, second = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def position_limit(model) -> Optional[int]:
+    """How many positions the model can embed (None: no limit, e.g. positions=none).
+
+    The model's `max_positions` if it has one, else the smallest `max_positions` of its
+    position modules (sinusoidal/learned tables, rope), which raise past it.
+    """
+    limit = getattr(model, "max_positions", None)
+    if isinstance(limit, int):
+        return limit
+    limits = [m.max_positions for m in model.modules() if isinstance(getattr(m, "max_positions", None), int)]
+    return min(limits) if limits else None

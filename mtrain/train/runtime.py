@@ -1,65 +1,23 @@
-"""Device, precision, threads and random state: what a run needs from the machine."""
+"""Random state (seeding, checkpointed generator states), and the machine settings of a run.
+
+Device, precision and threads live in the shared core `mtrain.runtime` (decoding needs them
+too); they are re-exported here for the trainer and scripts that import them from here.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import random
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import numpy as np
 import torch
 
-from mtrain.errors import MtrainError
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """'auto' -> the local rank's GPU if CUDA is usable, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise MtrainError(f"device={name!r}: not a device name (auto, cpu, cuda, cuda:N)") from error
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise MtrainError(f"device={name}: CUDA is not available on this machine; use device=cpu or auto")
-    return device
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """True on CPUs with bf16 matrix instructions (AVX512-BF16 or AMX), where bf16 pays off."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """'auto' -> bf16 where the hardware runs it fast, else fp32.
-
-    On this project's CPUs bf16 autocast trains ~2x faster per minute than fp32 at the
-    same BLEU per update (scripts/bench_train.py; figures in docs/PERFORMANCE.md).
-    """
-    if name not in PRECISIONS:
-        raise MtrainError(f"precision={name!r}: choose one of {'|'.join(PRECISIONS)}")
-    if name == "fp16" and device.type != "cuda":
-        raise MtrainError("precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_has_bf16_matmul() else "fp32"
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The autocast context for a precision (a no-op for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def set_threads(num_threads: Optional[int]) -> None:
-    if num_threads:
-        torch.set_num_threads(num_threads)
+from mtrain.runtime import (  # noqa: F401 (re-exported)
+    autocast,
+    resolve_device,
+    resolve_precision,
+    set_threads,
+)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,77 @@
+"""The torch decoding engine: precision choice, and low-precision weights cast once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import profile
+
+import mtrain.decode.torch_engine as torch_engine
+from mtrain.config import DecodeConfig, ModelConfig
+from mtrain.decode.generator import generate
+from mtrain.decode.torch_engine import TorchEngine, resolve_decode_precision, with_linear_weights_in
+from mtrain.errors import MtrainError
+from mtrain.model import build_model
+
+PAD, BOS, EOS = 1, 2, 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+    yield
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0,
+                      max_positions=64)
+    return build_model(cfg, 40, 40, PAD)  # tied output projection and embeddings
+
+
+@pytest.mark.parametrize("has_bf16,expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_decodes_in_bf16_only_on_cpus_with_bf16_products(monkeypatch, has_bf16, expected):
+    monkeypatch.setattr(torch_engine, "cpu_has_bf16_matmul", lambda: has_bf16)
+    assert resolve_decode_precision("auto", torch.device("cpu")) == expected
+    assert resolve_decode_precision("auto", torch.device("cuda")) == "fp32"
+    assert resolve_decode_precision("bf16", torch.device("cpu")) == "bf16"
+    with pytest.raises(MtrainError, match="precision='fp8'"):
+        resolve_decode_precision("fp8", torch.device("cpu"))
+
+
+def test_bf16_engine_decodes_as_autocast_does_and_leaves_the_model_alone():
+    model = tiny_model().train()
+    sources = [[5, 9, 12, 7, EOS], [8, 8, 30, EOS], [11, EOS]]
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=3)
+    engine = TorchEngine(model, PAD, BOS, EOS, "cpu", "bf16")
+    got = engine.translate_batch(sources, cfg)
+
+    src = torch.full((3, 5), PAD)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = generate(model, src, src.eq(PAD), cfg, BOS, EOS, PAD)
+    assert [[(h.tokens, h.score) for h in s] for s in got] == [[(h.tokens, h.score) for h in s] for s in expected]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.output_proj.weight is model.tgt_embed.tokens.weight  # still tied
+
+
+def test_low_precision_copy_casts_only_the_activations_at_each_step():
+    """Under inference_mode autocast does not cache weight casts: a Linear call casts its input,
+    weight and bias. With the weights cast once, only the input is."""
+    model = tiny_model()
+    decoding = with_linear_weights_in(model, torch.bfloat16)
+    assert decoding.output_proj.weight.dtype == torch.bfloat16
+    assert decoding.tgt_embed.tokens.weight.dtype == torch.float32
+    assert decoding.tgt_embed.tokens.weight is model.tgt_embed.tokens.weight  # shared, not copied
+    x = torch.randn(4, 32)
+
+    def casts(linear: nn.Linear) -> int:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16), profile() as prof:
+            linear(x)
+        return sum(event.count for event in prof.key_averages() if event.key == "aten::_to_copy")
+
+    assert casts(model.decoder[0].cross_attn.out_proj) == 3
+    assert casts(decoding.decoder[0].cross_attn.out_proj) == 1
