@@ -36,8 +36,9 @@ def run_eval(cfg: DictConfig) -> Dict[str, Any]:
         return score_hypotheses(cfg, log=print)
     if cfg.run:
         from mtrain.evaluate.report import evaluate_run
+        from mtrain.export.engine import convert_loaded
 
-        return evaluate_run(cfg, log=print)
+        return evaluate_run(cfg, log=print, convert=convert_loaded)
     raise MtrainError("nothing to evaluate: give run=RUN_DIR, hyp=FILE ref=FILE, or runs=SWEEP_DIR")
 
 

@@ -54,8 +54,14 @@ def score_hypotheses(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, 
             "sentences": len(hyps), "metrics": scores}
 
 
-def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Decode `cfg.split` of `cfg.run`, score it, write `eval/<split>.{json,md,hyp}`."""
+def evaluate_run(cfg: Any, log: Callable[[str], None] = print,
+                 convert: Optional[Callable[..., Any]] = None) -> Dict[str, Any]:
+    """Decode `cfg.split` of `cfg.run`, score it, write `eval/<split>.{json,md,hyp}`.
+
+    `convert(loaded_run, device, precision, threads)` turns the loaded checkpoint into another
+    engine for `engine=ctranslate2` (`mtrain.export.engine.convert_loaded`: export sits
+    above evaluation in the pipeline, so the CLI passes it in).
+    """
     from mtrain.decode.threads import set_decode_threads
     from mtrain.decode.translator import resolve_decode_precision
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
@@ -84,9 +90,9 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print) -> Dict[str, Any]
     model = loaded.model
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
     if cfg.engine == "ctranslate2":  # the same checkpoint, converted
-        from mtrain.export.engine import convert_loaded
-
-        model = convert_loaded(loaded, device, precision, threads)
+        if convert is None:
+            raise MtrainError("engine=ctranslate2: this caller gave no converter for the checkpoint; use `mtrain eval`")
+        model = convert(loaded, device, precision, threads)
         precision = model.translator.compute_type
 
     split = read_run_split(run, loaded.config.data, cfg.split)
