@@ -27,7 +27,7 @@ def tiny_model():
     torch.manual_seed(0)
     cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0,
                       max_positions=64)
-    return build_model(cfg, 40, 40, PAD)  # tied output projection and embeddings
+    return build_model(cfg, 40, 40, PAD, joint_vocab=True)  # tied output projection and embeddings
 
 
 @pytest.mark.parametrize("has_bf16,expected", [(True, "bf16"), (False, "fp32")])
