@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
-from mtrain.data.sources import Pair, ReadStats, clean_text
+from mtrain.data.text import Pair, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
 READ_BATCH = 2000  # rows per Arrow batch while streaming a split

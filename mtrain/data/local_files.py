@@ -21,7 +21,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
-from mtrain.data.sources import Pair, ReadStats, clean_text
+from mtrain.data.text import Pair, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
 BOM = b"\xef\xbb\xbf"
