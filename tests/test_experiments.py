@@ -23,10 +23,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtrain.cli.common import CONFIG_DIR, check_known_keys
+from mtrain.cli.common import CONFIG_DIR
 from mtrain.config import ModelConfig
+from mtrain.config_checks import check_known_keys, check_model_config
 from mtrain.model import build_model
-from mtrain.model.build import check_model_config
 from mtrain.train.schedule import LearningRateSchedule, parse_duration
 
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
+from mtrain.config import with_resolved_model
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain")
@@ -36,8 +36,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
     from mtrain.train.trainer import Trainer
 
-    if cfg.model.layers is not None:  # the shortcut sets both stacks; record what was built
-        cfg.model.encoder_layers = cfg.model.decoder_layers = cfg.model.layers
+    cfg = with_resolved_model(cfg)  # config.yaml and the checkpoints record what is built
     dist = init_distributed(cfg.train.device)
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
@@ -164,7 +163,6 @@ def _check_writable(run_dir: Path) -> None:
         ) from error
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="fit", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("fit")
 def main(cfg: DictConfig) -> None:
     run_fit(cfg, Path(HydraConfig.get().runtime.output_dir))

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 from typing import List
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.cli.evaluate import friendly_overrides, hydra_quote
 from mtrain.errors import MtrainError
 
@@ -62,8 +61,7 @@ def positional_sweep(argv: List[str]) -> List[str]:
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="report", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("report")
 def _app(cfg: DictConfig) -> None:
     run_report(cfg)
 

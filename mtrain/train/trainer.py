@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from mtrain.config import to_plain
 from mtrain.data import Batch, PreparedData, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
 from mtrain.train.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint, update_checkpoints
@@ -352,7 +353,7 @@ class Trainer:
             "rng": rng_state(),
             "trainer": asdict(self.state),
             "update": self.state.update,
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "config": to_plain(self.cfg),
             "mtrain_version": _version(),
         }
 
