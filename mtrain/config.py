@@ -323,7 +323,7 @@ class TranslateConfig:
     output: Optional[str] = None  # null: stdout
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
-    precision: Precision = Precision.auto
+    precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
     num_threads: Optional[int] = None
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
     attention: Optional[str] = None  # directory for cross-attention heat maps
@@ -348,7 +348,7 @@ class EvalConfig:
     bootstrap_samples: int = 1000
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
-    precision: Precision = Precision.auto
+    precision: str = "auto"  # as translate's
     num_threads: Optional[int] = None
     engine: Engine = Engine.torch
 

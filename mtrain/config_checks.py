@@ -25,6 +25,7 @@ from mtrain.config import (
     EvalConfig,
     FitConfig,
     ModelConfig,
+    Precision,
     ReportConfig,
     TranslateConfig,
 )
@@ -40,9 +41,11 @@ def check_config(cfg: DictConfig) -> None:
         _check_fit(cfg)
     elif schema is TranslateConfig:
         _check_decode(cfg.decode, "decode")
+        _check_decoding_precision(cfg)
         _check_translate(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
+        _check_decoding_precision(cfg)
         _at_least(cfg, "average_last", 0)
         _at_least(cfg, "bootstrap_samples", 0)
         _at_least(cfg, "chrf_word_order", 0)
@@ -190,6 +193,15 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         _at_least(decode, "top_k", 0, prefix=prefix, why="(0 samples from the whole vocabulary)")
     if decode.sampling == "topp" and not 0.0 < decode.top_p <= 1.0:
         raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
+
+
+def _check_decoding_precision(cfg: DictConfig) -> None:
+    """`precision` of translate/eval: mtrain's precisions with engine=torch (CTranslate2 also
+    takes its compute types, checked by mtrain.decode.ct2_engine)."""
+    allowed = [member.value for member in Precision]
+    if cfg.engine == "torch" and cfg.precision not in allowed:
+        raise MtrainError(f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
+                          + did_you_mean(str(cfg.precision), allowed))
 
 
 def _check_translate(cfg: DictConfig) -> None:
