@@ -53,7 +53,7 @@ def check_config(cfg: DictConfig) -> None:
     elif schema is AverageConfig:
         _at_least(cfg, "last", 1)
     elif schema is ReportConfig:
-        _at_least(cfg, "bootstrap_samples", 0, "0 leaves the bootstrap columns out")
+        _at_least(cfg, "bootstrap_samples", 0, "(0 leaves the bootstrap columns out)")
 
 
 def check_known_keys(cfg: Any, prefix: str = "") -> None:

@@ -32,8 +32,6 @@ def run_report(cfg: DictConfig):
         raise MtrainError("several run directories given: choose where the report goes with out=DIR")
     else:
         out = Path(cfg.sweep) / "report"
-    if cfg.bootstrap_samples < 0:
-        raise MtrainError(f"bootstrap_samples: {cfg.bootstrap_samples} must be 0 (off) or more")
     comparison = None
     if cfg.bootstrap_samples:
         runs = discover_runs(cfg.sweep)
