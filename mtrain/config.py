@@ -1,8 +1,10 @@
 """Typed configuration for every mtrain command, registered in Hydra's ConfigStore.
 
-The YAML files under `configs/` only set values; the dataclasses here define which keys
-exist and their types, so a typo (`model.d_modle=512`) or a wrong type (`train.lr=fast`)
-fails at composition time, naming the key, before any work starts.
+The YAML files under `configs/` only set values, and only those that differ from the
+defaults here; the dataclasses define which keys exist, their types and, for choices, their
+allowed values (`Choice` enums), so a typo (`model.d_modle=512`), a wrong type
+(`train.lr=fast`) or an unknown choice (`model.activation=rleu`) fails at composition time,
+naming the key, before any work starts. Value ranges are checked in mtrain.config_checks.
 
 Config groups mirror the package: `data/` -> mtrain.data, `tokenizer/` ->
 mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
@@ -11,10 +13,124 @@ mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class Choice(str, Enum):
+    """One of a fixed set of strings (a config key's allowed values).
+
+    OmegaConf refuses any other value when the config is composed, naming the key. A member
+    is a `str` equal to its value and prints as it, so `cfg.model.norm_position == "pre"`,
+    `f"{cfg.train.precision}"`, JSON and the YAML spellings are unchanged.
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class DataFormat(Choice):
+    text = "text"
+    tsv = "tsv"
+    jsonl = "jsonl"
+
+
+class InvalidUtf8(Choice):
+    skip = "skip"
+    error = "error"
+
+
+class Normalization(Choice):
+    NFKC = "NFKC"
+    NFC = "NFC"
+
+
+class TokenizerModel(Choice):
+    unigram = "unigram"
+    bpe = "bpe"
+
+
+class Activation(Choice):
+    relu = "relu"
+    gelu = "gelu"
+    swiglu = "swiglu"
+
+
+class NormPosition(Choice):
+    pre = "pre"
+    post = "post"
+
+
+class ResidualInput(Choice):
+    raw = "raw"
+    normalized = "normalized"
+
+
+class NormType(Choice):
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+class Positions(Choice):
+    sinusoidal = "sinusoidal"
+    learned = "learned"
+    rope = "rope"
+    none = "none"
+
+
+class DecoderOrder(Choice):
+    self_cross_ffn = "self_cross_ffn"
+    cross_self_ffn = "cross_self_ffn"
+    self_ffn_cross = "self_ffn_cross"
+
+
+class AttentionImpl(Choice):
+    auto = "auto"
+    sdpa = "sdpa"
+    math = "math"
+
+
+class Scheduler(Choice):
+    inverse_sqrt = "inverse_sqrt"
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
+class Precision(Choice):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Sampling(Choice):
+    none = "none"
+    topk = "topk"
+    topp = "topp"
+
+
+class Engine(Choice):
+    torch = "torch"
+    ctranslate2 = "ctranslate2"
+
+
+class EvalSplit(Choice):
+    valid = "valid"
+    test = "test"
+
+
+class ExportFormat(Choice):
+    ctranslate2 = "ctranslate2"
 
 
 @dataclass
@@ -55,7 +171,7 @@ class CleanConfig:
     max_len_ratio: float = 3.0  # longer/shorter side, in subword tokens
     drop_identical: bool = False
     deduplicate: bool = False
-    normalize: Optional[str] = None  # NFKC | NFC | null
+    normalize: Optional[Normalization] = None
 
 
 @dataclass
@@ -65,7 +181,7 @@ class DataConfig:
     tgt: str = "en"
     # Resolution order: local_dir, then $MTRAIN_DATA_DIR/<name>, then the Hub.
     local_dir: Optional[str] = None
-    format: str = "text"  # text | tsv | jsonl
+    format: DataFormat = DataFormat.text
     # File name per split and language; `.gz` is tried too. For tsv/jsonl the
     # {lang} placeholder is absent: "{split}.tsv".
     pattern: str = "{split}.{lang}"
@@ -75,7 +191,7 @@ class DataConfig:
     # Keep only the first N training pairs (quick experiments and tests).
     train_limit: Optional[int] = None
     # What to do with a line that is not valid UTF-8: skip the pair and count it, or fail.
-    invalid_utf8: str = "skip"  # skip | error
+    invalid_utf8: InvalidUtf8 = InvalidUtf8.skip
     # Name of the test set in sacreBLEU's catalogue, for the report (e.g. "wmt14/full").
     sacrebleu_test_set: Optional[str] = None
     # Encoded corpora and tokenizers are cached here, keyed by data+settings hashes.
@@ -87,7 +203,7 @@ class DataConfig:
 @dataclass
 class TokenizerConfig:
     vocab_size: int = 8000
-    model_type: str = "unigram"  # unigram | bpe
+    model_type: TokenizerModel = TokenizerModel.unigram
     joint: bool = True  # one vocabulary for both languages
     character_coverage: float = 1.0
     max_sentences: int = 2_000_000  # SentencePiece samples at most this many sentences
@@ -106,33 +222,33 @@ class ModelConfig:
     d_model: int = 256
     heads: int = 4
     ffn_dim: int = 1024
-    activation: str = "relu"  # relu | gelu | swiglu
+    activation: Activation = Activation.relu
     dropout: float = 0.1  # residual and embedding dropout
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
-    norm_position: str = "pre"  # pre | post
+    norm_position: NormPosition = NormPosition.pre
     # What the pre-norm residual adds the sublayer's output to: the un-normalised stream x
     # (the standard: x + F(Norm(x))) or the normalised one (Norm(x) + F(Norm(x)); ablation).
-    residual_input: str = "raw"  # raw | normalized
-    norm_type: str = "layernorm"  # layernorm | rmsnorm
+    residual_input: ResidualInput = ResidualInput.raw
+    norm_type: NormType = NormType.layernorm
     shared_norm: bool = False  # one norm shared by all sublayers of a layer (ablation)
     # A norm after the last layer of each stack; null: on with pre-norm, off with post-norm
     # (there the last sublayer already ends in a norm).
     final_norm: Optional[bool] = None
-    positions: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    positions: Positions = Positions.sinusoidal
     max_positions: int = 1024
     # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.
     cross_q_proj: bool = True
     cross_k_proj: bool = True
     cross_v_proj: bool = True
     detach_memory: bool = False  # stop gradients from reaching the encoder (ablation)
-    decoder_order: str = "self_cross_ffn"  # self_cross_ffn | cross_self_ffn | self_ffn_cross
+    decoder_order: DecoderOrder = DecoderOrder.self_cross_ffn
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
     vocab_multiple: int = 8  # pad the vocabulary rows to a multiple (tensor-core shapes)
     # sdpa: torch's scaled_dot_product_attention; math: explicit matmul+softmax (faster on
     # CPU for the short sentences of small corpora); auto: measured choice per device.
-    attention_impl: str = "auto"  # auto | sdpa | math
+    attention_impl: AttentionImpl = AttentionImpl.auto
 
 
 @dataclass
@@ -143,7 +259,7 @@ class TrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     weight_decay: float = 0.0
-    scheduler: str = "inverse_sqrt"  # inverse_sqrt | cosine | linear | constant
+    scheduler: Scheduler = Scheduler.inverse_sqrt
     warmup_updates: int = 4000
     min_lr: float = 0.0
     # Horizon of cosine/linear decay, in updates. When null and train.max_time is set,
@@ -155,10 +271,10 @@ class TrainConfig:
     max_epochs: Optional[int] = None
     max_time: Optional[str] = None  # "90s", "20m", "2h"
     patience: Optional[int] = None  # validations without a val-BLEU gain before stopping
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: Optional[int] = None  # CPU intra-op threads (null: torch's default)
-    validate_every: int = 500
+    validate_every: int = 1000
     valid_bleu: bool = True
     valid_max_sentences: Optional[int] = None
     log_every: int = 50
@@ -186,7 +302,7 @@ class DecodeConfig:
     nbest: int = 1
     max_tokens: int = 8000  # per decoding batch: sentences x beam x longest source
     no_repeat_ngram: int = 0
-    sampling: str = "none"  # none | topk | topp
+    sampling: Sampling = Sampling.none
     top_k: int = 0
     top_p: float = 0.9
     temperature: float = 1.0
@@ -215,19 +331,19 @@ class TranslateConfig:
     output: Optional[str] = None  # null: stdout
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
-    precision: str = "auto"
+    precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
     num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
     attention: Optional[str] = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
-    engine: str = "torch"  # torch | ctranslate2
+    engine: Engine = Engine.torch
 
 
 @dataclass
 class EvalConfig:
     run: Optional[str] = None
     runs: Optional[str] = None  # a sweep directory (or comma-separated run dirs) to compare
-    split: str = "test"  # valid | test, of the run's data config
+    split: EvalSplit = EvalSplit.test  # of the run's data config
     hyp: Optional[str] = None
     ref: List[str] = field(default_factory=list)
     checkpoint: str = "best"
@@ -240,9 +356,9 @@ class EvalConfig:
     bootstrap_samples: int = 1000
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
-    precision: str = "auto"
+    precision: str = "auto"  # as translate's
     num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
-    engine: str = "torch"
+    engine: Engine = Engine.torch
 
 
 @dataclass
@@ -263,6 +379,28 @@ class ReportConfig:
     bootstrap_samples: int = 1000
 
 
+@dataclass
+class ExportConfig:
+    run: Optional[str] = None  # a run directory written by `mtrain fit`
+    checkpoint: str = "best"  # best | last | a path
+    format: ExportFormat = ExportFormat.ctranslate2
+    out: Optional[str] = None  # the model directory to write
+    quantization: Optional[str] = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    force: bool = False  # replace an existing `out`
+
+
+# The schema of each command's config, by config name (configs/<name>.yaml).
+APP_SCHEMAS = {
+    "fit": FitConfig,
+    "prepare": FitConfig,
+    "translate": TranslateConfig,
+    "eval": EvalConfig,
+    "average": AverageConfig,
+    "report": ReportConfig,
+    "export": ExportConfig,
+}
+
+
 def register_configs() -> None:
     """Register the schemas so YAML files in configs/ are validated against them."""
     cs = ConfigStore.instance()
@@ -271,6 +409,7 @@ def register_configs() -> None:
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="average_schema", node=AverageConfig)
     cs.store(name="report_schema", node=ReportConfig)
+    cs.store(name="export_schema", node=ExportConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="tokenizer", name="tokenizer_schema", node=TokenizerConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
@@ -279,7 +418,34 @@ def register_configs() -> None:
 
 
 def to_plain(cfg: Any) -> Dict[str, Any]:
-    """A config as plain Python containers (for checkpoints and JSON reports)."""
-    from omegaconf import OmegaConf
+    """A config as plain Python containers (for checkpoints and JSON reports); choices become
+    plain strings, so a checkpoint holding it still loads with torch.load(weights_only=True)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+def resolved_model(cfg: Any) -> ModelConfig:
+    """The model as it is built, with the derived values made explicit: `layers` (when set)
+    copied to both stacks, and `final_norm` null (auto) decided: on with pre-norm, off with
+    post-norm (whose last sublayer already ends in a norm).
+
+    `cfg`: a ModelConfig, or a DictConfig/dict of its keys. The input is not changed;
+    resolving a resolved config changes nothing.
+    """
+    if not isinstance(cfg, ModelConfig):
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg))
+    layers = cfg.layers
+    final_norm = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == NormPosition.pre
+    return dataclasses.replace(
+        cfg,
+        encoder_layers=cfg.encoder_layers if layers is None else layers,
+        decoder_layers=cfg.decoder_layers if layers is None else layers,
+        final_norm=final_norm,
+    )
+
+
+def with_resolved_model(cfg: DictConfig) -> DictConfig:
+    """A copy of a FitConfig whose `model` section says what is built (see resolved_model),
+    for what a run records (config.yaml, checkpoints); `cfg` itself is left as composed."""
+    resolved = copy.deepcopy(cfg)
+    resolved.model = OmegaConf.structured(resolved_model(cfg.model))
+    return resolved

@@ -31,9 +31,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mtrain.cli.common import CONFIG_DIR, check_known_keys
+from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import check_eval_lengths
 from mtrain.config import DataConfig, FitConfig, ModelConfig, TokenizerConfig, to_plain
+from mtrain.config_checks import check_known_keys
 from mtrain.data import prepare_data
 from mtrain.errors import MtrainError
 from mtrain.model import build_model

@@ -23,10 +23,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtrain.cli.common import CONFIG_DIR, check_known_keys
+from mtrain.cli.common import CONFIG_DIR
 from mtrain.config import ModelConfig
+from mtrain.config_checks import check_config, check_model_config
 from mtrain.model import build_model
-from mtrain.model.build import check_model_config
 from mtrain.train.schedule import LearningRateSchedule, parse_duration
 
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
@@ -87,8 +87,7 @@ def standard_value(key: str):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_composes_and_validates(preset):
     cfg, _ = composed(preset)
-    check_known_keys(cfg)
-    check_model_config(cfg.model)
+    check_config(cfg)  # keys, values and the model (what `mtrain fit` checks before it starts)
     LearningRateSchedule(cfg.train)
     assert parse_duration(cfg.train.max_time) == 20 * 60  # the 2-core, 20-minute budget
     assert cfg.data.name == "multi30k"

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.errors import MtrainError
 
 
@@ -30,8 +29,7 @@ def run_average(cfg: DictConfig) -> Path:
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="average", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("average")
 def main(cfg: DictConfig) -> None:
     run_average(cfg)
 

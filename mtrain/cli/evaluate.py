@@ -12,10 +12,9 @@ import re
 import sys
 from typing import Any, Dict, List
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain")
@@ -83,8 +82,7 @@ def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs",
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("eval")
 def _app(cfg: DictConfig) -> None:
     run_eval(cfg)
 

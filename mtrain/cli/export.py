@@ -10,31 +10,12 @@ The work is in `mtrain.export`; what is exported and what is refused is listed i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.errors import MtrainError
-
-FORMATS = ("ctranslate2",)
-
-
-@dataclass
-class ExportConfig:
-    run: Optional[str] = None  # a run directory written by `mtrain fit`
-    checkpoint: str = "best"  # best | last | a path
-    format: str = "ctranslate2"
-    out: Optional[str] = None  # the model directory to write
-    quantization: Optional[str] = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
-    force: bool = False  # replace an existing `out`
-
-
-ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 
 
 def run_export(cfg: DictConfig) -> Path:
@@ -42,8 +23,6 @@ def run_export(cfg: DictConfig) -> Path:
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
-    if cfg.format not in FORMATS:
-        raise MtrainError(f"format={cfg.format}: choose one of {'|'.join(FORMATS)}")
     if cfg.out is None:
         raise MtrainError("out=DIR is missing: the directory to write the exported model into")
     out = export_run(Path(cfg.run), Path(cfg.out), which=cfg.checkpoint, quantization=cfg.quantization,
@@ -53,8 +32,7 @@ def run_export(cfg: DictConfig) -> Path:
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="export", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("export")
 def main(cfg: DictConfig) -> None:
     run_export(cfg)
 

@@ -18,12 +18,12 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
+from mtrain.config import with_resolved_model
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text
 
@@ -37,9 +37,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     from mtrain.train.faults import StopSignal
     from mtrain.train.trainer import TrainState, budget_reason
 
-    if cfg.model.layers is not None:  # record what is built (both stacks), in a copy of the config
-        cfg = cfg.copy()
-        cfg.model.encoder_layers = cfg.model.decoder_layers = cfg.model.layers
+    cfg = with_resolved_model(cfg)  # config.yaml and the checkpoints record what is built
     run = RunDir(run_dir)
     resume_path = _check_run_dir(run, cfg)
     resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
@@ -269,7 +267,6 @@ def _check_writable(run_dir: Path) -> None:
         ) from error
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="fit", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("fit")
 def main(cfg: DictConfig) -> None:
     run_fit(cfg, Path(HydraConfig.get().runtime.output_dir))

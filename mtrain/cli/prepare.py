@@ -6,14 +6,12 @@ corpus: it prints pairs read, filtered by reason, kept, tokens per side and the 
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="prepare", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("prepare")
 def main(cfg: DictConfig) -> None:
     from mtrain.data.prepare import prepare_data
 

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 from typing import List
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.cli.evaluate import friendly_overrides, hydra_quote
 from mtrain.errors import MtrainError
 
@@ -33,8 +32,6 @@ def run_report(cfg: DictConfig):
         raise MtrainError("several run directories given: choose where the report goes with out=DIR")
     else:
         out = Path(cfg.sweep) / "report"
-    if cfg.bootstrap_samples < 0:
-        raise MtrainError(f"bootstrap_samples: {cfg.bootstrap_samples} must be 0 (off) or more")
     comparison = None
     if cfg.bootstrap_samples:
         runs = discover_runs(cfg.sweep)
@@ -62,8 +59,7 @@ def positional_sweep(argv: List[str]) -> List[str]:
     return out
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="report", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("report")
 def _app(cfg: DictConfig) -> None:
     run_report(cfg)
 

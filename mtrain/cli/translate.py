@@ -17,10 +17,9 @@ import logging
 import os
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from mtrain.cli.common import CONFIG_DIR, user_errors_as_messages
+from mtrain.cli.common import mtrain_app
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.translate")
@@ -59,8 +58,7 @@ def run_translate(cfg: DictConfig) -> None:
     log.info("translated %d lines", report.lines)
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="translate", version_base="1.3")
-@user_errors_as_messages
+@mtrain_app("translate")
 def main(cfg: DictConfig) -> None:
     try:
         run_translate(cfg)

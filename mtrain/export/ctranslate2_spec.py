@@ -36,7 +36,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from mtrain.config import ModelConfig
+from mtrain.config import ModelConfig, resolved_model
 from mtrain.errors import MtrainError
 from mtrain.model.positions import sinusoidal_table
 
@@ -86,10 +86,9 @@ def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], 
 
     check_exportable(cfg)
     state = {name: tensor.detach().float().cpu() for name, tensor in state.items()}
-    encoder_layers = cfg.layers if cfg.layers is not None else cfg.encoder_layers
-    decoder_layers = cfg.layers if cfg.layers is not None else cfg.decoder_layers
+    cfg = resolved_model(cfg)
+    encoder_layers, decoder_layers, final_norm = cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm
     pre_norm = cfg.norm_position == "pre"
-    final_norm = cfg.final_norm if cfg.final_norm is not None else pre_norm
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                   "swiglu": common_spec.Activation.SWISH}[cfg.activation]
     common = dict(

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from mtrain.config import resolved_model, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write
 from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
@@ -82,8 +83,15 @@ def data_fingerprints(corpus: str, tokenizer: str) -> Dict[str, str]:
 def check_resumable_config(state: Dict[str, Any], cfg: DictConfig, path: Path) -> None:
     """Refuse, with one line naming the key, to continue a checkpoint with other model or
     tokenizer settings."""
-    saved = state.get("config", {})
-    current = OmegaConf.to_container(cfg, resolve=True)
+    saved = dict(state.get("config", {}))
+    current = to_plain(cfg)
+    # Older runs stored `layers`/`final_norm` unresolved: compare what was built on both sides.
+    try:
+        saved["model"] = to_plain(OmegaConf.structured(resolved_model(saved.get("model", {}))))
+    except Exception as error:  # noqa: BLE001 - an unknown key or a wrong type in the stored config
+        raise MtrainError(f"{path}: its stored model config does not fit this mtrain version "
+                          f"({str(error).splitlines()[0]}); start a new run") from error
+    current["model"] = to_plain(OmegaConf.structured(resolved_model(current.get("model", {}))))
     for section in RESUME_SECTIONS:
         old, new = saved.get(section, {}), current.get(section, {})
         for key in sorted(set(old) | set(new)):

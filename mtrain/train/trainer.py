@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from mtrain.config import to_plain
 from mtrain.data import Batch, EncodedCorpus, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
 from mtrain.train.checkpointing import Checkpointer
@@ -391,7 +392,7 @@ class Trainer:
             "rng": rng_state(),
             "trainer": asdict(self.state),
             "update": self.state.update,
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "config": to_plain(self.cfg),
             "mtrain_version": __version__,
             **self.checkpoint_extras,
         }

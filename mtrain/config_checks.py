@@ -1,0 +1,280 @@
+"""Value checks of a composed config: the one home of every range and cross-key rule.
+
+OmegaConf checks keys, types and choices while Hydra composes the config (mtrain.config);
+what a type cannot say (a beam of 0, a negative learning rate, "2min" as a duration, heads
+that do not divide d_model) is checked here. `check_config` runs once at the start of every
+command, before any data is read or any file written (mtrain.cli.common), so each bad value
+costs one line, `<key>: <why>`, not a traceback after the training budget is spent.
+`check_model_config` also guards `build_model` for library callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from mtrain.config import (
+    AverageConfig,
+    EvalConfig,
+    FitConfig,
+    ModelConfig,
+    Precision,
+    ReportConfig,
+    TranslateConfig,
+)
+from mtrain.errors import MtrainError
+from mtrain.train.schedule import parse_duration
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise MtrainError("<key>: <why>") for the first bad value of a command's config."""
+    check_known_keys(cfg)
+    schema = OmegaConf.get_type(cfg)
+    if schema is FitConfig:
+        _check_fit(cfg)
+    elif schema is TranslateConfig:
+        _check_decode(cfg.decode, "decode")
+        _check_decoding_precision(cfg)
+        _check_translate(cfg)
+    elif schema is EvalConfig:
+        _check_decode(cfg.decode, "decode")
+        _check_decoding_precision(cfg)
+        _at_least(cfg, "average_last", 0)
+        _at_least(cfg, "bootstrap_samples", 0)
+        _at_least(cfg, "chrf_word_order", 0)
+        _optional_at_least(cfg, "num_threads", 1)
+    elif schema is AverageConfig:
+        _at_least(cfg, "last", 1)
+    elif schema is ReportConfig:
+        _at_least(cfg, "bootstrap_samples", 0, "(0 leaves the bootstrap columns out)")
+
+
+def check_known_keys(cfg: Any, prefix: str = "") -> None:
+    """Refuse keys outside the typed schema. Hydra rejects `model.d_modle=512`, but
+    `+model.d_modle=512` appends the key even to a typed config, and nothing would read it."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form mapping (e.g. data.hub.splits)
+    known = [field.name for field in dataclasses.fields(schema)]
+    for key in cfg:
+        if key not in known:
+            raise MtrainError(f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
+                              + did_you_mean(str(key), known, prefix))
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig):
+            check_known_keys(child, f"{prefix}{key}.")
+
+
+def did_you_mean(word: str, candidates: List[str], prefix: str = "") -> str:
+    """' (did you mean <prefix><closest>?)', or '' when nothing is close."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of a config dataclass, nested sections included."""
+    for field in dataclasses.fields(schema):
+        key = f"{prefix}{field.name}"
+        yield key
+        field_type = typing.get_type_hints(schema)[field.name]
+        if dataclasses.is_dataclass(field_type):
+            yield from schema_keys(field_type, f"{key}.")
+
+
+def check_model_config(cfg: Any, prefix: str = "model") -> None:
+    """Raise MtrainError("model.<key>: ...") for the first invalid ModelConfig value."""
+    _check_choices(cfg, ModelConfig, prefix)
+    for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "ffn_dim", "max_positions", "vocab_multiple"):
+        _at_least(cfg, key, 1, prefix=prefix)
+    _optional_at_least(cfg, "layers", 1, prefix=prefix)
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        _fraction(cfg, key, prefix)
+    if cfg.residual_input == "normalized" and cfg.norm_position != "pre":
+        raise MtrainError(
+            f"{prefix}.residual_input: normalized needs {prefix}.norm_position=pre (post-norm's stream is "
+            "normalised after every sublayer already)"
+        )
+    if cfg.d_model % cfg.heads:
+        raise MtrainError(f"{prefix}.heads: {cfg.heads} does not divide {prefix}.d_model={cfg.d_model}")
+    if cfg.positions == "rope" and (cfg.d_model // cfg.heads) % 2:
+        raise MtrainError(
+            f"{prefix}.positions: rope needs an even head size, got d_model/heads = {cfg.d_model // cfg.heads}"
+        )
+
+
+# ----------------------------------------------------------------------------- per command
+def _check_fit(cfg: DictConfig) -> None:
+    if not 0 <= cfg.seed < 2**32:
+        raise MtrainError(f"seed: {cfg.seed} must be in [0, 2**32) (numpy's seed range)")
+    _check_data(cfg.data)
+    _check_tokenizer(cfg.tokenizer)
+    check_model_config(cfg.model)
+    _check_train(cfg.train)
+    _check_decode(cfg.decode, "decode")
+    _at_least(cfg.decode, "valid_beam", 1, prefix="decode")
+
+
+def _check_data(data: DictConfig) -> None:
+    _optional_at_least(data, "train_limit", 1, prefix="data")
+    _at_least(data, "num_workers", 1, prefix="data")
+    _at_least(data, "chunk_size", 1, prefix="data")
+    _at_least(data.clean, "max_len", 1, prefix="data.clean")
+    _at_least(data.clean, "min_len", 0, prefix="data.clean")
+    if data.clean.min_len > data.clean.max_len:
+        raise MtrainError(f"data.clean.min_len: {data.clean.min_len} is above data.clean.max_len={data.clean.max_len}")
+    _at_least(data.clean, "max_len_ratio", 1.0, prefix="data.clean", why="(the longer side over the shorter)")
+
+
+def _check_tokenizer(tokenizer: DictConfig) -> None:
+    _at_least(tokenizer, "max_sentences", 1, prefix="tokenizer")
+    if not 0.0 < tokenizer.character_coverage <= 1.0:
+        raise MtrainError(f"tokenizer.character_coverage: {tokenizer.character_coverage} must be in (0, 1]")
+    special = {name: tokenizer[name] for name in ("unk_id", "pad_id", "bos_id", "eos_id")}
+    _at_least(tokenizer, "vocab_size", len(special) + 1, prefix="tokenizer",
+              why="(room for unk, pad, bos, eos and at least one piece)")
+    for name, value in special.items():
+        if not 0 <= value < tokenizer.vocab_size:
+            raise MtrainError(f"tokenizer.{name}: {value} must be in [0, tokenizer.vocab_size={tokenizer.vocab_size})")
+    if len(set(special.values())) < len(special):
+        raise MtrainError(f"tokenizer.unk_id/pad_id/bos_id/eos_id: {list(special.values())} must be four different ids")
+
+
+def _check_train(train: DictConfig) -> None:
+    for key in ("max_tokens", "update_freq", "validate_every", "log_every", "keep_last", "max_bad_updates",
+                "max_oom_batches", "instrument_every"):
+        _at_least(train, key, 1, prefix="train")
+    for key in ("decay_updates", "max_updates", "max_epochs", "patience", "num_threads", "valid_max_sentences"):
+        _optional_at_least(train, key, 1, prefix="train")
+    for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr"):
+        _at_least(train, key, 0, prefix="train")
+    if not train.lr > 0:
+        raise MtrainError(f"train.lr: {train.lr} must be > 0")
+    if train.min_lr > train.lr:
+        raise MtrainError(f"train.min_lr: {train.min_lr} is above train.lr={train.lr}")
+    if not train.eps > 0:
+        raise MtrainError(f"train.eps: {train.eps} must be > 0")
+    if len(train.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in train.betas):
+        raise MtrainError(f"train.betas: {list(train.betas)} must be two numbers in [0, 1), e.g. [0.9,0.98]")
+    _fraction(train, "label_smoothing", "train")
+    try:
+        seconds = parse_duration(train.max_time, "train.max_time")
+    except MtrainError:
+        raise MtrainError(f"train.max_time: {train.max_time!r} is not a duration; write e.g. 90s, 20m or 2h") from None
+    if seconds is not None and seconds <= 0:
+        raise MtrainError(f"train.max_time: {train.max_time!r} must be a positive duration, e.g. 90s, 20m or 2h")
+    if train.scheduler in ("cosine", "linear") and train.decay_updates is None and train.max_time is None \
+            and train.max_updates is None:
+        raise MtrainError(f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
+                          "train.max_updates or train.max_time")
+
+
+def _check_decode(decode: DictConfig, prefix: str) -> None:
+    for key in ("beam", "nbest", "max_tokens"):
+        _at_least(decode, key, 1, prefix=prefix)
+    for key in ("max_len_a", "max_len_b", "min_len", "no_repeat_ngram", "seed"):
+        _at_least(decode, key, 0, prefix=prefix)
+    if decode.max_len_a == 0 and decode.max_len_b == 0:
+        raise MtrainError(f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)")
+    if decode.sampling == "none":
+        if decode.nbest > decode.beam:
+            raise MtrainError(f"{prefix}.nbest: {decode.nbest} is above {prefix}.beam={decode.beam} (beam search "
+                              f"keeps only `beam` hypotheses); raise {prefix}.beam")
+        return
+    if not decode.temperature > 0:
+        raise MtrainError(f"{prefix}.temperature: {decode.temperature} must be > 0")
+    if decode.sampling == "topk":
+        _at_least(decode, "top_k", 0, prefix=prefix, why="(0 samples from the whole vocabulary)")
+    if decode.sampling == "topp" and not 0.0 < decode.top_p <= 1.0:
+        raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
+
+
+def _check_decoding_precision(cfg: DictConfig) -> None:
+    """`precision` of translate/eval: mtrain's precisions with engine=torch (CTranslate2 also
+    takes its compute types, checked by mtrain.decode.ct2_engine)."""
+    allowed = [member.value for member in Precision]
+    if cfg.engine == "torch" and cfg.precision not in allowed:
+        raise MtrainError(f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
+                          + did_you_mean(str(cfg.precision), allowed))
+
+
+def _check_translate(cfg: DictConfig) -> None:
+    _at_least(cfg, "max_input_tokens", 1)
+    _optional_at_least(cfg, "num_threads", 1)
+    layer = str(cfg.attention_layer)
+    if layer not in ("last", "all") and not layer.lstrip("-").isdigit():
+        raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
+    if cfg.output is not None:
+        check_writable_file(Path(cfg.output), "output")
+
+
+# ----------------------------------------------------------------------------- paths
+def check_writable_file(path: Path, key: str) -> None:
+    """A file `path` can be created or replaced (its directory exists and is writable)."""
+    if path.is_dir():
+        raise MtrainError(f"{key}: {path} is a directory; give a file name")
+    directory = path.parent
+    if not directory.is_dir():
+        raise MtrainError(f"{key}: {path}: the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise MtrainError(f"{key}: {path} is not writable; choose another path")
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """A directory `path` exists and is writable, or can be created."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise MtrainError(f"{key}: {path} {what}; choose another with {key}=PATH")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MtrainError(f"{key}: {path} is not writable ({existing} denies writing); choose another with {key}=PATH")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _key(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _at_least(section: Any, key: str, minimum: float, why: str = "", prefix: str = "") -> None:
+    value = getattr(section, key)
+    if value < minimum:
+        raise MtrainError(f"{_key(prefix, key)}: {value} must be >= {minimum}" + (f" {why}" if why else ""))
+
+
+def _optional_at_least(section: Any, key: str, minimum: float, prefix: str = "") -> None:
+    value = getattr(section, key)
+    if value is not None and value < minimum:
+        raise MtrainError(f"{_key(prefix, key)}: {value} must be >= {minimum} (or null)")
+
+
+def _fraction(section: Any, key: str, prefix: str) -> None:
+    value = getattr(section, key)
+    if not 0.0 <= value < 1.0:
+        raise MtrainError(f"{_key(prefix, key)}: {value} must be in [0, 1)")
+
+
+def _check_choices(section: Any, schema: type, prefix: str) -> None:
+    """Choice fields hold one of their values. OmegaConf enforces this for a composed config;
+    a dataclass built in code (a library caller, a test) is checked here."""
+    for name, field_type in typing.get_type_hints(schema).items():
+        choice = _choice_type(field_type)
+        value = getattr(section, name)
+        if choice is not None and value is not None and value not in {member.value for member in choice}:
+            allowed = "|".join(member.value for member in choice)
+            raise MtrainError(f"{prefix}.{name}: {value!r} is not one of {allowed}"
+                              + did_you_mean(str(value), [member.value for member in choice]))
+
+
+def _choice_type(field_type: Any) -> Optional[type]:
+    for candidate in (field_type, *typing.get_args(field_type)):  # Optional[X] is Union[X, None]
+        if isinstance(candidate, type) and issubclass(candidate, Enum):
+            return candidate
+    return None

@@ -1,0 +1,259 @@
+"""Every bad config value and every override Hydra cannot apply is refused before any work:
+one `mtrain: error: <key>: <why>` line, exit status 2, no traceback, nothing written.
+
+Most cases run the check in-process (`check_before_run`, what each command's `main()` calls
+before Hydra starts; milliseconds each); a few run the `mtrain` command itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from mtrain.cli.common import CONFIG_DIR, check_before_run
+from mtrain.config import (
+    Activation,
+    DataConfig,
+    DecodeConfig,
+    FitConfig,
+    ModelConfig,
+    TokenizerConfig,
+    TrainConfig,
+    resolved_model,
+    to_plain,
+    with_resolved_model,
+)
+
+# (overrides, the key the one error line must start with)
+BAD_FIT_VALUES = [
+    (["decode.beam=0"], "decode.beam"),
+    (["decode.valid_beam=0"], "decode.valid_beam"),
+    (["train.validate_every=0"], "train.validate_every"),
+    (["train.log_every=0"], "train.log_every"),
+    (["train.max_tokens=0"], "train.max_tokens"),
+    (["train.max_tokens=-5"], "train.max_tokens"),
+    (["train.lr=-1"], "train.lr"),
+    (["train.betas=[0.9]"], "train.betas"),
+    (["train.betas=[0.9,1.5]"], "train.betas"),
+    (["train.num_threads=-1"], "train.num_threads"),
+    (["seed=-1"], "seed"),
+    (["decode.sampling=topk", "decode.nbest=0"], "decode.nbest"),
+    (["decode.sampling=topk", "decode.top_k=-1"], "decode.top_k"),
+    (["decode.sampling=topp", "decode.top_p=0"], "decode.top_p"),
+    (["decode.sampling=topp", "decode.temperature=0"], "decode.temperature"),
+    (["decode.nbest=6"], "decode.nbest"),
+    (["train.update_freq=0"], "train.update_freq"),
+    (["train.label_smoothing=2"], "train.label_smoothing"),
+    (["train.label_smoothing=-0.1"], "train.label_smoothing"),
+    (["decode.max_len_a=-5", "decode.max_len_b=-5"], "decode.max_len_a"),
+    (["decode.max_len_b=-5"], "decode.max_len_b"),
+    (["decode.max_len_a=0", "decode.max_len_b=0"], "decode.max_len_a/max_len_b"),
+    (["train.max_time=2min"], "train.max_time"),
+    (["train.max_time=0s"], "train.max_time"),
+    (["train.keep_last=0"], "train.keep_last"),
+    (["train.patience=0"], "train.patience"),
+    (["train.clip_norm=-1"], "train.clip_norm"),
+    (["train.eps=0"], "train.eps"),
+    (["train.scheduler=cosine"], "train.scheduler"),
+    (["model.dropout=1"], "model.dropout"),
+    (["model.attention_dropout=-0.1"], "model.attention_dropout"),
+    (["model.heads=5"], "model.heads"),
+    (["model.layers=0"], "model.layers"),
+    (["model.norm_position=post", "model.residual_input=normalized"], "model.residual_input"),
+    (["tokenizer.vocab_size=0"], "tokenizer.vocab_size"),
+    (["tokenizer.pad_id=0"], "tokenizer.unk_id/pad_id/bos_id/eos_id"),
+    (["tokenizer.character_coverage=0"], "tokenizer.character_coverage"),
+    (["data.clean.max_len=0"], "data.clean.max_len"),
+    (["data.clean.max_len_ratio=0.5"], "data.clean.max_len_ratio"),
+    (["data.train_limit=0"], "data.train_limit"),
+]
+
+# (overrides, the start of the one error line, a part of it)
+BAD_OVERRIDES = [
+    (["train.max_tokes=1"], "train.max_tokes: unknown config key", "(did you mean train.max_tokens?)"),
+    (["trian.lr=1"], "trian.lr: unknown config key", "(did you mean train.lr?)"),
+    (["+train.max_tokes=1"], "train.max_tokes: unknown config key", "(did you mean train.max_tokens?)"),
+    (["train.lr=fast"], "train.lr: 'fast' is not a float", ""),
+    (["model.final_norm=maybe"], "model.final_norm:", "maybe"),
+    (["model.activation=rleu"], "model.activation: 'rleu' is not one of relu|gelu|swiglu", "(did you mean relu?)"),
+    (["decode.sampling=top_p"], "decode.sampling: 'top_p' is not one of none|topk|topp", "(did you mean topp?)"),
+    (["train.precision=bf61"], "train.precision:", "(did you mean bf16?)"),
+    (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
+    (["experiment=multi30k"], "experiment: no preset named 'multi30k'", "(did you mean experiment=multi30k_cpu?)"),
+    (["train.max_tokens=1,2"], "train.max_tokens: '1,2' is several values", "-m"),
+    (["foo"], "foo: not an override of the form key=value", ""),
+]
+
+
+def run_check(app: str, argv: list[str], capsys) -> tuple[int, list[str]]:
+    """(exit status, stderr lines) of the check before `mtrain <app> <argv>`; 0 when it passes."""
+    try:
+        check_before_run(app, argv)
+        status = 0
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err.splitlines()
+
+
+def assert_refused(status: int, lines: list[str], start: str, part: str = "") -> None:
+    assert status == 2, lines
+    assert len(lines) == 1 and lines[0].startswith(f"mtrain: error: {start}") and part in lines[0], lines
+
+
+@pytest.fixture(autouse=True)
+def _no_full_errors(monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+
+
+@pytest.mark.parametrize("overrides, key", BAD_FIT_VALUES, ids=[" ".join(o) for o, _ in BAD_FIT_VALUES])
+def test_a_bad_value_is_one_line_before_the_run_directory_exists(overrides, key, tmp_path, capsys):
+    status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert_refused(status, lines, f"{key}: ")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, start, part", BAD_OVERRIDES, ids=[" ".join(o) for o, _, _ in BAD_OVERRIDES])
+def test_an_override_hydra_cannot_apply_is_one_line_with_a_suggestion(overrides, start, part, tmp_path, capsys):
+    status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert_refused(status, lines, start, part)
+    assert not (tmp_path / "run").exists()
+
+
+def test_good_configs_pass_and_write_nothing(tmp_path, capsys):
+    assert run_check("fit", ["experiment=multi30k_cpu", f"hydra.run.dir={tmp_path / 'run'}"], capsys) == (0, [])
+    assert run_check("fit", ["-m", "experiment=ablation_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                     capsys) == (0, [])
+    assert run_check("translate", ["run=somewhere", "decode=sample", "decode.nbest=4"], capsys) == (0, [])
+    assert run_check("eval", ["hyp=h.txt", "ref=[r.txt]"], capsys) == (0, [])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path, capsys):
+    status, lines = run_check("fit", ["-m", "train.lr=1e-3,-1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys)
+    assert_refused(status, lines, "train.lr: -1.0 must be > 0", "(sweep job train.lr=-1 ")
+    status, lines = run_check("fit", ["-m", "model.activation=relu,gleu"], capsys)
+    assert_refused(status, lines, "model.activation: 'gleu' is not one of relu|gelu|swiglu", "(did you mean gelu?)")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_run_directory_that_cannot_be_made(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    status, lines = run_check("fit", [f"hydra.run.dir={tmp_path / 'file'}"], capsys)
+    assert_refused(status, lines, f"hydra.run.dir: {tmp_path / 'file'} is a file")
+    status, lines = run_check("fit", [f"hydra.run.dir={tmp_path / 'file' / 'run'}"], capsys)
+    assert_refused(status, lines, "hydra.run.dir:", "is a file")
+    if os.geteuid() != 0:  # root may write anywhere
+        (tmp_path / "locked").mkdir(mode=0o500)
+        status, lines = run_check("fit", [f"hydra.run.dir={tmp_path / 'locked' / 'run'}"], capsys)
+        assert_refused(status, lines, "hydra.run.dir:", "is not writable")
+
+
+def test_translate_values(tmp_path, capsys):
+    for argv, start in (([f"output={tmp_path / 'missing' / 'out.txt'}"], "output:"),
+                        ([f"output={tmp_path}"], "output:"),
+                        (["decode.beam=0"], "decode.beam:"),
+                        (["precision=int8"], "precision: 'int8' is not one of auto|fp32|bf16|fp16 with engine=torch"),
+                        (["attention_layer=first"], "attention_layer:"),
+                        (["engine=onnx"], "engine: 'onnx' is not one of torch|ctranslate2")):
+        status, lines = run_check("translate", ["run=somewhere", *argv], capsys)
+        assert_refused(status, lines, start)
+    assert run_check("translate", ["run=x", "engine=ctranslate2", "precision=int8"], capsys) == (0, [])
+
+
+def test_help_and_cfg_stay_hydras_and_cfg_still_refuses_a_typo(capsys):
+    assert run_check("fit", ["--help"], capsys) == (0, [])
+    assert run_check("fit", ["--cfg", "job", "train.max_time=2min"], capsys) == (0, [])  # prints, runs nothing
+    status, lines = run_check("fit", ["--cfg", "job", "train.max_tokes=1"], capsys)
+    assert_refused(status, lines, "train.max_tokes: unknown config key")
+
+
+def test_hydra_full_error_shows_hydras_own_error(monkeypatch, capsys):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ConfigCompositionException, match="train.max_tokes"):
+        check_before_run("fit", ["train.max_tokes=1"])
+
+
+def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    script = Path(sys.executable).with_name("mtrain")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "mtrain"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["fit", "decode.beam=0"], "decode.beam: 0 must be >= 1"),
+    (["fit", "train.max_tokes=1"], "train.max_tokes: unknown config key; check its spelling (did you mean "
+                                   "train.max_tokens?)"),
+    (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
+    (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
+])
+def test_the_command_prints_one_line_and_exits_2(argv, start, tmp_path):
+    result = _mtrain(*argv, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"mtrain: error: {start}") and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- config.py
+def test_choices_read_as_their_strings():
+    cfg = OmegaConf.structured(FitConfig)
+    assert cfg.model.activation == "relu" and isinstance(cfg.model.activation, Activation)
+    assert f"{cfg.model.activation}" == str(cfg.model.activation) == "relu"
+    assert {"relu": 1}[cfg.model.activation] == 1 and cfg.model.decoder_order.split("_") == ["self", "cross", "ffn"]
+    assert json.loads(json.dumps({"a": cfg.model.activation})) == {"a": "relu"}
+    plain = to_plain(cfg)
+    assert type(plain["model"]["activation"]) is str and type(plain["train"]["precision"]) is str
+    assert OmegaConf.to_yaml(cfg).count("activation: relu") == 1
+
+
+def test_resolved_model_makes_the_derived_values_explicit_without_changing_its_input():
+    composed = OmegaConf.structured(FitConfig(model=ModelConfig(layers=4)))
+    resolved = resolved_model(composed.model)
+    assert (resolved.encoder_layers, resolved.decoder_layers, resolved.final_norm) == (4, 4, True)
+    assert resolved_model(ModelConfig(norm_position="post")).final_norm is False
+    assert resolved_model(ModelConfig(final_norm=False)).final_norm is False
+    assert resolved_model(resolved) == resolved
+    recorded = with_resolved_model(composed)
+    assert (recorded.model.encoder_layers, recorded.model.final_norm) == (4, True)
+    assert (composed.model.encoder_layers, composed.model.final_norm) == (3, None)  # the user's config as composed
+
+
+SECTIONS = {"data": DataConfig, "tokenizer": TokenizerConfig, "model": ModelConfig, "train": TrainConfig,
+            "decode": DecodeConfig}
+
+
+def _restated_defaults(values: dict, schema: type, prefix: str) -> list[str]:
+    defaults = schema()
+    restated = []
+    for key, value in values.items():
+        default = getattr(defaults, key, None)
+        if dataclasses.is_dataclass(default):
+            restated += _restated_defaults(value or {}, type(default), f"{prefix}{key}.")
+        elif hasattr(defaults, key) and default == value:
+            restated.append(f"{prefix}{key}")
+    return restated
+
+
+def test_yaml_files_state_only_what_differs_from_the_schema():
+    restated = []
+    for group, schema in SECTIONS.items():
+        for path in sorted((Path(CONFIG_DIR) / group).glob("*.yaml")):
+            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            restated += [f"{path.name}: {key}" for key in _restated_defaults(values, schema, f"{group}.")]
+    for path in sorted((Path(CONFIG_DIR) / "experiment").glob("*.yaml")):
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for group, schema in SECTIONS.items():
+            restated += [f"{path.name}: {key}" for key in _restated_defaults(values.get(group) or {}, schema,
+                                                                             f"{group}.")]
+    assert not restated, restated
