@@ -122,11 +122,11 @@ def _check_job(cfg: DictConfig, multirun: bool) -> None:
         task = cfg.copy()
         del task["hydra"]
     check_config(task)
-    if hydra_cfg.output_subdir is not None:  # Hydra writes .hydra/ (and the log) into the job's directory
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        directory = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-        if directory is not None:
-            check_writable_dir(Path(str(directory)), key)
+    # Hydra makes the job's directory and opens its log there before the task runs.
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    directory = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+    if directory is not None:
+        check_writable_dir(Path(str(directory)), key)
 
 
 def _composed_jobs(config_name: str, overrides: List[str], multirun: bool) -> List[Tuple[str, DictConfig]]:
