@@ -166,6 +166,10 @@ class TrainConfig:
     max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
     instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
     instrument_every: int = 100
+    # Warmup as a share of train.max_time ("9%") or a duration ("60s"), so the learning-rate
+    # curve has the same shape on a slow machine as on a fast one. Used only when max_time is
+    # set, and then instead of warmup_updates (see mtrain/train/schedule.py).
+    warmup_time: Optional[str] = None
 
 
 @dataclass
