@@ -96,6 +96,7 @@ class Trainer:
             shuffle=True,
             num_replicas=dist.world_size,
             rank=dist.rank,
+            pad_to_multiple=self.train_cfg.pad_to_multiple,
         )
         self.state = TrainState()
         self.max_seconds = parse_duration(self.train_cfg.max_time)
@@ -255,7 +256,8 @@ class Trainer:
                 continue
             indices = self._epoch_batches[self.state.batch_in_epoch]
             self.state.batch_in_epoch += 1
-            batch = collate(self.data.train, indices, self.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id)
+            batch = collate(self.data.train, indices, self.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id,
+                            self.train_cfg.pad_to_multiple)
             if self.device.type == "cuda":  # pinned host memory lets the copy overlap compute
                 batch = batch.pin_memory()
             batches.append(batch.to(self.device, non_blocking=True))
