@@ -290,6 +290,13 @@ class TrainConfig:
     max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
     instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
     instrument_every: int = 100
+    # Warmup as a share of train.max_time ("9%") or a duration ("60s"), so the learning-rate
+    # curve has the same shape on a slow machine as on a fast one. Used only when max_time is
+    # set, and then instead of warmup_updates (see mtrain/train/schedule.py).
+    warmup_time: Optional[str] = None
+    # Round training batches' src/tgt lengths up to a multiple of this (1: no rounding), which
+    # bounds the number of batch shapes per epoch (torch.compile, allocator); mtrain/data/batching.py.
+    pad_to_multiple: int = 1
 
 
 @dataclass

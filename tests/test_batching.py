@@ -149,3 +149,44 @@ def test_budget_and_coverage_hold_for_any_lengths(lengths, max_tokens, epoch):
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
     for b in batches:
         assert len(b) == 1 or batch_cost(sampler, b) <= max_tokens
+
+
+def batch_shapes(corpus: EncodedCorpus, batches, multiple: int) -> set:
+    shapes = set()
+    for b in batches:
+        tensors = collate(corpus, b, PAD, BOS, EOS, pad_to_multiple=multiple)
+        assert tensors.src_tokens.shape == tensors.src_padding_mask.shape
+        shapes.add((len(b), tensors.src_tokens.shape[1], tensors.tgt_input.shape[1]))
+    return shapes
+
+
+def test_pad_to_multiple_rounds_lengths_and_keeps_contents():
+    corpus = random_corpus(50, seed=6)
+    plain = collate(corpus, [3, 7, 9], PAD, BOS, EOS)
+    padded = collate(corpus, [3, 7, 9], PAD, BOS, EOS, pad_to_multiple=8)
+    for name in ("src_tokens", "tgt_input", "tgt_output"):
+        wide, narrow = getattr(padded, name), getattr(plain, name)
+        assert wide.shape[1] % 8 == 0 and wide.shape[1] - narrow.shape[1] < 8
+        assert torch.equal(wide[:, :narrow.shape[1]], narrow) and (wide[:, narrow.shape[1]:] == PAD).all()
+    assert padded.src_padding_mask[:, plain.src_tokens.shape[1]:].all()
+    assert (padded.num_src_tokens, padded.num_tgt_tokens) == (plain.num_src_tokens, plain.num_tgt_tokens)
+
+
+def test_bucketed_epochs_have_few_shapes_whatever_the_corpus_size():
+    """The number of batch shapes is bounded by the length range, not by the corpus size."""
+    counts = {}
+    for n in (3000, 20000):
+        corpus = random_corpus(n, seed=8, max_len=40)
+        for multiple in (1, 8):
+            sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=1024, seed=1,
+                                        pad_to_multiple=multiple)
+            batches = sampler.batches(1)
+            assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+            for b in batches[:50]:  # the budget holds for the padded tensors
+                tensors = collate(corpus, b, PAD, BOS, EOS, pad_to_multiple=multiple)
+                assert len(b) * max(tensors.src_tokens.shape[1], tensors.tgt_input.shape[1]) <= 1024
+            counts[n, multiple] = len(batch_shapes(corpus, batches, multiple))
+    # lengths up to 41 in 8-wide groups: at most 6 widths, each with its (src, tgt) roundings
+    # and one count for full batches, plus one partial batch per group
+    assert counts[3000, 8] <= 6 * 11 + 6 and counts[20000, 8] <= 6 * 11 + 6
+    assert counts[20000, 8] < counts[20000, 1] / 3

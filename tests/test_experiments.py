@@ -154,7 +154,7 @@ def test_norm_position_preset_is_deep_and_starts_without_warmup():
     standard, _ = composed("multi30k_cpu")
     assert cfg.model.encoder_layers >= 6 and cfg.model.decoder_layers >= 6
     assert cfg.model.encoder_layers > standard.model.encoder_layers
-    assert cfg.train.warmup_updates == 0 and cfg.train.lr >= 1e-3
+    assert cfg.train.warmup_updates == 0 and cfg.train.warmup_time is None and cfg.train.lr >= 1e-3
 
 
 # ----------------------------------------------------------------------------- scripts/run_ablations.py

@@ -48,3 +48,34 @@ def test_padded_vocabulary_rows_do_not_make_the_loss_infinite():
     padded.requires_grad_(True)
     sequence_loss(padded, targets, PAD, label_smoothing=0.1)[0].backward()
     assert torch.isfinite(padded.grad).all() and (padded.grad[..., 5:] == 0).all()
+
+
+def reference_loss(logits, targets, pad, eps):
+    """torch's own label-smoothed cross-entropy (smoothing over all classes), summed."""
+    flat = logits.reshape(-1, logits.size(-1)).float()
+    flat_targets = targets.reshape(-1)
+    loss = F.cross_entropy(flat, flat_targets, ignore_index=pad, label_smoothing=eps, reduction="sum")
+    nll = F.cross_entropy(flat, flat_targets, ignore_index=pad, reduction="sum")
+    return loss, nll
+
+
+def test_loss_and_gradient_equal_torch_cross_entropy():
+    """The hand-written backward gives torch's gradient, in fp32 and for bf16 logits."""
+    torch.manual_seed(0)
+    targets = torch.randint(2, 50, (6, 9))
+    targets[0, 5:] = PAD
+    targets[3, 1:] = PAD
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for eps in (0.0, 0.1):
+            logits = (torch.randn(6, 9, 50) * 3).to(dtype).requires_grad_(True)
+            reference = logits.detach().clone().requires_grad_(True)
+            loss, nll = sequence_loss(logits, targets, PAD, label_smoothing=eps)
+            expected_loss, expected_nll = reference_loss(reference, targets, PAD, eps)
+            (loss * 0.5).backward()
+            (expected_loss * 0.5).backward()
+            assert torch.allclose(loss, expected_loss, rtol=1e-6 if dtype == torch.float32 else 1e-3)
+            assert torch.allclose(nll, expected_nll, rtol=1e-6 if dtype == torch.float32 else 1e-3)
+            assert not nll.requires_grad
+            assert logits.grad.dtype == dtype
+            assert torch.allclose(logits.grad.float(), reference.grad.float(), atol=tolerance)
+            assert (logits.grad[3, 1:] == 0).all()  # padding gets no gradient

@@ -50,3 +50,58 @@ def test_time_driven_cosine_follows_progress():
 def test_decay_without_horizon_is_a_config_error():
     with pytest.raises(MtrainError, match="train.decay_updates"):
         LearningRateSchedule(TrainConfig(scheduler="cosine"))
+
+
+def simulated_run(cfg: TrainConfig, seconds_per_update: float) -> list:
+    """(progress, lr) of every update of a time-budgeted run on a machine of that speed,
+    the clock advanced as the trainer does (progress before the update, then the step)."""
+    schedule = LearningRateSchedule(cfg)
+    budget = parse_duration(cfg.max_time)
+    curve, seconds, update = [], 0.0, 0
+    while seconds < budget:
+        curve.append((seconds / budget, schedule.lr(update + 1, seconds / budget)))
+        seconds += seconds_per_update
+        update += 1
+    return curve
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine", "inverse_sqrt", "constant"])
+def test_time_warmup_peaks_at_its_share_of_the_budget_at_any_update_rate(scheduler):
+    cfg = TrainConfig(lr=1.5e-3, scheduler=scheduler, max_time="20m", warmup_time="9%", warmup_updates=300)
+    # ~340 updates in 20 minutes (the slow AVX2 run of issue 16) and ~3,300 (the bf16 machine)
+    slow, fast = simulated_run(cfg, 1200 / 340), simulated_run(cfg, 1200 / 3313)
+    assert len(slow) < 400 < 3000 < len(fast)
+    for curve, step in ((slow, 1 / 340), (fast, 1 / 3313)):
+        peak_progress, peak_lr = max(curve, key=lambda point: point[1])
+        assert peak_lr == pytest.approx(1.5e-3, rel=step / 0.09 + 1e-9)
+        assert abs(peak_progress - 0.09) <= step
+        # the warmup ramps with time, not with updates: half the peak at half the warmup
+        halfway = min(curve, key=lambda point: abs(point[0] - 0.045))
+        assert halfway[1] == pytest.approx(1.5e-3 * halfway[0] / 0.09)
+    if scheduler == "linear":
+        assert slow[-1][1] < 1.5e-3 * 2 / 340 and fast[-1][1] < 1.5e-3 * 2 / 3313
+
+
+def test_a_three_minute_run_reaches_the_peak_lr():
+    cfg = TrainConfig(lr=1.5e-3, scheduler="linear", max_time="3m", warmup_time="9%", warmup_updates=300)
+    curve = simulated_run(cfg, 1.0)  # one update per second: 180 updates, fewer than warmup_updates
+    assert max(lr for _, lr in curve) == pytest.approx(1.5e-3, rel=0.07)
+
+
+def test_warmup_time_as_a_duration_and_its_errors():
+    cfg = TrainConfig(lr=1e-3, scheduler="linear", max_time="10m", warmup_time="60s")
+    schedule = LearningRateSchedule(cfg)
+    assert schedule.warmup_share == pytest.approx(0.1)
+    assert schedule.lr(1, progress=0.05) == pytest.approx(5e-4)
+    assert schedule.lr(1, progress=0.1) == pytest.approx(1e-3)
+    assert schedule.lr(1, progress=0.55) == pytest.approx(5e-4)
+    for bad in ("10m", "120%", "soon", "x%"):
+        with pytest.raises(MtrainError, match="train.warmup_time"):
+            LearningRateSchedule(TrainConfig(scheduler="linear", max_time="10m", warmup_time=bad))
+
+
+def test_without_a_time_budget_warmup_time_gives_way_to_warmup_updates():
+    cfg = TrainConfig(lr=1e-3, scheduler="linear", max_updates=1000, warmup_updates=100, warmup_time="9%")
+    schedule = LearningRateSchedule(cfg)
+    assert schedule.warmup_share is None
+    assert schedule.lr(50) == pytest.approx(5e-4)

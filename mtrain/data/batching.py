@@ -5,6 +5,12 @@ cost of a batch is `sentences * max(padded src_len, padded tgt_len + 1)` (the +1
 decoder sees `[bos] y`) and never exceeds `max_tokens`, except that a sentence longer than
 the budget gets a batch of its own. Only the length arrays are read here; token data is
 touched by `collate`, batch by batch.
+
+With `pad_to_multiple` m > 1 both padded lengths are rounded up to multiples of m and the
+sentences are grouped by that rounded width first, so almost every batch of a width group
+holds the same number of sentences: an epoch has a few dozen tensor shapes instead of
+hundreds, whatever the corpus size (at most one batch per width group has another count).
+Fewer shapes let torch.compile reuse its graphs and the allocator reuse its blocks.
 """
 
 from __future__ import annotations
@@ -64,15 +70,23 @@ def _gather(
     return out
 
 
-def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """The padded tensors of the pairs at `indices` of an EncodedCorpus (teacher forcing)."""
+def round_up(lengths: Any, multiple: int) -> Any:
+    """lengths rounded up to a multiple of `multiple` (an int or an integer array)."""
+    return -(-lengths // multiple) * multiple
+
+
+def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int,
+            pad_to_multiple: int = 1) -> Batch:
+    """The padded tensors of the pairs at `indices` of an EncodedCorpus (teacher forcing);
+    src_len and tgt_len are rounded up to multiples of `pad_to_multiple`."""
     indices = np.asarray(indices, dtype=np.int64)
     src_lengths = corpus.src_lengths[indices]
     tgt_lengths = corpus.tgt_lengths[indices]
     rows = np.arange(len(indices))
 
-    src = _gather(corpus.src_tokens, corpus.src_offsets, indices, src_lengths, int(src_lengths.max()), 0, pad_id)
-    tgt_width = int(tgt_lengths.max()) + 1
+    src_width = round_up(int(src_lengths.max()), pad_to_multiple)
+    src = _gather(corpus.src_tokens, corpus.src_offsets, indices, src_lengths, src_width, 0, pad_id)
+    tgt_width = round_up(int(tgt_lengths.max()) + 1, pad_to_multiple)
     tgt_input = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 1, pad_id)
     tgt_input[:, 0] = bos_id
     tgt_output = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 0, pad_id)
@@ -99,6 +113,8 @@ class TokenBatchSampler:
     list; the last `len % num_replicas` batches are dropped so that every rank runs the same
     number of steps (a different few each epoch, as the order is reshuffled). Without
     shuffling (validation) the batches come in length order, all of them for one replica.
+    With `pad_to_multiple` > 1 the budget counts the rounded lengths `collate` pads to, and
+    the sort starts with the rounded width (see the module docstring).
     """
 
     def __init__(
@@ -110,15 +126,20 @@ class TokenBatchSampler:
         shuffle: bool = True,
         num_replicas: int = 1,
         rank: int = 0,
+        pad_to_multiple: int = 1,
     ) -> None:
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        if pad_to_multiple <= 0:
+            raise ValueError(f"pad_to_multiple must be positive, got {pad_to_multiple}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
         # Padded width a sentence imposes on its batch: the decoder input is [bos] y.
-        self.sizes = np.maximum(self.src_lengths, self.tgt_lengths + 1)
+        self.sizes = np.maximum(round_up(self.src_lengths, pad_to_multiple),
+                                round_up(self.tgt_lengths + 1, pad_to_multiple))
+        self.pad_to_multiple = pad_to_multiple
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
@@ -130,10 +151,12 @@ class TokenBatchSampler:
         if len(self.sizes) == 0:
             return []
         rng = np.random.default_rng([self.seed, epoch])
+        keys = [self.tgt_lengths, self.src_lengths]  # lexsort: the last key sorts first
+        if self.pad_to_multiple > 1:
+            keys.append(self.sizes)
         if self.shuffle:
-            order = np.lexsort((rng.random(len(self.sizes)), self.tgt_lengths, self.src_lengths))
-        else:
-            order = np.lexsort((self.tgt_lengths, self.src_lengths))
+            keys.insert(0, rng.random(len(self.sizes)))
+        order = np.lexsort(keys)
         bounds = _budget_bounds(self.sizes[order], self.max_tokens)
         batches = np.split(order, bounds[1:-1])
         if self.shuffle:

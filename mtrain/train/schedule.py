@@ -28,11 +28,43 @@ def parse_duration(text: Optional[str], key: str = "train.max_time") -> Optional
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
+def warmup_share(cfg: TrainConfig) -> Optional[float]:
+    """The share of the time budget spent warming up, or None to warm up by updates.
+
+    `train.warmup_time` is "N%" of `train.max_time` or a duration ("60s", "2m"). It applies
+    only to a time-budgeted run: without `train.max_time` there is no budget to take a share
+    of, and `train.warmup_updates` is used (so `train.max_time=null train.max_updates=N`
+    still warms up as before).
+    """
+    text = cfg.warmup_time
+    if text is None or str(text).strip() == "" or cfg.max_time is None:
+        return None
+    text = str(text).strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1]) / 100.0
+        except ValueError:
+            share = -1.0
+    else:
+        share = parse_duration(text, key="train.warmup_time") / parse_duration(cfg.max_time)
+    if not 0.0 <= share < 1.0:
+        raise MtrainError(
+            f"train.warmup_time={cfg.warmup_time!r}: write a share of train.max_time from 0% to "
+            f"below 100% (e.g. 9%) or a duration shorter than train.max_time={cfg.max_time}"
+        )
+    return share
+
+
 class LearningRateSchedule:
     """Linear warmup to `lr`, then inverse-sqrt, cosine, linear decay or constant.
 
     Cosine and linear decay need a horizon: `decay_updates`, or else the fraction of the
     time budget used (`progress`, 0..1), so a 20-minute run decays to min_lr at 20 minutes.
+
+    Warmup is counted in updates (`warmup_updates`) or, with `warmup_time` and a time
+    budget, in the share of the budget used: then the peak comes at the same point of the
+    run on a slow machine as on a fast one, and time-driven decay starts from `lr` at the end
+    of the warmup (the peak is exactly `lr`).
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
@@ -46,6 +78,7 @@ class LearningRateSchedule:
                 )
         self.cfg = cfg
         self.horizon = cfg.decay_updates or (cfg.max_updates if cfg.max_time is None else None)
+        self.warmup_share = warmup_share(cfg)
 
     def lr(self, update: int, progress: float = 0.0) -> float:
         """Learning rate for update number `update` (1-based); progress = used share of max_time.
@@ -53,6 +86,8 @@ class LearningRateSchedule:
         Warmup and decay are combined with a min(), so the curve is continuous even when
         the decay is driven by time and the warmup by updates.
         """
+        if self.warmup_share is not None:
+            return self._lr_by_time(update, progress, self.warmup_share)
         cfg = self.cfg
         warmup_ramp = update / cfg.warmup_updates if cfg.warmup_updates > 0 else 1.0
         if cfg.scheduler == "constant":
@@ -60,9 +95,28 @@ class LearningRateSchedule:
         if cfg.scheduler == "inverse_sqrt":
             return cfg.lr * min(warmup_ramp, math.sqrt(max(cfg.warmup_updates, 1) / max(update, 1)))
         fraction = update / self.horizon if self.horizon is not None else progress
+        return min(cfg.lr * warmup_ramp, self._decayed(fraction))
+
+    def _lr_by_time(self, update: int, progress: float, share: float) -> float:
+        """Warmup over the first `share` of the budget; decay (by time, or by updates when
+        `decay_updates` is set) from there. inverse_sqrt decays as sqrt(share / progress)."""
+        cfg = self.cfg
+        if progress < share:
+            return cfg.lr * progress / share
+        if cfg.scheduler == "constant":
+            return cfg.lr
+        if cfg.scheduler == "inverse_sqrt":
+            return cfg.lr * math.sqrt(share / progress) if share > 0 else cfg.lr
+        if self.horizon is not None:
+            return self._decayed(update / self.horizon)
+        return self._decayed((progress - share) / (1.0 - share))
+
+    def _decayed(self, fraction: float) -> float:
+        """Cosine or linear decay from lr (fraction 0) to min_lr (fraction 1)."""
+        cfg = self.cfg
         fraction = min(1.0, max(0.0, fraction))
         if cfg.scheduler == "linear":
             decay = 1.0 - fraction
         else:
             decay = 0.5 * (1.0 + math.cos(math.pi * fraction))
-        return min(cfg.lr * warmup_ramp, cfg.min_lr + (cfg.lr - cfg.min_lr) * decay)
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * decay
