@@ -30,7 +30,7 @@ from mtrain.config import (
     TranslateConfig,
 )
 from mtrain.errors import MtrainError
-from mtrain.train.schedule import parse_duration
+from mtrain.durations import parse_duration
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.data import prepare_data  # noqa: E402
-from mtrain.data.batching import TokenBatchSampler, round_up  # noqa: E402
+from mtrain.batches import prepare_data  # noqa: E402
+from mtrain.batches.batching import TokenBatchSampler, round_up  # noqa: E402
 
 
 def main() -> None:

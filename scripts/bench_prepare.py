@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.config import DataConfig, TokenizerConfig  # noqa: E402
-from mtrain.data.prepare import prepare_data  # noqa: E402
+from mtrain.batches.prepare import prepare_data  # noqa: E402
 from mtrain.tokenizer import train_or_load_tokenizer  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.data import prepare_data  # noqa: E402
+from mtrain.batches import prepare_data  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402

@@ -47,8 +47,8 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.data.corpus import EncodedCorpus  # noqa: E402
-from mtrain.data.prepare import PreparedData  # noqa: E402
+from mtrain.batches.corpus import EncodedCorpus  # noqa: E402
+from mtrain.batches.prepare import PreparedData  # noqa: E402
 from mtrain.data.sources import ParallelText  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402

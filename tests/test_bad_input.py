@@ -35,7 +35,7 @@ from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import check_eval_lengths
 from mtrain.config import DataConfig, FitConfig, ModelConfig, TokenizerConfig, to_plain
 from mtrain.config_checks import check_known_keys
-from mtrain.data import prepare_data
+from mtrain.batches import prepare_data
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.train.checkpoint import load_checkpoint, load_run, save_checkpoint

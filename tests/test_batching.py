@@ -1,4 +1,4 @@
-"""Token-budget batching and collation (mtrain.data.batching)."""
+"""Token-budget batching and collation (mtrain.batches.batching)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrain.data.batching import Batch, TokenBatchSampler, collate
-from mtrain.data.corpus import EncodedCorpus
+from mtrain.batches.batching import Batch, TokenBatchSampler, collate
+from mtrain.batches.corpus import EncodedCorpus
 
 PAD, BOS, EOS = 1, 2, 3
 

@@ -18,7 +18,7 @@ from mtrain.data.cleaning import (
     normalizer,
     pair_hashes,
 )
-from mtrain.data.prepare import prepare_data
+from mtrain.batches.prepare import prepare_data
 from mtrain.errors import MtrainError
 
 

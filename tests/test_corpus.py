@@ -1,4 +1,4 @@
-"""The encoded on-disk corpus (mtrain.data.corpus) and the cache's interruption safety."""
+"""The encoded on-disk corpus (mtrain.batches.corpus) and the cache's interruption safety."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from mtrain.config import DataConfig, TokenizerConfig
-from mtrain.data.batching import TokenBatchSampler, collate
+from mtrain.batches.batching import TokenBatchSampler, collate
 from mtrain.data.cache import COMPLETE_MARKER
-from mtrain.data.corpus import CorpusWriter, EncodedCorpus, token_dtype
-from mtrain.data.prepare import prepare_data
+from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
+from mtrain.batches.prepare import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 3
@@ -84,8 +84,8 @@ KILL_AFTER_FIRST_CHUNK = textwrap.dedent(
     """
     import os, signal, sys
     from mtrain.config import DataConfig, TokenizerConfig
-    from mtrain.data.corpus import CorpusWriter
-    from mtrain.data.prepare import prepare_data
+    from mtrain.batches.corpus import CorpusWriter
+    from mtrain.batches.prepare import prepare_data
 
     append = CorpusWriter.append
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from mtrain.config import DataConfig, TokenizerConfig
-from mtrain.data.encoding import ChunkEncoder
-from mtrain.data.prepare import prepare_data
+from mtrain.batches.encoding import ChunkEncoder
+from mtrain.batches.prepare import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = TokenizerConfig(vocab_size=600)

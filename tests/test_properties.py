@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from mtrain.config import DataConfig, ModelConfig, TokenizerConfig, TranslateConfig
-from mtrain.data import prepare_data
+from mtrain.batches import prepare_data
 from mtrain.decode.stream import translate_stream
 from mtrain.decode.textio import count_lines
 from mtrain.errors import MtrainError
@@ -112,7 +112,7 @@ def test_any_corpus_bytes_prepare_or_raise_the_documented_error(workspace, token
     cfg = DataConfig(local_dir=str(directory), cache_dir=str(directory / "cache"), invalid_utf8=invalid_utf8)
     cfg.splits.test = "test"
     # The tokenizer is not under test here (and training one per example would be slow).
-    with mock.patch("mtrain.data.prepare.train_or_load_tokenizer", return_value=tokenizer):
+    with mock.patch("mtrain.batches.prepare.train_or_load_tokenizer", return_value=tokenizer):
         try:
             prepared = prepare_data(cfg, TokenizerConfig(vocab_size=40), log=lambda _: None)
         except MtrainError as error:

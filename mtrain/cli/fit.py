@@ -63,7 +63,7 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
 def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
          stop_signal: Any) -> Dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed."""
-    from mtrain.data import prepare_data
+    from mtrain.batches import prepare_data
     from mtrain.evaluate.scoring import check_references
     from mtrain.model import build_model
     from mtrain.train.checkpointing import Checkpointer, check_resumable_data, data_fingerprints
@@ -71,7 +71,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     from mtrain.train.faults import TrainingDiverged
     from mtrain.train.metric_log import MetricLogger
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
-    from mtrain.train.schedule import parse_duration
+    from mtrain.durations import parse_duration
     from mtrain.train.throughput import peak_flops
     from mtrain.train.trainer import Trainer, special_ids
 

@@ -13,7 +13,7 @@ from mtrain.cli.common import mtrain_app
 
 @mtrain_app("prepare")
 def main(cfg: DictConfig) -> None:
-    from mtrain.data.prepare import prepare_data
+    from mtrain.batches.prepare import prepare_data
 
     prepared = prepare_data(cfg.data, cfg.tokenizer, log=lambda message: print(message, flush=True))
     print(f"prepared: {prepared.directory}", flush=True)

@@ -1,31 +1,9 @@
-"""Parallel corpora: sources (local files, the Hub), cleaning, the encoded on-disk store,
-preparation and token-budget batching.
+"""Parallel corpora as raw text: where they come from (local files, the Hub), how they are
+read and repaired, cleaning rules, and the on-disk cache that later stages key by content.
 
-The names below are imported on first use (PEP 562) rather than here: encoding worker
-processes import `mtrain.data.encoding`, and loading torch (for `Batch`) in each of them
-would cost seconds and hundreds of megabytes apiece.
+Encoding with the tokenizer and batching come after the tokenizer, in `mtrain.batches`.
 """
 
-from __future__ import annotations
+from mtrain.data.sources import ParallelText, resolve_source
 
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "prepare_data": "prepare",
-    "PreparedData": "prepare",
-    "EncodedCorpus": "corpus",
-    "ParallelText": "sources",
-    "resolve_source": "sources",
-    "Batch": "batching",
-    "TokenBatchSampler": "batching",
-    "collate": "batching",
-}
-
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mtrain.data' has no attribute '{name}'")
-    return getattr(importlib.import_module(f"mtrain.data.{_EXPORTS[name]}"), name)
+__all__ = ["ParallelText", "resolve_source"]

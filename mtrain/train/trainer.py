@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from mtrain.config import to_plain
-from mtrain.data import Batch, EncodedCorpus, TokenBatchSampler, collate
+from mtrain.batches import Batch, EncodedCorpus, TokenBatchSampler, collate
 from mtrain.errors import MtrainError
 from mtrain.train.checkpointing import Checkpointer
 from mtrain.model import StatisticsRecorder
@@ -30,7 +30,8 @@ from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is
 from mtrain.train.loss import sequence_loss
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.runtime import autocast, rng_state, set_rng_state
-from mtrain.train.schedule import LearningRateSchedule, parse_duration
+from mtrain.durations import parse_duration
+from mtrain.train.schedule import LearningRateSchedule
 
 log = logging.getLogger("mtrain")
 

@@ -7,7 +7,7 @@ from typing import Dict
 
 import torch
 
-from mtrain.data import EncodedCorpus, TokenBatchSampler, collate
+from mtrain.batches import EncodedCorpus, TokenBatchSampler, collate
 from mtrain.train.loss import sequence_loss
 from mtrain.train.runtime import autocast
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from mtrain.data.cache import as_plain, build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
-from mtrain.data.corpus import CorpusWriter, EncodedCorpus, token_dtype
-from mtrain.data.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
+from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
+from mtrain.batches.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
 from mtrain.data.sources import SPLITS, ParallelSource, ParallelText, ReadStats, resolve_source
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
