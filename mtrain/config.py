@@ -424,10 +424,15 @@ def register_configs() -> None:
     cs.store(group="decode", name="decode_schema", node=DecodeConfig)
 
 
-def to_plain(cfg: Any) -> Dict[str, Any]:
-    """A config as plain Python containers (for checkpoints and JSON reports); choices become
-    plain strings, so a checkpoint holding it still loads with torch.load(weights_only=True)."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+def to_plain(cfg: Any) -> Any:
+    """A config (OmegaConf node or config dataclass) as plain Python containers, for
+    checkpoints, JSON reports and cache keys; choices become plain strings, so a checkpoint
+    holding it still loads with torch.load(weights_only=True). Anything else is returned as is."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        cfg = OmegaConf.structured(cfg)
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return cfg
 
 
 def resolved_model(cfg: Any) -> ModelConfig:

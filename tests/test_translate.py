@@ -19,7 +19,7 @@ from PIL import Image
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.stream import translate_stream
-from mtrain.decode.textio import decode_line, read_chunks, ReadStats
+from mtrain.decode.textio import decode_line, read_chunks, InputRepairs
 from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
@@ -162,7 +162,7 @@ def test_model_position_limit_caps_inputs(model, tokenizer, tmp_path, caplog):
 def test_undecodable_bytes_are_replaced_and_counted(model, tokenizer, tmp_path, caplog):
     assert decode_line(b"Ein \xff\xfe Hund") == ("Ein \ufffd\ufffd Hund", 2)
     assert decode_line("Grüße".encode()) == ("Grüße", 0)
-    stats = ReadStats()
+    stats = InputRepairs()
     chunks = list(read_chunks(io.BytesIO(b"gut\nschlecht \x80\n\nauch \xc3\n"), 2, stats))
     assert chunks == [["gut", "schlecht \ufffd"], ["", "auch \ufffd"]]
     assert (stats.lines, stats.undecodable_bytes, stats.undecodable_lines, stats.first_undecodable_line) == (4, 2, 2, 2)
@@ -265,3 +265,21 @@ def test_translate_config_composes_and_rejects_typos():
             compose("translate", overrides=["decode.beem=3"])
     with pytest.raises(MtrainError, match="run=RUN_DIR is missing"):
         run_translate(cfg)
+
+
+def test_output_appears_only_once_complete(tmp_path):
+    from mtrain.decode.textio import write_output
+
+    out = tmp_path / "out.txt"
+    out.write_text("an earlier translation\n", encoding="utf-8")
+
+    def disk_full(sink):
+        sink.write("half a translation\n")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(MtrainError, match="output=.*No space left.*no output file was written"):
+        write_output(str(out), disk_full)
+    assert out.read_text(encoding="utf-8") == "an earlier translation\n"  # intact
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # no temporary file left behind
+    write_output(str(out), lambda sink: sink.write("a b\nc\n"))
+    assert out.read_text(encoding="utf-8") == "a b\nc\n"

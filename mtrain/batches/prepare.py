@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict
 
 import numpy as np
 
-from mtrain.data.cache import as_plain, build_entry, cache_root, fingerprint, is_complete
+from mtrain.config import to_plain
+from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
 from mtrain.batches.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
@@ -98,7 +99,7 @@ def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, 
 
     stats = ReadStats()
     pairs = itertools.islice(source.pairs("train", stats), cfg.train_limit)
-    encoder = ChunkEncoder(src_model, tgt_model, tokenizer.eos_id, dtype.name, clean=as_plain(cfg.clean))
+    encoder = ChunkEncoder(src_model, tgt_model, tokenizer.eos_id, dtype.name, clean=to_plain(cfg.clean))
     deduplicator = Deduplicator() if cfg.clean.deduplicate else None
     writer = CorpusWriter(staging / "train", dtype)
     rejected: Counter = Counter({reason: 0 for reason in REASONS})

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import with_resolved_model
+from mtrain.config import to_plain, with_resolved_model
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text
 
@@ -237,7 +237,7 @@ def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, d
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     checkpoint_info = {"path": str(best_path), "which": "best", "update": int(best.get("update", 0)),
                        "averaged_from": None}
-    decode_info = {**OmegaConf.to_container(cfg.decode, resolve=True), "device": str(device),
+    decode_info = {**to_plain(cfg.decode), "device": str(device),
                    "precision": precision, "engine": "torch"}
     report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
                          checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)

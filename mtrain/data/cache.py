@@ -11,13 +11,14 @@ reports and removes before rebuilding.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+
+from mtrain.config import to_plain
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -31,20 +32,9 @@ def cache_root(cache_dir: Optional[str]) -> Path:
     return Path.home() / ".cache" / "mtrain"
 
 
-def as_plain(cfg: Any) -> Any:
-    """A config section (dataclass or OmegaConf node) as plain JSON-able containers."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return dataclasses.asdict(cfg)
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(cfg, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return cfg
-
-
 def fingerprint(*parts: Any) -> str:
     """A stable hex digest of JSON-able parts (config values, file fingerprints, versions)."""
-    text = json.dumps([as_plain(part) for part in parts], sort_keys=True, default=str)
+    text = json.dumps([to_plain(part) for part in parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

@@ -14,7 +14,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 import torch
 from tqdm import tqdm
@@ -22,7 +22,8 @@ from tqdm import tqdm
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.textio import ReadStats, count_lines, nbest_rows, one_line, open_input, open_output, read_chunks
+from mtrain.decode.textio import (InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks,
+                                  write_output)
 from mtrain.decode.translator import as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -87,37 +88,41 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
     attention_dir = Path(cfg.attention) if cfg.attention is not None else None
     nbest = cfg.decode.nbest > 1
 
-    stats = ReadStats()
+    stats = InputRepairs()
     truncated = 0
     source = open_input(cfg.input)
-    sink = open_output(cfg.output)
-    progress = tqdm(total=count_lines(cfg.input), unit=" lines", disable=not show_progress(cfg), file=sys.stderr)
+
+    def translate_into(sink: TextIO) -> None:
+        nonlocal truncated
+        progress = tqdm(total=count_lines(cfg.input), unit=" lines", disable=not show_progress(cfg), file=sys.stderr)
+        try:
+            first_line = 1
+            for chunk in read_chunks(source, CHUNK_LINES, stats):
+                sources = []
+                for offset, text in enumerate(chunk):
+                    ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
+                    truncated += cut
+                    sources.append(ids)
+                progress.update(sum(ids is None for ids in sources))
+                hyps = translate_encoded(engine, tokenizer, sources, cfg.decode, device, precision,
+                                         attention_layer=attention_layer, on_batch=progress.update)
+                for offset, sentence_hyps in enumerate(hyps):
+                    if nbest:
+                        sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
+                    else:
+                        sink.write(one_line(sentence_hyps[0].text) + "\n")
+                sink.flush()
+                if attention_dir is not None:
+                    _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)
+                first_line += len(chunk)
+        finally:
+            progress.close()
+
     try:
-        first_line = 1
-        for chunk in read_chunks(source, CHUNK_LINES, stats):
-            sources = []
-            for offset, text in enumerate(chunk):
-                ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
-                truncated += cut
-                sources.append(ids)
-            progress.update(sum(ids is None for ids in sources))
-            hyps = translate_encoded(engine, tokenizer, sources, cfg.decode, device, precision,
-                                     attention_layer=attention_layer, on_batch=progress.update)
-            for offset, sentence_hyps in enumerate(hyps):
-                if nbest:
-                    sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
-                else:
-                    sink.write(one_line(sentence_hyps[0].text) + "\n")
-            sink.flush()
-            if attention_dir is not None:
-                _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)
-            first_line += len(chunk)
+        write_output(cfg.output, translate_into)
     finally:
-        progress.close()
         if source is not sys.stdin.buffer:
             source.close()
-        if sink is not sys.stdout:
-            sink.close()
     if stats.undecodable_bytes:
         log.warning("%d bytes on %d lines were not UTF-8 (first on line %d); each became U+FFFD",
                     stats.undecodable_bytes, stats.undecodable_lines, stats.first_undecodable_line)

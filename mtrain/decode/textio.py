@@ -7,22 +7,25 @@ become U+FFFD, one per byte, and are counted for a warning instead of stopping t
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, TextIO
+from typing import BinaryIO, Callable, Iterator, Optional, TextIO
 
 from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
+from mtrain.rundir import atomic_write
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 @dataclass
-class ReadStats:
-    """What reading the input found, for the closing warnings."""
+class InputRepairs:
+    """What reading `mtrain translate`'s input repaired, for the closing warnings (the corpus
+    reader's counterpart is `mtrain.data.text.ReadStats`)."""
 
     lines: int = 0
     undecodable_bytes: int = 0
@@ -61,7 +64,7 @@ def decode_line(raw: bytes) -> tuple[str, int]:
         return _ESCAPED_BYTE.subn("\ufffd", text)
 
 
-def read_chunks(stream: BinaryIO, chunk_lines: int, stats: ReadStats) -> Iterator[list[str]]:
+def read_chunks(stream: BinaryIO, chunk_lines: int, stats: InputRepairs) -> Iterator[list[str]]:
     """The input's lines (end-of-line stripped), `chunk_lines` at a time."""
     chunk: list[str] = []
     for raw in stream:
@@ -85,14 +88,27 @@ def count_lines(path: Optional[str]) -> Optional[int]:
     return None if path is None else count_file_lines(Path(path))
 
 
-def open_output(path: Optional[str]) -> TextIO:
-    """The output file (parent folders created), or stdout when `path` is None."""
+def write_output(path: Optional[str], produce: Callable[[TextIO], None]) -> None:
+    """Call `produce(sink)` with stdout when `path` is None, else with a file that appears at
+    `path` only once complete (`mtrain.rundir.atomic_write`): a full disk or an interrupted
+    run never leaves a partial translation behind, nor harms an existing file there."""
     if path is None:
-        return sys.stdout
+        produce(sys.stdout)
+        return
     check_paths(None, path)
     file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    return file.open("w", encoding="utf-8", newline="\n")
+
+    def write(handle: BinaryIO) -> None:
+        sink = io.TextIOWrapper(handle, encoding="utf-8", newline="\n")
+        produce(sink)
+        sink.flush()
+        sink.detach()  # atomic_write fsyncs and closes the binary handle itself
+
+    try:
+        atomic_write(file, write)
+    except OSError as error:
+        raise MtrainError(f"output={path}: could not write ({error.strerror or error}); no output file was "
+                          "written (an earlier file there is intact)") from error
 
 
 def one_line(text: str) -> str:

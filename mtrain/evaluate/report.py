@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mtrain import __version__
+from mtrain.config import to_plain
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
 from mtrain.evaluate.references import (SplitText, file_record, read_reference_files, read_run_split,
@@ -103,7 +104,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print,
         f"(beam {cfg.decode.beam}, {device}, {precision}, engine={cfg.engine})")
     checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
                        "update": loaded.update, "averaged_from": averaged_from}
-    decode_info = {**_plain(cfg.decode), "device": str(device), "precision": precision, "engine": cfg.engine}
+    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": cfg.engine}
     translate = sentence_translator(model, loaded.tokenizer, cfg.decode, device, precision)
     return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
                        metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log)
@@ -195,9 +196,3 @@ def render_markdown(report: Dict[str, Any]) -> str:
               "| file | role | lines | sha256 |", "|---|---|---|---|"]
     lines += [f"| `{r['path']}` | {r['role']} | {r['lines']} | `{r['sha256']}` |" for r in report["data"]]
     return "\n".join(lines) + "\n"
-
-
-def _plain(node: Any) -> Dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)

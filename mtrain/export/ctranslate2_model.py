@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
+from mtrain.config import to_plain
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
 
@@ -110,12 +111,6 @@ def run_metadata(loaded) -> dict:
         "checkpoint": str(loaded.checkpoint_path.resolve()),
         "update": loaded.update,
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
-        "model": _plain(loaded.config.model),
+        "model": to_plain(loaded.config.model),
         "mtrain_version": __version__,
     }
-
-
-def _plain(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
