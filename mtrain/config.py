@@ -275,6 +275,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: Optional[int] = None  # CPU intra-op threads (null: torch's default)
     validate_every: int = 1000
+    # Also validate (and checkpoint) every this much training time ("2m"); null: by updates only.
+    validate_every_time: Optional[str] = None
     valid_bleu: bool = True
     valid_max_sentences: Optional[int] = None
     log_every: int = 50

@@ -97,6 +97,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     # Every check has passed: from here on the run directory is written.
     checkpointer = None
     if dist.is_main:
+        log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data)
         checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))
         checkpointer.remove_stale_temporary_files()
@@ -119,30 +120,41 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
 
     metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": precision}
     try:
-        metrics.update(trainer.fit())
-    except TrainingDiverged:
+        try:
+            metrics.update(trainer.fit())
+        except TrainingDiverged:
+            if dist.is_main:
+                metrics.update(updates=trainer.state.update, diverged=True,
+                               train_time_s=round(trainer.state.train_seconds, 2))
+                atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
+            raise
         if dist.is_main:
-            metrics.update(updates=trainer.state.update, diverged=True,
-                           train_time_s=round(trainer.state.train_seconds, 2))
+            if cfg.train.valid_bleu:
+                metrics["valid"]["best_bleu"] = trainer.state.best_score
+            metrics["valid"]["best_update"] = trainer.state.best_update
+            if cfg.data.splits.test is not None:
+                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, precision)
+                log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
+                                                  if isinstance(v, float)))
+                metrics_log.scalars("test", metrics["test"], metrics["test"]["update"])
+            metrics["finished"] = True
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
-        raise
+            log.info("%s", next_steps(run))
     finally:
         if metrics_log is not None:
             metrics_log.close()
-
-    if dist.is_main:
-        if cfg.train.valid_bleu:
-            metrics["valid"]["best_bleu"] = trainer.state.best_score
-        metrics["valid"]["best_update"] = trainer.state.best_update
-        if cfg.data.splits.test is not None:
-            metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, precision)
-            log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
-                                              if isinstance(v, float)))
-        metrics["finished"] = True
-        atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def next_steps(run: RunDir) -> str:
+    """Where the run is and what to do with it next (printed when `mtrain fit` ends)."""
+    path = run.path.resolve()
+    return (f"run directory: {path}\n"
+            f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
+            f"  score:      mtrain eval run={path} split=test    (report: {run.eval_file('test', 'md').resolve()})\n"
+            f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
 
 
 def _check_run_dir(run: RunDir, cfg: DictConfig) -> Optional[Path]:

@@ -153,6 +153,9 @@ class Trainer:
         )
         self.state = TrainState()
         self.max_seconds = parse_duration(self.train_cfg.max_time)
+        self.validate_every_seconds = parse_duration(self.train_cfg.validate_every_time, "train.validate_every_time")
+        self._last_validation_seconds = 0.0
+        self._logged_train = False
         self.stop_signal = stop_signal or StopSignal()
         self._owns_stop_signal = stop_signal is None  # else its owner uninstalls it
         self.non_finite = NonFiniteGuard(self.train_cfg.max_bad_updates)
@@ -280,10 +283,12 @@ class Trainer:
                 self.state.update += 1
                 if self.metrics is not None:
                     self.metrics.update(stats)
-                    if self.state.update % cfg.log_every == 0:
+                    # The first update of a process is logged too: progress shows at once.
+                    if self.state.update % cfg.log_every == 0 or not self._logged_train:
                         self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr())
+                        self._logged_train = True
                 stop_reason = self._stop_reason()
-                if stop_reason is None and self.state.update % cfg.validate_every == 0:
+                if stop_reason is None and self._validation_due():
                     self.validate_and_save()
                     loop_start = time.perf_counter() - self.state.train_seconds
                 elif stop_reason is None and self._save_due():
@@ -332,6 +337,16 @@ class Trainer:
     def _current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    def _validation_due(self) -> bool:
+        """Every `validate_every` updates, and every `validate_every_time` of training time
+        (measured on the saved training clock, so a resumed run keeps the same rhythm)."""
+        if self.state.update % self.train_cfg.validate_every == 0:
+            return True
+        if self.validate_every_seconds is None:
+            return False
+        due = self.state.train_seconds >= self._last_validation_seconds + self.validate_every_seconds
+        return self.dist.any(due)
+
     def _save_due(self) -> bool:
         # Rank 0 owns the clock of saves; every rank must take the same branch.
         return self.dist.any(self.checkpointer is not None and self.checkpointer.due())
@@ -351,6 +366,7 @@ class Trainer:
         results: Dict[str, float] = {}
         if self.metrics is not None:
             self.metrics.pause()
+        self._last_validation_seconds = self.state.train_seconds
         if self.dist.is_main:
             start = time.perf_counter()
             results = self.validate()
@@ -409,6 +425,7 @@ class Trainer:
         self.state = TrainState(**state["trainer"])
         set_rng_state(state["rng"])
         self._last_saved_update = self.state.update
+        self._last_validation_seconds = self.state.train_seconds
         log.info("resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch,
                  self.state.batch_in_epoch)
 
