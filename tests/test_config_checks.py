@@ -88,7 +88,7 @@ BAD_OVERRIDES = [
     (["decode.sampling=top_p"], "decode.sampling: 'top_p' is not one of none|topk|topp", "(did you mean topp?)"),
     (["train.precision=bf61"], "train.precision:", "(did you mean bf16?)"),
     (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
-    (["experiment=multi30k"], "experiment: no preset named 'multi30k'", "(did you mean experiment=multi30k_cpu?)"),
+    (["experiment=multi30k_cp"], "experiment: no preset named 'multi30k_cp'", "(did you mean experiment=multi30k_cpu?)"),
     (["train.max_tokens=1,2"], "train.max_tokens: '1,2' is several values", "-m"),
     (["foo"], "foo: not an override of the form key=value", ""),
 ]
@@ -233,16 +233,41 @@ SECTIONS = {"data": DataConfig, "tokenizer": TokenizerConfig, "model": ModelConf
             "decode": DecodeConfig}
 
 
-def _restated_defaults(values: dict, schema: type, prefix: str) -> list[str]:
+def _restated_defaults(values: dict, schema: type, prefix: str, inherited: dict | None = None) -> list[str]:
+    """Keys of `values` that say what they would get anyway: the value an experiment preset
+    inherits (from its parent presets and the group presets it picks), else the schema's."""
     defaults = schema()
+    inherited = inherited or {}
     restated = []
     for key, value in values.items():
         default = getattr(defaults, key, None)
         if dataclasses.is_dataclass(default):
-            restated += _restated_defaults(value or {}, type(default), f"{prefix}{key}.")
+            restated += _restated_defaults(value or {}, type(default), f"{prefix}{key}.", inherited.get(key) or {})
+        elif key in inherited:
+            if inherited[key] == value:
+                restated.append(f"{prefix}{key}")
         elif hasattr(defaults, key) and default == value:
             restated.append(f"{prefix}{key}")
     return restated
+
+
+def _inherited(experiment: str) -> dict:
+    """What an experiment preset's defaults list gives it: parent presets and group presets."""
+    values = yaml.safe_load((Path(CONFIG_DIR) / "experiment" / f"{experiment}.yaml").read_text(encoding="utf-8"))
+    merged: dict = {}
+    for entry in values.get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            parent = _inherited(entry)
+            parent_values = yaml.safe_load((Path(CONFIG_DIR) / "experiment" / f"{entry}.yaml").read_text())
+            for group in SECTIONS:
+                merged[group] = {**merged.get(group, {}), **parent.get(group, {}), **(parent_values.get(group) or {})}
+        elif isinstance(entry, dict):
+            for key, name in entry.items():
+                group = key.replace("override /", "")
+                if group in SECTIONS:
+                    preset = yaml.safe_load((Path(CONFIG_DIR) / group / f"{name}.yaml").read_text()) or {}
+                    merged[group] = {**merged.get(group, {}), **preset}
+    return merged
 
 
 def test_yaml_files_state_only_what_differs_from_the_schema():
@@ -253,7 +278,8 @@ def test_yaml_files_state_only_what_differs_from_the_schema():
             restated += [f"{path.name}: {key}" for key in _restated_defaults(values, schema, f"{group}.")]
     for path in sorted((Path(CONFIG_DIR) / "experiment").glob("*.yaml")):
         values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        inherited = _inherited(path.stem)
         for group, schema in SECTIONS.items():
             restated += [f"{path.name}: {key}" for key in _restated_defaults(values.get(group) or {}, schema,
-                                                                             f"{group}.")]
+                                                                             f"{group}.", inherited.get(group))]
     assert not restated, restated
