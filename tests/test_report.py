@@ -347,3 +347,12 @@ def test_norm_gains_script_reads_a_runs_norms(tiny_run):
     assert missing.returncode != 0 and "no norms under decoder.7" in missing.stderr
     no_last = subprocess.run([sys.executable, str(script), str(tiny_run)], capture_output=True, text=True)
     assert no_last.returncode != 0 and no_last.stderr.startswith("norm_gains: run=")  # one line, no traceback
+
+
+def test_plots_of_short_runs_get_a_readable_axis():
+    from mtrain.evaluate.curves import readable_limits
+
+    low, high = readable_limits([0.004658, 0.004668])  # two validations of a 2-minute run
+    assert high - low >= 0.5 and low < 0.004658 and high > 0.004668
+    low, high = readable_limits([40.0, 20.0])  # a real spread is kept, with a margin
+    assert low < 20.0 and high > 40.0 and high - low < 30.0

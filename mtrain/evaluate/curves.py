@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir
 from mtrain.evaluate.runs import RunSummary, describe
+from mtrain.rundir import RunDir
+
+MIN_AXIS_SPAN = 0.5  # loss or BLEU points: a smaller y range is noise, not a trend
 
 TRAIN_LOSS = "train/loss"
 VALID_BLEU = "valid/bleu"
@@ -58,6 +60,15 @@ def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) 
     return curves
 
 
+def readable_limits(values: Sequence[float]) -> Tuple[float, float]:
+    """Y-axis limits around `values` with a readable minimum span: a few near-equal points (a
+    short run, one validation) would otherwise get an axis spanning 0.00001."""
+    low, high = min(values), max(values)
+    span = max(high - low, 0.05 * abs(high + low) / 2, MIN_AXIS_SPAN)
+    middle = (low + high) / 2
+    return middle - 0.6 * span, middle + 0.6 * span
+
+
 def plot_curves(
     runs: Sequence[RunSummary],
     curves: Dict[str, Dict[str, Curve]],  # run name -> tag -> curve
@@ -72,6 +83,7 @@ def plot_curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=(8, 5))
     plotted = 0
@@ -102,6 +114,10 @@ def plot_curves(
         # A diverged run's loss explodes; keep the scale of the runs that trained.
         low, high = min(all_values), max(healthy_values)
         axes.set_ylim(low - 0.05 * (high - low), high + 0.2 * (high - low))
+    elif all_values:
+        axes.set_ylim(*readable_limits(all_values))
+    axes.ticklabel_format(axis="y", useOffset=False, style="plain")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
     axes.set_xlabel("update")
     axes.set_ylabel(ylabel)
     axes.set_title(title)
