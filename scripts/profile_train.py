@@ -24,7 +24,7 @@ from mtrain.batches import prepare_data  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
-from mtrain.train.trainer import Trainer  # noqa: E402
+from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
 def main() -> None:
@@ -45,12 +45,13 @@ def main() -> None:
     data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *a: None)
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id).to(device)
-    trainer = Trainer(cfg, Path("/tmp/mtrain-profile-train"), data, model, device, precision, DistributedContext())
+                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
+    trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
+                      validate=no_validation)
 
     def update() -> int:
-        batches = trainer._next_batches()
-        trainer._set_learning_rate()
+        batches = trainer.next_batches()
+        trainer.set_learning_rate()
         stats = trainer.train_step(batches)
         trainer.state.update += 1
         return int(stats["tgt_tokens"])
@@ -67,8 +68,6 @@ def main() -> None:
     for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]:
         print(f"{event.key[:48]:<48} {100 * event.self_cpu_time_total / total:>6.1f}% "
               f"{event.self_cpu_time_total / 1e3 / args.updates:>11.1f} {event.count / args.updates:>9.1f}")
-    if trainer.writer is not None:
-        trainer.writer.close()
 
 
 if __name__ == "__main__":

@@ -124,14 +124,10 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
             metrics.update(trainer.fit())
         except TrainingDiverged:
             if dist.is_main:
-                metrics.update(updates=trainer.state.update, diverged=True,
-                               train_time_s=round(trainer.state.train_seconds, 2))
+                metrics.update(trainer.summary("diverged", diverged=True))
                 atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
             raise
         if dist.is_main:
-            if cfg.train.valid_bleu:
-                metrics["valid"]["best_bleu"] = trainer.state.best_score
-            metrics["valid"]["best_update"] = trainer.state.best_update
             if cfg.data.splits.test is not None:
                 metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, precision)
                 log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()

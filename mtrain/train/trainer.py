@@ -309,6 +309,13 @@ class Trainer:
             if self._owns_stop_signal:
                 self.stop_signal.uninstall()
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
+        return self.summary(stop_reason)
+
+    def summary(self, stop_reason: Optional[str] = None, diverged: bool = False) -> Dict[str, Any]:
+        """Where training is, for metrics.json (also after TrainingDiverged)."""
+        valid = dict(self.last_validation, best_update=self.state.best_update)
+        if self.train_cfg.valid_bleu:
+            valid["best_bleu"] = self.state.best_score
         return {
             "updates": self.state.update,
             "epochs": self.state.epoch,
@@ -317,8 +324,8 @@ class Trainer:
             "best_update": self.state.best_update,
             "skipped_updates": self.state.skipped_updates,
             "final_train_loss": self.metrics.last_train_loss if self.metrics is not None else float("nan"),
-            "valid": dict(self.last_validation),
-            "diverged": False,
+            "valid": valid,
+            "diverged": diverged,
         }
 
     def _guarded_step(self, batches: List[Batch]) -> Optional[Dict[str, Any]]:
