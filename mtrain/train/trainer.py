@@ -355,6 +355,8 @@ class Trainer:
         return self.dist.any(due)
 
     def _save_due(self) -> bool:
+        if self.train_cfg.save_every is None:
+            return False  # no collective per update when there is no interval to check
         # Rank 0 owns the clock of saves; every rank must take the same branch.
         return self.dist.any(self.checkpointer is not None and self.checkpointer.due())
 
