@@ -139,7 +139,7 @@ class SplitsConfig:
 
     train: str = "train"
     valid: str = "val"
-    test: str = "test_2016_flickr"
+    test: Optional[str] = "test_2016_flickr"  # null: no test split (a smoke run, or no test set yet)
 
 
 @dataclass

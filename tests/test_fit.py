@@ -153,3 +153,20 @@ def test_multirun_sweep_runs_each_value(tmp_path, multi30k_slice):
         assert (sweep_dir / job / "metrics.json").exists()
     configs = [(sweep_dir / job / "config.yaml").read_text() for job in ("0", "1")]
     assert "encoder_layers: 1" in configs[0] and "encoder_layers: 2" in configs[1]
+
+
+def test_fit_without_a_test_split(tmp_path, multi30k_slice):
+    """data.splits.test=null: a smoke run spends nothing on a test decode, and says so."""
+    run_dir = tmp_path / "run"
+    metrics = run_fit(compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+                                   "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2",
+                                   "data.splits.test=null"]), run_dir)
+    assert metrics["finished"] and "test" not in metrics
+    assert (run_dir / "data" / "valid.ref").is_file() and not (run_dir / "data" / "test.ref").exists()
+    assert not (run_dir / "eval").exists()
+    from mtrain.evaluate.report import evaluate_run
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[f"run={run_dir}", "split=test", "device=cpu"])
+    with pytest.raises(MtrainError, match="trained without a test split"):
+        evaluate_run(cfg, log=lambda *_: None)

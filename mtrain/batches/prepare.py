@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class PreparedData:
     tokenizer: Tokenizer
     train: EncodedCorpus
     valid: EncodedCorpus
-    test: EncodedCorpus
+    test: Optional[EncodedCorpus]  # None without a test split (data.splits.test=null)
     valid_text: ParallelText  # raw source/reference sentences for BLEU
     test_text: ParallelText
     directory: Path  # the cache entry holding the encoded splits
@@ -77,13 +77,16 @@ def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
 def _open(entry: Path, tokenizer: Tokenizer, fingerprint: str) -> PreparedData:
     texts = {}
     for split in ("valid", "test"):
+        if not (entry / split / "text.json").is_file():  # no test split (data.splits.test=null)
+            texts[split] = ParallelText()
+            continue
         stored = json.loads((entry / split / "text.json").read_text(encoding="utf-8"))
         texts[split] = ParallelText(stored["src"], stored["tgt"])
     return PreparedData(
         tokenizer=tokenizer,
         train=EncodedCorpus.open(entry / "train"),
         valid=EncodedCorpus.open(entry / "valid"),
-        test=EncodedCorpus.open(entry / "test"),
+        test=EncodedCorpus.open(entry / "test") if texts["test"].src else None,
         valid_text=texts["valid"],
         test_text=texts["test"],
         directory=entry,
@@ -139,6 +142,9 @@ def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, 
             text.src.append(src)
             text.tgt.append(tgt)
         stats.report(split, log)
+        if not text.src and split == "test" and cfg.splits.test is None:
+            summary[split] = {"read": 0, "kept": 0, "src_tokens": 0, "tgt_tokens": 0, "invalid_utf8": 0}
+            continue  # data.splits.test=null: no test split, nothing to store
         if not text.src:
             raise MtrainError(f"data: the {split} split of {source.description} has no sentences")
         writer = CorpusWriter(staging / split, dtype)

@@ -88,7 +88,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     if not dist.is_main:
         data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
     check_eval_lengths(data, None if cfg.model.positions == "none" else cfg.model.max_positions, cfg.data)
-    for split in ("valid", "test"):
+    for split in ("valid", "test") if data.test is not None else ("valid",):
         check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={cfg.data.splits[split]}")
     fingerprints = data_fingerprints(data.fingerprint, data.tokenizer.fingerprint)
     if resume_state is not None:
@@ -180,7 +180,7 @@ def _write_run_files(run: RunDir, cfg: DictConfig, data: Any) -> None:
         atomic_write_text(run.overrides_file, OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
     atomic_write_text(run.config_file, OmegaConf.to_yaml(cfg, resolve=True))
     data.tokenizer.save(run.tokenizer_dir)
-    for split in ("valid", "test"):
+    for split in ("valid", "test") if data.test is not None else ("valid",):
         text = getattr(data, f"{split}_text")
         src_path, ref_path = run.split_files(split)
         atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
@@ -220,6 +220,8 @@ def check_eval_lengths(data, limit: Optional[int], data_cfg: DictConfig) -> None
         return
     for split in ("valid", "test"):
         corpus = getattr(data, split)
+        if corpus is None:  # no test split
+            continue
         positions = np.maximum(corpus.src_lengths, corpus.tgt_lengths + 1)  # src + eos; [bos] + tgt
         index = int(np.argmax(positions))
         if positions[index] > limit:

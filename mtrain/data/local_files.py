@@ -30,6 +30,8 @@ BOM = b"\xef\xbb\xbf"
 def file_names(cfg: Any, split: str) -> List[str]:
     """The file name(s) of one split (our split name: train, valid or test), without `.gz`."""
     split_name = getattr(cfg.splits, split)
+    if split_name is None:  # data.splits.test=null: no files to look for
+        return []
     languages = [cfg.src, cfg.tgt] if cfg.format == "text" else [None]
     if (cfg.format == "text") != ("{lang}" in cfg.pattern):
         need = "needs" if cfg.format == "text" else "must not contain"

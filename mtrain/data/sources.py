@@ -36,8 +36,31 @@ def check_data_config(cfg: Any) -> None:
         raise MtrainError("data.chunk_size and data.num_workers must be positive")
 
 
+class WithoutTestSplit:
+    """A source whose test split is empty: `data.splits.test=null` (the rest is delegated)."""
+
+    def __init__(self, source: ParallelSource) -> None:
+        self.source = source
+        self.description = source.description
+
+    def fingerprint(self, split: str) -> str:
+        return "no test split" if split == "test" else self.source.fingerprint(split)
+
+    def pairs(self, split: str, stats: ReadStats):
+        return iter(()) if split == "test" else self.source.pairs(split, stats)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
 def resolve_source(cfg: Any) -> ParallelSource:
-    """Pick the corpus location for `cfg` (a DataConfig) as the module docstring describes."""
+    """Pick the corpus location for `cfg` (a DataConfig) as the module docstring describes;
+    with `data.splits.test=null` its test split is empty."""
+    source = _resolve_source(cfg)
+    return source if cfg.splits.test is not None else WithoutTestSplit(source)
+
+
+def _resolve_source(cfg: Any) -> ParallelSource:
     check_data_config(cfg)
     if cfg.local_dir:
         source = LocalSource(Path(cfg.local_dir).expanduser(), cfg)

@@ -51,6 +51,9 @@ def read_run_split(run: RunDir, data_cfg: Any, split: str) -> SplitText:
     written before mtrain kept that copy read the split as their data config says."""
     if split not in SPLITS:
         raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
+    if data_cfg.splits[split] is None:
+        raise MtrainError(f"run={run.path}: trained without a {split} split (data.splits.{split}=null); "
+                          "score split=valid, or a file with hyp=... ref=...")
     src_path, ref_path = run.split_files(split)
     if src_path.is_file() and ref_path.is_file():
         return SplitText(read_lines(src_path, "source"), [read_lines(ref_path, "reference")],
