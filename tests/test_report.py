@@ -356,3 +356,20 @@ def test_plots_of_short_runs_get_a_readable_axis():
     assert high - low >= 0.5 and low < 0.004658 and high > 0.004668
     low, high = readable_limits([40.0, 20.0])  # a real spread is kept, with a margin
     assert low < 20.0 and high > 40.0 and high - low < 30.0
+
+
+def test_a_report_that_scores_differently_says_what_it_replaces(tmp_path):
+    from mtrain.evaluate.report import replaced_report_note
+
+    def report(bleu, update):
+        return {"metrics": {"bleu": {"name": "BLEU", "score": bleu, "signature": "s", "text": "t"}},
+                "checkpoint": {"path": f"/r/checkpoints/update_{update}.pt", "update": update}, "decode": {"beam": 5},
+                "data": []}
+
+    path = tmp_path / "eval" / "test.json"
+    assert replaced_report_note(path, report(30.0, 200)) is None  # nothing there yet
+    path.parent.mkdir()
+    path.write_text(json.dumps(report(40.0, 300)), encoding="utf-8")
+    note = replaced_report_note(path, report(30.0, 200))
+    assert "replacing BLEU 40.00 (update_300.pt (update 300), beam 5) with 30.00 (update_200.pt" in note
+    assert replaced_report_note(path, report(40.0, 300)) is None  # the same score: nothing to say

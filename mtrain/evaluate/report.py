@@ -152,11 +152,37 @@ def score_split(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, tr
         "mtrain_version": __version__,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
+    replaced = replaced_report_note(run.eval_file(split_key, "json"), report)
     paths = write_report(run.eval_dir, split_key, report, scored.hypotheses)
+    if replaced:
+        log(replaced)
     log(metrics_table(scored.scores).to_text())
     log(f"{len(scored.hypotheses)} sentences in {scored.seconds:.1f}s ({report['sentences_per_s']:.1f} "
         f"sentences/s); report: {paths['json']}, {paths['md']}")
     return report
+
+
+def replaced_report_note(path: Path, report: Dict[str, Any]) -> Optional[str]:
+    """What an earlier report at `path` said, when the new one scores differently (never
+    replace a report silently: a poorer number must say what changed)."""
+    if not path.is_file():
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        old_bleu = float(old["metrics"]["bleu"]["score"])
+        new_bleu = float(report["metrics"]["bleu"]["score"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if abs(old_bleu - new_bleu) < 0.005:
+        return None
+    return (f"{path}: replacing BLEU {old_bleu:.2f} ({_what_was_decoded(old)}) with {new_bleu:.2f} "
+            f"({_what_was_decoded(report)}); the earlier hypotheses are replaced too")
+
+
+def _what_was_decoded(report: Dict[str, Any]) -> str:
+    checkpoint = report.get("checkpoint", {})
+    return (f"{Path(str(checkpoint.get('path', '?'))).name} (update {checkpoint.get('update', '?')}), "
+            f"beam {report.get('decode', {}).get('beam', '?')}")
 
 
 def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequence[str]) -> Dict[str, Path]:
