@@ -206,3 +206,22 @@ def test_references_come_from_the_runs_data_config(sweep, tmp_path):
     different = compare_runs(discover_runs(str(sweep)), None, metrics=["bleu"], num_samples=50)
     assert not different.paired
     assert "name different test sets" in different.bootstrap_note and "ref=FILE" in different.bootstrap_note
+
+
+def test_references_come_from_the_runs_own_copy_when_the_corpus_is_gone(tmp_path):
+    """A relative MTRAIN_DATA_DIR (or the Hub) need not resolve at report time: fit kept the split."""
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig
+    from mtrain.evaluate.compare import split_references
+    from mtrain.evaluate.runs import load_run_summary
+
+    run_dir = tmp_path / "run"
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.data.local_dir = str(tmp_path / "moved_away")
+    (run_dir / "data").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    (run_dir / "data" / "test.src").write_text("ein Hund\nzwei\n", encoding="utf-8")
+    (run_dir / "data" / "test.ref").write_text("a dog\ntwo\n", encoding="utf-8")
+    references, why = split_references([load_run_summary(run_dir)], "test")
+    assert why is None and references == [["a dog", "two"]]

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from sacrebleu.significance import PairedTest
 
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
 from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
@@ -145,11 +146,12 @@ _SPLIT_KEYS = ("name", "src", "tgt", "local_dir", "format", "pattern", "hub.id",
 
 
 def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[Optional[List[List[str]]], Optional[str]]:
-    """The references of `split` for comparing `runs`, read through the data config of the
-    first run that has one; `(None, why)` when unreadable or the runs name different data."""
+    """The references of `split` for comparing `runs`: the copy kept by the first run that
+    names its data (older runs: read through its data config); `(None, why)` when unreadable
+    or the runs name different data."""
     from omegaconf import OmegaConf
 
-    from mtrain.evaluate.references import read_split_text
+    from mtrain.evaluate.references import read_run_split
 
     described = {}
     for run in runs:
@@ -164,9 +166,11 @@ def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[O
     if len({fingerprint for _, fingerprint in described.values()}) > 1:
         return None, (f"the runs' data configs name different {split} sets "
                       f"({', '.join(described)}); pass the common references with ref=FILE")
-    data = next(iter(described.values()))[0]
-    try:
-        return read_split_text(data, split).references, None
+    first = next(iter(described))
+    data = described[first][0]
+    run_dir = next(run.path for run in runs if run.name == first)
+    try:  # the run's own copy of the split, so a relative MTRAIN_DATA_DIR or the Hub is not needed again
+        return read_run_split(RunDir(run_dir), data, split).references, None
     except MtrainError as error:
         return None, f"the {split} references could not be read ({error}); pass them with ref=FILE"
 
