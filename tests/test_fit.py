@@ -170,3 +170,17 @@ def test_fit_without_a_test_split(tmp_path, multi30k_slice):
         cfg = compose(config_name="eval", overrides=[f"run={run_dir}", "split=test", "device=cpu"])
     with pytest.raises(MtrainError, match="trained without a test split"):
         evaluate_run(cfg, log=lambda *_: None)
+
+
+def test_fit_shows_progress_at_once_and_says_where_the_run_is(tmp_path, multi30k_slice, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="mtrain")
+    run_dir = tmp_path / "run"
+    run_fit(compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+                         "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=3",
+                         "train.log_every=50", "data.splits.test=null"]), run_dir)
+    text = caplog.text
+    assert "train | update 1 " in text  # the first update, long before log_every=50
+    assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1 ")  # said at the start
+    assert f"mtrain translate run={run_dir.resolve()}" in text and f"tensorboard --logdir {run_dir.resolve()}" in text

@@ -52,8 +52,9 @@ class MetricLogger:
     def resume(self) -> None:
         self.window.resume()
 
-    def log_train(self, update: int, epoch: int, lr: float) -> None:
-        """A log line and scalars for the window of updates since the last call."""
+    def log_train(self, update: int, epoch: int, lr: float, seconds_left: Optional[float] = None) -> None:
+        """A log line and scalars for the window of updates since the last call;
+        `seconds_left` of a time budget shows on the progress bar."""
         window, self.window = self.window, Window()
         if not window.updates:
             return
@@ -67,8 +68,10 @@ class MetricLogger:
         self.last_train_loss = values["loss"]
         self.scalars("train", values, update)
         if self.progress is not None:
-            self.progress.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{lr:.2e}",
-                                      tok_s=f"{values['tgt_tokens_per_s']:.0f}")
+            postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{values['tgt_tokens_per_s']:.0f}"}
+            if seconds_left is not None:
+                postfix["left"] = f"{int(max(seconds_left, 0)) // 60}m{int(max(seconds_left, 0)) % 60:02d}s"
+            self.progress.set_postfix(postfix)
         if self.writer is not None:
             log.info(
                 "train | update %d | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s",

@@ -285,7 +285,7 @@ class Trainer:
                     self.metrics.update(stats)
                     # The first update of a process is logged too: progress shows at once.
                     if self.state.update % cfg.log_every == 0 or not self._logged_train:
-                        self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr())
+                        self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr(), self._seconds_left())
                         self._logged_train = True
                 stop_reason = self._stop_reason()
                 if stop_reason is None and self._validation_due():
@@ -295,7 +295,7 @@ class Trainer:
                     self.save_without_validation()
                     loop_start = time.perf_counter() - self.state.train_seconds
             if self.metrics is not None:
-                self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr())
+                self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr(), self._seconds_left())
             if stop_reason == "stop signal":
                 self.save_without_validation()
                 log.info("training stopped: stop signal (update %d, %.0f s)", self.state.update,
@@ -340,6 +340,9 @@ class Trainer:
             return None
         self.out_of_memory.record_success()
         return stats
+
+    def _seconds_left(self) -> Optional[float]:
+        return None if self.max_seconds is None else self.max_seconds - self.state.train_seconds
 
     def _current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
