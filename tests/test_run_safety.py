@@ -165,3 +165,12 @@ def test_kill_during_a_checkpoint_write_keeps_last_intact(tmp_path, multi30k_sli
     run = RunDir(tmp_path / "run")
     assert load_checkpoint(run.checkpoint("last"))["update"] == 2
     assert not list(run.checkpoint_dir.glob(".*.tmp"))  # atomic_write removed its temporary file
+
+
+def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_slice):
+    from tests.test_fit import scalars
+
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
+    run_fit(compose_fit([*common, "train.max_updates=3", "train.validate_every=1000",
+                         "train.validate_every_time=0.001s"]), tmp_path / "run")
+    assert sorted(scalars(tmp_path / "run", "valid/loss")) == [1, 2, 3]  # by time, not by the update count
