@@ -14,7 +14,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -117,7 +117,6 @@ def check_before_run(config_name: str, argv: List[str]) -> None:
 def _check_job(cfg: DictConfig, multirun: bool) -> None:
     from omegaconf import open_dict
 
-    hydra_cfg = cfg.hydra
     with open_dict(cfg):
         task = cfg.copy()
         del task["hydra"]

@@ -17,8 +17,7 @@ from mtrain import __version__
 from mtrain.config import to_plain
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
-from mtrain.evaluate.references import (SplitText, file_record, read_reference_files, read_run_split,
-                                        read_split_text)
+from mtrain.evaluate.references import SplitText, file_record, read_reference_files, read_run_split
 from mtrain.evaluate.runs import run_config
 from mtrain.evaluate.scoring import Translate, translate_and_score
 from mtrain.evaluate.tables import Table

@@ -35,7 +35,6 @@ class Checkpointer:
         self.run = run
         self.keep_last = max(1, keep_last)
         self.save_every_seconds = save_every_seconds
-        self.last_saved_update = -1
         self._last_save_time = time.monotonic()
 
     def due(self) -> bool:
@@ -58,7 +57,6 @@ class Checkpointer:
                 ) from error
         for old in self.run.update_checkpoints()[: -self.keep_last]:
             old.unlink()
-        self.last_saved_update = update
         self._last_save_time = time.monotonic()
         log.info("saved %s%s", path.name, " (best)" if best else "")
         return path

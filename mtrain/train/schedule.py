@@ -7,7 +7,6 @@ state beyond the update count: the same update always gets the same learning rat
 from __future__ import annotations
 
 import math
-import re
 from typing import Optional
 
 from mtrain.config import TrainConfig
