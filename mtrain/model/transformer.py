@@ -74,6 +74,12 @@ class Seq2SeqTransformer(nn.Module):
     # ------------------------------------------------------------------ training
     def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
         """Teacher-forced logits (batch, tgt_len, padded vocab) for tgt_input = [bos] y."""
+        return self._logits(self.decoder_states(src_tokens, src_padding_mask, tgt_input))
+
+    def decoder_states(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
+        """Teacher-forced final decoder states (batch, tgt_len, d_model), after the final norm:
+        what the output projection multiplies (training takes them to the fused loss of
+        `mtrain.train.loss`, which projects only the non-pad rows)."""
         memory = self.encode(src_tokens, src_padding_mask)
         if self.detach_memory:
             memory = memory.detach()
@@ -83,7 +89,12 @@ class Seq2SeqTransformer(nn.Module):
         for layer in self.decoder:
             keys, values = layer.cross_attn.project_memory(memory)
             x, _ = layer(x, keys, values, src_bias)
-        return self._logits(x)
+        return self._final_decoder_norm(x)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The output projection's (tgt_vocab_size, d_model) rows, without the padded ones."""
+        return self.output_proj.weight[: self.tgt_vocab_size]
 
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> Tensor:
         """memory (batch, src_len, d_model); src_padding_mask is True at padding."""
@@ -93,10 +104,12 @@ class Seq2SeqTransformer(nn.Module):
             x = layer(x, src_bias)
         return x if self.encoder_norm is None else self.encoder_norm(x)
 
-    def _logits(self, x: Tensor) -> Tensor:
-        if self.decoder_norm is not None:
-            x = self.decoder_norm(x)
-        logits = self.output_proj(x)
+    def _final_decoder_norm(self, x: Tensor) -> Tensor:
+        return x if self.decoder_norm is None else self.decoder_norm(x)
+
+    def _logits(self, states: Tensor) -> Tensor:
+        """Logits over the padded vocabulary from final (normed) decoder states."""
+        logits = self.output_proj(states)
         if logits.shape[-1] > self.tgt_vocab_size:
             logits[..., self.tgt_vocab_size :] = float("-inf")
         return logits
@@ -130,7 +143,7 @@ class Seq2SeqTransformer(nn.Module):
             if weights is not None:
                 attention.append(weights[:, 0])  # (batch, src_len)
         state.step += 1
-        logits = self._logits(x)[:, 0]
+        logits = self._logits(self._final_decoder_norm(x))[:, 0]
         if not need_attention:
             return logits
         if attention_layer == "all":

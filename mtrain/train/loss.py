@@ -1,79 +1,140 @@
-"""Label-smoothed cross-entropy over target tokens; padding never counts."""
+"""Label-smoothed cross-entropy over target tokens, fused with the output projection.
+
+The training objective never materialises the (tokens, vocab) logits of a whole batch: the
+output projection, log-softmax, loss and both gradients are computed chunk by chunk of
+target rows (`_FusedOutputLoss`), and only the non-pad rows are projected at all. On a CPU a
+chunk's logits stay in cache; on a GPU the largest activation of the model (a 32k vocabulary
+x 16k tokens is 2 GiB in fp32) shrinks to one chunk.
+
+`TranslationLoss` puts the model and this loss in one module: what DDP and `torch.compile`
+wrap, so that every parameter's gradient is produced inside the wrapped forward.
+"""
 
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Logits elements per chunk: 256 rows x 8k vocabulary (8 MiB fp32) stays in a CPU's L3
+# cache; a GPU takes 32M elements (128 MiB) at a time, few launches per batch.
+_CPU_CHUNK_ELEMENTS = 1 << 21
+_GPU_CHUNK_ELEMENTS = 1 << 25
 
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Summed label-smoothed loss and NLL of (tokens, vocab) logits, with a hand-written backward.
+class _FusedOutputLoss(torch.autograd.Function):
+    """Summed label-smoothed loss and NLL of `hidden @ weight.T`, gradients computed in forward.
 
-    The gradient of cross-entropy against the target distribution q = (1-eps) onehot + eps/V
-    is softmax - q, so the backward is one in-place pass over the saved log-probabilities
-    (exp, subtract eps/V, scale by the row's weight) plus one scatter at the targets. Autograd
-    through gather, mean and log_softmax instead fills a zero (tokens, vocab) tensor for the
-    gather, expands and divides one for the mean, adds them and runs the log-softmax backward:
-    four more passes over the largest activation of the model.
+    The loss is the last node of the graph, so its gradient with respect to the scalar loss
+    is known in the forward pass: d loss / d logits = softmax - q, with the target
+    distribution q = (1 - eps) onehot + eps / V. Each chunk's softmax goes straight into the
+    two gradient products (d hidden = G W, d weight += G^T hidden) and is dropped; backward
+    only scales the stored gradients by the incoming one. The constant parts of q never touch
+    the (rows, vocab) chunk: they are a column sum of W, a row sum of hidden and W[targets].
+    Matrix products run in `compute_dtype` (autocast's), softmax and accumulation in fp32.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, not_pad: torch.Tensor,  # type: ignore[override]
-                label_smoothing: float) -> Tuple[torch.Tensor, torch.Tensor]:
-        log_probs = F.log_softmax(logits.float(), dim=-1)  # (tokens, vocab)
-        nll = -log_probs.gather(1, targets[:, None]).squeeze(1)
-        weights = not_pad.to(log_probs.dtype)
-        nll_sum = torch.dot(nll, weights)
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor,  # type: ignore[override]
+                label_smoothing: float, compute_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        rows, vocab = hidden.shape[0], weight.shape[0]
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        h = hidden.to(compute_dtype)
+        w = weight.to(compute_dtype)
+        target_weights = w.index_select(0, targets).float()  # (rows, d), as the products see W
+        target_logits = (h.float() * target_weights).sum(-1)
+        log_normaliser = torch.empty(rows, device=hidden.device, dtype=torch.float32)
+        grad_hidden = torch.empty(hidden.shape, device=hidden.device, dtype=torch.float32) if needs_grad else None
+        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
+        chunk = max(1, (_GPU_CHUNK_ELEMENTS if hidden.is_cuda else _CPU_CHUNK_ELEMENTS) // vocab)
+        for start in range(0, rows, chunk):
+            end = min(start + chunk, rows)
+            h_chunk = h[start:end]
+            log_probs = torch.log_softmax(torch.mm(h_chunk, w.t()).float(), dim=-1)
+            # logsumexp of the row = its target logit - its target log-probability
+            target_log_probs = log_probs.gather(1, targets[start:end, None]).squeeze(1)
+            log_normaliser[start:end] = target_logits[start:end] - target_log_probs
+            if not needs_grad:
+                continue
+            probs = log_probs.exp_().to(compute_dtype)
+            grad_hidden[start:end] = torch.mm(probs, w)
+            if compute_dtype == torch.float32:
+                grad_weight.addmm_(probs.t(), h_chunk)
+            else:
+                grad_weight += torch.mm(probs.t(), h_chunk).float()
+        nll = log_normaliser - target_logits
+        nll_sum = nll.sum()
+        eps = label_smoothing
         loss = nll_sum.clone()  # a tensor of its own: nll_sum is marked non-differentiable
-        if label_smoothing != 0.0:
-            # cross-entropy with the uniform distribution: -mean(log_probs) per row
-            uniform = log_probs.mean(dim=-1).neg_()
-            loss = (1.0 - label_smoothing) * nll_sum + label_smoothing * torch.dot(uniform, weights)
-        ctx.save_for_backward(log_probs, targets, weights)
-        ctx.label_smoothing = label_smoothing
-        ctx.logits_dtype = logits.dtype
+        if eps != 0.0:
+            # cross-entropy with the uniform distribution: logsumexp - mean logit, per row
+            mean_logits = h.float() @ w.float().mean(0)
+            loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
+        if needs_grad:
+            h32 = hidden.float()
+            if eps != 0.0:
+                grad_hidden -= (eps / vocab) * w.float().sum(0)
+                grad_weight -= (eps / vocab) * h32.sum(0)
+            grad_hidden -= (1.0 - eps) * target_weights
+            grad_weight.index_add_(0, targets, h32, alpha=-(1.0 - eps))
+            ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):  # type: ignore[override]
-        log_probs, targets, weights = ctx.saved_tensors
-        eps = ctx.label_smoothing
-        grad = log_probs.exp_()  # softmax, in the saved buffer: it is not needed again
-        if eps != 0.0:
-            grad.sub_(eps / grad.size(-1))
-        row_scale = weights * grad_loss
-        grad.scatter_add_(1, targets[:, None], torch.full_like(targets[:, None], eps - 1.0, dtype=grad.dtype))
-        grad.mul_(row_scale[:, None])
-        return grad.to(ctx.logits_dtype), None, None, None
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        hidden_dtype, weight_dtype = ctx.dtypes
+        return ((grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype),
+                None, None, None)
 
 
-def sequence_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
+def output_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
     pad_id: int,
     label_smoothing: float,
-    vocab_size: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed loss and summed NLL over the non-pad targets.
+    num_tokens: Optional[int] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed NLL of the logits `hidden @ weight.T` at the
+    non-pad targets; the NLL is detached (it is reported, not trained on).
 
-    logits: (batch, tgt_len, padded vocab), any float dtype (computed in fp32 for
-    stability); targets: (batch, tgt_len) with pad_id at padding. Sums, not means: the
-    trainer divides by the number of target tokens of the whole update (across
-    accumulation and ranks). The NLL is detached (it is reported, not trained on).
-
-    The smoothing mass is spread over the real vocabulary only: the model's padded rows
-    (`model.vocab_multiple`, -inf logits) are cut off first — by `vocab_size` when given,
-    else found as the trailing -inf columns of the first row.
+    hidden: (batch, tgt_len, d_model) final decoder states; weight: (vocab, d_model) the
+    output projection without padded rows, so the smoothing mass is spread over the real
+    vocabulary; targets: (batch, tgt_len) with pad_id at padding. `num_tokens`, the number
+    of non-pad targets when the caller knows it (the batch does), selects the rows without
+    a host-device synchronisation. Sums, not means: the trainer divides by the target tokens
+    of the whole update (across accumulation and ranks). Under autocast the products run in
+    autocast's dtype, softmax in fp32.
     """
-    flat_logits = logits.reshape(-1, logits.size(-1))
-    if vocab_size is None:
-        vocab_size = int(torch.isfinite(flat_logits[0]).sum()) if flat_logits.numel() else logits.size(-1)
-    if vocab_size < flat_logits.size(-1):
-        flat_logits = flat_logits[:, :vocab_size]
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     not_pad = flat_targets != pad_id
-    # pad_id may lie outside a cut vocabulary; its rows are weighted 0 anyway
-    return _SmoothedCrossEntropy.apply(flat_logits, flat_targets.clamp(max=vocab_size - 1), not_pad, label_smoothing)
+    if num_tokens is None:
+        num_tokens = int(not_pad.sum())
+    rows = torch.nonzero_static(not_pad, size=num_tokens).squeeze(1)
+    device = hidden.device.type
+    compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
+        return _FusedOutputLoss.apply(flat_hidden.index_select(0, rows), weight, flat_targets.index_select(0, rows),
+                                      label_smoothing, compute_dtype)
+
+
+class TranslationLoss(nn.Module):
+    """A Seq2SeqTransformer and its training loss, as one module (what DDP/compile wrap)."""
+
+    def __init__(self, model: nn.Module, pad_id: int, label_smoothing: float) -> None:
+        super().__init__()
+        self.model = model
+        self.pad_id = pad_id
+        self.label_smoothing = label_smoothing
+
+    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor, tgt_output: Tensor,
+                num_tgt_tokens: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        """(summed loss, summed NLL) of a teacher-forced batch."""
+        hidden = self.model.decoder_states(src_tokens, src_padding_mask, tgt_input)
+        return output_loss(hidden, self.model.output_weight, tgt_output, self.pad_id, self.label_smoothing,
+                           num_tgt_tokens)

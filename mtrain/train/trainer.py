@@ -27,7 +27,7 @@ from mtrain.train.checkpointing import Checkpointer
 from mtrain.model import StatisticsRecorder
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is_out_of_memory
-from mtrain.train.loss import sequence_loss
+from mtrain.train.loss import TranslationLoss
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.runtime import autocast, rng_state, set_rng_state
 from mtrain.durations import parse_duration
@@ -122,10 +122,11 @@ class Trainer:
         self.metrics = metrics
         self.checkpoint_extras = checkpoint_extras or {}
 
-        self.network: torch.nn.Module = model  # what the train step calls (DDP / compiled)
+        # What the train step calls: the model and its loss as one module (DDP / compiled).
+        self.network: torch.nn.Module = TranslationLoss(model, special_ids["pad"], self.train_cfg.label_smoothing)
         if dist.enabled:
             self.network = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
+                self.network, device_ids=[device.index] if device.type == "cuda" else None
             )
         if self.train_cfg.compile:
             self.network = torch.compile(self.network, dynamic=True)
@@ -212,9 +213,8 @@ class Trainer:
     def forward_loss(self, batch: Batch):
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
         with autocast(self.device, self.precision):
-            logits = self.network(batch.src_tokens, batch.src_padding_mask, batch.tgt_input)
-        return sequence_loss(logits, batch.tgt_output, self.special_ids["pad"], self.train_cfg.label_smoothing,
-                             self.model.tgt_vocab_size)
+            return self.network(batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output,
+                                batch.num_tgt_tokens)
 
     def next_batches(self) -> Optional[List[Batch]]:
         """The next `update_freq` batches of this rank, crossing epoch boundaries as needed;

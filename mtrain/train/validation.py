@@ -8,7 +8,7 @@ from typing import Dict
 import torch
 
 from mtrain.batches import EncodedCorpus, TokenBatchSampler, collate
-from mtrain.train.loss import sequence_loss
+from mtrain.train.loss import TranslationLoss
 from mtrain.train.runtime import autocast
 
 
@@ -22,12 +22,12 @@ def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: 
     model.eval()
     loss_sum = nll_sum = tokens = 0.0
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=max_tokens, seed=0, shuffle=False)
+    objective = TranslationLoss(model, special_ids["pad"], label_smoothing)
     for indices in sampler.batches(0):
         batch = collate(corpus, indices, special_ids["pad"], special_ids["bos"], special_ids["eos"]).to(device)
         with autocast(device, precision):
-            logits = model(batch.src_tokens, batch.src_padding_mask, batch.tgt_input)
-        loss, nll = sequence_loss(logits, batch.tgt_output, special_ids["pad"], label_smoothing,
-                                  model.tgt_vocab_size)
+            loss, nll = objective(batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output,
+                                  batch.num_tgt_tokens)
         loss_sum += float(loss)
         nll_sum += float(nll)
         tokens += batch.num_tgt_tokens
