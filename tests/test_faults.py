@@ -107,7 +107,7 @@ def test_twenty_sigkills_at_random_moments_then_resume_match_an_uninterrupted_ru
 def _inject(monkeypatch, make_failure):
     """Replace Trainer.forward_loss so that the attempts (1, 2, ...) chosen by `make_failure` fail.
 
-    Attempts, not update numbers: a skipped update does not advance the update count.
+    A skipped (non-finite) update still counts as an update: attempt N is update N.
     """
     original = trainer_module.Trainer.forward_loss
     attempts = {"n": 0}
@@ -132,7 +132,8 @@ def test_nan_loss_is_skipped_and_counted(tmp_path, multi30k_slice, monkeypatch, 
     metrics = run_fit(cfg, tmp_path / "run")
     assert metrics["skipped_updates"] == 2
     assert metrics["updates"] == 8
-    assert "non-finite loss or gradient; update skipped" in caplog.text
+    assert "non-finite loss or gradient: 1 update(s) up to update 3 skipped" in caplog.text
+    assert "non-finite loss or gradient: 1 update(s) up to update 4 skipped" in caplog.text
     losses = scalars(tmp_path / "run", "train/loss")
     assert all(v == v for v in losses.values())  # the skipped updates left no NaN in the log
 
@@ -143,8 +144,13 @@ def test_consecutive_nan_losses_abort_keeping_the_last_good_checkpoint(tmp_path,
                        "train.max_updates=50", "train.validate_every=2", "train.max_bad_updates=3"])
     with pytest.raises(MtrainError, match="3 consecutive updates had a non-finite loss"):
         run_fit(cfg, tmp_path / "run")
-    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    assert state["update"] == 4
+    # Updates 5 and 6 were skipped on the device: the checkpoint of update 6 holds update 4's
+    # weights, untouched; the divergence was caught at update 7 before anything else was saved.
+    checkpoints = tmp_path / "run" / "checkpoints"
+    state = load_checkpoint(checkpoints / "last.pt")
+    assert state["update"] == 6 and state["trainer"]["skipped_updates"] == 2
+    good = load_checkpoint(checkpoints / "update_4.pt")
+    assert all(torch.equal(good["model"][name], tensor) for name, tensor in state["model"].items())
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 

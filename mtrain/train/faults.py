@@ -62,24 +62,42 @@ class StopSignal:
 
 
 class NonFiniteGuard:
-    """Counts updates skipped for a non-finite loss or gradient; aborts after too many in a row."""
+    """Counts updates skipped for a non-finite loss or gradient; aborts after too many in a row.
 
-    def __init__(self, max_consecutive: int) -> None:
+    The counting happens on the device (`record` takes the update's flag as a tensor and never
+    reads it), so a GPU is not made to wait for the host once per update; `check` reads the
+    counts — one synchronisation — at log intervals and before checkpoints.
+    """
+
+    def __init__(self, max_consecutive: int, device: torch.device) -> None:
         self.max_consecutive = max_consecutive
-        self.consecutive = 0
+        self._new_skipped = torch.zeros((), dtype=torch.int64, device=device)  # since the last check
+        self._consecutive = torch.zeros((), dtype=torch.int64, device=device)  # the current run of them
+        self._longest = torch.zeros((), dtype=torch.int64, device=device)  # longest run since the last check
 
-    def record(self, finite: bool, update: int) -> None:
-        if finite:
-            self.consecutive = 0
-            return
-        self.consecutive += 1
-        log.warning("update %d: non-finite loss or gradient; update skipped (%d in a row)", update, self.consecutive)
-        if self.consecutive >= self.max_consecutive:
+    def record(self, skipped: torch.Tensor) -> None:
+        """One update's flag (a bool tensor): True when its step was skipped as non-finite."""
+        skipped = skipped.to(torch.int64)
+        self._new_skipped += skipped
+        self._consecutive = (self._consecutive + 1) * skipped  # back to 0 after a good update
+        self._longest = torch.maximum(self._longest, self._consecutive)
+
+    def check(self, update: int) -> int:
+        """The number of updates skipped since the last check (after update `update`);
+        raises TrainingDiverged after `max_consecutive` skipped in a row."""
+        new_skipped, longest = (int(value) for value in torch.stack([self._new_skipped, self._longest]).tolist())
+        self._new_skipped.zero_()
+        self._longest.copy_(self._consecutive)
+        if new_skipped:
+            log.warning("non-finite loss or gradient: %d update(s) up to update %d skipped (weights and "
+                        "optimizer state left as they were)", new_skipped, update)
+        if longest >= self.max_consecutive:
             raise TrainingDiverged(
-                f"training diverged: {self.consecutive} consecutive updates had a non-finite loss or "
-                f"gradient (at update {update}); the last good checkpoint is kept. Lower train.lr, "
+                f"training diverged: {longest} consecutive updates had a non-finite loss or "
+                f"gradient (up to update {update}); the last good checkpoint is kept. Lower train.lr, "
                 "raise train.warmup_updates, or use train.precision=fp32"
             )
+        return new_skipped
 
 
 class TrainingDiverged(MtrainError):

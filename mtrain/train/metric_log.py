@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
+import torch
+
 from mtrain.train.throughput import model_flops_utilization
 
 log = logging.getLogger("mtrain")
@@ -111,6 +113,8 @@ class Window:
         self.loss_sum: Any = 0.0
         self.nll_sum: Any = 0.0
         self.grad_norm_sum: Any = 0.0
+        self.skipped: Any = 0  # updates whose step was skipped as non-finite (their sums are 0)
+        self.skipped_tgt_tokens: Any = 0  # and their target tokens
         self.tgt_tokens = 0
         self.src_tokens = 0
         self.sentences = 0
@@ -122,6 +126,10 @@ class Window:
         self.loss_sum = self.loss_sum + stats["loss_sum"]
         self.nll_sum = self.nll_sum + stats["nll_sum"]
         self.grad_norm_sum = self.grad_norm_sum + stats["grad_norm"]
+        if "skipped" in stats:
+            skipped = stats["skipped"].to(torch.int64)
+            self.skipped = self.skipped + skipped
+            self.skipped_tgt_tokens = self.skipped_tgt_tokens + skipped * stats["tgt_tokens"]
         self.tgt_tokens += stats["tgt_tokens"]
         self.src_tokens += stats["src_tokens"]
         self.sentences += stats.get("sentences", 0)
@@ -136,10 +144,12 @@ class Window:
 
     def summary(self) -> Dict[str, float]:
         seconds = max(time.perf_counter() - self.start, 1e-9)
+        good = max(self.updates - int(self.skipped), 1)
+        good_tokens = self.tgt_tokens - int(self.skipped_tgt_tokens)
         return {
-            "loss": float(self.loss_sum) / max(self.tgt_tokens, 1),
-            "nll_loss": float(self.nll_sum) / max(self.tgt_tokens, 1),
-            "grad_norm": float(self.grad_norm_sum) / max(self.updates, 1),
+            "loss": float(self.loss_sum) / max(good_tokens, 1),
+            "nll_loss": float(self.nll_sum) / max(good_tokens, 1),
+            "grad_norm": float(self.grad_norm_sum) / good,
             "tgt_tokens_per_s": self.tgt_tokens / seconds,
             "src_tgt_tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,
         }

@@ -29,6 +29,7 @@ from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is_out_of_memory
 from mtrain.train.loss import TranslationLoss
 from mtrain.train.metric_log import MetricLogger
+from mtrain.train.prefetch import BatchPrefetcher
 from mtrain.train.runtime import autocast, rng_state, set_rng_state
 from mtrain.durations import parse_duration
 from mtrain.train.schedule import LearningRateSchedule
@@ -104,11 +105,13 @@ class Trainer:
         metrics: Optional[MetricLogger] = None,
         checkpoint_extras: Optional[Dict[str, Any]] = None,
         stop_signal: Optional[StopSignal] = None,
+        prefetch: Optional[bool] = None,
     ) -> None:
         """`checkpointer` and `metrics` are rank 0's (None elsewhere); `validate` runs on rank 0;
         `checkpoint_extras` are stored in every checkpoint (e.g. the data fingerprints);
         `stop_signal` may be installed before the trainer exists (a signal then stops training
-        at its first update boundary)."""
+        at its first update boundary); `prefetch` (default: on CUDA) collates the next batches
+        in a background thread."""
         self.cfg = cfg
         self.train_cfg = cfg.train
         self.model = model  # the bare module: checkpoints, validation, statistics
@@ -159,17 +162,24 @@ class Trainer:
         self._logged_train = False
         self.stop_signal = stop_signal or StopSignal()
         self._owns_stop_signal = stop_signal is None  # else its owner uninstalls it
-        self.non_finite = NonFiniteGuard(self.train_cfg.max_bad_updates)
+        self.non_finite = NonFiniteGuard(self.train_cfg.max_bad_updates, device)
         self.out_of_memory = OutOfMemoryGuard(self.train_cfg.max_oom_batches)
         self.last_validation: Dict[str, float] = {}
         self._epoch_batches: Optional[List[np.ndarray]] = None
+        # On a GPU the next update's batches are collated in a background thread; on a CPU
+        # that thread would take cores from the update itself.
+        use_prefetch = device.type == "cuda" if prefetch is None else prefetch
+        self._prefetcher = BatchPrefetcher(self._host_batch, self.train_cfg.update_freq) if use_prefetch else None
         self._last_saved_update = -1
         self._instrumenting = False
         self._statistics = StatisticsRecorder(model)
 
     # ----------------------------------------------------------------- the update
     def train_step(self, batches: List[Batch]) -> Dict[str, Any]:
-        """One optimiser update over `batches` (gradient accumulation); returns tensors, not floats."""
+        """One optimiser update over `batches` (gradient accumulation); returns tensors, not floats.
+
+        Nothing in it waits for the device: losses, the gradient norm and the non-finite flag
+        stay tensors until a log interval reads them."""
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
         local_tokens = sum(batch.num_tgt_tokens for batch in batches)
@@ -191,24 +201,43 @@ class Trainer:
         if self._instrumenting:
             self._log_instruments()
         clip = self.train_cfg.clip_norm if self.train_cfg.clip_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        # One host sync per update: a non-finite step must be skipped, not applied.
-        finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(loss_sum))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
+        # A non-finite step must be skipped, not applied; the test stays on the device.
+        skipped = torch.logical_not(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
         if self.precision == "fp16":
-            self.scaler.step(self.optimizer)  # the scaler skips non-finite steps itself
+            self.scaler.step(self.optimizer)  # the scaler skips overflowing steps itself
             self.scaler.update()
-        elif finite:
-            self.optimizer.step()
-        self.non_finite.record(finite or self.precision == "fp16", self.state.update + 1)
+            skipped = torch.zeros_like(skipped)  # and an overflow is not a fault
+        else:
+            self._step_unless(skipped)
+        self.non_finite.record(skipped)
+        good = torch.logical_not(skipped)
         return {
-            "loss_sum": loss_sum,
-            "nll_sum": nll_sum,
-            "grad_norm": grad_norm.detach(),
+            # a skipped update's NaN must not reach the logged averages
+            "loss_sum": torch.where(good, loss_sum, 0.0),
+            "nll_sum": torch.where(good, nll_sum, 0.0),
+            "grad_norm": torch.where(good, grad_norm, 0.0),
+            "skipped": skipped,
             "tgt_tokens": local_tokens,
             "src_tokens": sum(batch.num_src_tokens for batch in batches),
             "sentences": sum(batch.src_tokens.size(0) for batch in batches),
-            "finite": finite,
         }
+
+    def _step_unless(self, skipped: torch.Tensor) -> None:
+        """optimizer.step(), skipped on the device when `skipped` is True.
+
+        The fused AdamW (CPU and CUDA) takes a `found_inf` flag, as it does from GradScaler:
+        it leaves weights and moments untouched and takes the step count back, with no host
+        synchronisation. Another optimizer implementation reads the flag on the host.
+        """
+        if self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf = skipped.to(torch.float32)
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+        elif not bool(skipped):
+            self.optimizer.step()
 
     def forward_loss(self, batch: Batch):
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
@@ -232,15 +261,24 @@ class Trainer:
                 self.state.batch_in_epoch = 0
                 self._epoch_batches = self.sampler.batches(self.state.epoch)
                 continue
-            indices = self._epoch_batches[self.state.batch_in_epoch]
+            position = self.state.batch_in_epoch
+            indices = self._epoch_batches[position]
             self.state.batch_in_epoch += 1
-            ids = self.special_ids
-            batch = collate(self.train_corpus, indices, ids["pad"], ids["bos"], ids["eos"],
-                            self.train_cfg.pad_to_multiple)
-            if self.device.type == "cuda":  # pinned host memory lets the copy overlap compute
-                batch = batch.pin_memory()
+            if self._prefetcher is None:
+                batch = self._host_batch(indices)
+            else:  # this update's batches were collated while the device ran the previous one
+                ahead = range(position + 1, min(position + 1 + self.train_cfg.update_freq, len(self._epoch_batches)))
+                batch = self._prefetcher.get(
+                    (self.state.epoch, position), indices,
+                    (((self.state.epoch, p), self._epoch_batches[p]) for p in ahead))
             batches.append(batch.to(self.device, non_blocking=True))
         return batches
+
+    def _host_batch(self, indices: np.ndarray) -> Batch:
+        """The collated batch of `indices`, in pinned memory on a GPU (the copy then overlaps compute)."""
+        ids = self.special_ids
+        batch = collate(self.train_corpus, indices, ids["pad"], ids["bos"], ids["eos"], self.train_cfg.pad_to_multiple)
+        return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def set_learning_rate(self) -> float:
         """Set (and return) the learning rate of the next update."""
@@ -272,21 +310,25 @@ class Trainer:
                 self._instrumenting = cfg.instruments and (self.state.update + 1) % cfg.instrument_every == 0
                 if self._instrumenting:
                     self._statistics.arm()
+                step_start = time.perf_counter()
                 stats = self._guarded_step(batches)
                 self.state.train_seconds = time.perf_counter() - loop_start
+                if cfg.compile and not self._logged_train:  # the first update compiles the model
+                    log.info("torch.compile: the first update took %.1f s (tracing and code generation; "
+                             "variable shapes are compiled once, as dynamic)", time.perf_counter() - step_start)
                 if stats is None:  # out of memory: batch skipped
                     continue
-                if not stats["finite"]:  # skipped: the update count does not advance
-                    self.state.skipped_updates += 1
-                    stop_reason = self._stop_reason()
-                    continue
+                # A non-finite update counts (its step was skipped on the device); the skips
+                # are read, and divergence detected, at log intervals and before checkpoints.
                 self.state.update += 1
                 if self.metrics is not None:
                     self.metrics.update(stats)
-                    # The first update of a process is logged too: progress shows at once.
-                    if self.state.update % cfg.log_every == 0 or not self._logged_train:
+                # The first update of a process is logged too: progress shows at once.
+                if self.state.update % cfg.log_every == 0 or not self._logged_train:
+                    self._check_non_finite()
+                    if self.metrics is not None:
                         self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr(), self._seconds_left())
-                        self._logged_train = True
+                    self._logged_train = True
                 stop_reason = self._stop_reason()
                 if stop_reason is None and self._validation_due():
                     self.validate_and_save()
@@ -294,6 +336,7 @@ class Trainer:
                 elif stop_reason is None and self._save_due():
                     self.save_without_validation()
                     loop_start = time.perf_counter() - self.state.train_seconds
+            self._check_non_finite()
             if self.metrics is not None:
                 self.metrics.log_train(self.state.update, self.state.epoch, self._current_lr(), self._seconds_left())
             if stop_reason == "stop signal":
@@ -327,6 +370,10 @@ class Trainer:
             "valid": valid,
             "diverged": diverged,
         }
+
+    def _check_non_finite(self) -> None:
+        """Read the device's count of skipped updates (one host sync); raises TrainingDiverged."""
+        self.state.skipped_updates += self.non_finite.check(self.state.update)
 
     def _guarded_step(self, batches: List[Batch]) -> Optional[Dict[str, Any]]:
         try:
@@ -376,6 +423,7 @@ class Trainer:
     def validate_and_save(self) -> Dict[str, float]:
         """Validate (rank 0), save checkpoints, and share the outcome with every rank."""
         results: Dict[str, float] = {}
+        self._check_non_finite()
         if self.metrics is not None:
             self.metrics.pause()
         self._last_validation_seconds = self.state.train_seconds
@@ -405,6 +453,7 @@ class Trainer:
 
     def save_without_validation(self) -> None:
         """A checkpoint of this update that does not compete for best.pt (time interval, signal)."""
+        self._check_non_finite()
         if self.dist.is_main:
             self._save(best=False)
         self.dist.barrier()
