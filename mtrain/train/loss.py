@@ -23,6 +23,16 @@ _CPU_CHUNK_ELEMENTS = 1 << 21
 _GPU_CHUNK_ELEMENTS = 1 << 25
 
 
+def _chunk_count(rows: int, vocab: int, like: Tensor) -> int:
+    """How many row chunks keep one chunk's logits within the device's budget. Compiled code
+    takes one chunk: a count computed from the batch's size would make torch.compile
+    specialise on every token count (a recompile per batch)."""
+    if torch.compiler.is_compiling():
+        return 1
+    budget = _GPU_CHUNK_ELEMENTS if like.is_cuda else _CPU_CHUNK_ELEMENTS
+    return max(1, -(-rows * vocab // budget))
+
+
 class _FusedOutputLoss(torch.autograd.Function):
     """Summed label-smoothed loss and NLL of `hidden @ weight.T`, gradients computed in forward.
 
@@ -44,25 +54,22 @@ class _FusedOutputLoss(torch.autograd.Function):
         w = weight.to(compute_dtype)
         target_weights = w.index_select(0, targets).float()  # (rows, d), as the products see W
         target_logits = (h.float() * target_weights).sum(-1)
-        log_normaliser = torch.empty(rows, device=hidden.device, dtype=torch.float32)
-        grad_hidden = torch.empty(hidden.shape, device=hidden.device, dtype=torch.float32) if needs_grad else None
         grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
-        chunk = max(1, (_GPU_CHUNK_ELEMENTS if hidden.is_cuda else _CPU_CHUNK_ELEMENTS) // vocab)
-        for start in range(0, rows, chunk):
-            end = min(start + chunk, rows)
-            h_chunk = h[start:end]
+        log_normalisers, grad_hiddens = [], []
+        for h_chunk, target_chunk, logit_chunk in zip(*(tensor.tensor_split(_chunk_count(rows, vocab, h))
+                                                        for tensor in (h, targets, target_logits))):
             log_probs = torch.log_softmax(torch.mm(h_chunk, w.t()).float(), dim=-1)
             # logsumexp of the row = its target logit - its target log-probability
-            target_log_probs = log_probs.gather(1, targets[start:end, None]).squeeze(1)
-            log_normaliser[start:end] = target_logits[start:end] - target_log_probs
+            log_normalisers.append(logit_chunk - log_probs.gather(1, target_chunk[:, None]).squeeze(1))
             if not needs_grad:
                 continue
             probs = log_probs.exp_().to(compute_dtype)
-            grad_hidden[start:end] = torch.mm(probs, w)
+            grad_hiddens.append(torch.mm(probs, w).float())
             if compute_dtype == torch.float32:
                 grad_weight.addmm_(probs.t(), h_chunk)
             else:
                 grad_weight += torch.mm(probs.t(), h_chunk).float()
+        log_normaliser = torch.cat(log_normalisers)
         nll = log_normaliser - target_logits
         nll_sum = nll.sum()
         eps = label_smoothing
@@ -72,6 +79,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             mean_logits = h.float() @ w.float().mean(0)
             loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
         if needs_grad:
+            grad_hidden = torch.cat(grad_hiddens)
             h32 = hidden.float()
             if eps != 0.0:
                 grad_hidden -= (eps / vocab) * w.float().sum(0)
