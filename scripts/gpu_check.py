@@ -13,11 +13,21 @@
 Everything runs the trainer's own update (`Trainer.train_step`, with its batch sampler and
 `collate`) on a synthetic corpus: random tokens, lengths around 30 (log-normal), targets a
 fixed permutation of the source tokens (a task the model can learn, so the loss falls).
-A time budget (`--budget`, default 200 s, then at most one more run) skips what would not fit
-and says so; rows are printed as they are measured.
+Every row (and the tracking check) runs in a child process with its own time limit
+(`--row-timeout`, longer for compile rows): a row that hangs or crashes is reported as such and
+the next one runs. The whole check keeps within `--budget` (default 230 s): a row gets at most
+the time left, and rows that would not fit are skipped and say so; rows are printed as they
+are measured.
+
+`--profile` adds, for transformer_big in bf16 (the first model in smoke mode), a
+`torch.profiler` breakdown of a few updates: the top kernels by device time, how much of
+the wall time per update the device was busy (on a GPU), and the host-device
+synchronisations per update (`aten::_local_scalar_dense` — what `.item()`, `bool(t)` and
+`float(t)` run — and the CUDA runtime's synchronising calls).
 
     scripts/gpu_check.sh                       # one GPU, under 4 minutes on an H100/H200
     scripts/gpu_check.sh --json gpu.json       # also write the figures as JSON
+    scripts/gpu_check.sh --profile --json gpu.json   # plus the profile of transformer_big bf16
     python scripts/gpu_check.py --smoke        # tiny (equal) models on CPU in seconds: the script works
 """
 
@@ -32,6 +42,7 @@ import json
 import platform
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -129,6 +140,9 @@ class Run:
     mfu: Optional[float] = None
     peak_memory_gib: Optional[float] = None
     losses: List[float] = field(default_factory=list)
+    first_update_seconds: float = 0.0  # with compile: the compile time (plus one update)
+    recompiles: Optional[int] = None  # graphs compiled in the whole row (compile rows)
+    profile: Optional[dict] = None
     skipped: Optional[str] = None
 
 
@@ -166,7 +180,8 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def train(model_name: str, mode: str, settings: Settings, data: PreparedData, device: torch.device,
-          run_dir: Path, updates: int, warmup: int, seconds: float, extra: List[str] = ()) -> Run:
+          run_dir: Path, updates: int, warmup: int, seconds: float, extra: List[str] = (),
+          profile_updates: int = 0) -> Run:
     """`warmup` untimed updates, then up to `updates` timed ones (or `seconds`), as `mtrain fit` runs them."""
     precision, compiled = MODES[mode]
     cfg = fit_config(model_name, settings, compiled, list(extra))
@@ -190,8 +205,11 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        for _ in range(warmup):
+        for index in range(warmup):
             update()
+            if index == 0:
+                synchronize(device)
+                run.first_update_seconds = time.perf_counter() - start
         synchronize(device)
         run.warmup_seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -208,12 +226,83 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
             run.mfu = model_flops_utilization(flops, run.tgt_tokens_per_s, peak_flops(device, precision))
         run.peak_memory_gib = peak_memory_gib(device)
         run.losses = [float(loss) for loss in losses]
+        if compiled:
+            run.recompiles = compiled_graphs()
+        if profile_updates:
+            run.profile = profile(update, device, profile_updates)
     finally:
         del trainer, model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return run
+
+
+def compiled_graphs() -> Optional[int]:
+    """Graphs torch.compile built in this process (1 = no recompile), when dynamo says."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - dynamo missing
+        return None
+    return int(counters["stats"].get("unique_graphs", 0)) or None
+
+
+SYNC_CALLS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+              "cudaEventSynchronize", "cudaMemcpy")  # cudaMemcpy (not ...Async) waits too
+
+
+def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
+    """torch.profiler over `updates` more updates: top kernels by device time (by CPU time
+    on a CPU), device-busy share of the wall time, synchronisations per update."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
+    with profiler(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(updates):
+            update()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    syncs = sum(event.count for event in events if event.key in SYNC_CALLS)
+    if device.type == "cuda":
+        kernels = [event for event in events if event.self_device_time_total > 0]
+        kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+        busy = sum(event.self_device_time_total for event in kernels) / 1e6  # microseconds -> s
+        time_of = lambda event: event.self_device_time_total / 1e3  # noqa: E731
+    else:
+        kernels = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)
+        busy = None  # no device: the CPU is the device, always busy
+        time_of = lambda event: event.self_cpu_time_total / 1e3  # noqa: E731
+    total = sum(time_of(event) for event in kernels) or 1.0
+    return {
+        "updates": updates,
+        "wall_ms_per_update": 1e3 * wall / updates,
+        "device_busy_ms_per_update": None if busy is None else 1e3 * busy / updates,
+        "device_busy_share": None if busy is None else busy / wall,
+        "syncs_per_update": syncs / updates,
+        "top": [{"name": event.key, "ms_per_update": time_of(event) / updates, "share": time_of(event) / total,
+                 "calls_per_update": event.count / updates} for event in kernels[:top]],
+    }
+
+
+def profile_report(run: Run) -> str:
+    """The profile as Markdown: a summary line and a table of the top kernels."""
+    prof = run.profile
+    busy = ("n/a (CPU)" if prof["device_busy_share"] is None else
+            f"{prof['device_busy_ms_per_update']:.1f} ms ({100 * prof['device_busy_share']:.0f}% of the wall time)")
+    lines = [f"\nprofile of {run.model} {run.mode}, {prof['updates']} updates: wall {prof['wall_ms_per_update']:.1f} "
+             f"ms/update, device busy {busy}, "
+             + (f"host-device syncs {prof['syncs_per_update']:.1f}/update\n" if prof["device_busy_share"] is not None
+                else f"scalar reads {prof['syncs_per_update']:.1f}/update (a CPU waits for nothing: on a GPU these "
+                     "would be syncs, bar the fused optimizer's own)\n"),
+             "| kernel / operator | ms/update | share | calls/update |", "|---|---:|---:|---:|"]
+    for row in prof["top"]:
+        lines.append(f"| {row['name'][:70]} | {row['ms_per_update']:.2f} | {100 * row['share']:.1f}% | "
+                     f"{row['calls_per_update']:.0f} |")
+    return "\n".join(lines)
 
 
 def tracking_check(settings: Settings, data: PreparedData, device: torch.device, run_dir: Path) -> dict:
@@ -245,20 +334,22 @@ def describe(device: torch.device) -> str:
 
 def table_header(device: torch.device) -> str:
     memory = "peak GiB" if device.type == "cuda" else "peak RSS GiB"
-    return (f"| model | mode | tgt tok/s | src+tgt tok/s | MFU | {memory} | timed updates | warm-up s | loss |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    return (f"| model | mode | tgt tok/s | src+tgt tok/s | MFU | {memory} | timed updates | warm-up s "
+            "| first update s (compile) | graphs | loss |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def table_row(run: Run) -> str:
     if run.skipped:
-        return f"| {run.model} | {run.mode} | skipped: {run.skipped} | | | | | | |"
+        return f"| {run.model} | {run.mode} | skipped: {run.skipped} | | | | | | | | |"
     mfu = f"{100 * run.mfu:.1f}%" if run.mfu is not None else "n/a"
     return (f"| {run.model} | {run.mode} | {run.tgt_tokens_per_s:,.0f} | {run.src_tgt_tokens_per_s:,.0f} | {mfu} | "
             f"{run.peak_memory_gib:.2f} | {run.updates} ({run.seconds:.1f} s) | {run.warmup_seconds:.1f} | "
+            f"{run.first_update_seconds:.1f} | {run.recompiles if run.recompiles is not None else ''} | "
             f"{run.losses[-1]:.3f} |")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny models on any device (CPU is fine)")
     parser.add_argument("--device", default="auto")
@@ -269,13 +360,74 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per model and mode (at most)")
     parser.add_argument("--track-updates", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=0.02, help="bf16 vs fp32 final loss, relative")
-    parser.add_argument("--budget", type=float, default=200.0, help="seconds; later runs are skipped past it")
+    parser.add_argument("--budget", type=float, default=230.0,
+                        help="seconds for the whole check: a row gets at most what is left, later rows are skipped")
+    parser.add_argument("--row-timeout", type=float, default=45.0,
+                        help="seconds a row may take (compile rows: twice that), the tracking check 90")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile transformer_big bf16 (smoke: the first model): kernels, busy time, syncs")
+    parser.add_argument("--profile-updates", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # "track" or "MODEL:MODE[:profile]": one row, JSON out
     args = parser.parse_args(argv)
     for mode in args.modes.split(","):
         if mode not in MODES:
             parser.error(f"--modes: {mode!r} is not one of {', '.join(MODES)}")
+    return args
 
+
+def child(args: argparse.Namespace, settings: Settings, device: torch.device) -> int:
+    """One row (or the tracking check) in this process; its result as the last stdout line."""
+    data = synthetic_data(settings)
+    run_dir = Path(tempfile.mkdtemp(prefix="mtrain-gpu-check-"))
+    try:
+        if args.child == "track":
+            result = tracking_check(settings, data, device, run_dir)
+        else:
+            model_name, mode, *flags = args.child.split(":")
+            warmup = settings.compile_warmup if MODES[mode][1] else settings.warmup
+            run = train(model_name, mode, settings, data, device, run_dir, settings.updates, warmup,
+                        settings.seconds, profile_updates=args.profile_updates if "profile" in flags else 0)
+            result = asdict(run)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def in_child(argv: List[str], what: str, limit: float) -> tuple:
+    """Run `what` in a child process with a time limit: (result dict or None, why not)."""
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", what]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {limit:.3g} s"
+    results = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not results:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"failed (exit {done.returncode}): {last[:160]}"
+    return json.loads(results[-1]), None
+
+
+def child_argv(argv: Optional[List[str]]) -> List[str]:
+    """This invocation's options that a child needs (not --json, --profile or --child)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        if item in ("--json", "--child"):
+            skip = True
+            continue
+        if item == "--profile" or item.startswith(("--json=", "--child=")):
+            continue
+        kept.append(item)
+    return kept
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     began = time.perf_counter()
     device = resolve_device(args.device)
     if device.type != "cuda" and not args.smoke:
@@ -285,43 +437,54 @@ def main(argv: Optional[List[str]] = None) -> int:
     settings = smoke_settings(args) if args.smoke else full_settings(args)
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny models: more threads only contend (and CPUs are often shared)
+    if args.child:
+        return child(args, settings, device)
+
+    forwarded = child_argv(argv)
     data = synthetic_data(settings)
-    run_dir = Path(tempfile.mkdtemp(prefix="mtrain-gpu-check-"))
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     print(f"# mtrain GPU check{' (smoke: tiny models)' if args.smoke else ''} | {date}")
     print(f"# {describe(device)}")
     print(f"# synthetic corpus: {settings.sentences:,} pairs, mean length {data.train.tgt_lengths.mean():.1f} "
-          f"tokens, vocabulary {settings.vocab:,}; max_tokens {settings.max_tokens:,} per update", flush=True)
-    try:
-        track = tracking_check(settings, data, device, run_dir)
+          f"tokens, vocabulary {settings.vocab:,}; max_tokens {settings.max_tokens:,} per update; each row in "
+          f"its own process, {args.row_timeout:.0f} s limit ({2 * args.row_timeout:.0f} s with compile)", flush=True)
+    track, why = in_child(forwarded, "track", 2 * args.row_timeout)
+    if track is None:
+        print(f"\nbf16 vs fp32: not measured: {why}\n", flush=True)
+    else:
         verdict = "PASS" if track["passed"] else "FAIL"
         print(f"\nbf16 vs fp32 ({track['model']}, same init and batches, dropout off, {track['updates']} updates): "
               f"loss {track['first_loss']:.3f} -> fp32 {track['final_fp32']:.4f}, bf16 {track['final_bf16']:.4f} "
               f"(mean of the last {track['window']}); gap {100 * track['relative_gap']:.2f}% "
               f"<= {100 * track['tolerance']:.0f}%: {verdict}\n", flush=True)
 
-        # Rows are printed as they come, so a run cut short still leaves its figures.
-        print(table_header(device), flush=True)
-        runs: List[Run] = []
-        for model_name in settings.models:
-            for mode in settings.modes:
-                if time.perf_counter() - began > settings.budget:
-                    run = Run(model_name, mode, skipped=f"past the {settings.budget:.0f} s budget")
-                else:
-                    warmup = settings.compile_warmup if MODES[mode][1] else settings.warmup
-                    run = train(model_name, mode, settings, data, device, run_dir, settings.updates, warmup,
-                                settings.seconds)
-                runs.append(run)
-                print(table_row(run), flush=True)
-        print(f"\n# total {time.perf_counter() - began:.0f} s")
-        if args.json:
-            result = {"date": date, "device": describe(device), "smoke": args.smoke,
-                      "settings": asdict(settings), "tracking": track,
-                      "runs": [{**asdict(run), "losses": run.losses[-1:]} for run in runs]}
-            args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
-        return 0 if track["passed"] else 1
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    # Rows are printed as they come, so a run cut short still leaves its figures.
+    print(table_header(device), flush=True)
+    profiled_model = settings.models[0] if args.smoke else "transformer_big"
+    runs: List[Run] = []
+    for model_name in settings.models:
+        for mode in settings.modes:
+            left = settings.budget - (time.perf_counter() - began)
+            profiled = args.profile and model_name == profiled_model and mode == "bf16"
+            limit = min(args.row_timeout * (2 if MODES[mode][1] else 1) + (30 if profiled else 0), left)
+            if limit < min(args.row_timeout, 10.0):
+                run = Run(model_name, mode, skipped=f"past the {settings.budget:.0f} s budget")
+            else:
+                what = f"{model_name}:{mode}" + (":profile" if profiled else "")
+                result, why = in_child(forwarded, what, limit)
+                run = Run(**result) if result is not None else Run(model_name, mode, skipped=why)
+            runs.append(run)
+            print(table_row(run), flush=True)
+    for run in runs:
+        if run.profile:
+            print(profile_report(run), flush=True)
+    print(f"\n# total {time.perf_counter() - began:.0f} s")
+    if args.json:
+        result = {"date": date, "device": describe(device), "smoke": args.smoke,
+                  "settings": asdict(settings), "tracking": track,
+                  "runs": [{**asdict(run), "losses": run.losses[-1:]} for run in runs]}
+        args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return 0 if track is not None and track["passed"] else 1
 
 
 if __name__ == "__main__":
