@@ -64,7 +64,10 @@ def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 4
 def model_flops_utilization(
     flops_per_target_token: float, target_tokens_per_second: float, peak: Optional[float]
 ) -> Optional[float]:
-    """Share (0..1) of the peak that the model's useful FLOPs reach; None without a peak."""
+    """Share (0..1) of the peak that the model's useful FLOPs reach; None without a peak, and
+    None for a share above 1: the peak is then wrong (a GPU name matched to another's
+    datasheet, clocks above spec), and an impossible figure must never be printed."""
     if not peak:
         return None
-    return flops_per_target_token * target_tokens_per_second / peak
+    share = flops_per_target_token * target_tokens_per_second / peak
+    return share if share <= 1.0 else None
