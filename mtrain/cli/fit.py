@@ -70,6 +70,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.train.faults import TrainingDiverged
     from mtrain.train.metric_log import MetricLogger
+    from mtrain.decode.torch_engine import resolve_decode_precision
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
     from mtrain.durations import parse_duration
     from mtrain.train.throughput import peak_flops
@@ -78,6 +79,9 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     dist = init_distributed(cfg.train.device)
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
+    # Validation BLEU and the test decode run in what decodes fastest on this device (on a
+    # GPU fp32: bf16 decoding was measured slower there; mtrain.decode.torch_engine).
+    decode_precision = "fp32" if precision == "fp32" else resolve_decode_precision("auto", device)
     set_threads(cfg.train.num_threads)
     seed_everything(cfg.seed)
 
@@ -110,7 +114,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
         metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
                                    resume_state["update"] if resume_state else 0,
                                    model.flops_per_token, peak_flops(device, precision))
-    validate = validation(cfg, model, data, ids, device, precision)
+    validate = validation(cfg, model, data, ids, device, precision, decode_precision)
     trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
                       metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal)
     if resume_state is not None:
@@ -129,7 +133,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
             raise
         if dist.is_main:
             if cfg.data.splits.test is not None:
-                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, precision)
+                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, decode_precision)
                 log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
                                                   if isinstance(v, float)))
                 metrics_log.scalars("test", metrics["test"], metrics["test"]["update"])
@@ -187,15 +191,17 @@ def _write_run_files(run: RunDir, cfg: DictConfig, data: Any) -> None:
         atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
 
 
-def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, int], device: Any, precision: str):
-    """The trainer's validation: loss and perplexity, and BLEU (`train.valid_bleu`) through the
-    evaluation path of `mtrain eval` (greedy unless `decode.valid_beam` says otherwise)."""
+def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, int], device: Any, precision: str,
+               decode_precision: str):
+    """The trainer's validation: loss and perplexity (in the training precision), and BLEU
+    (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
+    `decode.valid_beam` says otherwise, in `decode_precision`)."""
     from mtrain.evaluate.report import sentence_translator
     from mtrain.evaluate.scoring import translate_and_score
     from mtrain.train.validation import validation_loss
 
     decode_cfg = OmegaConf.merge(cfg.decode, {"beam": cfg.decode.valid_beam, "nbest": 1})
-    translate = sentence_translator(model, data.tokenizer, decode_cfg, device, precision)
+    translate = sentence_translator(model, data.tokenizer, decode_cfg, device, decode_precision)
     limit = cfg.train.valid_max_sentences
     sources, references = list(data.valid_text.src)[:limit], list(data.valid_text.tgt)[:limit]
     name = f"data.splits.valid={cfg.data.splits.valid}"
