@@ -297,8 +297,10 @@ class TrainConfig:
     # set, and then instead of warmup_updates (see mtrain/train/schedule.py).
     warmup_time: Optional[str] = None
     # Round training batches' src/tgt lengths up to a multiple of this (1: no rounding), which
-    # bounds the number of batch shapes per epoch (torch.compile, allocator); mtrain/data/batching.py.
-    pad_to_multiple: int = 1
+    # bounds the number of batch shapes per epoch (torch.compile, allocator, oneDNN's buffers);
+    # mtrain/batches/batching.py. null: 8 on CUDA, 4 for bf16 on a CPU (less memory, as fast),
+    # 1 for fp32 on a CPU (there padding costs its FLOPs: -5%). docs/PERFORMANCE.md.
+    pad_to_multiple: Optional[int] = None
 
 
 @dataclass

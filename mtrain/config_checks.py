@@ -150,7 +150,8 @@ def _check_train(train: DictConfig) -> None:
     for key in ("max_tokens", "update_freq", "validate_every", "log_every", "keep_last", "max_bad_updates",
                 "max_oom_batches", "instrument_every"):
         _at_least(train, key, 1, prefix="train")
-    for key in ("decay_updates", "max_updates", "max_epochs", "patience", "num_threads", "valid_max_sentences"):
+    for key in ("decay_updates", "max_updates", "max_epochs", "patience", "num_threads", "valid_max_sentences",
+                "pad_to_multiple"):
         _optional_at_least(train, key, 1, prefix="train")
     for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr"):
         _at_least(train, key, 0, prefix="train")

@@ -190,3 +190,17 @@ def test_bucketed_epochs_have_few_shapes_whatever_the_corpus_size():
     # and one count for full batches, plus one partial batch per group
     assert counts[3000, 8] <= 6 * 11 + 6 and counts[20000, 8] <= 6 * 11 + 6
     assert counts[20000, 8] < counts[20000, 1] / 3
+
+
+def test_automatic_pad_multiple_per_device_and_precision():
+    """train.pad_to_multiple=null: bf16 on a CPU pads to 4 (fewer shapes, less memory), fp32
+    on a CPU not at all (padding costs FLOPs there), CUDA to 8; a set value always wins."""
+    import torch
+
+    from mtrain.train.trainer import batch_pad_multiple
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert batch_pad_multiple(None, cpu, "bf16") == 4
+    assert batch_pad_multiple(None, cpu, "fp32") == 1
+    assert batch_pad_multiple(None, cuda, "bf16") == 8 and batch_pad_multiple(None, cuda, "fp32") == 8
+    assert batch_pad_multiple(2, cpu, "fp32") == 2

@@ -223,3 +223,16 @@ def test_bench_summary_averages_seeds_and_gives_the_gap_to_the_reference(tmp_pat
     assert "| rmsnorm | 29.00 | - | 29.00 | -1.00 | 1 |" in text
     assert bench.with_seed(bench.RUNS[0], 3).overrides[-1] == "seed=3"
     assert bench.with_seed(bench.RUNS[0], 1) == bench.RUNS[0]
+
+
+def test_best_model_preset_keeps_the_benchmark_size():
+    """experiment=multi30k_cpu_best: the benchmark's layers, width and vocabulary, <= 7.6M
+    parameters (issue 16), a Pre-LN encoder-decoder; only its switches differ."""
+    best, _ = composed("multi30k_cpu_best")
+    benchmark, _ = composed("multi30k_cpu")
+    for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "norm_position", "tie_embeddings"):
+        assert best.model[key] == benchmark.model[key], key
+    assert best.tokenizer == benchmark.tokenizer and best.train == benchmark.train
+    vocab = best.tokenizer.vocab_size
+    model = build_model(best.model, vocab, vocab, 1, joint_vocab=True)
+    assert sum(p.numel() for p in model.parameters()) <= 7_600_000

@@ -64,6 +64,15 @@ class TrainState:
     skipped_updates: int = 0
 
 
+def batch_pad_multiple(configured: Optional[int], device: torch.device, precision: str) -> int:
+    """`train.pad_to_multiple`, with null resolved per device and precision (see its comment)."""
+    if configured is not None:  # config_checks has made sure it is >= 1
+        return configured
+    if device.type == "cuda":
+        return 8
+    return 4 if precision == "bf16" else 1
+
+
 def budget_reason(state: TrainState, train_cfg: Any, out_of_time: Optional[bool] = None) -> Optional[str]:
     """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
 
@@ -145,6 +154,7 @@ class Trainer:
         )
         self.schedule = LearningRateSchedule(self.train_cfg)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.pad_to_multiple = batch_pad_multiple(self.train_cfg.pad_to_multiple, device, precision)
         self.sampler = TokenBatchSampler(
             train_corpus.src_lengths,
             train_corpus.tgt_lengths,
@@ -153,7 +163,7 @@ class Trainer:
             shuffle=True,
             num_replicas=dist.world_size,
             rank=dist.rank,
-            pad_to_multiple=self.train_cfg.pad_to_multiple,
+            pad_to_multiple=self.pad_to_multiple,
         )
         self.state = TrainState()
         self.max_seconds = parse_duration(self.train_cfg.max_time)
@@ -277,7 +287,7 @@ class Trainer:
     def _host_batch(self, indices: np.ndarray) -> Batch:
         """The collated batch of `indices`, in pinned memory on a GPU (the copy then overlaps compute)."""
         ids = self.special_ids
-        batch = collate(self.train_corpus, indices, ids["pad"], ids["bos"], ids["eos"], self.train_cfg.pad_to_multiple)
+        batch = collate(self.train_corpus, indices, ids["pad"], ids["bos"], ids["eos"], self.pad_to_multiple)
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def set_learning_rate(self) -> float:
@@ -496,9 +506,10 @@ class Trainer:
         tokens_per_update = self.train_cfg.max_tokens * self.train_cfg.update_freq * self.dist.world_size
         log.info(
             "model: %.2fM parameters | device %s | precision %s | %d rank(s) | batch budget %d tokens/update "
-            "(max_tokens %d x update_freq %d x ranks %d) | %d training pairs",
+            "(max_tokens %d x update_freq %d x ranks %d) | lengths padded to multiples of %d | %d training pairs",
             params / 1e6, self.device, self.precision, self.dist.world_size, tokens_per_update,
-            self.train_cfg.max_tokens, self.train_cfg.update_freq, self.dist.world_size, len(self.train_corpus),
+            self.train_cfg.max_tokens, self.train_cfg.update_freq, self.dist.world_size, self.pad_to_multiple,
+            len(self.train_corpus),
         )
 
     def _log_instruments(self) -> None:
