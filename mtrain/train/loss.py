@@ -52,8 +52,9 @@ class _FusedOutputLoss(torch.autograd.Function):
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         h = hidden.to(compute_dtype)
         w = weight.to(compute_dtype)
-        target_weights = w.index_select(0, targets).float()  # (rows, d), as the products see W
-        target_logits = (h.float() * target_weights).sum(-1)
+        h32, w32 = h.float(), w.float()  # the operands as the products see them, in fp32
+        target_weights = w32.index_select(0, targets)  # (rows, d)
+        target_logits = (h32 * target_weights).sum(-1)
         grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
         log_normalisers, grad_hiddens = [], []
         for h_chunk, target_chunk, logit_chunk in zip(*(tensor.tensor_split(_chunk_count(rows, vocab, h))
@@ -76,13 +77,13 @@ class _FusedOutputLoss(torch.autograd.Function):
         loss = nll_sum.clone()  # a tensor of its own: nll_sum is marked non-differentiable
         if eps != 0.0:
             # cross-entropy with the uniform distribution: logsumexp - mean logit, per row
-            mean_logits = h.float() @ w.float().mean(0)
+            column_sum = w32.sum(0)
+            mean_logits = h32 @ (column_sum / vocab)
             loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
         if needs_grad:
             grad_hidden = torch.cat(grad_hiddens)
-            h32 = hidden.float()
             if eps != 0.0:
-                grad_hidden -= (eps / vocab) * w.float().sum(0)
+                grad_hidden -= (eps / vocab) * column_sum
                 grad_weight -= (eps / vocab) * h32.sum(0)
             grad_hidden -= (1.0 - eps) * target_weights
             grad_weight.index_add_(0, targets, h32, alpha=-(1.0 - eps))
