@@ -80,6 +80,11 @@ class NormType(Choice):
     rmsnorm = "rmsnorm"
 
 
+class OutputVocab(Choice):
+    full = "full"
+    target = "target"
+
+
 class Positions(Choice):
     sinusoidal = "sinusoidal"
     learned = "learned"
@@ -246,6 +251,12 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
     vocab_multiple: int = 8  # pad the vocabulary rows to a multiple (tensor-core shapes)
+    # Which pieces the output softmax ranges over. full: the whole target vocabulary. target:
+    # the pieces that occur in the training targets (and eos, unk), fixed when training starts
+    # and stored with the model: with a joint vocabulary about half the rows are source-only
+    # pieces the decoder is never trained to emit (Multi30k de-en: 3,958 of 8,000), so the
+    # output projection, its softmax and gradients cost half (see docs/PERFORMANCE.md).
+    output_vocab: OutputVocab = OutputVocab.full
     # sdpa: torch's scaled_dot_product_attention; math: explicit matmul+softmax (faster on
     # CPU for the short sentences of small corpora); auto: measured choice per device.
     attention_impl: AttentionImpl = AttentionImpl.auto

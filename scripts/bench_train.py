@@ -29,6 +29,7 @@ from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
 from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
+from mtrain.train.output_vocab import restrict_to_training_targets  # noqa: E402
 from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
@@ -42,6 +43,7 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
+    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, special_ids(data), data.tokenizer.unk_id)
     trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
                       validate=no_validation)
     if device.type == "cuda":

@@ -24,6 +24,7 @@ from mtrain.batches import prepare_data  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
+from mtrain.train.output_vocab import restrict_to_training_targets  # noqa: E402
 from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
@@ -46,6 +47,7 @@ def main() -> None:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
+    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, special_ids(data), data.tokenizer.unk_id)
     trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
                       validate=no_validation)
 

@@ -205,15 +205,20 @@ def test_every_supported_switch_gives_the_same_log_probs(variant, tokenizer, tmp
     translator = ctranslate2.Translator(str(directory), intra_threads=1)
     pairs = [("ein mann spielt ball", "a man plays ball"), ("zwei hunde", "two dogs in the park on a ball")]
     for source, target in pairs:
-        src = tokenizer.encode_src(source) + [tokenizer.eos_id]
-        tgt = tokenizer.encode_tgt(target)
-        scored = translator.score_batch([tokenizer.src_pieces(src)], [tokenizer.tgt_pieces(tgt)])[0]
-        src_tokens = torch.tensor([src])
-        with torch.no_grad():
-            logits = model(src_tokens, src_tokens.eq(tokenizer.pad_id), torch.tensor([[tokenizer.bos_id] + tgt]))
-        labels = torch.tensor(tgt + [tokenizer.eos_id])
-        expected = torch.log_softmax(logits[0].float(), dim=-1)[torch.arange(len(labels)), labels]
-        assert scored.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
+        assert_same_scores(translator, model, tokenizer, source, target)
+
+
+def assert_same_scores(translator, model, tokenizer, source: str, target: str) -> None:
+    """CTranslate2's log-probabilities of `target`'s tokens (and eos) given `source` equal mtrain's."""
+    src = tokenizer.encode_src(source) + [tokenizer.eos_id]
+    tgt = tokenizer.encode_tgt(target)
+    scored = translator.score_batch([tokenizer.src_pieces(src)], [tokenizer.tgt_pieces(tgt)])[0]
+    src_tokens = torch.tensor([src])
+    with torch.no_grad():
+        logits = model(src_tokens, src_tokens.eq(tokenizer.pad_id), torch.tensor([[tokenizer.bos_id] + tgt]))
+    labels = torch.tensor(tgt + [tokenizer.eos_id])
+    expected = torch.log_softmax(logits[0].float(), dim=-1)[torch.arange(len(labels)), labels]
+    assert scored.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
 
 
 def test_export_directory_holds_the_real_vocabulary_and_tokenizer(exported, tokenizer):
@@ -323,3 +328,24 @@ def test_eval_with_ctranslate2_reports_the_same_translations(run_dir):
     assert reports["ctranslate2"]["decode"]["precision"] == "float32"
     assert reports["ctranslate2"]["metrics"]["bleu"]["score"] == reports["torch"]["metrics"]["bleu"]["score"]
 
+
+
+def test_a_restricted_output_vocabulary_exports_as_a_bias_and_scores_the_same(tokenizer, tmp_path):
+    """model.output_vocab=target: CTranslate2 gives the pieces outside the restriction
+    probability 0 as mtrain does, and the same log-probabilities to the others."""
+    cfg = ModelConfig(**{**MODEL, "output_vocab": "target"})
+    torch.manual_seed(1)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                        joint_vocab=tokenizer.joint).eval()
+    target = "two dogs in the park on a ball"
+    tgt = tokenizer.encode_tgt(target)
+    allowed = sorted({*tgt, tokenizer.eos_id, tokenizer.unk_id, *range(20, 40)})
+    model.restrict_output(allowed)
+    directory = export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(directory), intra_threads=1)
+    assert_same_scores(translator, model, tokenizer, "zwei hunde", target)
+    src = tokenizer.encode_src("zwei hunde") + [tokenizer.eos_id]
+    translated = translator.translate_batch([tokenizer.src_pieces(src)], beam_size=4, max_decoding_length=20)
+    piece_ids = {piece: index for index, piece in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
+    produced = {piece_ids[piece] for piece in translated[0].hypotheses[0]}
+    assert produced and produced <= set(allowed)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -16,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
+from mtrain.train.checkpoint import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,9 +74,11 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
     assert losses[60] < losses[10]
 
 
-def test_resume_continues_exactly(tmp_path, multi30k_slice):
+@pytest.mark.parametrize("output_vocab", ["full", "target"])
+def test_resume_continues_exactly(tmp_path, multi30k_slice, output_vocab):
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-              "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=600"]
+              "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=600",
+              f"model.output_vocab={output_vocab}"]
     straight = tmp_path / "straight"
     run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
     interrupted = tmp_path / "interrupted"
@@ -87,6 +91,17 @@ def test_resume_continues_exactly(tmp_path, multi30k_slice):
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    if output_vocab == "target":
+        # the softmax ranges over the pieces of the (600) training targets, eos and unk,
+        # and a run loaded for decoding keeps that restriction
+        from mtrain.batches import prepare_data
+
+        cfg = compose_fit(common)
+        data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
+        expected = np.union1d(data.train.target_pieces(), [data.tokenizer.eos_id, data.tokenizer.unk_id])
+        loaded = load_run(interrupted, which="last")
+        assert loaded.model.output_ids.tolist() == expected.tolist()
+        assert len(expected) < data.tokenizer.tgt_vocab_size
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):

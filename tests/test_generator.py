@@ -70,8 +70,8 @@ def source_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
     return src, src.eq(PAD)
 
 
-def decode(model, src, mask, **cfg):
-    return generate(model, src, mask, DecodeConfig(**cfg), BOS, EOS, PAD, use_cache=cfg.pop("use_cache", True))
+def decode(model, src, mask, use_cache=True, **cfg):
+    return generate(model, src, mask, DecodeConfig(**cfg), BOS, EOS, PAD, use_cache=use_cache)
 
 
 @pytest.mark.parametrize("beam,nbest", [(1, 1), (4, 4)])
@@ -196,6 +196,23 @@ def test_attention_is_that_of_the_returned_hypothesis(copy_model):
                 _, attention = model.decode_step(torch.tensor([token]), state, need_attention=True)
                 rows.append(attention[0])
         torch.testing.assert_close(h.attention, torch.stack(rows), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_restricted_output_vocabulary_is_all_the_decoder_emits(beam):
+    """model.output_vocab=target: searches see -inf outside the restriction, with and without
+    the KV cache, in fp32 and under bf16 autocast."""
+    model = tiny_model(seed=10, output_vocab="target")
+    allowed = [EOS, *range(10, VOCAB, 3)]
+    model.restrict_output(allowed)
+    src, mask = source_batch([5, 7, 9], seed=6)
+    outputs = [decode(model, src, mask, beam=beam, nbest=beam),
+               decode(model, src, mask, beam=beam, nbest=beam, use_cache=False)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs.append(decode(model, src, mask, beam=beam, nbest=beam))
+    emitted = {token for hyps in outputs for sentence in hyps for h in sentence for token in h.tokens}
+    assert emitted and emitted <= set(allowed)
+    assert [[h.tokens for h in s] for s in outputs[0]] == [[h.tokens for h in s] for s in outputs[1]]
 
 
 def test_bf16_autocast_decodes():

@@ -105,3 +105,71 @@ def test_model_loss_equals_cross_entropy_of_its_logits_and_ignores_padded_vocabu
     assert torch.allclose(loss, expected, rtol=1e-5)
     loss.backward()
     assert model.output_proj.weight.grad[37:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_elements", [20, 7 * 20, 1 << 21])
+def test_a_restricted_output_vocabulary_is_cross_entropy_over_its_rows_only(eps, chunk_elements, monkeypatch):
+    """vocab_ids: softmax and smoothing over those rows; rows outside get no gradient."""
+    monkeypatch.setattr(loss_module, "_CPU_CHUNK_ELEMENTS", chunk_elements)
+    hidden, weight, _ = _inputs()
+    vocab_ids = torch.tensor([0, 3, 4, 8, 9, 11, 20, 21, 30, 31, 40, 41, 42, 44, 45, 46, 47, 48, 49, 2])
+    vocab_ids = vocab_ids.sort().values
+    positions = torch.randint(0, len(vocab_ids), (6, 9))
+    targets = vocab_ids[positions]
+    targets[0, 5:] = PAD
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    h_ref, w_ref = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss, nll = output_loss(h, w, targets, PAD, eps, vocab_ids=vocab_ids)
+    keep = targets.reshape(-1) != PAD
+    logits = (h_ref.reshape(-1, 16) @ w_ref[vocab_ids].t())[keep]
+    expected_loss = F.cross_entropy(logits, positions.reshape(-1)[keep], label_smoothing=eps, reduction="sum")
+    expected_nll = F.cross_entropy(logits, positions.reshape(-1)[keep], reduction="sum")
+    loss.backward()
+    expected_loss.backward()
+    assert torch.allclose(loss, expected_loss, rtol=1e-5) and torch.allclose(nll, expected_nll, rtol=1e-5)
+    assert torch.allclose(h.grad, h_ref.grad, atol=1e-5)
+    assert torch.allclose(w.grad, w_ref.grad, atol=1e-5)
+    outside = torch.ones(50, dtype=torch.bool)
+    outside[vocab_ids] = False
+    assert (w.grad[outside] == 0).all() and outside.sum() == 30
+
+
+def test_a_target_outside_the_restricted_vocabulary_gets_a_finite_nll():
+    """Validation may hold a piece the training targets never had: its NLL is the row's
+    logsumexp over the softmax rows minus its own logit, not infinity."""
+    hidden, weight, _ = _inputs()
+    vocab_ids = torch.arange(0, 50, 2)
+    targets = torch.full((6, 9), 4)
+    targets[1, 3] = 7  # odd: outside
+    with torch.no_grad():
+        _, nll = output_loss(hidden, weight, targets, PAD, 0.1, vocab_ids=vocab_ids)
+    logits = hidden.reshape(-1, 16) @ weight.t()
+    expected = (torch.logsumexp(logits[:, vocab_ids], -1) - logits.gather(1, targets.reshape(-1, 1)).squeeze(1)).sum()
+    assert torch.isfinite(nll) and torch.allclose(nll, expected, rtol=1e-5)
+
+
+def test_a_model_with_a_target_output_vocabulary_scores_only_those_pieces():
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                      output_vocab="target")
+    model = build_model(cfg, 37, 37, PAD, joint_vocab=True)
+    allowed = torch.tensor([0, 3, 5, 6, 7, 10, 12, 20, 33, 36])
+    assert model.restrict_output(allowed.tolist()) == 10
+    src = torch.randint(3, 37, (3, 5))
+    tgt_in = torch.randint(3, 37, (3, 4))
+    tgt_out = allowed[torch.randint(1, 10, (3, 4))]
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    loss, _ = TranslationLoss(model, PAD, 0.1)(src, mask, tgt_in, tgt_out)
+    logits = model(src, mask, tgt_in)
+    outside = torch.ones(40, dtype=torch.bool)
+    outside[allowed] = False
+    assert torch.isneginf(logits[..., outside]).all() and torch.isfinite(logits[..., allowed]).all()
+    positions = torch.searchsorted(allowed, tgt_out.reshape(-1))
+    expected = F.cross_entropy(logits.reshape(-1, 40)[:, allowed], positions, label_smoothing=0.1, reduction="sum")
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    # the restriction is part of the model's state: a fresh model loading it scores the same
+    reloaded = build_model(cfg, 37, 37, PAD, joint_vocab=True)
+    reloaded.load_state_dict(model.state_dict())
+    assert torch.equal(reloaded.output_ids, allowed)
+    assert torch.equal(reloaded(src, mask, tgt_in), logits)

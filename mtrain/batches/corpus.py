@@ -112,6 +112,10 @@ class EncodedCorpus:
     def tgt(self, i: int) -> np.ndarray:
         return self.tgt_tokens[self.tgt_offsets[i]:self.tgt_offsets[i + 1]]
 
+    def target_pieces(self) -> np.ndarray:
+        """The distinct target token ids, ascending (what `model.output_vocab=target` keeps)."""
+        return np.unique(np.asarray(self.tgt_tokens))
+
     def __getstate__(self) -> dict:
         # Pickled into DataLoader workers: send the path, not a copy of the mapped arrays.
         if self.directory is None:

@@ -70,6 +70,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.train.faults import TrainingDiverged
     from mtrain.train.metric_log import MetricLogger
+    from mtrain.train.output_vocab import restrict_to_training_targets
     from mtrain.decode.torch_engine import resolve_decode_precision
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
     from mtrain.durations import parse_duration
@@ -109,6 +110,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     ids = special_ids(data)
+    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, ids, data.tokenizer.unk_id)
     metrics_log = None
     if dist.is_main:
         metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,

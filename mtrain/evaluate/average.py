@@ -74,7 +74,8 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
                     f"{path}: {key} has shape {tuple(tensor.shape)}, {paths[0]} has {tuple(sums[key].shape)}"
                 )
             dtypes.setdefault(key, tensor.dtype)
-            value = tensor.double() if tensor.is_floating_point() else tensor.clone()
+            # integer buffers (a uint8 output-vocabulary mask) sum in int64: no overflow
+            value = tensor.double() if tensor.is_floating_point() else tensor.long()
             sums[key] = value if index == 0 else sums[key] + value
 
     averaged: Dict[str, torch.Tensor] = {}

@@ -19,6 +19,8 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     decoder_order              only self_cross_ffn: CTranslate2's decoder layer has that order
     vocab_multiple             padded rows are cut: the exported vocabulary is the real one,
                                so a padded id can never be produced
+    output_vocab target        the output projection gets a bias: 0 on the allowed rows, -1e9
+                               (probability 0) on the others, so neither engine emits them
 
 Settings that do not exist at inference (dropout, detach_memory, attention_impl) are ignored.
 A ModelConfig key this module does not know, set to a non-default value, is refused: a new
@@ -46,7 +48,7 @@ MAPPED = {
     "encoder_layers", "decoder_layers", "layers", "d_model", "heads", "ffn_dim", "activation",
     "norm_position", "norm_type", "shared_norm", "final_norm", "positions", "max_positions",
     "cross_q_proj", "cross_k_proj", "cross_v_proj", "decoder_order", "scale_embeddings",
-    "tie_embeddings", "vocab_multiple",
+    "tie_embeddings", "vocab_multiple", "output_vocab",
 }
 # torch's defaults, which mtrain's norms use (mtrain.model.layers.make_norm).
 NORM_EPSILON = {"layernorm": 1e-5, "rmsnorm": 1e-6}
@@ -111,6 +113,9 @@ def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], 
         encoder.position_encodings.encodings = _position_table(state, "src_embed", cfg)
         decoder.position_encodings.encodings = _position_table(state, "tgt_embed", cfg)
     decoder.projection.weight = _numpy(state["output_proj.weight"][: len(tgt_vocabulary)])
+    if "output_allowed" in state:
+        allowed = state["output_allowed"][: len(tgt_vocabulary)].bool().numpy()
+        decoder.projection.bias = np.where(allowed, 0.0, -1e9).astype(decoder.projection.weight.dtype)
     if final_norm:
         _set_norm(encoder.layer_norm, state, "encoder_norm")
         _set_norm(decoder.layer_norm, state, "decoder_norm")

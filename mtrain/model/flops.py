@@ -17,7 +17,8 @@ projections count 0):
     flops_per_token = 3 * forward / T
 
 Attention counts the full T x T score matrix (that is what is computed; causal masking
-does not skip work), and V is the padded vocabulary (the rows really multiplied).
+does not skip work), and V is the padded vocabulary (the rows really multiplied), or the
+restricted output vocabulary's size with `model.output_vocab=target`.
 """
 
 from __future__ import annotations
@@ -45,5 +46,6 @@ def training_flops_per_target_token(model: Seq2SeqTransformer, src_len: int, tgt
         memory_side = matmul_weights(layer.cross_attn.k_proj) + matmul_weights(layer.cross_attn.v_proj)
         forward += T * 2 * (matmul_weights(layer) - memory_side) + S * 2 * memory_side
         forward += 4 * T * T * d + 4 * T * S * d
-    forward += T * 2 * d * model.output_proj.out_features
+    vocab = model.output_proj.out_features if model.output_ids is None else model.output_ids.numel()
+    forward += T * 2 * d * vocab
     return 3.0 * forward / T

@@ -11,6 +11,10 @@ when `model.tie_embeddings`, and with the source embedding too when the vocabula
 ids mean different pieces). Vocabulary rows are padded to `model.vocab_multiple`; the
 logits of padded rows are returned and are -inf, so softmax gives them probability 0.
 
+With `model.output_vocab=target` the softmax ranges over a fixed subset of the target
+vocabulary (`restrict_output`: the pieces of the training targets), stored with the model as
+the buffer `output_allowed`: only those rows are multiplied, and every other logit is -inf.
+
 Incremental decoding: `start_decoding` projects the encoder output into every decoder
 layer's cross-attention keys/values once; each `decode_step` feeds one token per sentence
 at position `state.step` and reuses the cached keys/values of earlier positions.
@@ -18,7 +22,10 @@ at position `state.step` and reuses the cached keys/values of earlier positions.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtrain.config import ModelConfig
@@ -70,6 +77,16 @@ class Seq2SeqTransformer(nn.Module):
             self.output_proj.weight = self.tgt_embed.tokens.weight
             if joint_vocab:
                 self.src_embed.tokens.weight = self.tgt_embed.tokens.weight
+        # The softmax's rows, ascending (None: all of them). Derived from `output_allowed`
+        # and rebuilt after every load, so it is not saved: it can never go stale.
+        self.output_ids: Tensor | None
+        self.register_buffer("output_ids", None, persistent=False)
+        if cfg.output_vocab == "target":
+            # 1 where a piece may be output; every real piece until `restrict_output` says
+            # otherwise (a checkpoint's copy replaces it when loaded).
+            self.register_buffer("output_allowed", torch.ones(tgt_vocab_size, dtype=torch.uint8))
+            self.register_load_state_dict_post_hook(_refresh_after_load)
+            self._refresh_output_ids()
 
     # ------------------------------------------------------------------ training
     def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
@@ -96,6 +113,22 @@ class Seq2SeqTransformer(nn.Module):
         """The output projection's (tgt_vocab_size, d_model) rows, without the padded ones."""
         return self.output_proj.weight[: self.tgt_vocab_size]
 
+    def restrict_output(self, token_ids: Sequence[int] | Tensor) -> int:
+        """Let the softmax range over `token_ids` only (`model.output_vocab=target`); returns
+        how many pieces that is."""
+        if not hasattr(self, "output_allowed"):
+            raise MtrainError("restrict_output needs model.output_vocab=target")
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.tgt_vocab_size:
+            raise MtrainError(f"output vocabulary: ids must lie in [0, {self.tgt_vocab_size}), got {ids.numel()} ids")
+        self.output_allowed.zero_()
+        self.output_allowed[ids.to(self.output_allowed.device)] = 1
+        return self._refresh_output_ids()
+
+    def _refresh_output_ids(self) -> int:
+        self.output_ids = torch.nonzero(self.output_allowed).squeeze(1)
+        return self.output_ids.numel()
+
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> Tensor:
         """memory (batch, src_len, d_model); src_padding_mask is True at padding."""
         src_bias = padding_bias(src_padding_mask)
@@ -108,7 +141,14 @@ class Seq2SeqTransformer(nn.Module):
         return x if self.decoder_norm is None else self.decoder_norm(x)
 
     def _logits(self, states: Tensor) -> Tensor:
-        """Logits over the padded vocabulary from final (normed) decoder states."""
+        """Logits over the padded vocabulary from final (normed) decoder states; -inf for
+        the padded rows and, with a restricted output vocabulary, every piece outside it."""
+        if self.output_ids is not None:
+            states = to_compute_dtype(states)
+            weight = self.output_proj.weight.index_select(0, self.output_ids).to(states.dtype)
+            allowed = F.linear(states, weight)
+            logits = allowed.new_full((*allowed.shape[:-1], self.output_proj.out_features), float("-inf"))
+            return logits.index_copy_(-1, self.output_ids, allowed)
         logits = self.output_proj(states)
         if logits.shape[-1] > self.tgt_vocab_size:
             logits[..., self.tgt_vocab_size :] = float("-inf")
@@ -177,6 +217,10 @@ class Seq2SeqTransformer(nn.Module):
         if self.output_proj.weight is not self.tgt_embed.tokens.weight:
             groups["output_proj"] = [self.output_proj.weight]
         return groups
+
+
+def _refresh_after_load(model: Seq2SeqTransformer, _incompatible_keys: object) -> None:
+    model._refresh_output_ids()
 
 
 def _attention_layers(attention_layer: int | str, num_layers: int) -> set[int]:

@@ -34,7 +34,7 @@ def _chunk_count(rows: int, vocab: int, like: Tensor) -> int:
 
 
 class _FusedOutputLoss(torch.autograd.Function):
-    """Summed label-smoothed loss and NLL of `hidden @ weight.T`, gradients computed in forward.
+    """Summed label-smoothed loss and NLL of `hidden @ weight[vocab].T`, gradients computed in forward.
 
     The loss is the last node of the graph, so its gradient with respect to the scalar loss
     is known in the forward pass: d loss / d logits = softmax - q, with the target
@@ -43,33 +43,41 @@ class _FusedOutputLoss(torch.autograd.Function):
     only scales the stored gradients by the incoming one. The constant parts of q never touch
     the (rows, vocab) chunk: they are a column sum of W, a row sum of hidden and W[targets].
     Matrix products run in `compute_dtype` (autocast's), softmax and accumulation in fp32.
+
+    `vocab_ids` (ascending), when given, are the rows of `weight` the softmax ranges over (a
+    restricted output vocabulary; V is their count); the other rows get no logits and, but
+    for a target's own row, no gradient.
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor,  # type: ignore[override]
-                label_smoothing: float, compute_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        rows, vocab = hidden.shape[0], weight.shape[0]
+                vocab_ids: Optional[Tensor], label_smoothing: float, compute_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        rows = hidden.shape[0]
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         h = hidden.to(compute_dtype)
         w = weight.to(compute_dtype)
-        h32, w32 = h.float(), w.float()  # the operands as the products see them, in fp32
-        target_weights = w32.index_select(0, targets)  # (rows, d)
+        softmax_weight = w if vocab_ids is None else w.index_select(0, vocab_ids)
+        vocab = softmax_weight.shape[0]
+        h32 = h.float()  # the operands as the products see them, in fp32
+        target_weights = w.index_select(0, targets).float()  # (rows, d)
         target_logits = (h32 * target_weights).sum(-1)
-        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
+        grad_softmax_weight = (torch.zeros(softmax_weight.shape, device=weight.device, dtype=torch.float32)
+                               if needs_grad else None)
         log_normalisers, grad_hiddens = [], []
-        for h_chunk, target_chunk, logit_chunk in zip(*(tensor.tensor_split(_chunk_count(rows, vocab, h))
-                                                        for tensor in (h, targets, target_logits))):
-            log_probs = torch.log_softmax(torch.mm(h_chunk, w.t()).float(), dim=-1)
-            # logsumexp of the row = its target logit - its target log-probability
-            log_normalisers.append(logit_chunk - log_probs.gather(1, target_chunk[:, None]).squeeze(1))
+        for h_chunk in h.tensor_split(_chunk_count(rows, vocab, h)):
+            logits = torch.mm(h_chunk, softmax_weight.t()).float()
+            log_probs = torch.log_softmax(logits, dim=-1)
+            # logsumexp of a row = any logit of it minus its log-probability (the target
+            # may lie outside a restricted vocabulary, so the first column serves)
+            log_normalisers.append(logits[:, 0] - log_probs[:, 0])
             if not needs_grad:
                 continue
             probs = log_probs.exp_().to(compute_dtype)
-            grad_hiddens.append(torch.mm(probs, w).float())
+            grad_hiddens.append(torch.mm(probs, softmax_weight).float())
             if compute_dtype == torch.float32:
-                grad_weight.addmm_(probs.t(), h_chunk)
+                grad_softmax_weight.addmm_(probs.t(), h_chunk)
             else:
-                grad_weight += torch.mm(probs.t(), h_chunk).float()
+                grad_softmax_weight += torch.mm(probs.t(), h_chunk).float()
         log_normaliser = torch.cat(log_normalisers)
         nll = log_normaliser - target_logits
         nll_sum = nll.sum()
@@ -77,15 +85,20 @@ class _FusedOutputLoss(torch.autograd.Function):
         loss = nll_sum.clone()  # a tensor of its own: nll_sum is marked non-differentiable
         if eps != 0.0:
             # cross-entropy with the uniform distribution: logsumexp - mean logit, per row
-            column_sum = w32.sum(0)
+            column_sum = softmax_weight.float().sum(0)
             mean_logits = h32 @ (column_sum / vocab)
             loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
         if needs_grad:
             grad_hidden = torch.cat(grad_hiddens)
             if eps != 0.0:
                 grad_hidden -= (eps / vocab) * column_sum
-                grad_weight -= (eps / vocab) * h32.sum(0)
+                grad_softmax_weight -= (eps / vocab) * h32.sum(0)
             grad_hidden -= (1.0 - eps) * target_weights
+            if vocab_ids is None:
+                grad_weight = grad_softmax_weight
+            else:
+                grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+                grad_weight.index_copy_(0, vocab_ids, grad_softmax_weight)
             grad_weight.index_add_(0, targets, h32, alpha=-(1.0 - eps))
             ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -97,7 +110,7 @@ class _FusedOutputLoss(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return ((grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype),
-                None, None, None)
+                None, None, None, None)
 
 
 def output_loss(
@@ -107,6 +120,7 @@ def output_loss(
     pad_id: int,
     label_smoothing: float,
     num_tokens: Optional[int] = None,
+    vocab_ids: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of the logits `hidden @ weight.T` at the
     non-pad targets; the NLL is detached (it is reported, not trained on).
@@ -117,7 +131,8 @@ def output_loss(
     of non-pad targets when the caller knows it (the batch does), selects the rows without
     a host-device synchronisation. Sums, not means: the trainer divides by the target tokens
     of the whole update (across accumulation and ranks). Under autocast the products run in
-    autocast's dtype, softmax in fp32.
+    autocast's dtype, softmax in fp32. `vocab_ids`: the rows of `weight` the softmax ranges
+    over (`model.output_vocab=target`), all of them when None.
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
@@ -129,7 +144,7 @@ def output_loss(
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
         return _FusedOutputLoss.apply(flat_hidden.index_select(0, rows), weight, flat_targets.index_select(0, rows),
-                                      label_smoothing, compute_dtype)
+                                      vocab_ids, label_smoothing, compute_dtype)
 
 
 class TranslationLoss(nn.Module):
@@ -146,4 +161,4 @@ class TranslationLoss(nn.Module):
         """(summed loss, summed NLL) of a teacher-forced batch."""
         hidden = self.model.decoder_states(src_tokens, src_padding_mask, tgt_input)
         return output_loss(hidden, self.model.output_weight, tgt_output, self.pad_id, self.label_smoothing,
-                           num_tgt_tokens)
+                           num_tgt_tokens, self.model.output_ids)

@@ -1,0 +1,34 @@
+"""`model.output_vocab=target`: the output softmax ranges over the pieces of the training targets.
+
+With a joint vocabulary about half of the pieces only ever occur on the source side (Multi30k
+de-en, 8k SentencePiece: 3,958 of 8,000 occur in the English targets). The decoder is never
+trained to emit them, yet a full softmax multiplies their rows, normalises over them and
+computes their gradients at every target token. Restricting the softmax to the pieces of the
+training targets (and eos, and unk so the model can still say it does not know) halves the
+output projection's work in training and decoding; the restriction is fixed when training
+starts and saved with the model (`Seq2SeqTransformer.output_allowed`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional
+
+import numpy as np
+from torch import nn
+
+from mtrain.batches import EncodedCorpus
+
+log = logging.getLogger("mtrain")
+
+
+def restrict_to_training_targets(model: nn.Module, cfg_output_vocab: str, train: EncodedCorpus,
+                                 special_ids: Dict[str, int], unk_id: int) -> Optional[int]:
+    """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all)."""
+    if cfg_output_vocab != "target":
+        return None
+    pieces = np.union1d(train.target_pieces(), [special_ids["eos"], unk_id])
+    kept = model.restrict_output(pieces.tolist())
+    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets)",
+             kept, model.tgt_vocab_size)
+    return kept
