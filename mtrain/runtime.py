@@ -8,6 +8,7 @@ the trainer's package. Random state and its checkpointing stay in `mtrain.train.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Optional
 
 import torch
@@ -30,9 +31,22 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+# oneDNN instruction-set caps (ONEDNN_MAX_CPU_ISA) under which its bf16 products are emulated.
+_ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def cpu_has_bf16_matmul() -> bool:
-    """True on CPUs with bf16 matrix instructions (AVX512-BF16 or AMX), where bf16 pays off."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    """True on CPUs with bf16 matrix instructions (AVX512-BF16 or AMX) that torch may use, where
+    bf16 pays off.
+
+    The hardware is not the whole answer: ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2
+    (a container pinned to a lower instruction set, or a stand-in for an AVX2-only CPU) make
+    bf16 products emulated, ~100x slower than fp32 ones, so they count as having none.
+    """
+    hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    aten_capped = torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2", "ZVECTOR", "VSX")
+    onednn_capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in _ONEDNN_ISAS_WITHOUT_BF16
+    return bool(hardware) and not aten_capped and not onednn_capped
 
 
 def check_precision(name: str, device: torch.device) -> None:
