@@ -149,12 +149,13 @@ class SelfAttention(nn.Module):
         """
         x = to_compute_dtype(x)
         batch, length, _ = x.shape
-        q, k, v = fused_linear(x, [self.q_proj, self.k_proj, self.v_proj]).chunk(3, dim=-1)
-        q = q.view(batch, length, self.heads, -1)
-        k = k.view(batch, length, self.heads, -1)
+        qkv = fused_linear(x, [self.q_proj, self.k_proj, self.v_proj])  # (batch, length, 3 * d_model)
+        qk, v = qkv.split([2 * qkv.shape[-1] // 3, qkv.shape[-1] // 3], dim=-1)
+        qk = qk.view(batch, length, 2 * self.heads, -1)  # queries' heads, then keys'
         if self.rotary is not None:
-            q, k = self.rotary(q, offset), self.rotary(k, offset)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), split_heads(v, self.heads)
+            qk = self.rotary(qk, offset)  # queries and keys in one pass
+        q, k = qk.transpose(1, 2).chunk(2, dim=1)
+        v = split_heads(v, self.heads)
         if cache is not None:
             k, v = cache.extend(k, v)
             causal = False  # the single new query may see every cached key

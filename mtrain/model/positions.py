@@ -69,6 +69,30 @@ class LearnedPositions(nn.Module):
         return self.weight[offset : offset + length]
 
 
+class _Rotate(torch.autograd.Function):
+    """x * cos + rotate_half(x) * sin for the rotate-half layout, where rotate_half(x) =
+    [-x2, x1] = roll(x, head_dim / 2) * [-1, 1]: the sign lives in `signed_sin` = [-sin, sin].
+
+    A rotation's backward is the rotation by the opposite angles (its transpose): the same
+    three passes with the sine negated, and nothing saved but the two small tables.
+    Autograd through the chunk/neg/cat/mul/add formula took twice the passes and kept x.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(cos, signed_sin)
+        return _rotate(x, cos, signed_sin)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        cos, signed_sin = ctx.saved_tensors
+        return _rotate(grad, cos, -signed_sin), None, None
+
+
+def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
 class RotaryPositions(nn.Module):
     """Rotary position embedding (Su et al. 2021), rotate-half layout, applied per head.
 
@@ -80,9 +104,9 @@ class RotaryPositions(nn.Module):
         self.max_positions = max_positions
         inverse_frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inverse_frequencies[None, :]
-        angles = torch.cat([angles, angles], dim=1)  # (max_positions, head_dim)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=1), persistent=False)
+        # (max_positions, head_dim): [-sin, sin], the sign of rotate_half folded in
+        self.register_buffer("signed_sin", torch.cat([-angles.sin(), angles.sin()], dim=1), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """Rotate x (batch, length, heads, head_dim) by the angles of its positions."""
@@ -90,9 +114,8 @@ class RotaryPositions(nn.Module):
         _check_length(offset + length, self.max_positions)
         # Cast the small tables, not x, so bf16 activations stay bf16.
         cos = self.cos[offset : offset + length, None, :].to(x.dtype)
-        sin = self.sin[offset : offset + length, None, :].to(x.dtype)
-        first, second = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-second, first], dim=-1) * sin
+        signed_sin = self.signed_sin[offset : offset + length, None, :].to(x.dtype)
+        return _Rotate.apply(x, cos, signed_sin)
 
 
 def position_limit(model) -> Optional[int]:
