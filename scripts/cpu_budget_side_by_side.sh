@@ -4,7 +4,7 @@
 # `mtrain fit experiment=$PRESET` and fairseq's tuned recipe, each for BUDGET_MIN minutes of
 # training, then each decodes test_2016_flickr (beam 5) and scores it.
 #   MTRAIN_DATA_DIR=../shared/data bash scripts/cpu_budget_side_by_side.sh             # ~25 minutes
-#   AVX2=1 UPM=45 bash scripts/cpu_budget_side_by_side.sh    # limited to AVX2 (see cpu_side_by_side.sh)
+#   AVX2=1 UPM=45 bash scripts/cpu_budget_side_by_side.sh    # limited to AVX2 (scripts/cpu_isa.sh)
 # UPM: fairseq's expected updates per minute, which sizes its linear decay (the tuned recipe
 # decays to 0 at UPM x BUDGET_MIN updates); mtrain's schedule follows the clock by itself.
 # Prints mtrain's summary (updates, tok/s, val ppl, test BLEU/chrF, decode speed, peak RSS)
@@ -12,10 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET_MIN="${BUDGET_MIN:-20}" PRESET="${PRESET:-multi30k_cpu}" UPM="${UPM:-45}"
-if [ "${AVX2:-0}" = 1 ]; then export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2; fi
+. scripts/cpu_isa.sh
 RUN="${RUN:-runs/side_by_side_$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$RUN"
-echo "# $(lscpu | grep -o 'avx2\|avx512_bf16\|amx_bf16' | sort -u | tr '\n' ' ')| AVX2-limited: ${AVX2:-0} | $BUDGET_MIN min, 1 thread each"
+echo "$CPU_HEADER | $BUDGET_MIN min, 1 thread each"
 /usr/bin/time -f "mtrain peak RSS %M kB" mtrain fit "experiment=$PRESET" "hydra.run.dir=$RUN/mtrain" \
   "train.max_time=${BUDGET_MIN}m" train.num_threads=1 > "$RUN/mtrain.log" 2>&1 &
 MTRAIN_PID=$!

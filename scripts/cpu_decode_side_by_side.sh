@@ -3,17 +3,14 @@
 # where the CPU has bf16 instructions) and CTranslate2 on the same weights (bench_decode.py), and
 # fairseq-generate on a fairseq run of ../shared/peers/fairseq/run.sh, all with THREADS threads.
 #   bash scripts/cpu_decode_side_by_side.sh runs/m30k /tmp/mtrain-peers/runs/fairseq-DATE
-#   AVX2=1 bash scripts/cpu_decode_side_by_side.sh ...     # limited to AVX2 (see cpu_side_by_side.sh)
+#   AVX2=1 bash scripts/cpu_decode_side_by_side.sh ...     # limited to AVX2 (scripts/cpu_isa.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN="$1" FAIRSEQ_WORK="$2" THREADS="${THREADS:-2}"
 PEERS="${PEERS:-${TMPDIR:-/tmp}/mtrain-peers}"
-PRECISIONS=fp32,bf16
-if [ "${AVX2:-0}" = 1 ]; then
-  export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2
-  PRECISIONS=fp32
-fi
-echo "# $(lscpu | grep -o 'avx2\|avx512_bf16\|amx_bf16' | sort -u | tr '\n' ' ')| AVX2-limited: ${AVX2:-0} | $THREADS threads"
+. scripts/cpu_isa.sh
+PRECISIONS=fp32,bf16; [ "${AVX2:-0}" = 1 ] && PRECISIONS=fp32  # bf16 would be emulated
+echo "$CPU_HEADER | $THREADS threads"
 python scripts/bench_decode.py --run "$RUN" --modes beam5 --cache on --precisions "$PRECISIONS" \
   --threads "$THREADS" --ct2 float32 | grep -E '^\||CTranslate2'
 OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 \

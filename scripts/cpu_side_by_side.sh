@@ -2,16 +2,15 @@
 # mtrain against fairseq on the CPU benchmark, back to back on this machine (issue 16):
 # bench_train (fp32 with the full and the target-side softmax, bf16), fairseq's tuned recipe
 # for BUDGET_MIN minutes, then bench_train again; with AVX2=1 every kernel is limited to AVX2
-# (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; MKL already takes its AVX2 path on AMD),
-# which stands in for a CPU without AVX-512 and bf16 instructions.
+# (scripts/cpu_isa.sh), a stand-in for a CPU without AVX-512 and bf16 instructions.
 #   MTRAIN_DATA_DIR=../shared/data bash scripts/cpu_side_by_side.sh            # ~12 minutes
 #   AVX2=1 UPDATES=150 BUDGET_MIN=3 bash scripts/cpu_side_by_side.sh
 # fairseq's figure is `train_tgt_tok_per_s` of the JSON line it prints last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UPDATES="${UPDATES:-150}" BUDGET_MIN="${BUDGET_MIN:-3}"
-if [ "${AVX2:-0}" = 1 ]; then export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2; fi
-echo "# $(lscpu | grep -o 'avx2\|avx512_bf16\|amx_bf16' | sort -u | tr '\n' ' ')| AVX2-limited: ${AVX2:-0}"
+. scripts/cpu_isa.sh
+echo "$CPU_HEADER"
 bench() {  # bench VOCAB PRECISIONS
   python scripts/bench_train.py experiment=multi30k_cpu "model.output_vocab=$1" --updates "$UPDATES" --warmup 5 \
     --threads 2 --precisions "$2" | grep -E '^ +(fp32|bf16) ' | sed "s/^/mtrain softmax=$1 /"
