@@ -133,6 +133,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
                 metrics.update(trainer.summary("diverged", diverged=True))
                 atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
             raise
+        trainer.release_training_memory()  # the test decode needs neither Adam's moments nor gradients
         if dist.is_main:
             if cfg.data.splits.test is not None:
                 metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, decode_precision)

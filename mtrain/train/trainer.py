@@ -30,6 +30,7 @@ from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is
 from mtrain.train.loss import TranslationLoss
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.prefetch import BatchPrefetcher
+from mtrain.runtime import release_free_host_memory
 from mtrain.train.runtime import autocast, rng_state, set_rng_state
 from mtrain.durations import parse_duration
 from mtrain.train.schedule import LearningRateSchedule
@@ -37,6 +38,11 @@ from mtrain.train.schedule import LearningRateSchedule
 log = logging.getLogger("mtrain")
 
 Validate = Callable[[], Dict[str, float]]  # {loss, ppl, ...; bleu when measured}
+
+
+# Updates between returns of freed host memory to the OS on a CPU run (`release_free_host_memory`):
+# every update costs speed, every 10 does not (docs/PERFORMANCE.md).
+HOST_MEMORY_TRIM_EVERY = 10
 
 
 def no_validation() -> Dict[str, float]:
@@ -331,6 +337,8 @@ class Trainer:
                 # A non-finite update counts (its step was skipped on the device); the skips
                 # are read, and divergence detected, at log intervals and before checkpoints.
                 self.state.update += 1
+                if self.device.type == "cpu" and self.state.update % HOST_MEMORY_TRIM_EVERY == 0:
+                    release_free_host_memory()  # activations' freed blocks, back to the OS
                 if self.metrics is not None:
                     self.metrics.update(stats)
                 # The first update of a process is logged too: progress shows at once.
@@ -363,6 +371,15 @@ class Trainer:
                 self.stop_signal.uninstall()
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
         return self.summary(stop_reason)
+
+    def release_training_memory(self) -> None:
+        """Drop the optimiser's moments and the gradients once training is over (the last
+        checkpoint holds them), and on a CPU hand the freed memory back to the OS: what stays
+        resident through the test decode is the model."""
+        self.optimizer.state.clear()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cpu":
+            release_free_host_memory()
 
     def summary(self, stop_reason: Optional[str] = None, diverged: bool = False) -> Dict[str, Any]:
         """Where training is, for metrics.json (also after TrainingDiverged)."""
