@@ -100,8 +100,9 @@ def release_free_host_memory() -> bool:
 
     A CPU training run allocates and frees its activations every update, in shapes that change
     from batch to batch; glibc keeps the freed blocks mapped, scattered through its heap, so the
-    process's resident memory climbs well above what it uses (multi30k_cpu_best, bf16: 1,255 MB
-    after 300 updates, 1,137 MB trimming every 10 updates at the same speed; docs/PERFORMANCE.md).
+    process's resident memory climbs well above what it uses (multi30k_cpu_best, bf16, 200 updates:
+    1,184 MB, 1,075-1,084 MB trimming every 10 at the same speed; `scripts/bench_train.py
+    --trim-every`, docs/PERFORMANCE.md).
     Trimming every update would cost speed: the pages are faulted back in.
     """
     trim = _malloc_trim()

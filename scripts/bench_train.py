@@ -39,13 +39,16 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path) -> dict:
+def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path,
+            trim_every: int | None = None) -> dict:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     restrict_to_training_targets(model, cfg.model.output_vocab, data.train, special_ids(data), data.tokenizer.unk_id)
     trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
                       validate=no_validation)
+    if trim_every is not None:
+        trainer.host_memory_trim_every = trim_every
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     tgt = src = sentences = 0
@@ -61,6 +64,7 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
         trainer.set_learning_rate()
         stats = trainer.train_step(batches)
         trainer.state.update += 1
+        trainer.release_host_memory_if_due()  # as Trainer.fit does after each update
         # The clock drives a time-budgeted schedule (warmup_time, decay), as in Trainer.fit.
         trainer.state.train_seconds = time.perf_counter() - bench_start
         tgt += stats["tgt_tokens"]
@@ -92,6 +96,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--trim-every", type=int, default=None,
+                        help="updates between returns of freed host memory to the OS (0: never; "
+                             "default: the trainer's, every 10 on a CPU)")
     args = parser.parse_args()
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -109,7 +116,7 @@ def main() -> None:
     print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} {'peak MB':>8}")
     for name in args.precisions.split(","):
         precision = resolve_precision(name, device)
-        r = measure(cfg, data, device, precision, args.updates, args.warmup, run_dir)
+        r = measure(cfg, data, device, precision, args.updates, args.warmup, run_dir, args.trim_every)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{r['precision']:>9} {r['tgt_tok_s']:>10.0f} {r['src_tgt_tok_s']:>10.0f} "
               f"{r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)

@@ -131,17 +131,18 @@ def test_width_first_order_pads_less_than_source_first():
     tgt = np.clip(np.round(src * rng.normal(0.95, 0.15, 6000)), 1, None).astype(np.int64)
     sampler = TokenBatchSampler(src, tgt, max_tokens=1024, seed=1)
     width_first = sampler.batches(1)
-    source_first = np.split(np.lexsort([tgt, src]), _source_first_bounds(src, tgt, 1024))
+    source_first = _source_first_batches(src, tgt, 1024)
     padded, real = _padded_and_real(width_first, src, tgt + 1)
     padded_before, _ = _padded_and_real(source_first, src, tgt + 1)
     assert padded - real < 0.8 * (padded_before - real)  # here 4.3% padding against 5.9%
     assert len(width_first) < len(source_first)  # 137 batches against 146
 
 
-def _source_first_bounds(src, tgt, max_tokens):
+def _source_first_batches(src, tgt, max_tokens):
+    """The sampler's batches before: cut from the order sorted by source, then target length."""
     from mtrain.batches.batching import _budget_bounds
     order = np.lexsort([tgt, src])
-    return _budget_bounds(np.maximum(src, tgt + 1)[order], max_tokens)[1:-1]
+    return np.split(order, _budget_bounds(np.maximum(src, tgt + 1)[order], max_tokens)[1:-1])
 
 
 def test_ddp_ranks_get_disjoint_batches_of_equal_count():

@@ -1,9 +1,10 @@
 """Token-budget batches and their tensors: `TokenBatchSampler`, `collate` and `Batch`.
 
 Batches are cut from the corpus sorted by the width a sentence costs its batch, then by
-target and source length, so that little padding is wasted. The cost of a batch is `sentences * max(padded src_len, padded tgt_len + 1)` (the +1: the
-decoder sees `[bos] y`) and never exceeds `max_tokens`, except that a sentence longer than
-the budget gets a batch of its own. Only the length arrays are read here; token data is
+target and source length, so that little padding is wasted. The cost of a batch is
+`sentences * max(padded src_len, padded tgt_len + 1)` (the +1: the decoder sees `[bos] y`)
+and never exceeds `max_tokens`, except that a sentence longer than the budget gets a batch
+of its own. Only the length arrays are read here; token data is
 touched by `collate`, batch by batch.
 
 With `pad_to_multiple` m > 1 both padded lengths are rounded up to multiples of m, and so
@@ -106,8 +107,8 @@ def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_i
 class TokenBatchSampler:
     """Token-budget batches from length-sorted buckets, reshuffled per epoch from the seed.
 
-    Each epoch: sort by (padded width, tgt length, src length) with random tie-breaks, cut the sorted order
-    greedily into batches under `max_tokens`, shuffle the batch order. Everything is drawn
+    Each epoch: sort by (padded width, tgt length, src length) with random tie-breaks, cut the
+    sorted order greedily into batches under `max_tokens`, shuffle the batch order. Everything is drawn
     from (seed, epoch), so every rank computes the same list and a resumed run gets the same
     batches. With `num_replicas` > 1, rank r takes batches r, r + R, r + 2R, ... of that
     list; the last `len % num_replicas` batches are dropped so that every rank runs the same
@@ -139,7 +140,6 @@ class TokenBatchSampler:
         # Padded width a sentence imposes on its batch: the decoder input is [bos] y.
         self.sizes = np.maximum(round_up(self.src_lengths, pad_to_multiple),
                                 round_up(self.tgt_lengths + 1, pad_to_multiple))
-        self.pad_to_multiple = pad_to_multiple
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle

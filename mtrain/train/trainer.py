@@ -189,6 +189,7 @@ class Trainer:
         self._last_saved_update = -1
         self._instrumenting = False
         self._statistics = StatisticsRecorder(model)
+        self.host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0
 
     # ----------------------------------------------------------------- the update
     def train_step(self, batches: List[Batch]) -> Dict[str, Any]:
@@ -337,8 +338,7 @@ class Trainer:
                 # A non-finite update counts (its step was skipped on the device); the skips
                 # are read, and divergence detected, at log intervals and before checkpoints.
                 self.state.update += 1
-                if self.device.type == "cpu" and self.state.update % HOST_MEMORY_TRIM_EVERY == 0:
-                    release_free_host_memory()  # activations' freed blocks, back to the OS
+                self.release_host_memory_if_due()
                 if self.metrics is not None:
                     self.metrics.update(stats)
                 # The first update of a process is logged too: progress shows at once.
@@ -371,6 +371,12 @@ class Trainer:
                 self.stop_signal.uninstall()
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
         return self.summary(stop_reason)
+
+    def release_host_memory_if_due(self) -> None:
+        """After an update: every `host_memory_trim_every` updates (CPU runs), hand the
+        activations' freed blocks back to the OS."""
+        if self.host_memory_trim_every and self.state.update % self.host_memory_trim_every == 0:
+            release_free_host_memory()
 
     def release_training_memory(self) -> None:
         """Drop the optimiser's moments and the gradients once training is over (the last
