@@ -19,6 +19,15 @@ from mtrain.errors import MtrainError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
+# ideep, the oneDNN binding behind torch's bf16 products on a CPU, keeps one primitive per
+# product shape in an LRU cache of 1,024 (env LRU_CACHE_CAPACITY, read at the first such
+# product), each holding its own buffers. Training batches and decoding steps bring a new shape
+# almost every time, so the cache mostly misses while it grows: it held ~200 MB of a bf16
+# training run and ~450 MB of a bf16 test decode (multi30k_cpu_best; 64: same speed).
+# A user's own setting wins; 0 crashes torch 2.13.
+BF16_SHAPE_CACHE = 64
+os.environ.setdefault("LRU_CACHE_CAPACITY", str(BF16_SHAPE_CACHE))
+
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """'auto' -> the local rank's GPU if CUDA is usable, else the CPU."""
@@ -110,3 +119,24 @@ def release_free_host_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def peak_host_memory_mb(reset: bool = False) -> Optional[float]:
+    """The process's peak resident memory in MB (Linux: VmHWM) since it started or since the
+    last `reset=True`, which starts a new peak from the current resident size; None where the
+    system does not say (a reset is then a no-op)."""
+    peak = None
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    if reset:
+        try:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
+        except OSError:
+            pass
+    return peak

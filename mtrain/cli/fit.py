@@ -72,6 +72,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     from mtrain.train.metric_log import MetricLogger
     from mtrain.train.output_vocab import restrict_to_training_targets
     from mtrain.decode.torch_engine import resolve_decode_precision
+    from mtrain.runtime import peak_host_memory_mb
     from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
     from mtrain.durations import parse_duration
     from mtrain.train.throughput import peak_flops
@@ -140,6 +141,12 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
                 log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
                                                   if isinstance(v, float)))
                 metrics_log.scalars("test", metrics["test"], metrics["test"]["update"])
+                test_peak = peak_host_memory_mb()
+                if test_peak is not None:
+                    metrics["peak_rss_mb"]["test"] = round(test_peak)
+            if metrics["peak_rss_mb"]:
+                log.info("peak host memory (RSS): %s", " | ".join(
+                    f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()))
             metrics["finished"] = True
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
             log.info("%s", next_steps(run))
@@ -250,12 +257,13 @@ def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, d
     from mtrain.train.checkpoint import load_checkpoint
 
     best_path = run.find_checkpoint("best")
-    best = load_checkpoint(best_path)
+    best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read
     model.load_state_dict(best["model"])
+    best_update = int(best.get("update", 0))
+    del best
     model.eval()
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
-    checkpoint_info = {"path": str(best_path), "which": "best", "update": int(best.get("update", 0)),
-                       "averaged_from": None}
+    checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None}
     decode_info = {**to_plain(cfg.decode), "device": str(device),
                    "precision": precision, "engine": "torch"}
     report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,

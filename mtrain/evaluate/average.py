@@ -58,7 +58,7 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
     first_keys: List[str] = []
     state: Dict[str, Any] = {}
     for index, path in enumerate(paths):
-        state = load_checkpoint(path, map_location="cpu")
+        state = load_checkpoint(path, map_location="cpu", mmap=True)  # optimiser states never read
         model = state["model"]
         if index == 0:
             first_keys = list(model)

@@ -45,7 +45,9 @@ class Checkpointer:
     def save(self, state: Dict[str, Any], update: int, best: bool) -> Path:
         path = self.run.update_checkpoint(update)
         save_checkpoint(path, state)
-        load_checkpoint(path)  # never prune older checkpoints before the new one is known good
+        # Never prune older checkpoints before the new one is known good; mapped, not read
+        # into memory (the CRC check reads the file through the page cache).
+        load_checkpoint(path, mmap=True)
         for name in ("last", "best") if best else ("last",):
             try:
                 _copy_atomic(path, self.run.checkpoint(name))

@@ -30,7 +30,7 @@ from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard, StopSignal, is
 from mtrain.train.loss import TranslationLoss
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.prefetch import BatchPrefetcher
-from mtrain.runtime import release_free_host_memory
+from mtrain.runtime import peak_host_memory_mb, release_free_host_memory
 from mtrain.train.runtime import autocast, rng_state, set_rng_state
 from mtrain.durations import parse_duration
 from mtrain.train.schedule import LearningRateSchedule
@@ -190,6 +190,7 @@ class Trainer:
         self._instrumenting = False
         self._statistics = StatisticsRecorder(model)
         self.host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0
+        self.peak_host_memory: Dict[str, int] = {}  # MB per phase (`_note_peak_host_memory`)
 
     # ----------------------------------------------------------------- the update
     def train_step(self, batches: List[Batch]) -> Dict[str, Any]:
@@ -227,6 +228,8 @@ class Trainer:
             skipped = torch.zeros_like(skipped)  # and an overflow is not a fault
         else:
             self._step_unless(skipped)
+        # Gradients are rebuilt by the next backward: validation and checkpoints run without them.
+        self.optimizer.zero_grad(set_to_none=True)
         self.non_finite.record(skipped)
         good = torch.logical_not(skipped)
         return {
@@ -402,7 +405,16 @@ class Trainer:
             "final_train_loss": self.metrics.last_train_loss if self.metrics is not None else float("nan"),
             "valid": valid,
             "diverged": diverged,
+            "peak_rss_mb": self._note_peak_host_memory("training"),
         }
+
+    def _note_peak_host_memory(self, phase: str) -> Dict[str, int]:
+        """Fold the process's peak resident memory since the last note into `phase`'s (training
+        or validation) and start a new peak; returns the peaks so far (empty where unknown)."""
+        peak = peak_host_memory_mb(reset=True)
+        if peak is not None:
+            self.peak_host_memory[phase] = max(self.peak_host_memory.get(phase, 0), round(peak))
+        return dict(self.peak_host_memory)
 
     def _check_non_finite(self) -> None:
         """Read the device's count of skipped updates (one host sync); raises TrainingDiverged."""
@@ -461,8 +473,12 @@ class Trainer:
             self.metrics.pause()
         self._last_validation_seconds = self.state.train_seconds
         if self.dist.is_main:
+            self._note_peak_host_memory("training")
+            if self.device.type == "cpu":
+                release_free_host_memory()  # decoding allocates in other shapes than training
             start = time.perf_counter()
             results = self.validate()
+            self._note_peak_host_memory("validation")
             self.model.train()
             if self.metrics is not None:
                 self.metrics.log_valid(self.state.update, results, time.perf_counter() - start)
