@@ -124,7 +124,8 @@ def release_free_host_memory() -> bool:
 def peak_host_memory_mb(reset: bool = False) -> Optional[float]:
     """The process's peak resident memory in MB (Linux: VmHWM) since it started or since the
     last `reset=True`, which starts a new peak from the current resident size; None where the
-    system does not say (a reset is then a no-op)."""
+    system does not say. Where the kernel refuses the reset, peaks stay cumulative: a later
+    phase's then includes the earlier phases'."""
     peak = None
     try:
         with open("/proc/self/status") as status:
