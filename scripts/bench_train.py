@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
 from mtrain.batches import prepare_data  # noqa: E402
 from mtrain.model import build_model  # noqa: E402
+from mtrain.runtime import peak_host_memory_mb  # noqa: E402
 from mtrain.train.distributed import DistributedContext  # noqa: E402
 from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
 from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
@@ -33,10 +34,16 @@ from mtrain.train.output_vocab import restrict_to_training_targets  # noqa: E402
 from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
-def peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device, reset: bool = False) -> float:
+    """CUDA: peak allocated memory; CPU: the process's peak RSS. Both since the last reset, so
+    that each precision measured in one process gets its own peak (where /proc allows the
+    reset; otherwise the CPU figure is the process's peak so far)."""
     if device.type == "cuda":
+        if reset:
+            torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_host_memory_mb(reset=reset)
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path,
@@ -49,8 +56,7 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
                       validate=no_validation)
     if trim_every is not None:
         trainer.host_memory_trim_every = trim_every
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    peak_memory_mb(device, reset=True)
     tgt = src = sentences = 0
     start = None
     bench_start = time.perf_counter()
