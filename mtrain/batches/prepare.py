@@ -14,9 +14,9 @@ import itertools
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
 from mtrain.batches.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
+from mtrain.batches.sampling import SAMPLING_FORMAT, build_copies, check_sampling_config, open_copies, sampling_enabled
 from mtrain.data.sources import SPLITS, ParallelSource, ParallelText, ReadStats, resolve_source
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
@@ -46,11 +47,19 @@ class PreparedData:
     test_text: ParallelText
     directory: Path  # the cache entry holding the encoded splits
     fingerprint: str = ""  # of the encoded corpus: tokenizer, source files and settings
+    # data.subword_sampling: sampled segmentations of `train`, epoch e trains on
+    # train_copies[(e - 1) % len]; empty without sampling (every epoch trains on `train`)
+    train_copies: List[EncodedCorpus] = field(default_factory=list)
+
+    def training_corpora(self) -> List[EncodedCorpus]:
+        """Every segmentation training may see: `train`, and its sampled copies."""
+        return [self.train, *self.train_copies]
 
 
 def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
     """Tokenizer and encoded splits for `data_cfg` (DataConfig) and `tok_cfg` (TokenizerConfig)."""
     check_clean_config(data_cfg.clean)
+    check_sampling_config(data_cfg.subword_sampling, tok_cfg.model_type)
     source = resolve_source(data_cfg)
     log(f"data: {data_cfg.name} {data_cfg.src}->{data_cfg.tgt} from {source.description}")
     tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=source, log=log)
@@ -71,7 +80,34 @@ def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
         _log_summary(summary, log)
         rate = summary["train"]["read"] / max(summary["seconds"], 1e-9)
         log(f"data: encoded in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
-    return _open(entry, tokenizer, key)
+    data = _open(entry, tokenizer, key)
+    if sampling_enabled(data_cfg.subword_sampling):
+        _add_sampled_copies(data, data_cfg, log)
+    return data
+
+
+def _add_sampled_copies(data: PreparedData, cfg: Any, log: Log) -> None:
+    """Build (or reuse) the cached sampled segmentations of the training split (`mtrain.batches.sampling`)."""
+    sampling = cfg.subword_sampling
+    key = fingerprint("sampled", SAMPLING_FORMAT, data.fingerprint, float(sampling.alpha), sampling.nbest_size,
+                      sampling.copies)
+    entry = data.directory.parent / f"{data.directory.name}-sampled-{key[:16]}"
+    settings = f"alpha {sampling.alpha}, nbest_size {sampling.nbest_size}"
+    if is_complete(entry):
+        log(f"data: cache hit, reusing {sampling.copies} sampled segmentations of the training split ({settings})")
+    else:
+        start = time.perf_counter()
+        with build_entry(entry, log) as staging:
+            build_copies(staging, data.train, tuple(str(path) for path in _model_files(data.tokenizer)),
+                         data.tokenizer.eos_id, sampling, cfg.num_workers)
+        log(f"data: {sampling.copies} sampled segmentations of the training split ({settings}) in "
+            f"{time.perf_counter() - start:.1f} s -> {entry}")
+    data.train_copies = open_copies(entry, sampling.copies)
+    data.fingerprint = key  # a resumed run must find the same copies
+    tokens = [sum(int(corpus.tgt_lengths.sum()) for corpus in data.train_copies) / len(data.train_copies),
+              int(data.train.tgt_lengths.sum())]
+    log(f"data: subword sampling: {tokens[0] / tokens[1]:.3f}x the training targets' tokens "
+        "(one copy per epoch, cycled)")
 
 
 def _open(entry: Path, tokenizer: Tokenizer, fingerprint: str) -> PreparedData:

@@ -111,7 +111,8 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
                         data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
     ids = special_ids(data)
-    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, ids, data.tokenizer.unk_id)
+    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, ids, data.tokenizer.unk_id,
+                                 copies=data.train_copies)
     metrics_log = None
     if dist.is_main:
         metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
@@ -119,7 +120,8 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
                                    model.flops_per_token, peak_flops(device, precision))
     validate = validation(cfg, model, data, ids, device, precision, decode_precision)
     trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
-                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal)
+                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal,
+                      epoch_corpora=data.train_copies)
     if resume_state is not None:
         trainer.load_state(resume_state)
         log.info("resumed from %s", resume_path)

@@ -12,7 +12,7 @@ starts and saved with the model (`Seq2SeqTransformer.output_allowed`).
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 from torch import nn
@@ -23,11 +23,17 @@ log = logging.getLogger("mtrain")
 
 
 def restrict_to_training_targets(model: nn.Module, cfg_output_vocab: str, train: EncodedCorpus,
-                                 special_ids: Dict[str, int], unk_id: int) -> Optional[int]:
-    """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all)."""
+                                 special_ids: Dict[str, int], unk_id: int,
+                                 copies: Sequence[EncodedCorpus] = ()) -> Optional[int]:
+    """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all).
+
+    `copies`: the sampled segmentations training also sees (`data.subword_sampling`), whose
+    targets use pieces that the deterministic segmentation may never produce."""
     if cfg_output_vocab != "target":
         return None
     pieces = np.union1d(train.target_pieces(), [special_ids["eos"], unk_id])
+    for copy in copies:
+        pieces = np.union1d(pieces, copy.target_pieces())
     kept = model.restrict_output(pieces.tolist())
     log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets)",
              kept, model.tgt_vocab_size)

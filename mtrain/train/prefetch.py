@@ -24,7 +24,7 @@ class BatchPrefetcher:
     """`get(key, indices, upcoming)` returns the batch of `indices` (prepared earlier when it
     was announced) and starts preparing the `upcoming` ones."""
 
-    def __init__(self, prepare: Callable[[np.ndarray], Batch], depth: int) -> None:
+    def __init__(self, prepare: Callable[[Key, np.ndarray], Batch], depth: int) -> None:
         self.prepare = prepare
         self.depth = depth
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrain-prefetch")
@@ -32,10 +32,10 @@ class BatchPrefetcher:
 
     def get(self, key: Key, indices: np.ndarray, upcoming: Iterable[Tuple[Key, np.ndarray]]) -> Batch:
         future = self._pending.pop(key, None)
-        batch = future.result() if future is not None else self.prepare(indices)
+        batch = future.result() if future is not None else self.prepare(key, indices)
         for next_key, next_indices in upcoming:
             if len(self._pending) >= self.depth:
                 break
             if next_key not in self._pending:
-                self._pending[next_key] = self._executor.submit(self.prepare, next_indices)
+                self._pending[next_key] = self._executor.submit(self.prepare, next_key, next_indices)
         return batch

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -121,16 +121,19 @@ class Trainer:
         checkpoint_extras: Optional[Dict[str, Any]] = None,
         stop_signal: Optional[StopSignal] = None,
         prefetch: Optional[bool] = None,
+        epoch_corpora: Sequence[EncodedCorpus] = (),
     ) -> None:
         """`checkpointer` and `metrics` are rank 0's (None elsewhere); `validate` runs on rank 0;
         `checkpoint_extras` are stored in every checkpoint (e.g. the data fingerprints);
         `stop_signal` may be installed before the trainer exists (a signal then stops training
         at its first update boundary); `prefetch` (default: on CUDA) collates the next batches
-        in a background thread."""
+        in a background thread; `epoch_corpora` (subword sampling: segmentations of
+        `train_corpus`), when given, are what epoch e trains on, epoch_corpora[(e - 1) % len]."""
         self.cfg = cfg
         self.train_cfg = cfg.train
         self.model = model  # the bare module: checkpoints, validation, statistics
         self.train_corpus = train_corpus
+        self.epoch_corpora: List[EncodedCorpus] = list(epoch_corpora) or [train_corpus]
         self.special_ids = special_ids
         self.device = device
         self.precision = precision
@@ -161,16 +164,20 @@ class Trainer:
         self.schedule = LearningRateSchedule(self.train_cfg)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.pad_to_multiple = batch_pad_multiple(self.train_cfg.pad_to_multiple, device, precision)
-        self.sampler = TokenBatchSampler(
-            train_corpus.src_lengths,
-            train_corpus.tgt_lengths,
-            max_tokens=self.train_cfg.max_tokens,
-            seed=cfg.seed,
-            shuffle=True,
-            num_replicas=dist.world_size,
-            rank=dist.rank,
-            pad_to_multiple=self.pad_to_multiple,
-        )
+        # one sampler per segmentation: each cuts its batches from its own lengths
+        self.samplers = [
+            TokenBatchSampler(
+                corpus.src_lengths,
+                corpus.tgt_lengths,
+                max_tokens=self.train_cfg.max_tokens,
+                seed=cfg.seed,
+                shuffle=True,
+                num_replicas=dist.world_size,
+                rank=dist.rank,
+                pad_to_multiple=self.pad_to_multiple,
+            )
+            for corpus in self.epoch_corpora
+        ]
         self.state = TrainState()
         self.max_seconds = parse_duration(self.train_cfg.max_time)
         self.validate_every_seconds = parse_duration(self.train_cfg.validate_every_time, "train.validate_every_time")
@@ -271,7 +278,7 @@ class Trainer:
         batches: List[Batch] = []
         while len(batches) < self.train_cfg.update_freq:
             if self._epoch_batches is None:
-                self._epoch_batches = self.sampler.batches(self.state.epoch)
+                self._epoch_batches = self._batches_of_epoch(self.state.epoch)
             if self.state.batch_in_epoch >= len(self._epoch_batches):
                 if batches:  # finish the update with what the epoch had left
                     break
@@ -279,13 +286,13 @@ class Trainer:
                     return None
                 self.state.epoch += 1
                 self.state.batch_in_epoch = 0
-                self._epoch_batches = self.sampler.batches(self.state.epoch)
+                self._epoch_batches = self._batches_of_epoch(self.state.epoch)
                 continue
             position = self.state.batch_in_epoch
             indices = self._epoch_batches[position]
             self.state.batch_in_epoch += 1
             if self._prefetcher is None:
-                batch = self._host_batch(indices)
+                batch = self._host_batch((self.state.epoch, position), indices)
             else:  # this update's batches were collated while the device ran the previous one
                 ahead = range(position + 1, min(position + 1 + self.train_cfg.update_freq, len(self._epoch_batches)))
                 batch = self._prefetcher.get(
@@ -294,10 +301,20 @@ class Trainer:
             batches.append(batch.to(self.device, non_blocking=True))
         return batches
 
-    def _host_batch(self, indices: np.ndarray) -> Batch:
-        """The collated batch of `indices`, in pinned memory on a GPU (the copy then overlaps compute)."""
+    def _segmentation(self, epoch: int) -> int:
+        """Which of `epoch_corpora` epoch `epoch` (1-based) trains on."""
+        return (epoch - 1) % len(self.epoch_corpora)
+
+    def _batches_of_epoch(self, epoch: int) -> List[np.ndarray]:
+        return self.samplers[self._segmentation(epoch)].batches(epoch)
+
+    def _host_batch(self, key: Tuple[int, int], indices: np.ndarray) -> Batch:
+        """The collated batch of `indices` of batch `key` = (epoch, position), in pinned memory on
+        a GPU (the copy then overlaps compute). The epoch names the corpus: the prefetcher may
+        still collate an epoch's last batches when the trainer has moved to the next."""
         ids = self.special_ids
-        batch = collate(self.train_corpus, indices, ids["pad"], ids["bos"], ids["eos"], self.pad_to_multiple)
+        corpus = self.epoch_corpora[self._segmentation(key[0])]
+        batch = collate(corpus, indices, ids["pad"], ids["bos"], ids["eos"], self.pad_to_multiple)
         return batch.pin_memory() if self.device.type == "cuda" else batch
 
     def set_learning_rate(self) -> float:
