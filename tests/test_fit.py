@@ -74,20 +74,26 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
     assert losses[60] < losses[10]
 
 
+def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
+    """Train 12 updates straight, and 6 then resumed to 12: the losses of updates 7-12 must be
+    equal. Returns both run directories and the straight run's metrics."""
+    straight = tmp_path / "straight"
+    summary = run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
+    interrupted = tmp_path / "interrupted"
+    run_fit(compose_fit(common + ["train.max_updates=6"]), interrupted)
+    run_fit(compose_fit(common + ["train.max_updates=12", "train.resume=true"]), interrupted)
+    expected, resumed = scalars(straight, "train/loss"), scalars(interrupted, "train/loss")
+    for update in range(7, 13):
+        assert resumed[update] == expected[update], update
+    return straight, interrupted, summary
+
+
 @pytest.mark.parametrize("output_vocab", ["full", "target"])
 def test_resume_continues_exactly(tmp_path, multi30k_slice, output_vocab):
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
               "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=600",
               f"model.output_vocab={output_vocab}"]
-    straight = tmp_path / "straight"
-    run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
-    interrupted = tmp_path / "interrupted"
-    run_fit(compose_fit(common + ["train.max_updates=6"]), interrupted)
-    run_fit(compose_fit(common + ["train.max_updates=12", "train.resume=true"]), interrupted)
-
-    expected, resumed = scalars(straight, "train/loss"), scalars(interrupted, "train/loss")
-    for update in range(7, 13):
-        assert resumed[update] == expected[update], update
+    straight, interrupted, _ = check_resume_is_exact(common, tmp_path)
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)

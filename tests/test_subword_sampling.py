@@ -14,7 +14,8 @@ from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, SubwordSamplingConfig, TokenizerConfig
 from mtrain.errors import MtrainError
 from mtrain.train import trainer as trainer_module
-from tests.test_fit import TINY, compose_fit, run_fit
+from mtrain.train.checkpoint import load_run
+from tests.test_fit import TINY, check_resume_is_exact, compose_fit
 from tests.test_prepare import same_arrays, silent
 
 TOKENIZER = TokenizerConfig(vocab_size=600)
@@ -114,24 +115,13 @@ def test_fit_with_subword_sampling_resumes_exactly_across_copies(multi30k_slice,
     """12 updates cross from copy 0 into copy 1 (250 pairs: a few batches an epoch); a run stopped at 6
     and resumed continues on the same copies, batch for batch; the softmax covers the pieces
     of every copy."""
-    from tests.test_fit import scalars
-
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
               "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=250",
               "data.subword_sampling.alpha=0.3", "data.subword_sampling.copies=2", "model.output_vocab=target"]
-    straight = tmp_path / "straight"
     with caplog.at_level(logging.INFO, logger="mtrain"):
-        summary = run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
+        straight, _, summary = check_resume_is_exact(common, tmp_path)
     assert summary["epochs"] >= 2
     assert "2 sampled segmentations of the training split" in caplog.text and "subword sampling:" in caplog.text
-    interrupted = tmp_path / "interrupted"
-    run_fit(compose_fit(common + ["train.max_updates=6"]), interrupted)
-    run_fit(compose_fit(common + ["train.max_updates=12", "train.resume=true"]), interrupted)
-    expected, resumed = scalars(straight, "train/loss"), scalars(interrupted, "train/loss")
-    for update in range(7, 13):
-        assert resumed[update] == expected[update], update
-
-    from mtrain.train.checkpoint import load_run
 
     cfg = compose_fit(common)
     data = prepare_data(cfg.data, cfg.tokenizer, log=silent)
