@@ -77,6 +77,18 @@ def test_bad_sampling_settings_fail_before_any_work(multi30k_slice, tmp_path, mo
     assert not (tmp_path / "tokenizers").exists()  # refused before the tokenizer was trained
 
 
+def test_separate_vocabularies_sample_each_side_with_its_own_model(multi30k_slice, tmp_path):
+    data = prepare_data(sampled_config(multi30k_slice, tmp_path, copies=1), TokenizerConfig(vocab_size=600, joint=False),
+                        log=silent)
+    copy, tokenizer = data.train_copies[0], data.tokenizer
+    assert not tokenizer.joint
+    for i in range(0, len(copy), 50):
+        # the pieces of a sentence spell the same text however it was cut
+        assert "".join(tokenizer.src_pieces(copy.src(i)[:-1])) == "".join(tokenizer.src_pieces(data.train.src(i)[:-1]))
+        assert tokenizer.decode_tgt(copy.tgt(i)) == tokenizer.decode_tgt(data.train.tgt(i))
+    assert int(copy.src_tokens.max()) < tokenizer.src_vocab_size and int(copy.tgt_tokens.max()) < tokenizer.tgt_vocab_size
+
+
 def test_bpe_dropout_copies(multi30k_slice, tmp_path):
     data = prepare_data(sampled_config(multi30k_slice, tmp_path, alpha=0.1, copies=1),
                         TokenizerConfig(vocab_size=600, model_type="bpe"), log=silent)
