@@ -82,12 +82,12 @@ class ChunkEncoder:
             rows = np.flatnonzero(codes == KEEP)
             if self.clean.deduplicate:
                 hashes = pair_hashes([src_texts[i] for i in rows], [tgt_texts[i] for i in rows])
-        src_tokens, src_lengths = _flatten(src_ids, rows, src_lengths, self.dtype, self.eos_id)
-        tgt_tokens, tgt_lengths = _flatten(tgt_ids, rows, tgt_lengths, self.dtype, None)
+        src_tokens, src_lengths = flatten_sequences(src_ids, rows, src_lengths, self.dtype, self.eos_id)
+        tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
         return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected)
 
 
-def _flatten(
+def flatten_sequences(
     sequences: List[List[int]], rows: np.ndarray, lengths: np.ndarray, dtype: np.dtype, eos_id: Optional[int]
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The chosen `rows` of `sequences` back to back (each followed by eos if given)."""

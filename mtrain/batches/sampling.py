@@ -23,6 +23,7 @@ from typing import Any, List, Tuple
 import numpy as np
 
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus
+from mtrain.batches.encoding import flatten_sequences
 from mtrain.errors import MtrainError
 
 SAMPLING_FORMAT = 1  # bump when the way copies are made changes
@@ -87,12 +88,15 @@ def _write_copy(task: tuple) -> None:
         tgt_text = tgt.decode([train.tgt(i).tolist() for i in rows])
         src_ids = _sample(src, src_text, alpha, nbest_size)
         tgt_ids = _sample(tgt, tgt_text, alpha, nbest_size)
-        src_lengths = np.fromiter((len(ids) + 1 for ids in src_ids), np.int64, len(src_ids))
-        tgt_lengths = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))
-        src_flat = np.fromiter((t for ids in src_ids for t in (*ids, eos_id)), np.int64, int(src_lengths.sum()))
-        tgt_flat = np.fromiter((t for ids in tgt_ids for t in ids), np.int64, int(tgt_lengths.sum()))
+        every = np.arange(len(rows))
+        src_flat, src_lengths = flatten_sequences(src_ids, every, _lengths(src_ids), writer.dtype, eos_id)
+        tgt_flat, tgt_lengths = flatten_sequences(tgt_ids, every, _lengths(tgt_ids), writer.dtype, None)
         writer.append(src_flat, src_lengths, tgt_flat, tgt_lengths)
     writer.close()
+
+
+def _lengths(sequences: List[List[int]]) -> np.ndarray:
+    return np.fromiter(map(len, sequences), np.int64, len(sequences))
 
 
 def _sample(processor: Any, texts: List[str], alpha: float, nbest_size: int) -> List[List[int]]:
