@@ -520,6 +520,20 @@ def test_dropout_add_gradients():
     torch.testing.assert_close(y.grad, kept.float() / (1 - round(0.3 * 2**16) / 2**16))
 
 
+def test_training_forward_compiles_on_cpu_without_graph_breaks():
+    """The CPU dropout's cheap mask (an in-place `random_`) cannot be traced; under
+    torch.compile the model must use `F.dropout`, which inductor fuses, or every sublayer
+    splits the graph and runs eagerly (train.compile=true on a CPU)."""
+    from mtrain.train.loss import TranslationLoss
+
+    network = TranslationLoss(build(tiny(dropout=0.2, positions="rope", activation="swiglu")), PAD, 0.1).train()
+    src, padding, tgt = batch()
+    labels = tgt.roll(-1, dims=1)  # the trainer passes the batch's target count, as here
+    explanation = torch._dynamo.explain(network)(src, padding, tgt, labels, int((labels != PAD).sum()))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
 # ----------------------------------------------------------------------------- learning
 def _task_batch(task: str, size: int, generator: torch.Generator):
     """Random sequences over 10 symbols (ids 4..13), length 3..8; target = copy or reversal."""

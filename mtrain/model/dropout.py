@@ -18,7 +18,9 @@ Measured on the benchmark CPU, one thread, a (200, 18, 256) activation, best of 
   `dropout_add` (mask in y's dtype, one addcmul) 1.7 ms; no dropout 0.4 ms.
 - whole benchmark model, bf16, 2 threads (scripts/bench_attention.py): 505 ms per
   forward+backward with this, 558 ms with `F.dropout`, 476 ms without dropout.
-On CUDA `F.dropout` is one fused kernel, so it is used there unchanged.
+On CUDA `F.dropout` is one fused kernel, so it is used there unchanged; so it is under
+torch.compile on a CPU, where the mask's in-place `random_` cannot be traced (each dropout
+would split the graph) and inductor generates its own mask inside the fused kernels.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def dropout(y: Tensor, p: float, training: bool) -> Tensor:
     """Inverted dropout: zero each element with probability p and rescale the rest."""
     if not training or p == 0.0:
         return y
-    if y.device.type != "cpu":
+    if y.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(y, p, training=True)
     return _Dropout.apply(y, p)
 
@@ -92,6 +94,6 @@ def dropout_add(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
     """x + dropout(y): the residual connection around a sublayer with output y."""
     if not training or p == 0.0:
         return x + y
-    if y.device.type != "cpu":
+    if y.device.type != "cpu" or torch.compiler.is_compiling():
         return x + F.dropout(y, p, training=True)
     return _DropoutAdd.apply(x, y, p)
