@@ -134,6 +134,7 @@ def _check_data(data: DictConfig) -> None:
 
 def _check_tokenizer(tokenizer: DictConfig) -> None:
     _at_least(tokenizer, "max_sentences", 1, prefix="tokenizer")
+    _at_least(tokenizer, "num_threads", 1, prefix="tokenizer")
     if not 0.0 < tokenizer.character_coverage <= 1.0:
         raise MtrainError(f"tokenizer.character_coverage: {tokenizer.character_coverage} must be in (0, 1]")
     special = {name: tokenizer[name] for name in ("unk_id", "pad_id", "bos_id", "eos_id")}

@@ -95,13 +95,34 @@ def test_second_call_reuses_the_cached_model(data, monkeypatch):
 
 @pytest.mark.parametrize(
     "change",
-    [dict(vocab_size=400), dict(model_type="bpe"), dict(character_coverage=0.98), dict(max_sentences=300)],
+    [dict(vocab_size=400), dict(model_type="bpe"), dict(character_coverage=0.98), dict(max_sentences=300),
+     dict(num_threads=2)],
 )
 def test_different_settings_train_a_different_model(data, change):
     base = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
     other = train_or_load_tokenizer(TokenizerConfig(**{**SMALL, **change}), data, log=quiet)
     assert other.files["spm.model"].parent != base.files["spm.model"].parent
     assert other.fingerprint != base.fingerprint
+
+
+def _pieces(tokenizer: Tokenizer) -> list:
+    """The vocabulary a model file holds (pieces and scores; the file also names its paths)."""
+    model = spm.SentencePieceProcessor(model_file=str(tokenizer.files["spm.model"]))
+    return [(model.id_to_piece(i), model.get_score(i)) for i in range(model.get_piece_size())]
+
+
+def test_worker_count_does_not_change_the_tokenizer(multi30k_slice, tmp_path):
+    """SentencePiece's model depends on its thread count (2 threads train other pieces than 1),
+    so training uses tokenizer.num_threads, never data.num_workers: `mtrain prepare
+    data.num_workers=8` and a plain `mtrain fit` build the same tokenizer."""
+    def trained(workers: int = 1, **settings) -> list:
+        data = DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / f"cache{len(list(tmp_path.iterdir()))}"),
+                          num_workers=workers)
+        return _pieces(train_or_load_tokenizer(TokenizerConfig(**SMALL, **settings), data, log=quiet))
+
+    one_worker = trained()
+    assert trained(workers=2) == one_worker
+    assert trained(num_threads=2) != one_worker  # why the count is a setting (and part of the key)
 
 
 def test_changed_training_data_trains_a_new_model(data, tmp_path, multi30k_slice):

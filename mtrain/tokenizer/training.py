@@ -66,9 +66,8 @@ def train_or_load_tokenizer(
     start = time.perf_counter()
     with build_entry(entry, log) as staging:
         texts = _write_training_text(staging, source, data, swap=languages[0] != data.src, joint=cfg.joint)
-        threads = max(1, data.num_workers)
         for model_name, text_file in texts.items():
-            _train_model(cfg, text_file, staging / model_name, threads)
+            _train_model(cfg, text_file, staging / model_name)
             text_file.unlink()
     kind = "joint" if cfg.joint else "separate"
     log(
@@ -106,7 +105,7 @@ def _write_training_text(staging: Path, source: ParallelSource, data: Any, swap:
     return texts
 
 
-def _train_model(cfg: Any, text_file: Path, model_file: Path, threads: int) -> None:
+def _train_model(cfg: Any, text_file: Path, model_file: Path) -> None:
     spm.set_random_generator_seed(SAMPLING_SEED)
     try:
         spm.SentencePieceTrainer.train(
@@ -121,7 +120,7 @@ def _train_model(cfg: Any, text_file: Path, model_file: Path, threads: int) -> N
             pad_id=cfg.pad_id,
             bos_id=cfg.bos_id,
             eos_id=cfg.eos_id,
-            num_threads=threads,
+            num_threads=cfg.num_threads,
             minloglevel=2,  # errors only: its progress log would drown ours
         )
     except RuntimeError as error:
