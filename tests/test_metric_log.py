@@ -35,3 +35,23 @@ def test_mfu_is_a_share_of_a_datasheet_peak_and_never_above_one():
     assert model_flops_utilization(45.6e6, 3000.0, None) is None
     assert model_flops_utilization(1e9, 300e3, 989e12) == 1e9 * 300e3 / 989e12  # 30%
     assert model_flops_utilization(1e9, 300e3, 1e14) is None  # 300%: a wrong peak, not printed
+
+
+def test_under_ddp_throughput_counts_every_rank_and_mfu_each_ranks_share(monkeypatch):
+    """Rank 0 logs: its loss is averaged over its own targets, its tokens/s over the job's
+    (fairseq's figures are the job's too), and MFU sets each rank's share against one peak."""
+    from mtrain.train import metric_log
+
+    now = [100.0]  # the window opens at 100 s and is read at 102 s
+    monkeypatch.setattr(metric_log.time, "perf_counter", lambda: now[0])
+    logger = metric_log.MetricLogger(None, None, 0, lambda src, tgt: 1e9, peak_flops=1e12, ranks=2)
+    rank0 = {**stats(1000), "loss_sum": torch.tensor(2000.0), "job_tgt_tokens": 2000, "job_src_tokens": 2200}
+    logger.update(rank0)
+    now[0] = 102.0
+    values = {}
+    monkeypatch.setattr(logger, "scalars", lambda prefix, logged, step: values.update(logged))
+    logger.log_train(update=1, epoch=1, lr=1e-3)
+    assert values["loss"] == 2.0  # 2000 / rank 0's 1,000 targets
+    assert values["tgt_tokens_per_s"] == 1000.0  # 2,000 job targets in 2 s
+    assert values["src_tgt_tokens_per_s"] == 2100.0
+    assert values["mfu"] == 1e9 * 500.0 / 1e12  # each rank: 500 tok/s against its own peak

@@ -117,7 +117,7 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
     if dist.is_main:
         metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
                                    resume_state["update"] if resume_state else 0,
-                                   model.flops_per_token, peak_flops(device, precision))
+                                   model.flops_per_token, peak_flops(device, precision), ranks=dist.world_size)
     validate = validation(cfg, model, data, ids, device, precision, decode_precision)
     trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
                       metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal,

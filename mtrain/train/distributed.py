@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,11 +35,15 @@ class DistributedContext:
 
     def sum(self, value: float) -> float:
         """Sum a Python number over all ranks."""
+        return self.sum_each([value])[0]
+
+    def sum_each(self, values: Sequence[float]) -> List[float]:
+        """Sum each of several Python numbers over all ranks, in one collective."""
         if not self.enabled:
-            return value
-        tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+            return list(values)
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=_collective_device())
         dist.all_reduce(tensor)
-        return float(tensor.item())
+        return tensor.tolist()
 
     def broadcast_from_main(self, value: float) -> float:
         """Rank 0's value of a Python number, on every rank."""

@@ -23,7 +23,7 @@ class MetricLogger:
     """Log lines (rank 0), TensorBoard scalars under `tensorboard_dir`, and a tqdm bar on a terminal."""
 
     def __init__(self, tensorboard_dir: Optional[Path], total_updates: Optional[int], initial_update: int,
-                 flops_per_token: Callable[[int, int], float], peak_flops: Optional[float]) -> None:
+                 flops_per_token: Callable[[int, int], float], peak_flops: Optional[float], ranks: int = 1) -> None:
         self.writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -31,6 +31,7 @@ class MetricLogger:
             self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
+        self.ranks = ranks
         self.window = Window()
         self.last_train_loss = float("nan")
         self.progress = None
@@ -64,8 +65,8 @@ class MetricLogger:
         mean_src = window.src_tokens / max(window.sentences, 1)
         mean_tgt = window.tgt_tokens / max(window.sentences, 1)
         flops = self.flops_per_token(max(1, round(mean_src)), max(1, round(mean_tgt)))
-        # Every rank runs at about the same speed: MFU per rank is MFU of the job.
-        values["mfu"] = model_flops_utilization(flops, values["tgt_tokens_per_s"], self.peak_flops)
+        # Tokens/s are the job's (all ranks); each rank has its own device and peak.
+        values["mfu"] = model_flops_utilization(flops, values["tgt_tokens_per_s"] / self.ranks, self.peak_flops)
         values["lr"] = lr
         self.last_train_loss = values["loss"]
         self.scalars("train", values, update)
@@ -115,8 +116,10 @@ class Window:
         self.grad_norm_sum: Any = 0.0
         self.skipped: Any = 0  # updates whose step was skipped as non-finite (their sums are 0)
         self.skipped_tgt_tokens: Any = 0  # and their target tokens
-        self.tgt_tokens = 0
+        self.tgt_tokens = 0  # this rank's: the loss is averaged over them
         self.src_tokens = 0
+        self.job_tgt_tokens = 0  # all ranks': the throughput counts them
+        self.job_src_tokens = 0
         self.sentences = 0
         self.start = time.perf_counter()
         self.paused_at: Optional[float] = None
@@ -132,6 +135,8 @@ class Window:
             self.skipped_tgt_tokens = self.skipped_tgt_tokens + skipped * stats["tgt_tokens"]
         self.tgt_tokens += stats["tgt_tokens"]
         self.src_tokens += stats["src_tokens"]
+        self.job_tgt_tokens += stats.get("job_tgt_tokens", stats["tgt_tokens"])
+        self.job_src_tokens += stats.get("job_src_tokens", stats["src_tokens"])
         self.sentences += stats.get("sentences", 0)
 
     def pause(self) -> None:
@@ -150,6 +155,6 @@ class Window:
             "loss": float(self.loss_sum) / max(good_tokens, 1),
             "nll_loss": float(self.nll_sum) / max(good_tokens, 1),
             "grad_norm": float(self.grad_norm_sum) / good,
-            "tgt_tokens_per_s": self.tgt_tokens / seconds,
-            "src_tgt_tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,
+            "tgt_tokens_per_s": self.job_tgt_tokens / seconds,
+            "src_tgt_tokens_per_s": (self.job_tgt_tokens + self.job_src_tokens) / seconds,
         }

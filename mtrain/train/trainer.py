@@ -208,9 +208,11 @@ class Trainer:
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
         local_tokens = sum(batch.num_tgt_tokens for batch in batches)
+        local_src_tokens = sum(batch.num_src_tokens for batch in batches)
         # DDP averages gradients over ranks; scaling by world/global tokens makes the
         # result the gradient of the per-token mean over the whole update, as one process would.
-        global_tokens = self.dist.sum(float(local_tokens))
+        # (The source count rides along in the same collective: the log's tokens/s are the job's.)
+        global_tokens, global_src_tokens = self.dist.sum_each([float(local_tokens), float(local_src_tokens)])
         scale = self.dist.world_size / max(global_tokens, 1.0)
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
@@ -246,7 +248,9 @@ class Trainer:
             "grad_norm": torch.where(good, grad_norm, 0.0),
             "skipped": skipped,
             "tgt_tokens": local_tokens,
-            "src_tokens": sum(batch.num_src_tokens for batch in batches),
+            "src_tokens": local_src_tokens,
+            "job_tgt_tokens": int(global_tokens),  # all ranks' (= the local counts in one process)
+            "job_src_tokens": int(global_src_tokens),
             "sentences": sum(batch.src_tokens.size(0) for batch in batches),
         }
 
