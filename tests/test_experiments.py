@@ -227,16 +227,17 @@ def test_bench_summary_averages_seeds_and_gives_the_gap_to_the_reference(tmp_pat
 
 def test_best_model_preset_keeps_the_benchmark_size():
     """experiment=multi30k_cpu_best: the benchmark's layers, width and vocabulary, <= 7.6M
-    parameters (issue 16), a Pre-LN encoder-decoder; only its switches and learning rate differ."""
+    parameters (issue 16), a Pre-LN encoder-decoder; only its switches, learning rate and
+    weight decay differ."""
     best, _ = composed("multi30k_cpu_best")
     benchmark, _ = composed("multi30k_cpu")
     for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "norm_position", "tie_embeddings"):
         assert best.model[key] == benchmark.model[key], key
     assert best.tokenizer == benchmark.tokenizer
-    # The same budget and batches (20 minutes, 2 threads, 2,048 tokens); only the peak
-    # learning rate is the preset's own.
+    # The same budget and batches (20 minutes, 2 threads, 2,048 tokens); only the optimiser's
+    # peak learning rate and weight decay are the preset's own.
     differing = {key for key in benchmark.train if best.train[key] != benchmark.train[key]}
-    assert differing == {"lr"}, differing
+    assert differing == {"lr", "weight_decay"}, differing
     vocab = best.tokenizer.vocab_size
     model = build_model(best.model, vocab, vocab, 1, joint_vocab=True)
     assert sum(p.numel() for p in model.parameters()) <= 7_600_000
