@@ -115,14 +115,14 @@ def test_worker_count_does_not_change_the_tokenizer(multi30k_slice, tmp_path):
     """SentencePiece's model depends on its thread count (2 threads train other pieces than 1),
     so training uses tokenizer.num_threads, never data.num_workers: `mtrain prepare
     data.num_workers=8` and a plain `mtrain fit` build the same tokenizer."""
-    def trained(workers: int = 1, **settings) -> list:
-        data = DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / f"cache{len(list(tmp_path.iterdir()))}"),
-                          num_workers=workers)
+    def trained(cache: str, workers: int = 1, **settings) -> list:
+        """Pieces of a tokenizer trained in a cache of its own (never reused from another)."""
+        data = DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / cache), num_workers=workers)
         return _pieces(train_or_load_tokenizer(TokenizerConfig(**SMALL, **settings), data, log=quiet))
 
-    one_worker = trained()
-    assert trained(workers=2) == one_worker
-    assert trained(num_threads=2) != one_worker  # why the count is a setting (and part of the key)
+    one_worker = trained("one_worker")
+    assert trained("two_workers", workers=2) == one_worker
+    assert trained("two_threads", num_threads=2) != one_worker  # why the count is a setting (and part of the key)
 
 
 def test_changed_training_data_trains_a_new_model(data, tmp_path, multi30k_slice):

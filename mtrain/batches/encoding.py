@@ -70,8 +70,7 @@ class ChunkEncoder:
             tgt_texts = [normalize(text) for text in tgt_texts]
         src_ids: List[List[int]] = src_processor.encode(src_texts)
         tgt_ids: List[List[int]] = tgt_processor.encode(tgt_texts)
-        src_lengths = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
-        tgt_lengths = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))
+        src_lengths, tgt_lengths = sequence_lengths(src_ids), sequence_lengths(tgt_ids)
 
         rows = np.arange(len(pairs))
         rejected: Dict[str, int] = {}
@@ -85,6 +84,11 @@ class ChunkEncoder:
         src_tokens, src_lengths = flatten_sequences(src_ids, rows, src_lengths, self.dtype, self.eos_id)
         tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
         return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected)
+
+
+def sequence_lengths(sequences: List[List[int]]) -> np.ndarray:
+    """The length of each encoded sequence, as int64."""
+    return np.fromiter(map(len, sequences), np.int64, len(sequences))
 
 
 def flatten_sequences(

@@ -23,7 +23,7 @@ from typing import Any, List, Tuple
 import numpy as np
 
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus
-from mtrain.batches.encoding import flatten_sequences
+from mtrain.batches.encoding import flatten_sequences, sequence_lengths
 from mtrain.errors import MtrainError
 
 SAMPLING_FORMAT = 1  # bump when the way copies are made changes
@@ -89,14 +89,10 @@ def _write_copy(task: tuple) -> None:
         src_ids = _sample(src, src_text, alpha, nbest_size)
         tgt_ids = _sample(tgt, tgt_text, alpha, nbest_size)
         every = np.arange(len(rows))
-        src_flat, src_lengths = flatten_sequences(src_ids, every, _lengths(src_ids), writer.dtype, eos_id)
-        tgt_flat, tgt_lengths = flatten_sequences(tgt_ids, every, _lengths(tgt_ids), writer.dtype, None)
+        src_flat, src_lengths = flatten_sequences(src_ids, every, sequence_lengths(src_ids), writer.dtype, eos_id)
+        tgt_flat, tgt_lengths = flatten_sequences(tgt_ids, every, sequence_lengths(tgt_ids), writer.dtype, None)
         writer.append(src_flat, src_lengths, tgt_flat, tgt_lengths)
     writer.close()
-
-
-def _lengths(sequences: List[List[int]]) -> np.ndarray:
-    return np.fromiter(map(len, sequences), np.int64, len(sequences))
 
 
 def _sample(processor: Any, texts: List[str], alpha: float, nbest_size: int) -> List[List[int]]:
