@@ -112,10 +112,33 @@ class Scheduler(Choice):
 
 
 class Precision(Choice):
+    """A numeric precision, and what it means for each engine: `dtype` (the torch dtype of
+    its products), `is_low` (autocast with that dtype), `ct2_compute_type` (CTranslate2's
+    name). `auto` is resolved per device by mtrain.runtime before any of them is asked."""
+
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+    @property
+    def dtype(self) -> Any:
+        """torch.float32 | torch.bfloat16 | torch.float16 (torch is imported on first use)."""
+        import torch
+
+        if self is Precision.auto:
+            raise ValueError("precision auto has no dtype: resolve it for a device first (mtrain.runtime)")
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+
+    @property
+    def is_low(self) -> bool:
+        """bf16 or fp16: products run under autocast in that dtype (norms and softmax stay fp32)."""
+        return self in (Precision.bf16, Precision.fp16)
+
+    @property
+    def ct2_compute_type(self) -> str:
+        """CTranslate2's compute type; auto keeps the exported weights' type ("default")."""
+        return {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.value]
 
 
 class Sampling(Choice):
@@ -468,6 +491,13 @@ def to_plain(cfg: Any) -> Any:
     if OmegaConf.is_config(cfg):
         return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     return cfg
+
+
+def with_values(section: Any, **values: Any) -> Any:
+    """A copy of a config section (a config dataclass or an OmegaConf node) with `values` changed."""
+    if dataclasses.is_dataclass(section) and not isinstance(section, type):
+        return dataclasses.replace(section, **values)
+    return OmegaConf.merge(section, values)
 
 
 def resolved_model(cfg: Any) -> ModelConfig:

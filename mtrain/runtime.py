@@ -2,7 +2,7 @@
 
 A shared core below the pipeline packages: training (`mtrain.train`) and decoding
 (`mtrain.decode`) both resolve `device=` and `precision=` here, so decoding never imports
-the trainer's package. Random state and its checkpointing stay in `mtrain.train.runtime`.
+the trainer's package. Random state and its checkpointing stay in `mtrain.train.random_state`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
+from mtrain.config import Precision
 from mtrain.errors import MtrainError
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 # ideep, the oneDNN binding behind torch's bf16 products on a CPU, keeps one primitive per
 # product shape in an LRU cache of 1,024 (env LRU_CACHE_CAPACITY, read at the first such
@@ -60,34 +59,69 @@ def cpu_has_bf16_matmul() -> bool:
     return bool(hardware) and not aten_capped and not onednn_capped
 
 
-def check_precision(name: str, device: torch.device) -> None:
-    """Raise for a precision name that does not exist or that `device` cannot run."""
-    if name not in PRECISIONS:
-        raise MtrainError(f"precision={name!r}: choose one of {'|'.join(PRECISIONS)}")
-    if name == "fp16" and device.type != "cuda":
+def as_precision(name: "Precision | str") -> Precision:
+    """A precision name as the enum; an unknown name is an MtrainError listing the choices."""
+    try:
+        return Precision(name)
+    except ValueError as error:
+        choices = "|".join(member.value for member in Precision)
+        raise MtrainError(f"precision={name!r}: choose one of {choices}") from error
+
+
+def check_precision(precision: Precision, device: torch.device) -> None:
+    """Raise for a precision that `device` cannot run."""
+    if precision is Precision.fp16 and device.type != "cuda":
         raise MtrainError("precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU")
 
 
-def resolve_precision(name: str, device: torch.device) -> str:
-    """'auto' -> bf16 where the hardware trains it fast, else fp32 (training's rule).
+def resolve_precision(name: "Precision | str", device: torch.device) -> Precision:
+    """Training's precision: auto -> bf16 where the hardware trains it fast, else fp32.
 
     On this project's CPUs bf16 autocast trains ~2x faster per minute than fp32 at the
     same BLEU per update (scripts/bench_train.py; figures in docs/PERFORMANCE.md).
     """
-    check_precision(name, device)
-    if name != "auto":
-        return name
+    precision = as_precision(name)
+    check_precision(precision, device)
+    if precision is not Precision.auto:
+        return precision
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_has_bf16_matmul() else "fp32"
+        return Precision.bf16 if torch.cuda.is_bf16_supported() else Precision.fp16
+    return Precision.bf16 if cpu_has_bf16_matmul() else Precision.fp32
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The autocast context for a precision (a no-op for fp32)."""
-    if precision == "fp32":
+def resolve_decode_precision(name: "Precision | str", device: torch.device) -> Precision:
+    """Decoding's precision: auto -> what decoded faster where it was measured
+    (scripts/bench_decode.py, Multi30k test_2016_flickr, 1,000 sentences, a 3+3 layer d_model 256 run):
+
+    - CPU with bf16 matrix instructions (AVX512-BF16 or AMX): bf16, 1.2-2.4x faster than fp32
+      (1 thread, depending on the machine's load) at the same BLEU. Other CPUs emulate bf16
+      products (~1 GFLOP/s): fp32.
+    - CUDA: fp32. On an H200, bf16 autocast decoded 18-23x slower than fp32 (greedy 148 vs
+      3,461 sent/s, beam 5 67 vs 1,240), before weights were cast once per decode
+      (mtrain.decode.torch_engine); until `scripts/bench_decode.py --devices cuda` shows bf16
+      at least as fast, auto keeps fp32 there.
+    Scores and log-softmax stay fp32 either way.
+    """
+    precision = as_precision(name)
+    check_precision(precision, device)
+    if precision is not Precision.auto:
+        return precision
+    if device.type == "cpu" and cpu_has_bf16_matmul():
+        return Precision.bf16
+    return Precision.fp32
+
+
+def decode_precision_of_training(precision: Precision, device: torch.device) -> Precision:
+    """What a training run validates and tests in: fp32 when it trains in fp32, else what
+    decodes fastest on `device` (on a GPU fp32; see resolve_decode_precision)."""
+    return Precision.fp32 if precision is Precision.fp32 else resolve_decode_precision(Precision.auto, device)
+
+
+def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractContextManager:
+    """The autocast context for a resolved precision (a no-op for fp32)."""
+    if not Precision(precision).is_low:
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=Precision(precision).dtype)
 
 
 def set_threads(num_threads: Optional[int]) -> None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Training throughput of a config on this machine: tokens/s, MFU and peak memory.
 
-Runs real training updates (the trainer's own `train_step`) on the prepared corpus of the
-config and prints, per precision, target tokens/s, source+target tokens/s, updates/s,
+Runs real training updates (`Trainer.run_update`, built by `mtrain.train.setup` as `mtrain fit`
+builds it) on the prepared corpus of the config and prints, per precision, target tokens/s, source+target tokens/s, updates/s,
 MFU and peak memory. Several precisions (or other overrides) are measured back to back in
 one process so their ratio is meaningful on a noisy machine.
 
@@ -24,14 +24,9 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.batches import prepare_data  # noqa: E402
-from mtrain.model import build_model  # noqa: E402
-from mtrain.runtime import peak_host_memory_mb  # noqa: E402
-from mtrain.train.distributed import DistributedContext  # noqa: E402
-from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
+from mtrain.runtime import peak_host_memory_mb, resolve_device, resolve_precision  # noqa: E402
+from mtrain.train.setup import prepare_fit_data, resolve_machine, setup_fit  # noqa: E402
 from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
-from mtrain.train.output_vocab import restrict_to_training_targets  # noqa: E402
-from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
 
 
 def peak_memory_mb(device: torch.device, reset: bool = False) -> float:
@@ -46,33 +41,21 @@ def peak_memory_mb(device: torch.device, reset: bool = False) -> float:
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_dir: Path,
-            trim_every: int | None = None) -> dict:
-    seed_everything(cfg.seed)
-    model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
-    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, special_ids(data), data.tokenizer.unk_id)
-    trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
-                      validate=no_validation)
-    if trim_every is not None:
-        trainer.host_memory_trim_every = trim_every
+def measure(cfg, data, updates: int, warmup: int, trim_every: int | None = None) -> dict:
+    setup = setup_fit(cfg, data=data, host_memory_trim_every=trim_every)
+    trainer, device, precision = setup.trainer, setup.machine.device, setup.machine.precision
     peak_memory_mb(device, reset=True)
     tgt = src = sentences = 0
     start = None
-    bench_start = time.perf_counter()
     for step in range(warmup + updates):
         if step == warmup:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             tgt = src = sentences = 0
-        batches = trainer.next_batches()
-        trainer.set_learning_rate()
-        stats = trainer.train_step(batches)
-        trainer.state.update += 1
-        trainer.release_host_memory_if_due()  # as Trainer.fit does after each update
-        # The clock drives a time-budgeted schedule (warmup_time, decay), as in Trainer.fit.
-        trainer.state.train_seconds = time.perf_counter() - bench_start
+        stats = trainer.run_update()
+        if stats is None:  # an out-of-memory batch, skipped as training skips it
+            continue
         tgt += stats["tgt_tokens"]
         src += stats["src_tokens"]
         sentences += stats["sentences"]
@@ -80,7 +63,7 @@ def measure(cfg, data, device, precision: str, updates: int, warmup: int, run_di
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     tgt_per_s = tgt / seconds
-    flops = model.flops_per_token(max(1, round(src / sentences)), max(1, round(tgt / sentences)))
+    flops = setup.model.flops_per_token(max(1, round(src / sentences)), max(1, round(tgt / sentences)))
     mfu = model_flops_utilization(flops, tgt_per_s, peak_flops(device, precision))
     return {
         "precision": precision,
@@ -107,22 +90,21 @@ def main() -> None:
                              "default: the trainer's, every 10 on a CPU)")
     args = parser.parse_args()
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="fit", overrides=args.overrides)
+    overrides = [*args.overrides, f"train.device={args.device}"]
     if args.threads:
-        torch.set_num_threads(args.threads)
-    elif cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+        overrides.append(f"train.num_threads={args.threads}")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="fit", overrides=overrides)
+    data = prepare_fit_data(cfg, resolve_machine(cfg), progress=lambda *_: None)
     device = resolve_device(args.device)
-    data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *a: None)
-    run_dir = Path("/tmp/mtrain-bench-train")
     print(f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
           f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
           f"{args.updates} timed updates after {args.warmup} warm-up")
     print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} {'peak MB':>8}")
     for name in args.precisions.split(","):
         precision = resolve_precision(name, device)
-        r = measure(cfg, data, device, precision, args.updates, args.warmup, run_dir, args.trim_every)
+        cfg.train.precision = precision.value
+        r = measure(cfg, data, args.updates, args.warmup, args.trim_every)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{r['precision']:>9} {r['tgt_tok_s']:>10.0f} {r['src_tgt_tok_s']:>10.0f} "
               f"{r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)

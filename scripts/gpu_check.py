@@ -10,8 +10,8 @@
    target tokens/s, source+target tokens/s, MFU (`model.flops_per_token` x target tokens/s
    / the datasheet peak of `mtrain.train.throughput.peak_flops`; none on a CPU) and peak memory.
 
-Everything runs the trainer's own update (`Trainer.train_step`, with its batch sampler and
-`collate`) on a synthetic corpus: random tokens, lengths around 30 (log-normal), targets a
+Everything runs the trainer's own update (`Trainer.run_update`, built by `mtrain.train.setup` as
+`mtrain fit` builds it, with its batch source and `collate`) on a synthetic corpus: random tokens, lengths around 30 (log-normal), targets a
 fixed permutation of the source tokens (a task the model can learn, so the loss falls).
 Every row (and the tracking check) runs in a child process with its own time limit
 (`--row-timeout`, longer for compile rows): a row that hangs or crashes is reported as such and
@@ -61,11 +61,10 @@ from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config sc
 from mtrain.batches.corpus import EncodedCorpus  # noqa: E402
 from mtrain.batches.prepare import PreparedData  # noqa: E402
 from mtrain.data.sources import ParallelText  # noqa: E402
-from mtrain.model import build_model  # noqa: E402
-from mtrain.train.distributed import DistributedContext  # noqa: E402
-from mtrain.train.runtime import resolve_device, seed_everything  # noqa: E402
+from mtrain.runtime import resolve_device  # noqa: E402
+from mtrain.tokenizer import SpecialIds  # noqa: E402
 from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
-from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
+from mtrain.train.setup import setup_fit  # noqa: E402
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 MODES = {"bf16": ("bf16", False), "bf16+compile": ("bf16", True), "fp32": ("fp32", False)}
@@ -121,8 +120,10 @@ def synthetic_data(settings: Settings, seed: int = 0) -> PreparedData:
     src_tokens = np.full(int(src_offsets[-1]), EOS, dtype=np.int64)
     src_tokens[np.arange(int(lengths.sum())) + np.repeat(np.arange(len(lengths)), lengths)] = words
     corpus = EncodedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets)
+    # What the setup reads of a tokenizer: one joint vocabulary of `settings.vocab` pieces.
     vocabulary = SimpleNamespace(unk_id=UNK, pad_id=PAD, bos_id=BOS, eos_id=EOS,
-                                 src_vocab_size=settings.vocab, tgt_vocab_size=settings.vocab)
+                                 special_ids=SpecialIds(unk=UNK, pad=PAD, bos=BOS, eos=EOS), joint=True,
+                                 src_vocab_size=settings.vocab, tgt_vocab_size=settings.vocab, fingerprint="synthetic")
     return PreparedData(tokenizer=vocabulary, train=corpus, valid=corpus, test=corpus,  # type: ignore[arg-type]
                         valid_text=ParallelText(), test_text=ParallelText(), directory=Path("."))
 
@@ -184,20 +185,16 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
           profile_updates: int = 0) -> Run:
     """`warmup` untimed updates, then up to `updates` timed ones (or `seconds`), as `mtrain fit` runs them."""
     precision, compiled = MODES[mode]
-    cfg = fit_config(model_name, settings, compiled, list(extra))
-    seed_everything(cfg.seed)
-    model = build_model(cfg.model, settings.vocab, settings.vocab, PAD, joint_vocab=True).to(device)
+    cfg = fit_config(model_name, settings, compiled, [f"train.device={device}", f"train.precision={precision}",
+                                                      *extra])
     with compile_backend(settings.compile_backend):
-        trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
-                          validate=no_validation)
+        setup = setup_fit(cfg, data=data)
+    trainer, model = setup.trainer, setup.model
     run = Run(model_name, mode)
     losses, tgt, src, sentences = [], 0, 0, 0
 
     def update() -> dict:
-        batches = trainer.next_batches()
-        trainer.set_learning_rate()
-        stats = trainer.train_step(batches)
-        trainer.state.update += 1
+        stats = trainer.run_update()
         losses.append(stats["loss_sum"] / stats["tgt_tokens"])  # a tensor: read once at the end
         return stats
 
@@ -231,7 +228,7 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
         if profile_updates:
             run.profile = profile(update, device, profile_updates)
     finally:
-        del trainer, model
+        del trainer, model, setup
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

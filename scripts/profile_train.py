@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Where a training update's CPU time goes: torch.profiler over the trainer's own steps.
+"""Where a training update's CPU time goes: torch.profiler over the trainer's own updates
+(`Trainer.run_update`, built by `mtrain.train.setup` as `mtrain fit` builds it).
 
 Prints the operators by self CPU time (share of the profiled time) for a config, after a
 few warm-up updates, so that what lies outside the matrix products is visible.
@@ -20,12 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.batches import prepare_data  # noqa: E402
-from mtrain.model import build_model  # noqa: E402
-from mtrain.train.distributed import DistributedContext  # noqa: E402
-from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything  # noqa: E402
-from mtrain.train.output_vocab import restrict_to_training_targets  # noqa: E402
-from mtrain.train.trainer import Trainer, no_validation, special_ids  # noqa: E402
+from mtrain.train.setup import setup_fit  # noqa: E402
 
 
 def main() -> None:
@@ -38,25 +34,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30, help="operators to print")
     args = parser.parse_args()
 
+    overrides = [*args.overrides, "train.device=cpu", f"train.precision={args.precision}"]
+    if args.threads:
+        overrides.append(f"train.num_threads={args.threads}")
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="fit", overrides=args.overrides)
-    torch.set_num_threads(args.threads or cfg.train.num_threads or torch.get_num_threads())
-    device = resolve_device("cpu")
-    precision = resolve_precision(args.precision, device)
-    data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *a: None)
-    seed_everything(cfg.seed)
-    model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
-    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, special_ids(data), data.tokenizer.unk_id)
-    trainer = Trainer(cfg, model, data.train, special_ids(data), device, precision, DistributedContext(),
-                      validate=no_validation)
+        cfg = compose(config_name="fit", overrides=overrides)
+    setup = setup_fit(cfg)
+    trainer, precision = setup.trainer, setup.machine.precision
 
     def update() -> int:
-        batches = trainer.next_batches()
-        trainer.set_learning_rate()
-        stats = trainer.train_step(batches)
-        trainer.state.update += 1
-        return int(stats["tgt_tokens"])
+        stats = trainer.run_update()
+        return 0 if stats is None else int(stats["tgt_tokens"])
 
     for _ in range(args.warmup):
         update()

@@ -32,8 +32,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mtrain.cli.common import CONFIG_DIR
-from mtrain.cli.fit import check_eval_lengths
-from mtrain.config import DataConfig, FitConfig, ModelConfig, TokenizerConfig, to_plain
+from mtrain.train.setup import check_eval_lengths
+from mtrain.config import DataConfig, FitConfig, ModelConfig, Positions, TokenizerConfig, to_plain
 from mtrain.config_checks import check_known_keys
 from mtrain.batches import prepare_data
 from mtrain.errors import MtrainError
@@ -165,9 +165,12 @@ def test_lines_of_100000_characters(tmp_path, cache, long_valid_line):
 
     # Validation and test pairs are never filtered: fit refuses them before training.
     prepared, _, _ = prepare(long_valid_line, cache)
-    check_eval_lengths(prepared, None, config(long_valid_line, cache))  # no limit (e.g. positions=none): fine
+    def fit_config(**model):
+        return FitConfig(data=config(long_valid_line, cache), model=ModelConfig(**model))
+
+    check_eval_lengths(prepared, fit_config(positions=Positions.none))  # no position table: any length embeds
     with pytest.raises(MtrainError) as error:
-        check_eval_lengths(prepared, ModelConfig().max_positions, config(long_valid_line, cache))
+        check_eval_lengths(prepared, fit_config())
     assert re.match(r"data: pair 3 of the valid split \(data\.splits\.valid=val\) is \d+ subword tokens long "
                     r"but the model embeds at most 1024 positions \(model\.max_positions\)", one_line(error))
 

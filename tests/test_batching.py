@@ -230,10 +230,11 @@ def test_automatic_pad_multiple_per_device_and_precision():
     on a CPU not at all (padding costs FLOPs there), CUDA to 8; a set value always wins."""
     import torch
 
-    from mtrain.train.trainer import batch_pad_multiple
+    from mtrain.config import Precision
+    from mtrain.train.builders import batch_pad_multiple
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert batch_pad_multiple(None, cpu, "bf16") == 4
-    assert batch_pad_multiple(None, cpu, "fp32") == 1
-    assert batch_pad_multiple(None, cuda, "bf16") == 8 and batch_pad_multiple(None, cuda, "fp32") == 8
-    assert batch_pad_multiple(2, cpu, "fp32") == 2
+    assert batch_pad_multiple(None, cpu, Precision.bf16) == 4
+    assert batch_pad_multiple(None, cpu, Precision.fp32) == 1
+    assert batch_pad_multiple(None, cuda, Precision.bf16) == 8 and batch_pad_multiple(None, cuda, Precision.fp32) == 8
+    assert batch_pad_multiple(2, cpu, Precision.fp32) == 2

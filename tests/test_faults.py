@@ -15,7 +15,7 @@ import torch
 
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train import trainer as trainer_module
+from mtrain.train.step import UpdateStep
 from mtrain.train.checkpoint import load_checkpoint
 from tests.test_fit import TINY, compose_fit, run_fit, scalars
 
@@ -105,11 +105,11 @@ def test_twenty_sigkills_at_random_moments_then_resume_match_an_uninterrupted_ru
 
 
 def _inject(monkeypatch, make_failure):
-    """Replace Trainer.forward_loss so that the attempts (1, 2, ...) chosen by `make_failure` fail.
+    """Replace UpdateStep.forward_loss so that the attempts (1, 2, ...) chosen by `make_failure` fail.
 
     A skipped (non-finite) update still counts as an update: attempt N is update N.
     """
-    original = trainer_module.Trainer.forward_loss
+    original = UpdateStep.forward_loss
     attempts = {"n": 0}
 
     def forward_loss(self, batch):
@@ -122,7 +122,7 @@ def _inject(monkeypatch, make_failure):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
         return original(self, batch)
 
-    monkeypatch.setattr(trainer_module.Trainer, "forward_loss", forward_loss)
+    monkeypatch.setattr(UpdateStep, "forward_loss", forward_loss)
 
 
 def test_nan_loss_is_skipped_and_counted(tmp_path, multi30k_slice, monkeypatch, caplog):

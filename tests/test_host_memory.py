@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mtrain import runtime
+from mtrain.train import host_memory as host_memory_module
 from mtrain.train import trainer as trainer_module
 from tests.test_fit import TINY, compose_fit, run_fit
 
@@ -48,7 +49,8 @@ def test_release_free_host_memory_returns_freed_heap_pages():
 
 def test_cpu_training_trims_at_its_interval_and_releases_the_optimiser_state(tmp_path, multi30k_slice, monkeypatch):
     trims, releases = [], []
-    monkeypatch.setattr(trainer_module, "release_free_host_memory", lambda: trims.append(1) or True)
+    for module in (trainer_module, host_memory_module):  # the interval's trims, and validation's and the end's
+        monkeypatch.setattr(module, "release_free_host_memory", lambda: trims.append(1) or True)
     original_release = trainer_module.Trainer.release_training_memory
 
     def release(self):
@@ -61,7 +63,7 @@ def test_cpu_training_trims_at_its_interval_and_releases_the_optimiser_state(tmp
                        "train.validate_every=1000", "train.save_every=null", "train.device=cpu"])
     metrics = run_fit(cfg, tmp_path / "run")
     assert metrics["updates"] == 25
-    interval = trainer_module.HOST_MEMORY_TRIM_EVERY
+    interval = host_memory_module.HOST_MEMORY_TRIM_EVERY
     # updates 10 and 20, before the final validation, and once training is over
     assert len(trims) == 25 // interval + 2
     assert releases == [(0, True)]  # no Adam moments, no gradients left for the test decode

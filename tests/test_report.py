@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
-from mtrain.train.runtime import resolve_precision
+from mtrain.runtime import resolve_precision
 
 WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
          "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()

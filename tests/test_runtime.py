@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from mtrain import runtime
+from mtrain.config import Precision
+from mtrain.errors import MtrainError
 
 _AUTO_ON_CPU = "import torch; from mtrain.runtime import resolve_precision; print(resolve_precision('auto', torch.device('cpu')))"
 
@@ -32,3 +34,38 @@ def test_auto_trains_in_fp32_when_torch_is_limited_to_avx2():
     env = {"ATEN_CPU_CAPABILITY": "avx2", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", _AUTO_ON_CPU], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "fp32"
+
+
+@pytest.mark.parametrize("has_bf16,expected", [(True, Precision.bf16), (False, Precision.fp32)])
+def test_auto_decodes_in_bf16_only_on_cpus_with_bf16_products(monkeypatch, has_bf16, expected):
+    monkeypatch.setattr(runtime, "cpu_has_bf16_matmul", lambda: has_bf16)
+    assert runtime.resolve_decode_precision("auto", torch.device("cpu")) is expected
+    assert runtime.resolve_decode_precision("auto", torch.device("cuda")) is Precision.fp32
+    assert runtime.resolve_decode_precision("bf16", torch.device("cpu")) is Precision.bf16
+    with pytest.raises(MtrainError, match="precision='fp8'"):
+        runtime.resolve_decode_precision("fp8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_a_run_validates_in_fp32_when_it_trains_in_fp32_else_in_what_decodes_fastest(monkeypatch, has_bf16):
+    monkeypatch.setattr(runtime, "cpu_has_bf16_matmul", lambda: has_bf16)
+    cpu = torch.device("cpu")
+    assert runtime.decode_precision_of_training(Precision.fp32, cpu) is Precision.fp32
+    expected = Precision.bf16 if has_bf16 else Precision.fp32
+    assert runtime.decode_precision_of_training(Precision.bf16, cpu) is expected
+
+
+def test_a_precision_knows_its_dtype_its_autocast_and_its_ctranslate2_compute_type():
+    assert [p.dtype for p in (Precision.fp32, Precision.bf16, Precision.fp16)] == [
+        torch.float32, torch.bfloat16, torch.float16]
+    assert [p.is_low for p in Precision] == [False, False, True, True]  # auto, fp32, bf16, fp16
+    assert [p.ct2_compute_type for p in Precision] == ["default", "float32", "bfloat16", "float16"]
+    with pytest.raises(ValueError, match="resolve it"):
+        Precision.auto.dtype
+    cpu = torch.device("cpu")
+    with runtime.autocast(cpu, Precision.bf16):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    with runtime.autocast(cpu, Precision.fp32):
+        assert not torch.is_autocast_enabled("cpu")
+    with pytest.raises(MtrainError, match="fp16 needs a CUDA device"):
+        runtime.resolve_precision("fp16", cpu)

@@ -7,13 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 
 from mtrain.batches.corpus import EncodedCorpus
 from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, SubwordSamplingConfig, TokenizerConfig
 from mtrain.errors import MtrainError
-from mtrain.train import trainer as trainer_module
 from mtrain.train.checkpoint import load_run
 from tests.test_fit import TINY, check_resume_is_exact, compose_fit
 from tests.test_prepare import same_arrays, silent
@@ -97,30 +95,7 @@ def test_bpe_dropout_copies(multi30k_slice, tmp_path):
     assert copy.tgt_lengths.sum() > data.train.tgt_lengths.sum()  # dropped merges: more pieces
 
 
-def _corpus(length: int, sentences: int = 120) -> EncodedCorpus:
-    """Every sentence `length` tokens of one id per corpus: the batch says which corpus it came from."""
-    return EncodedCorpus.from_sequences([[length + 10] * (length - 1) + [3]] * sentences,
-                                        [[length + 10] * length] * sentences)
-
-
-def test_epoch_e_trains_on_copy_e_minus_1_mod_copies():
-    from mtrain.model import build_model
-    from mtrain.train.distributed import DistributedContext
-
-    cfg = compose_fit(["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=16", "model.heads=2",
-                       "model.ffn_dim=32", "train.max_tokens=200"])
-    copies = [_corpus(5), _corpus(7)]
-    ids = {"pad": 1, "bos": 2, "eos": 3}
-    for prefetch in (False, True):
-        model = build_model(cfg.model, 50, 50, 1, joint_vocab=True)
-        trainer = trainer_module.Trainer(cfg, model, _corpus(4), ids, torch.device("cpu"), "fp32",
-                                         DistributedContext(), validate=trainer_module.no_validation,
-                                         prefetch=prefetch, epoch_corpora=copies)
-        seen = {}
-        while trainer.state.epoch <= 3:
-            (batch,) = trainer.next_batches()
-            seen.setdefault(trainer.state.epoch, set()).update(batch.tgt_output[:, 0].tolist())
-        assert seen == {1: {15}, 2: {17}, 3: {15}, 4: {17}}  # epoch 4: its first batch only
+# Which copy each epoch trains on: tests/test_batch_source.py.
 
 
 def test_fit_with_subword_sampling_resumes_exactly_across_copies(multi30k_slice, tmp_path, caplog):

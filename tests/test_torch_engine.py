@@ -1,4 +1,5 @@
-"""The torch decoding engine: precision choice, and low-precision weights cast once."""
+"""The torch decoding engine: low-precision weights cast once, decoding as autocast does.
+(Which precision `auto` decodes in: tests/test_runtime.py.)"""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import torch
 from torch import nn
 from torch.profiler import profile
 
-import mtrain.decode.torch_engine as torch_engine
 from mtrain.config import DecodeConfig, ModelConfig
 from mtrain.decode.generator import generate
-from mtrain.decode.torch_engine import TorchEngine, resolve_decode_precision, with_linear_weights_in
-from mtrain.errors import MtrainError
+from mtrain.decode.torch_engine import TorchEngine, with_linear_weights_in
 from mtrain.model import build_model
 
 PAD, BOS, EOS = 1, 2, 3
@@ -28,16 +27,6 @@ def tiny_model():
     cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0,
                       max_positions=64)
     return build_model(cfg, 40, 40, PAD, joint_vocab=True)  # tied output projection and embeddings
-
-
-@pytest.mark.parametrize("has_bf16,expected", [(True, "bf16"), (False, "fp32")])
-def test_auto_decodes_in_bf16_only_on_cpus_with_bf16_products(monkeypatch, has_bf16, expected):
-    monkeypatch.setattr(torch_engine, "cpu_has_bf16_matmul", lambda: has_bf16)
-    assert resolve_decode_precision("auto", torch.device("cpu")) == expected
-    assert resolve_decode_precision("auto", torch.device("cuda")) == "fp32"
-    assert resolve_decode_precision("bf16", torch.device("cpu")) == "bf16"
-    with pytest.raises(MtrainError, match="precision='fp8'"):
-        resolve_decode_precision("fp8", torch.device("cpu"))
 
 
 def test_bf16_engine_decodes_as_autocast_does_and_leaves_the_model_alone():

@@ -16,16 +16,22 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import to_plain, with_resolved_model
+from mtrain.config import Engine, FitConfig, Precision, to_plain, with_resolved_model, with_values
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text
+
+if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --help` stays quick)
+    import torch
+
+    from mtrain.batches import PreparedData
+    from mtrain.tokenizer import Tokenizer
+    from mtrain.train.setup import Machine
 
 log = logging.getLogger("mtrain")
 
@@ -33,9 +39,9 @@ log = logging.getLogger("mtrain")
 def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
     """Train as `cfg` says, writing everything into `run_dir`; returns metrics.json's content."""
     from mtrain.train.checkpoint import load_checkpoint
-    from mtrain.train.checkpointing import check_resumable_config, is_finished
+    from mtrain.train.checkpointer import check_resumable_config, is_finished
     from mtrain.train.faults import StopSignal
-    from mtrain.train.trainer import TrainState, budget_reason
+    from mtrain.train.progress import TrainState, budget_reason
 
     cfg = with_resolved_model(cfg)  # config.yaml and the checkpoints record what is built
     run = RunDir(run_dir)
@@ -60,74 +66,37 @@ def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
         stop_signal.uninstall()
 
 
-def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
+def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
          stop_signal: Any) -> Dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed."""
-    from mtrain.batches import prepare_data
     from mtrain.evaluate.scoring import check_references
-    from mtrain.model import build_model
-    from mtrain.train.checkpointing import Checkpointer, check_resumable_data, data_fingerprints
+    from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
     from mtrain.train.distributed import init_distributed, shutdown_distributed
-    from mtrain.train.faults import TrainingDiverged
-    from mtrain.train.metric_log import MetricLogger
-    from mtrain.train.output_vocab import restrict_to_training_targets
-    from mtrain.decode.torch_engine import resolve_decode_precision
     from mtrain.runtime import peak_host_memory_mb
-    from mtrain.train.runtime import resolve_device, resolve_precision, seed_everything, set_threads
-    from mtrain.durations import parse_duration
-    from mtrain.train.throughput import peak_flops
-    from mtrain.train.trainer import Trainer, special_ids
+    from mtrain.train.faults import TrainingDiverged
+    from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 
-    dist = init_distributed(cfg.train.device)
-    device = resolve_device(cfg.train.device, dist.local_rank)
-    precision = resolve_precision(cfg.train.precision, device)
-    # Validation BLEU and the test decode run in what decodes fastest on this device (on a
-    # GPU fp32: bf16 decoding was measured slower there; mtrain.decode.torch_engine).
-    decode_precision = "fp32" if precision == "fp32" else resolve_decode_precision("auto", device)
-    set_threads(cfg.train.num_threads)
-    seed_everything(cfg.seed)
-
-    # Rank 0 prepares (tokenizer, encoded cache); the others then read the same cache.
-    if dist.is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer, log=log.info)
-    dist.barrier()
-    if not dist.is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
-    check_eval_lengths(data, None if cfg.model.positions == "none" else cfg.model.max_positions, cfg.data)
+    machine = resolve_machine(cfg, init_distributed(cfg.train.device))
+    dist, device = machine.dist, machine.device
+    data = prepare_fit_data(cfg, machine)
     for split in ("valid", "test") if data.test is not None else ("valid",):
-        check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={cfg.data.splits[split]}")
-    fingerprints = data_fingerprints(data.fingerprint, data.tokenizer.fingerprint)
+        check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={getattr(cfg.data.splits, split)}")
     if resume_state is not None:
-        check_resumable_data(resume_state, fingerprints, resume_path)
+        check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint),
+                             resume_path)
 
     # Every check has passed: from here on the run directory is written.
-    checkpointer = None
     if dist.is_main:
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data)
-        checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))
-        checkpointer.remove_stale_temporary_files()
-
-    model = build_model(cfg.model, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size,
-                        data.tokenizer.pad_id, joint_vocab=data.tokenizer.joint).to(device)
-    ids = special_ids(data)
-    restrict_to_training_targets(model, cfg.model.output_vocab, data.train, ids, data.tokenizer.unk_id,
-                                 copies=data.train_copies)
-    metrics_log = None
-    if dist.is_main:
-        metrics_log = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
-                                   resume_state["update"] if resume_state else 0,
-                                   model.flops_per_token, peak_flops(device, precision), ranks=dist.world_size)
-    validate = validation(cfg, model, data, ids, device, precision, decode_precision)
-    trainer = Trainer(cfg, model, data.train, ids, device, precision, dist, validate, checkpointer,
-                      metrics_log, checkpoint_extras={"data_fingerprints": fingerprints}, stop_signal=stop_signal,
-                      epoch_corpora=data.train_copies)
+    setup = build_fit(cfg, machine, data, run=run, resume_state=resume_state, stop_signal=stop_signal,
+                      validation=lambda model: validation(cfg, model, data, machine))
     if resume_state is not None:
-        trainer.load_state(resume_state)
         log.info("resumed from %s", resume_path)
         del resume_state
+    trainer, model = setup.trainer, setup.model
 
-    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": precision}
+    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": machine.precision}
     try:
         try:
             metrics.update(trainer.fit())
@@ -139,10 +108,10 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
         trainer.release_training_memory()  # the test decode needs neither Adam's moments nor gradients
         if dist.is_main:
             if cfg.data.splits.test is not None:
-                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, decode_precision)
+                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, machine.decode_precision)
                 log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
                                                   if isinstance(v, float)))
-                metrics_log.scalars("test", metrics["test"], metrics["test"]["update"])
+                trainer.metrics.scalars("test", metrics["test"], metrics["test"]["update"])
                 test_peak = peak_host_memory_mb()
                 if test_peak is not None:
                     metrics["peak_rss_mb"]["test"] = round(test_peak)
@@ -153,8 +122,8 @@ def _fit(cfg: DictConfig, run: RunDir, resume_path: Optional[Path], resume_state
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
             log.info("%s", next_steps(run))
     finally:
-        if metrics_log is not None:
-            metrics_log.close()
+        if trainer.metrics is not None:
+            trainer.metrics.close()
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
@@ -203,24 +172,23 @@ def _write_run_files(run: RunDir, cfg: DictConfig, data: Any) -> None:
         atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
 
 
-def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, int], device: Any, precision: str,
-               decode_precision: str):
+def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine) -> Callable[[], Dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
-    `decode.valid_beam` says otherwise, in `decode_precision`)."""
+    `decode.valid_beam` says otherwise, in the machine's decoding precision)."""
     from mtrain.evaluate.report import sentence_translator
     from mtrain.evaluate.scoring import translate_and_score
     from mtrain.train.validation import validation_loss
 
-    decode_cfg = OmegaConf.merge(cfg.decode, {"beam": cfg.decode.valid_beam, "nbest": 1})
-    translate = sentence_translator(model, data.tokenizer, decode_cfg, device, decode_precision)
+    decode_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
+    translate = sentence_translator(model, data.tokenizer, decode_cfg, machine.device, machine.decode_precision)
     limit = cfg.train.valid_max_sentences
     sources, references = list(data.valid_text.src)[:limit], list(data.valid_text.tgt)[:limit]
     name = f"data.splits.valid={cfg.data.splits.valid}"
 
     def validate() -> Dict[str, float]:
-        results = validation_loss(model, data.valid, special_ids, cfg.train.max_tokens,
-                                  cfg.train.label_smoothing, device, precision)
+        results = validation_loss(model, data.valid, data.tokenizer.special_ids, cfg.train.max_tokens,
+                                  cfg.train.label_smoothing, machine.device, machine.precision)
         if cfg.train.valid_bleu:
             results["bleu"] = translate_and_score(translate, sources, [references], name).scores["bleu"]["score"]
         return results
@@ -228,31 +196,8 @@ def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, in
     return validate
 
 
-def check_eval_lengths(data, limit: Optional[int], data_cfg: DictConfig) -> None:
-    """Refuse, before training, a validation or test pair longer than the model can embed.
-
-    Those splits are never filtered (they are scored as they are), so such a pair would
-    otherwise stop the run at its first validation or, worse, after training at the test.
-    """
-    if limit is None:
-        return
-    for split in ("valid", "test"):
-        corpus = getattr(data, split)
-        if corpus is None:  # no test split
-            continue
-        positions = np.maximum(corpus.src_lengths, corpus.tgt_lengths + 1)  # src + eos; [bos] + tgt
-        index = int(np.argmax(positions))
-        if positions[index] > limit:
-            raise MtrainError(
-                f"data: pair {index + 1} of the {split} split (data.splits.{split}="
-                f"{getattr(data_cfg.splits, split)}) is {int(positions[index])} subword tokens long but the "
-                f"model embeds at most {limit} positions (model.max_positions); shorten or remove that "
-                "line, or raise model.max_positions"
-            )
-
-
-def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, device: Any,
-                     precision: str) -> Dict[str, Any]:
+def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
+                     precision: Precision) -> Dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.report import score_split, sentence_translator
@@ -266,8 +211,7 @@ def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, d
     model.eval()
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None}
-    decode_info = {**to_plain(cfg.decode), "device": str(device),
-                   "precision": precision, "engine": "torch"}
+    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch}
     report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
                          checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)
     result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"],

@@ -32,7 +32,7 @@ def run_translate(cfg: DictConfig) -> None:
     from mtrain.decode.translator import resolve_decode_precision
     from mtrain.decode.threads import set_decode_threads
     from mtrain.train.checkpoint import load_run
-    from mtrain.train.runtime import resolve_device
+    from mtrain.runtime import resolve_device
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")

@@ -43,7 +43,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mtrain.config import DecodeConfig
+from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.generator import build_search
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
@@ -54,11 +54,10 @@ METADATA_FILE = "mtrain_export.json"
 # length_penalty=0 for CTranslate2: exactly 0 would select its other stopping rule (see above).
 UNNORMALISED = 1e-9
 
-# mtrain's precision names -> CTranslate2 compute types; "auto" keeps the exported weights' type
-# on CPU (fp32 unless exported with quantization=...).
-COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
-                 "int8_float32": "int8_float32", "int8_bfloat16": "int8_bfloat16", "int8_float16": "int8_float16",
-                 "int16": "int16"}
+# CTranslate2's compute types by name: mtrain's precisions (each knows its own, `auto` keeps the
+# exported weights' type: fp32 unless exported with quantization=...) and CTranslate2's integer types.
+COMPUTE_TYPES = {**{precision.value: precision.ct2_compute_type for precision in Precision},
+                 **{name: name for name in ("int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16")}}
 
 
 class CTranslate2Model:

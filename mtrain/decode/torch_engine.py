@@ -17,34 +17,10 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from mtrain.config import DecodeConfig
+from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.runtime import autocast, check_precision, cpu_has_bf16_matmul
-
-LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_decode_precision(name: str, device: torch.device) -> str:
-    """fp32 | bf16 | fp16 | auto -> the precision decoding runs in.
-
-    auto picks what decoded faster where it was measured (scripts/bench_decode.py, Multi30k
-    test_2016_flickr, 1,000 sentences, a 3+3 layer d_model 256 run):
-    - CPU with bf16 matrix instructions (AVX512-BF16 or AMX): bf16, 1.2-2.4x faster than fp32
-      (1 thread, depending on the machine's load) at the same BLEU. Other CPUs emulate bf16
-      products (~1 GFLOP/s): fp32.
-    - CUDA: fp32. On an H200, bf16 autocast decoded 18-23x slower than fp32 (greedy 148 vs
-      3,461 sent/s, beam 5 67 vs 1,240), before weights were cast once per decode (see the
-      module docstring); until `scripts/bench_decode.py --devices cuda` shows bf16 at least
-      as fast, auto keeps fp32 there.
-    Scores and log-softmax stay fp32 either way.
-    """
-    check_precision(name, device)
-    if name != "auto":
-        return name
-    if device.type == "cpu" and cpu_has_bf16_matmul():
-        return "bf16"
-    return "fp32"
+from mtrain.runtime import autocast
 
 
 def with_linear_weights_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -68,11 +44,13 @@ class TorchEngine:
     the prefix every step: reference and benchmark)."""
 
     def __init__(self, model: nn.Module, pad_id: int, bos_id: int, eos_id: int, device: torch.device | str,
-                 precision: str = "fp32", use_cache: bool = True) -> None:
+                 precision: Precision = Precision.fp32, use_cache: bool = True) -> None:
+        """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto."""
         self.device = torch.device(device)
-        self.precision = resolve_decode_precision(precision, self.device)
-        dtype = LOW_PRECISION_DTYPES.get(self.precision)
-        self.model = model if dtype is None else with_linear_weights_in(model, dtype)
+        self.precision = Precision(precision)
+        if self.precision is Precision.auto:
+            raise ValueError("TorchEngine needs a resolved precision: call mtrain.runtime.resolve_decode_precision")
+        self.model = with_linear_weights_in(model, self.precision.dtype) if self.precision.is_low else model
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.use_cache = use_cache
 

@@ -22,7 +22,8 @@ import torch
 
 from mtrain.config import DecodeConfig
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.torch_engine import TorchEngine, resolve_decode_precision
+from mtrain.decode.torch_engine import TorchEngine
+from mtrain.runtime import resolve_decode_precision
 
 __all__ = ["Engine", "TorchEngine", "as_engine", "resolve_decode_precision", "token_budget_batches", "translate_encoded",
            "translate_sentences"]

@@ -66,7 +66,7 @@ def evaluate_run(cfg: Any, log: Callable[[str], None] = print,
     from mtrain.decode.translator import resolve_decode_precision
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.train.checkpoint import load_run
-    from mtrain.train.runtime import resolve_device
+    from mtrain.runtime import resolve_device
 
     metrics = check_metric_names(cfg.metrics)
     run = RunDir(cfg.run)

@@ -12,26 +12,27 @@ starts and saved with the model (`Seq2SeqTransformer.output_allowed`).
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from torch import nn
 
 from mtrain.batches import EncodedCorpus
+from mtrain.config import OutputVocab
+from mtrain.tokenizer import SpecialIds
 
 log = logging.getLogger("mtrain")
 
 
-def restrict_to_training_targets(model: nn.Module, cfg_output_vocab: str, train: EncodedCorpus,
-                                 special_ids: Dict[str, int], unk_id: int,
-                                 copies: Sequence[EncodedCorpus] = ()) -> Optional[int]:
+def restrict_to_training_targets(model: nn.Module, output_vocab: OutputVocab, train: EncodedCorpus,
+                                 special_ids: SpecialIds, copies: Sequence[EncodedCorpus] = ()) -> Optional[int]:
     """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all).
 
     `copies`: the sampled segmentations training also sees (`data.subword_sampling`), whose
     targets use pieces that the deterministic segmentation may never produce."""
-    if cfg_output_vocab != "target":
+    if output_vocab != OutputVocab.target:
         return None
-    pieces = np.union1d(train.target_pieces(), [special_ids["eos"], unk_id])
+    pieces = np.union1d(train.target_pieces(), [special_ids.eos, special_ids.unk])
     for copy in copies:
         pieces = np.union1d(pieces, copy.target_pieces())
     kept = model.restrict_output(pieces.tolist())

@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from mtrain.config import Precision
+
 # Dense peak TFLOP/s by GPU name fragment: (bf16/fp16 tensor cores, tf32/fp32).
 _GPU_PEAK_TFLOPS = {
     "H200": (989.0, 494.0),
@@ -29,25 +31,25 @@ _GPU_PEAK_TFLOPS = {
 }
 
 
-def peak_flops(device: torch.device, precision: str) -> Optional[float]:
+def peak_flops(device: torch.device, precision: Precision) -> Optional[float]:
     """Datasheet peak FLOP/s of `device` at `precision`; None for a CPU or an unknown GPU."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     for fragment, (half, single) in _GPU_PEAK_TFLOPS.items():
         if fragment in name:
-            return (half if precision in ("bf16", "fp16") else single) * 1e12
+            return (half if Precision(precision).is_low else single) * 1e12
     return None
 
 
 @lru_cache(maxsize=None)
-def measured_cpu_matmul_flops(precision: str, size: int = 1024, repeats: int = 4, trials: int = 5) -> float:
+def measured_cpu_matmul_flops(precision: Precision, size: int = 1024, repeats: int = 4, trials: int = 5) -> float:
     """FLOP/s of a large square matmul on this CPU with the current thread count.
 
     The best of several trials, so that a busy machine understates the rate less. A
     benchmark figure to compare the model's GFLOP/s with, never a peak to divide by.
     """
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = Precision(precision).dtype
     generator = torch.Generator().manual_seed(0)  # leave the training RNG stream untouched
     a = torch.randn(size, size, dtype=dtype, generator=generator)
     b = torch.randn(size, size, dtype=dtype, generator=generator)

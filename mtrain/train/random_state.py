@@ -1,7 +1,6 @@
-"""Random state (seeding, checkpointed generator states), and the machine settings of a run.
+"""Random state: seeding, and every generator's state as plain values for a checkpoint.
 
-Device, precision and threads live in the shared core `mtrain.runtime` (decoding needs them
-too); they are re-exported here for the trainer and scripts that import them from here.
+(Device, precision and threads are the shared core's: `mtrain.runtime`.)
 """
 
 from __future__ import annotations
@@ -11,13 +10,6 @@ from typing import Any, Dict
 
 import numpy as np
 import torch
-
-from mtrain.runtime import (  # noqa: F401 (re-exported)
-    autocast,
-    resolve_device,
-    resolve_precision,
-    set_threads,
-)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,91 @@
+"""The training batches of each update, in a resumable order.
+
+One `TokenBatchSampler` per segmentation of the training split (one, or one per subword-
+sampling copy: epoch e trains on copy (e - 1) % copies). The position (epoch, batch within
+it) is the `TrainState`'s, so a checkpoint that stores the state resumes the exact order.
+On a GPU the next update's batches are collated in a background thread while the device
+runs the current one (`BatchPrefetcher`).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from mtrain.batches import Batch, EncodedCorpus, TokenBatchSampler, collate
+from mtrain.tokenizer import SpecialIds
+from mtrain.train.prefetch import BatchPrefetcher
+from mtrain.train.progress import TrainState
+
+
+class BatchSource:
+    """`next_update(state)`: the next `update_freq` batches of this rank, on the device."""
+
+    def __init__(self, corpora: Sequence[EncodedCorpus], special_ids: SpecialIds, device: torch.device, *,
+                 max_tokens: int, update_freq: int, max_epochs: Optional[int], seed: int, pad_to_multiple: int,
+                 num_replicas: int = 1, rank: int = 0, prefetch: bool = False) -> None:
+        self.corpora = list(corpora)
+        self.special_ids = special_ids
+        self.device = device
+        self.update_freq = update_freq
+        self.max_epochs = max_epochs
+        self.pad_to_multiple = pad_to_multiple
+        # one sampler per segmentation: each cuts its batches from its own lengths
+        self.samplers = [
+            TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=max_tokens, seed=seed, shuffle=True,
+                              num_replicas=num_replicas, rank=rank, pad_to_multiple=pad_to_multiple)
+            for corpus in self.corpora
+        ]
+        self._prefetcher = BatchPrefetcher(self._host_batch, update_freq) if prefetch else None
+        self._epoch_batches: Optional[List[np.ndarray]] = None
+
+    @property
+    def pairs(self) -> int:
+        return len(self.corpora[0])
+
+    def next_update(self, state: TrainState) -> Optional[List[Batch]]:
+        """The batches of the next update from `state`'s position, which they advance
+        (crossing epoch boundaries as needed); None once `max_epochs` is done."""
+        batches: List[Batch] = []
+        while len(batches) < self.update_freq:
+            if self._epoch_batches is None:
+                self._epoch_batches = self._batches_of_epoch(state.epoch)
+            if state.batch_in_epoch >= len(self._epoch_batches):
+                if batches:  # finish the update with what the epoch had left
+                    break
+                if self.max_epochs is not None and state.epoch >= self.max_epochs:
+                    return None
+                state.epoch += 1
+                state.batch_in_epoch = 0
+                self._epoch_batches = self._batches_of_epoch(state.epoch)
+                continue
+            position = state.batch_in_epoch
+            indices = self._epoch_batches[position]
+            state.batch_in_epoch += 1
+            key = (state.epoch, position)
+            if self._prefetcher is None:
+                batch = self._host_batch(key, indices)
+            else:  # this update's batches were collated while the device ran the previous one
+                ahead = range(position + 1, min(position + 1 + self.update_freq, len(self._epoch_batches)))
+                batch = self._prefetcher.get(key, indices,
+                                             (((state.epoch, p), self._epoch_batches[p]) for p in ahead))
+            batches.append(batch.to(self.device, non_blocking=True))
+        return batches
+
+    def _segmentation(self, epoch: int) -> int:
+        """Which of `corpora` epoch `epoch` (1-based) trains on."""
+        return (epoch - 1) % len(self.corpora)
+
+    def _batches_of_epoch(self, epoch: int) -> List[np.ndarray]:
+        return self.samplers[self._segmentation(epoch)].batches(epoch)
+
+    def _host_batch(self, key: Tuple[int, int], indices: np.ndarray) -> Batch:
+        """The collated batch of `indices` of batch `key` = (epoch, position), in pinned memory on
+        a GPU (the copy then overlaps compute). The epoch names the corpus: the prefetcher may
+        still collate an epoch's last batches when the trainer has moved to the next."""
+        ids = self.special_ids
+        corpus = self.corpora[self._segmentation(key[0])]
+        batch = collate(corpus, indices, ids.pad, ids.bos, ids.eos, self.pad_to_multiple)
+        return batch.pin_memory() if self.device.type == "cuda" else batch

@@ -1,0 +1,100 @@
+"""The parts a Trainer runs, each built from the typed `TrainConfig` in one visible place.
+
+`build_parts` makes what one update needs: the network the step calls (model and loss,
+wrapped in DDP and/or compiled), the fused AdamW, the learning-rate schedule, the fp16 loss
+scaler, the batch source and the fault guards. `mtrain.train.setup` calls it for `mtrain fit`
+and for every benchmark script, so a benchmark times exactly what a user runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from mtrain.batches import EncodedCorpus
+from mtrain.config import Precision, TrainConfig
+from mtrain.tokenizer import SpecialIds
+from mtrain.train.batch_source import BatchSource
+from mtrain.train.distributed import DistributedContext
+from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
+from mtrain.train.loss import TranslationLoss
+from mtrain.train.schedule import LearningRateSchedule
+
+
+@dataclass
+class TrainingParts:
+    """What the trainer's update runs (built by `build_parts`)."""
+
+    model: torch.nn.Module  # the bare model: checkpoints, validation, statistics
+    network: torch.nn.Module  # what the step calls: model + loss, DDP-wrapped and/or compiled
+    optimizer: torch.optim.Optimizer
+    schedule: LearningRateSchedule
+    scaler: torch.amp.GradScaler
+    batches: BatchSource
+    non_finite: NonFiniteGuard
+    out_of_memory: OutOfMemoryGuard
+    device: torch.device
+    precision: Precision
+
+
+def batch_pad_multiple(configured: Optional[int], device: torch.device, precision: Precision) -> int:
+    """`train.pad_to_multiple`, with null resolved per device and precision (see its comment)."""
+    if configured is not None:  # config_checks has made sure it is >= 1
+        return configured
+    if device.type == "cuda":
+        return 8
+    return 4 if precision is Precision.bf16 else 1
+
+
+def build_network(model: torch.nn.Module, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext,
+                  device: torch.device) -> torch.nn.Module:
+    """The model and its loss as one module, in DDP under torchrun, compiled if asked."""
+    network: torch.nn.Module = TranslationLoss(model, pad_id, train_cfg.label_smoothing)
+    if dist.enabled:
+        network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
+    if train_cfg.compile:
+        network = torch.compile(network, dynamic=True)
+    return network
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=train_cfg.lr,
+        betas=tuple(train_cfg.betas),
+        eps=train_cfg.eps,
+        weight_decay=train_cfg.weight_decay,
+        # one kernel per parameter instead of ~6 (CPU too: +2% per fp32 update, docs/PERFORMANCE.md)
+        fused=device.type in ("cpu", "cuda") or None,
+    )
+
+
+def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpora: Sequence[EncodedCorpus],
+                special_ids: SpecialIds, device: torch.device, precision: Precision,
+                dist: Optional[DistributedContext] = None, prefetch: Optional[bool] = None) -> TrainingParts:
+    """Everything an update needs. `corpora`: the training split's segmentations (one, or one
+    per subword-sampling copy); `prefetch` (default: on CUDA) collates the next batches in a
+    background thread; on a CPU that thread would take cores from the update itself."""
+    dist = dist or DistributedContext()
+    batches = BatchSource(
+        corpora, special_ids, device, max_tokens=train_cfg.max_tokens, update_freq=train_cfg.update_freq,
+        max_epochs=train_cfg.max_epochs, seed=seed,
+        pad_to_multiple=batch_pad_multiple(train_cfg.pad_to_multiple, device, precision),
+        num_replicas=dist.world_size, rank=dist.rank,
+        prefetch=device.type == "cuda" if prefetch is None else prefetch,
+    )
+    return TrainingParts(
+        model=model,
+        network=build_network(model, train_cfg, special_ids.pad, dist, device),
+        optimizer=build_optimizer(model, train_cfg, device),
+        schedule=LearningRateSchedule(train_cfg),
+        scaler=torch.amp.GradScaler(device.type, enabled=precision is Precision.fp16),
+        batches=batches,
+        non_finite=NonFiniteGuard(train_cfg.max_bad_updates, device),
+        out_of_memory=OutOfMemoryGuard(train_cfg.max_oom_batches),
+        device=device,
+        precision=precision,
+    )

@@ -1,0 +1,45 @@
+"""What a training checkpoint holds, and how a trainer continues from one.
+
+A checkpoint is a plain dict (tensors and Python scalars, so it loads with
+`torch.load(weights_only=True)`): the model, the optimiser and loss-scaler states, every
+random generator's state, the `TrainState` (data position, clock, best and patience), the
+resolved config and whatever the caller adds (the data fingerprints that a resume checks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Dict
+
+import torch
+
+from mtrain.train.progress import TrainState
+from mtrain.train.random_state import rng_state, set_rng_state
+
+
+def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+            state: TrainState, record: Dict[str, Any]) -> Dict[str, Any]:
+    """The checkpoint of a trainer at `state`; `record` holds the config and the fingerprints."""
+    from mtrain import __version__
+
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": rng_state(),
+        "trainer": asdict(state),
+        "update": state.update,
+        "mtrain_version": __version__,
+        **record,
+    }
+
+
+def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler) -> TrainState:
+    """Load a checkpoint's tensors and random state into the parts; returns its TrainState.
+    (`mtrain.train.checkpointer.check_resumable_*` have checked that it fits first.)"""
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    set_rng_state(checkpoint["rng"])
+    return TrainState(**checkpoint["trainer"])

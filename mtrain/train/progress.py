@@ -1,0 +1,78 @@
+"""Where training is, and the rules that read it: best checkpoint, patience, budget, what is due.
+
+`TrainState` is everything besides tensors that a resumed run must restore (it is stored in
+every checkpoint as a plain dict). The rules are plain functions of it and of the typed
+`TrainConfig`, so `tests/test_progress.py` checks them without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mtrain.config import TrainConfig
+from mtrain.durations import parse_duration
+
+
+@dataclass
+class TrainState:
+    """Where training is: everything besides tensors that a resumed run must restore."""
+
+    update: int = 0
+    epoch: int = 1
+    batch_in_epoch: int = 0  # this rank's batches of `epoch` already consumed
+    train_seconds: float = 0.0  # wall time of training updates (validation and saving excluded)
+    best_score: float = float("-inf")  # val BLEU, or minus val loss when valid_bleu is off
+    best_update: int = 0
+    validations_without_gain: int = 0
+    skipped_updates: int = 0
+
+    def record_validation(self, results: Dict[str, float]) -> bool:
+        """Fold a validation's results into best and patience; True when it is the best so far.
+
+        The score is BLEU when measured, else minus the loss (higher is better either way);
+        a tie is no gain.
+        """
+        score = results["bleu"] if "bleu" in results else -results["loss"]
+        if score > self.best_score:
+            self.best_score = score
+            self.best_update = self.update
+            self.validations_without_gain = 0
+            return True
+        self.validations_without_gain += 1
+        return False
+
+
+def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: Optional[bool] = None) -> Optional[str]:
+    """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
+
+    `out_of_time` overrides the max_time test (ranks agree on it); by default it is
+    computed from `state.train_seconds`.
+    """
+    if train_cfg.max_updates is not None and state.update >= train_cfg.max_updates:
+        return f"max_updates={train_cfg.max_updates} reached"
+    if out_of_time is None:
+        max_seconds = parse_duration(train_cfg.max_time)
+        out_of_time = max_seconds is not None and state.train_seconds >= max_seconds
+    if out_of_time:
+        return f"max_time={train_cfg.max_time} reached"
+    if train_cfg.patience is not None and state.validations_without_gain >= train_cfg.patience:
+        return f"no val-BLEU gain in {train_cfg.patience} validations (patience)"
+    return None
+
+
+class ValidationRhythm:
+    """When validation is due: every `validate_every` updates, and every `validate_every_time`
+    of training time, measured on the saved training clock (a resumed run keeps its rhythm)."""
+
+    def __init__(self, train_cfg: TrainConfig) -> None:
+        self.every_updates = train_cfg.validate_every
+        self.every_seconds = parse_duration(train_cfg.validate_every_time, "train.validate_every_time")
+        self.last_seconds = 0.0  # the training clock at the last validation
+
+    def by_updates(self, state: TrainState) -> bool:
+        return state.update % self.every_updates == 0
+
+    def by_time(self, state: TrainState) -> bool:
+        """This rank's view of the time rule (ranks then agree with `DistributedContext.any`)."""
+        return self.every_seconds is not None and state.train_seconds >= self.last_seconds + self.every_seconds

@@ -1,0 +1,103 @@
+"""One optimiser update, start to end: forward and backward over the update's batches,
+gradient clipping, the step (skipped on the device when not finite).
+
+Nothing in it waits for the device: the losses, the gradient norm and the non-finite flag
+stay tensors until a log interval reads them (`tests/test_host_sync.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, List
+
+import torch
+
+from mtrain.batches import Batch
+from mtrain.config import Precision
+from mtrain.runtime import autocast
+from mtrain.train.builders import TrainingParts
+from mtrain.train.distributed import DistributedContext
+from mtrain.train.instrument_log import InstrumentLog
+
+
+class UpdateStep:
+    """`step(batches, update)`: update number `update` over `batches` (gradient accumulation)."""
+
+    def __init__(self, parts: TrainingParts, dist: DistributedContext, clip_norm: float,
+                 instruments: InstrumentLog) -> None:
+        self.parts = parts
+        self.dist = dist
+        self.clip_norm = clip_norm if clip_norm > 0 else float("inf")
+        self.instruments = instruments
+
+    def __call__(self, batches: List[Batch], update: int) -> Dict[str, Any]:
+        parts, optimizer = self.parts, self.parts.optimizer
+        parts.network.train()
+        optimizer.zero_grad(set_to_none=True)
+        local_tokens = sum(batch.num_tgt_tokens for batch in batches)
+        local_src_tokens = sum(batch.num_src_tokens for batch in batches)
+        # DDP averages gradients over ranks; scaling by world/global tokens makes the
+        # result the gradient of the per-token mean over the whole update, as one process would.
+        # (The source count rides along in the same collective: the log's tokens/s are the job's.)
+        global_tokens, global_src_tokens = self.dist.sum_each([float(local_tokens), float(local_src_tokens)])
+        scale = self.dist.world_size / max(global_tokens, 1.0)
+        loss_sum = torch.zeros((), device=parts.device)
+        nll_sum = torch.zeros((), device=parts.device)
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else parts.network.no_sync()
+            with sync:
+                loss, nll = self.forward_loss(batch)
+                parts.scaler.scale(loss * scale).backward()
+            loss_sum += loss.detach()
+            nll_sum += nll
+        parts.scaler.unscale_(optimizer)
+        self.instruments.record(update)
+        grad_norm = torch.nn.utils.clip_grad_norm_(parts.model.parameters(), self.clip_norm).detach()
+        # A non-finite step must be skipped, not applied; the test stays on the device.
+        skipped = torch.logical_not(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
+        if parts.precision is Precision.fp16:
+            parts.scaler.step(optimizer)  # the scaler skips overflowing steps itself
+            parts.scaler.update()
+            skipped = torch.zeros_like(skipped)  # and an overflow is not a fault
+        else:
+            self._step_unless(skipped)
+        # Gradients are rebuilt by the next backward: validation and checkpoints run without them.
+        optimizer.zero_grad(set_to_none=True)
+        parts.non_finite.record(skipped)
+        good = torch.logical_not(skipped)
+        return {
+            # a skipped update's NaN must not reach the logged averages
+            "loss_sum": torch.where(good, loss_sum, 0.0),
+            "nll_sum": torch.where(good, nll_sum, 0.0),
+            "grad_norm": torch.where(good, grad_norm, 0.0),
+            "skipped": skipped,
+            "tgt_tokens": local_tokens,
+            "src_tokens": local_src_tokens,
+            "job_tgt_tokens": int(global_tokens),  # all ranks' (= the local counts in one process)
+            "job_src_tokens": int(global_src_tokens),
+            "sentences": sum(batch.src_tokens.size(0) for batch in batches),
+        }
+
+    def forward_loss(self, batch: Batch):
+        """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
+        with autocast(self.parts.device, self.parts.precision):
+            return self.parts.network(batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output,
+                                      batch.num_tgt_tokens)
+
+    def _step_unless(self, skipped: torch.Tensor) -> None:
+        """optimizer.step(), skipped on the device when `skipped` is True.
+
+        The fused AdamW (CPU and CUDA) takes a `found_inf` flag, as it does from GradScaler:
+        it leaves weights and moments untouched and takes the step count back, with no host
+        synchronisation. Another optimizer implementation reads the flag on the host.
+        """
+        optimizer = self.parts.optimizer
+        if optimizer.defaults.get("fused"):
+            optimizer.found_inf = skipped.to(torch.float32)
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
+        elif not bool(skipped):
+            optimizer.step()

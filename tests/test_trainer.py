@@ -1,0 +1,164 @@
+"""The trainer's own rules, without a corpus on disk: best and patience, the budget, what is
+due when, one public update, and the loop that calls it (validation and saves when due, a
+resumed trainer continuing exactly). End-to-end runs of `mtrain fit`: tests/test_fit.py."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from mtrain.batches.corpus import EncodedCorpus
+from mtrain.config import Precision, TrainConfig
+from mtrain.model import build_model
+from mtrain.tokenizer import SpecialIds
+from mtrain.train.builders import build_parts
+from mtrain.train.distributed import DistributedContext
+from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
+from mtrain.train.random_state import seed_everything
+from mtrain.train.trainer import Trainer
+from tests.test_fit import compose_fit
+
+IDS = SpecialIds(unk=0, pad=1, bos=2, eos=3)
+VOCAB = 40
+
+
+# ---------------------------------------------------------------------- progress rules
+def test_best_is_the_highest_bleu_and_a_tie_is_no_gain():
+    state = TrainState(update=10)
+    assert state.record_validation({"bleu": 20.0, "loss": 3.0}) is True
+    state.update = 20
+    assert state.record_validation({"bleu": 20.0, "loss": 2.0}) is False  # a tie: no gain
+    state.update = 30
+    assert state.record_validation({"bleu": 19.0, "loss": 1.0}) is False
+    assert (state.best_score, state.best_update, state.validations_without_gain) == (20.0, 10, 2)
+    state.update = 40
+    assert state.record_validation({"bleu": 21.5, "loss": 1.0}) is True
+    assert (state.best_score, state.best_update, state.validations_without_gain) == (21.5, 40, 0)
+
+
+def test_without_bleu_the_lowest_loss_is_best():
+    state = TrainState(update=5)
+    assert state.record_validation({"loss": 4.0}) and state.best_score == -4.0
+    state.update = 6
+    assert not state.record_validation({"loss": 4.5})
+    state.update = 7
+    assert state.record_validation({"loss": 3.0}) and state.best_update == 7
+
+
+def test_budget_reasons_in_their_order():
+    cfg = TrainConfig(max_updates=100, max_time="1m", patience=2)
+    assert budget_reason(TrainState(update=99, train_seconds=59.0), cfg) is None
+    assert budget_reason(TrainState(update=100, train_seconds=99.0), cfg) == "max_updates=100 reached"
+    assert budget_reason(TrainState(update=50, train_seconds=60.0), cfg) == "max_time=1m reached"
+    assert budget_reason(TrainState(update=50), cfg, out_of_time=True) == "max_time=1m reached"  # another rank's clock
+    assert budget_reason(TrainState(update=50, train_seconds=60.0), cfg, out_of_time=False) is None
+    patient = TrainState(update=50, validations_without_gain=2)
+    assert budget_reason(patient, cfg) == "no val-BLEU gain in 2 validations (patience)"
+    assert budget_reason(TrainState(update=10**6), TrainConfig()) is None  # no budget: never done
+
+
+def test_validation_is_due_every_n_updates_and_every_interval_of_training_time():
+    rhythm = ValidationRhythm(TrainConfig(validate_every=50, validate_every_time="2m"))
+    assert rhythm.by_updates(TrainState(update=100)) and not rhythm.by_updates(TrainState(update=101))
+    assert not rhythm.by_time(TrainState(train_seconds=119.0))
+    assert rhythm.by_time(TrainState(train_seconds=120.0))
+    rhythm.last_seconds = 120.0  # measured from the last validation, on the training clock
+    assert not rhythm.by_time(TrainState(train_seconds=200.0)) and rhythm.by_time(TrainState(train_seconds=240.0))
+    assert not ValidationRhythm(TrainConfig(validate_every_time=None)).by_time(TrainState(train_seconds=1e9))
+
+
+# ---------------------------------------------------------------------- a trainer on a synthetic corpus
+def _corpus(sentences: int = 200, seed: int = 0) -> EncodedCorpus:
+    """Targets a fixed function of the sources: a task whose loss falls within a few updates."""
+    rng = np.random.default_rng(seed)
+    sources = [list(rng.integers(4, VOCAB, rng.integers(3, 12))) for _ in range(sentences)]
+    return EncodedCorpus.from_sequences([s + [IDS.eos] for s in sources],
+                                        [[4 + (t * 7) % (VOCAB - 4) for t in s] for s in sources])
+
+
+TINY_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
+              "model.ffn_dim=64", "model.dropout=0.0", "train.max_tokens=300", "train.lr=3e-3",
+              "train.warmup_updates=5", "train.valid_bleu=false"]
+
+
+def _trainer(overrides=(), validate=None, checkpointer=None) -> Trainer:
+    cfg = compose_fit([*TINY_MODEL, *overrides])
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, VOCAB, VOCAB, IDS.pad, joint_vocab=True)
+    parts = build_parts(model, cfg.train, cfg.seed, [_corpus()], IDS, torch.device("cpu"), Precision.fp32)
+    return Trainer(cfg.train, parts, DistributedContext(), checkpointer=checkpointer,
+                   validate=validate or (lambda: {"loss": 1.0}))
+
+
+def test_run_update_counts_one_update_and_moves_the_weights():
+    trainer = _trainer()
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    stats = trainer.run_update()
+    assert trainer.state.update == 1 and trainer.state.batch_in_epoch == 1
+    assert stats["tgt_tokens"] > 0 and torch.isfinite(stats["loss_sum"])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3 / 5)  # update 1 of 5 warmup
+    moved = [name for name, p in trainer.model.named_parameters() if not torch.equal(before[name], p)]
+    assert len(moved) == len(before)
+    assert all(p.grad is None for p in trainer.model.parameters())  # freed for validation and checkpoints
+    assert trainer.state.train_seconds > 0
+
+
+def test_fit_validates_when_due_stops_at_the_budget_and_validates_the_last_update():
+    validated = []
+
+    class Saves:
+        def __init__(self):
+            self.saved = []
+
+        def due(self):
+            return False
+
+        def save(self, state, update, best):
+            self.saved.append((update, best))
+
+    saves = Saves()
+    losses = iter([3.0, 2.0, 2.5, 1.0])
+    trainer = _trainer(["train.max_updates=14", "train.validate_every=4", "train.save_every=null"],
+                       validate=lambda: validated.append(trainer.state.update) or {"loss": next(losses)},
+                       checkpointer=saves)
+    summary = trainer.fit()
+    assert summary["stop_reason"] == "max_updates=14 reached" and summary["updates"] == 14
+    assert validated == [4, 8, 12, 14]  # every 4 updates, and the last one
+    assert saves.saved == [(4, True), (8, True), (12, False), (14, True)]
+    assert summary["best_update"] == 14 and trainer.state.validations_without_gain == 0
+
+
+def test_patience_stops_training_after_validations_without_gain():
+    trainer = _trainer(["train.max_updates=100", "train.validate_every=2", "train.patience=2"],
+                       validate=lambda: {"loss": 2.0})  # never better than the first
+    summary = trainer.fit()
+    # validations at 2 (best), 4 and 6 (no gain); the budget is read before each validation, so
+    # the loop stops after the next update, which is validated as the last one
+    assert summary["updates"] == 7 and summary["stop_reason"] == "no val-BLEU gain in 2 validations (patience)"
+    assert trainer.state.best_update == 2
+
+
+def test_max_epochs_ends_training_and_the_last_update_is_validated():
+    trainer = _trainer(["train.max_epochs=1", "train.validate_every=1000"])
+    batches_per_epoch = len(trainer.parts.batches.samplers[0].batches(1))
+    summary = trainer.fit()
+    assert summary["stop_reason"] == "max_epochs=1 reached" and summary["updates"] == batches_per_epoch
+    assert trainer.last_validation == {"loss": 1.0}
+
+
+def test_a_trainer_restored_from_a_checkpoint_continues_exactly():
+    straight = _trainer()
+    for _ in range(6):
+        straight.run_update()
+    checkpoint = copy.deepcopy(straight.checkpoint_state())  # as saved: the tensors go on changing
+    expected = [float(straight.run_update()["loss_sum"]) for _ in range(4)]
+
+    resumed = _trainer()
+    resumed.load_state(checkpoint)
+    assert resumed.state.update == 6
+    assert [float(resumed.run_update()["loss_sum"]) for _ in range(4)] == expected
+    assert all(torch.equal(a, b) for a, b in zip(straight.model.state_dict().values(),
+                                                  resumed.model.state_dict().values()))
