@@ -2,13 +2,15 @@
 
 A joint vocabulary is one file, `spm.model`; separate vocabularies are `src.model` and
 `tgt.model`. The special ids are read back from the model files, where training wrote them
-(`TokenizerConfig.unk_id/pad_id/bos_id/eos_id`), so a saved tokenizer is self-contained.
+(`TokenizerConfig.unk_id/pad_id/bos_id/eos_id`), so a saved tokenizer is self-contained;
+`Tokenizer.special_ids` hands them on together, as one `SpecialIds` value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -19,6 +21,17 @@ from mtrain.errors import MtrainError
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "src.model"
 TGT_MODEL = "tgt.model"
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The ids of the tokens that are not text: what batching, the loss, decoding and export
+    need from a tokenizer. The same for source and target (`Tokenizer` checks that)."""
+
+    unk: int
+    pad: int
+    bos: int
+    eos: int
 
 
 class Tokenizer:
@@ -39,6 +52,7 @@ class Tokenizer:
         target_ids = (self._tgt.unk_id(), self._tgt.pad_id(), self._tgt.bos_id(), self._tgt.eos_id())
         if target_ids != (self.unk_id, self.pad_id, self.bos_id, self.eos_id):
             raise MtrainError(f"{tgt_file}: special ids differ from those of {src_file}")
+        self.special_ids = SpecialIds(unk=self.unk_id, pad=self.pad_id, bos=self.bos_id, eos=self.eos_id)
         self.src_vocab_size = self._src.get_piece_size()
         self.tgt_vocab_size = self._tgt.get_piece_size()
         self._specials = {self.pad_id, self.bos_id, self.eos_id}
