@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -43,6 +42,11 @@ class DataFormat(Choice):
     tsv = "tsv"
     jsonl = "jsonl"
 
+    @property
+    def one_file_per_language(self) -> bool:
+        """text: a file per split and language; tsv/jsonl: one file per split holding both sides."""
+        return self is DataFormat.text
+
 
 class InvalidUtf8(Choice):
     skip = "skip"
@@ -63,6 +67,11 @@ class Activation(Choice):
     relu = "relu"
     gelu = "gelu"
     swiglu = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        """A gated linear unit: a third matrix whose activation multiplies the up projection."""
+        return self is Activation.swiglu
 
 
 class NormPosition(Choice):
@@ -96,6 +105,11 @@ class DecoderOrder(Choice):
     self_cross_ffn = "self_cross_ffn"
     cross_self_ffn = "cross_self_ffn"
     self_ffn_cross = "self_ffn_cross"
+
+    @property
+    def sublayers(self) -> tuple:
+        """The decoder layer's sublayers in the order they run, e.g. ("cross", "self", "ffn")."""
+        return tuple(self.value.split("_"))
 
 
 class AttentionImpl(Choice):
@@ -468,6 +482,10 @@ APP_SCHEMAS = {
 
 def register_configs() -> None:
     """Register the schemas so YAML files in configs/ are validated against them."""
+    # Imported here, not above: the data layer's typed signatures import this module, and
+    # encoding worker processes should not pay Hydra's import (0.2 s) for them.
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(name="translate_schema", node=TranslateConfig)

@@ -6,12 +6,14 @@ import os
 import shutil
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 import sentencepiece as spm
 
 from mtrain.config import DataConfig, TokenizerConfig
 from mtrain.errors import MtrainError
-from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
+from mtrain.tokenizer import SpecialIds, Tokenizer, train_or_load_tokenizer
 
 SMALL = dict(vocab_size=500)
 
@@ -48,6 +50,11 @@ def test_explicit_special_ids_are_honoured(data):
     cfg = TokenizerConfig(**SMALL, unk_id=3, pad_id=0, bos_id=1, eos_id=2)
     tokenizer = train_or_load_tokenizer(cfg, data, log=quiet)
     assert (tokenizer.unk_id, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (3, 0, 1, 2)
+    # Handed on as one value, read back from the model file like the attributes.
+    assert tokenizer.special_ids == SpecialIds(unk=3, pad=0, bos=1, eos=2)
+    assert Tokenizer.load(next(iter(tokenizer.files.values())).parent).special_ids == tokenizer.special_ids
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tokenizer.special_ids.pad = 5
 
 
 def test_save_and_load_round_trip(data, tmp_path, multi30k_slice):

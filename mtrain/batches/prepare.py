@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from mtrain.config import to_plain
+from mtrain.config import DataConfig, TokenizerConfig, to_plain
 from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
@@ -56,8 +56,9 @@ class PreparedData:
         return [self.train, *self.train_copies]
 
 
-def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
-    """Tokenizer and encoded splits for `data_cfg` (DataConfig) and `tok_cfg` (TokenizerConfig)."""
+def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print) -> PreparedData:
+    """Tokenizer and encoded splits for `data_cfg` and `tok_cfg`; either may also be the
+    OmegaConf node of its section (only attributes are read)."""
     check_clean_config(data_cfg.clean)
     check_sampling_config(data_cfg.subword_sampling, tok_cfg.model_type)
     source = resolve_source(data_cfg)
@@ -86,7 +87,7 @@ def prepare_data(data_cfg: Any, tok_cfg: Any, log: Log = print) -> PreparedData:
     return data
 
 
-def _add_sampled_copies(data: PreparedData, cfg: Any, log: Log) -> None:
+def _add_sampled_copies(data: PreparedData, cfg: DataConfig, log: Log) -> None:
     """Build (or reuse) the cached sampled segmentations of the training split (`mtrain.batches.sampling`)."""
     sampling = cfg.subword_sampling
     key = fingerprint("sampled", SAMPLING_FORMAT, data.fingerprint, float(sampling.alpha), sampling.nbest_size,
@@ -130,7 +131,7 @@ def _open(entry: Path, tokenizer: Tokenizer, fingerprint: str) -> PreparedData:
     )
 
 
-def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, cfg: Any, log: Log) -> Dict[str, Any]:
+def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, cfg: DataConfig, log: Log) -> Dict[str, Any]:
     """Write train/, valid/ and test/ into `staging`; returns the counts for summary.json."""
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     src_model, tgt_model = (str(path) for path in _model_files(tokenizer))

@@ -22,6 +22,7 @@ from typing import Any, List, Tuple
 
 import numpy as np
 
+from mtrain.config import SubwordSamplingConfig, TokenizerModel
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus
 from mtrain.batches.encoding import flatten_sequences, sequence_lengths
 from mtrain.errors import MtrainError
@@ -31,18 +32,18 @@ _CHUNK = 20_000  # pairs decoded and re-encoded at a time
 _SEED = 1_000_003  # copy k samples with seed _SEED + k
 
 
-def sampling_enabled(cfg: Any) -> bool:
+def sampling_enabled(cfg: SubwordSamplingConfig) -> bool:
     return float(cfg.alpha) > 0.0
 
 
-def check_sampling_config(cfg: Any, model_type: str) -> None:
+def check_sampling_config(cfg: SubwordSamplingConfig, model_type: TokenizerModel) -> None:
     """`data.subword_sampling` against the tokenizer's model type; one-line errors naming the key."""
     alpha = float(cfg.alpha)
     if alpha < 0.0:
         raise MtrainError(f"data.subword_sampling.alpha: {alpha} must be >= 0 (0: no sampling)")
     if alpha == 0.0:
         return
-    if str(model_type) == "bpe" and not alpha < 1.0:
+    if model_type == TokenizerModel.bpe and not alpha < 1.0:
         raise MtrainError(f"data.subword_sampling.alpha: {alpha} is BPE-dropout's merge-drop probability "
                           "with tokenizer.model_type=bpe; it must be in (0, 1)")
     if cfg.nbest_size != -1 and cfg.nbest_size < 2:
@@ -53,7 +54,7 @@ def check_sampling_config(cfg: Any, model_type: str) -> None:
 
 
 def build_copies(staging: Path, train: EncodedCorpus, model_files: Tuple[str, str], eos_id: int,
-                 cfg: Any, workers: int) -> None:
+                 cfg: SubwordSamplingConfig, workers: int) -> None:
     """Write copy_0 .. copy_{copies-1} of `train` into `staging`, each a corpus directory."""
     tasks = [(staging / f"copy_{k}", train.directory, model_files, eos_id, float(cfg.alpha),
               int(cfg.nbest_size), _SEED + k) for k in range(cfg.copies)]

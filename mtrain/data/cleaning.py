@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from mtrain.config import CleanConfig, Normalization
 from mtrain.errors import MtrainError
 
 REASONS = ("empty", "identical", "too_short", "too_long", "length_ratio", "duplicate")
@@ -30,8 +31,8 @@ KEEP = 0  # reason code of a kept pair; reason REASONS[i] has code i + 1
 _CODE = {reason: code for code, reason in enumerate(REASONS, start=1)}
 
 
-def check_clean_config(cfg: Any) -> None:
-    if cfg.normalize not in (None, "NFKC", "NFC"):
+def check_clean_config(cfg: CleanConfig) -> None:
+    if cfg.normalize is not None and cfg.normalize not in tuple(Normalization):
         raise MtrainError(f"data.clean.normalize={cfg.normalize}: expected NFKC, NFC or null")
     if cfg.min_len < 0 or cfg.max_len < max(cfg.min_len, 1):
         raise MtrainError(f"data.clean: need 0 <= min_len <= max_len (got {cfg.min_len}, {cfg.max_len})")
@@ -51,9 +52,11 @@ def classify_pairs(
     tgt_texts: Sequence[str],
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
-    cfg: Any,
+    cfg: CleanConfig,
 ) -> np.ndarray:
-    """Reason code per pair (KEEP or 1 + index in REASONS), duplicates not yet considered."""
+    """Reason code per pair (KEEP or 1 + index in REASONS), duplicates not yet considered.
+
+    `cfg`: the `data.clean` settings (in an encoding worker, their plain copy: only attributes are read)."""
     codes = np.zeros(len(src_texts), dtype=np.uint8)
 
     def reject(reason: str, condition: np.ndarray) -> None:

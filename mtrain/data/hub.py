@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
+from mtrain.config import DataConfig
 from mtrain.data.text import Pair, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
@@ -31,7 +32,7 @@ PARQUET_EXPORT = "refs/convert/parquet"
 log = logging.getLogger("mtrain")
 
 
-def load_hub_split(dataset_id: str, config: Any, split: str, revision: Optional[str] = None) -> Any:
+def load_hub_split(dataset_id: str, config: Optional[str], split: str, revision: Optional[str] = None) -> Any:
     """The one call into `datasets` (tests replace it to simulate an unreachable Hub)."""
     import datasets
 
@@ -67,7 +68,7 @@ def parquet_export_files(dataset_id: str, config: Optional[str], split: str) -> 
 class HubSource:
     """A corpus read through `datasets.load_dataset(data.hub.id, data.hub.config)`."""
 
-    def __init__(self, cfg: Any, tried: List[str]) -> None:
+    def __init__(self, cfg: DataConfig, tried: List[str]) -> None:
         self.cfg = cfg
         self.hub = cfg.hub
         self.tried = tried  # what resolution tried before the Hub, for error messages

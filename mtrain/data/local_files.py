@@ -19,22 +19,24 @@ import json
 import zlib
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
+from mtrain.config import DataConfig, DataFormat, InvalidUtf8
 from mtrain.data.text import Pair, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
 BOM = b"\xef\xbb\xbf"
 
 
-def file_names(cfg: Any, split: str) -> List[str]:
+def file_names(cfg: DataConfig, split: str) -> List[str]:
     """The file name(s) of one split (our split name: train, valid or test), without `.gz`."""
     split_name = getattr(cfg.splits, split)
     if split_name is None:  # data.splits.test=null: no files to look for
         return []
-    languages = [cfg.src, cfg.tgt] if cfg.format == "text" else [None]
-    if (cfg.format == "text") != ("{lang}" in cfg.pattern):
-        need = "needs" if cfg.format == "text" else "must not contain"
+    per_language = DataFormat(cfg.format).one_file_per_language
+    languages = [cfg.src, cfg.tgt] if per_language else [None]
+    if per_language != ("{lang}" in cfg.pattern):
+        need = "needs" if per_language else "must not contain"
         raise MtrainError(
             f"data.pattern='{cfg.pattern}': data.format={cfg.format} {need} a {{lang}} placeholder "
             f"(e.g. '{{split}}.{{lang}}' for text, '{{split}}.{cfg.format}' for tsv/jsonl)"
@@ -71,7 +73,7 @@ def count_lines(path: Path) -> int:
 class LocalSource:
     """A corpus in `directory`, laid out as `data.format` and `data.pattern` say."""
 
-    def __init__(self, directory: Path, cfg: Any) -> None:
+    def __init__(self, directory: Path, cfg: DataConfig) -> None:
         self.directory = directory
         self.cfg = cfg
         self.description = f"local files in {directory} (format {cfg.format}, pattern '{cfg.pattern}')"
@@ -107,7 +109,7 @@ class LocalSource:
 
     def pairs(self, split: str, stats: ReadStats) -> Iterator[Pair]:
         paths = self.files(split)
-        if self.cfg.format == "text":
+        if DataFormat(self.cfg.format).one_file_per_language:
             return self._text_pairs(paths[0], paths[1], stats)
         return self._record_pairs(paths[0], stats)
 
@@ -122,7 +124,7 @@ class LocalSource:
         try:
             return raw.decode("utf-8").strip()
         except UnicodeDecodeError as error:
-            if self.cfg.invalid_utf8 == "error":
+            if self.cfg.invalid_utf8 == InvalidUtf8.error:
                 raise MtrainError(
                     f"{path}:{line_number}: not valid UTF-8 ({error.reason} at byte {error.start}); "
                     "fix the file, or set data.invalid_utf8=skip to skip such pairs"
@@ -154,7 +156,7 @@ class LocalSource:
             yield src, tgt
 
     def _record_pairs(self, path: Path, stats: ReadStats) -> Iterator[Pair]:
-        parse = self._tsv_pair if self.cfg.format == "tsv" else self._json_pair
+        parse = self._tsv_pair if self.cfg.format == DataFormat.tsv else self._json_pair
         for line_number, raw in enumerate(read_lines(path), start=1):
             line = self._decode(raw, path, line_number, stats)
             if line is None:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mtrain.config import DataConfig, DataFormat, InvalidUtf8
 from mtrain.data.hub import HubSource
 from mtrain.data.local_files import LocalSource, file_names
 from mtrain.data.text import SPLITS, Pair, ParallelSource, ParallelText, ReadStats, clean_text
@@ -22,13 +23,13 @@ from mtrain.errors import MtrainError
 __all__ = ["SPLITS", "Pair", "ParallelSource", "ParallelText", "ReadStats", "clean_text", "check_data_config",
            "resolve_source"]
 
-def check_data_config(cfg: Any) -> None:
+def check_data_config(cfg: DataConfig) -> None:
     """Reject settings that would only fail later, naming the key."""
     if cfg.src == cfg.tgt:
         raise MtrainError(f"data.src and data.tgt are both '{cfg.src}'; choose two languages")
-    if cfg.format not in ("text", "tsv", "jsonl"):
+    if cfg.format not in tuple(DataFormat):
         raise MtrainError(f"data.format={cfg.format}: expected text, tsv or jsonl")
-    if cfg.invalid_utf8 not in ("skip", "error"):
+    if cfg.invalid_utf8 not in tuple(InvalidUtf8):
         raise MtrainError(f"data.invalid_utf8={cfg.invalid_utf8}: expected skip or error")
     if cfg.train_limit is not None and cfg.train_limit <= 0:
         raise MtrainError(f"data.train_limit={cfg.train_limit}: expected a positive number or null")
@@ -53,14 +54,14 @@ class WithoutTestSplit:
         return getattr(self.source, name)
 
 
-def resolve_source(cfg: Any) -> ParallelSource:
-    """Pick the corpus location for `cfg` (a DataConfig) as the module docstring describes;
+def resolve_source(cfg: DataConfig) -> ParallelSource:
+    """Pick the corpus location for `cfg` as the module docstring describes;
     with `data.splits.test=null` its test split is empty."""
     source = _resolve_source(cfg)
     return source if cfg.splits.test is not None else WithoutTestSplit(source)
 
 
-def _resolve_source(cfg: Any) -> ParallelSource:
+def _resolve_source(cfg: DataConfig) -> ParallelSource:
     check_data_config(cfg)
     if cfg.local_dir:
         source = LocalSource(Path(cfg.local_dir).expanduser(), cfg)
@@ -98,10 +99,10 @@ def _resolve_source(cfg: Any) -> ParallelSource:
     )
 
 
-def _split_names(cfg: Any) -> str:
+def _split_names(cfg: DataConfig) -> str:
     return f"train={cfg.splits.train}, valid={cfg.splits.valid}, test={cfg.splits.test}"
 
 
-def _example_files(cfg: Any) -> str:
+def _example_files(cfg: DataConfig) -> str:
     names = [name for split in ("train", "valid") for name in file_names(cfg, split)]
     return ", ".join(f"{name}[.gz]" for name in names) + ", ..."

@@ -13,6 +13,7 @@ source must end with the eos piece `</s>`, as mtrain's sources do).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -21,20 +22,21 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
-from mtrain.config import to_plain
+from mtrain.config import ModelConfig, to_plain
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
+from mtrain.tokenizer import Tokenizer
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 
-def special_pieces(tokenizer) -> dict[str, str]:
-    """The pieces of unk/bos/eos/pad, as the (target) SentencePiece model names them."""
-    ids = {"unk": tokenizer.unk_id, "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "pad": tokenizer.pad_id}
+def special_pieces(tokenizer: Tokenizer) -> dict[str, str]:
+    """The pieces of unk/pad/bos/eos, as the (target) SentencePiece model names them."""
+    ids = dataclasses.asdict(tokenizer.special_ids)
     return {name: tokenizer.tgt_pieces([i])[0] for name, i in ids.items()}
 
 
-def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
+def vocabularies(tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
     """Source and target pieces in id order (one list twice for a joint vocabulary)."""
     src = tokenizer.src_pieces(range(tokenizer.src_vocab_size))
     tgt = src if tokenizer.joint else tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
@@ -44,7 +46,7 @@ def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
-def export_ctranslate2(state: Mapping[str, Any], model_cfg, tokenizer, out_dir: Path,
+def export_ctranslate2(state: Mapping[str, Any], model_cfg: ModelConfig, tokenizer: Tokenizer, out_dir: Path,
                        quantization: Optional[str] = None, metadata: Optional[dict] = None,
                        force: bool = False) -> Path:
     """Convert a model (state_dict + its ModelConfig + tokenizer) into `out_dir`.
@@ -76,8 +78,7 @@ def export_ctranslate2(state: Mapping[str, Any], model_cfg, tokenizer, out_dir: 
             "format": "ctranslate2",
             "quantization": quantization or "float32",
             "max_positions": int(model_cfg.max_positions),
-            "special_ids": {"unk": tokenizer.unk_id, "pad": tokenizer.pad_id,
-                            "bos": tokenizer.bos_id, "eos": tokenizer.eos_id},
+            "special_ids": dataclasses.asdict(tokenizer.special_ids),
             "special_pieces": pieces,
             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             **(metadata or {}),

@@ -30,15 +30,23 @@ model switch must be mapped here before its models export.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from mtrain.config import ModelConfig, resolved_model
+from mtrain.config import (
+    Activation,
+    DecoderOrder,
+    ModelConfig,
+    NormPosition,
+    NormType,
+    Positions,
+    resolved_model,
+    to_plain,
+)
 from mtrain.errors import MtrainError
 from mtrain.model.positions import sinusoidal_table
 
@@ -51,16 +59,16 @@ MAPPED = {
     "tie_embeddings", "vocab_multiple", "output_vocab",
 }
 # torch's defaults, which mtrain's norms use (mtrain.model.layers.make_norm).
-NORM_EPSILON = {"layernorm": 1e-5, "rmsnorm": 1e-6}
+NORM_EPSILON = {NormType.layernorm: 1e-5, NormType.rmsnorm: 1e-6}
 
 
-def check_exportable(cfg) -> None:
+def check_exportable(cfg: ModelConfig) -> None:
     """Raise MtrainError naming the first model setting CTranslate2 cannot represent.
 
-    `cfg`: the run's model config (a DictConfig or a ModelConfig).
+    `cfg`: the run's model config (a ModelConfig, or its OmegaConf node).
     """
     defaults = {field.name: field.default for field in fields(ModelConfig)}
-    settings = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else asdict(cfg)
+    settings = to_plain(cfg)
     for name, value in settings.items():
         if name in MAPPED or name in INFERENCE_IRRELEVANT:
             continue
@@ -69,7 +77,7 @@ def check_exportable(cfg) -> None:
                 f"model.{name}={value!r}: the CTranslate2 converter does not know this setting; "
                 "only models that leave it at its default can be exported"
             )
-    if cfg.decoder_order != "self_cross_ffn":
+    if cfg.decoder_order != DecoderOrder.self_cross_ffn:
         raise MtrainError(
             f"model.decoder_order={cfg.decoder_order}: CTranslate2's decoder layer runs self-attention, "
             "cross-attention, feed-forward in that order; only models trained with "
@@ -77,7 +85,7 @@ def check_exportable(cfg) -> None:
         )
 
 
-def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], tgt_vocabulary: Sequence[str],
+def build_spec(state: Mapping[str, Tensor], cfg: ModelConfig, src_vocabulary: Sequence[str], tgt_vocabulary: Sequence[str],
                special_pieces: Mapping[str, str]):
     """A validated `ctranslate2.specs.TransformerSpec` holding the weights of `state`.
 
@@ -90,15 +98,16 @@ def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], 
     state = {name: tensor.detach().float().cpu() for name, tensor in state.items()}
     cfg = resolved_model(cfg)
     encoder_layers, decoder_layers, final_norm = cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm
-    pre_norm = cfg.norm_position == "pre"
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swiglu": common_spec.Activation.SWISH}[cfg.activation]
+    pre_norm = cfg.norm_position == NormPosition.pre
+    gated = Activation(cfg.activation).gated
+    activation = {Activation.relu: common_spec.Activation.RELU, Activation.gelu: common_spec.Activation.GELU,
+                  Activation.swiglu: common_spec.Activation.SWISH}[cfg.activation]
     common = dict(
         # The spec creates the final norm only for pre-norm; post-norm is switched on below.
         pre_norm=True, no_final_norm=not final_norm, activation=activation,
-        ffn_glu=cfg.activation == "swiglu", rms_norm=cfg.norm_type == "rmsnorm",
+        ffn_glu=gated, rms_norm=cfg.norm_type == NormType.rmsnorm,
     )
-    if cfg.positions == "rope":
+    if cfg.positions == Positions.rope:
         common.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000.0)
     encoder = transformer_spec.TransformerEncoderSpec(encoder_layers, cfg.heads, **common)
     decoder = transformer_spec.TransformerDecoderSpec(
@@ -109,7 +118,7 @@ def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], 
     embedding_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     _set_embeddings(encoder, state["src_embed.tokens.weight"][: len(src_vocabulary)], embedding_scale)
     _set_embeddings(decoder, state["tgt_embed.tokens.weight"][: len(tgt_vocabulary)], embedding_scale)
-    if cfg.positions != "rope":
+    if cfg.positions != Positions.rope:
         encoder.position_encodings.encodings = _position_table(state, "src_embed", cfg)
         decoder.position_encodings.encodings = _position_table(state, "tgt_embed", cfg)
     decoder.projection.weight = _numpy(state["output_proj.weight"][: len(tgt_vocabulary)])
@@ -123,12 +132,12 @@ def build_spec(state: Mapping[str, Tensor], cfg, src_vocabulary: Sequence[str], 
     for index, layer in enumerate(encoder.layer):
         prefix = f"encoder.{index}"
         _set_self_attention(layer.self_attention, state, prefix)
-        _set_ffn(layer.ffn, state, prefix, cfg.activation == "swiglu")
+        _set_ffn(layer.ffn, state, prefix, gated)
     for index, layer in enumerate(decoder.layer):
         prefix = f"decoder.{index}"
         _set_self_attention(layer.self_attention, state, prefix)
         _set_cross_attention(layer.attention, state, prefix, cfg.d_model)
-        _set_ffn(layer.ffn, state, prefix, cfg.activation == "swiglu")
+        _set_ffn(layer.ffn, state, prefix, gated)
 
     spec = transformer_spec.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = NORM_EPSILON[cfg.norm_type]
@@ -152,11 +161,11 @@ def _set_embeddings(stack, weight: Tensor, scale: float) -> None:
     stack.scale_embeddings = np.float32(scale)
 
 
-def _position_table(state: Mapping[str, Tensor], embed: str, cfg) -> np.ndarray:
+def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -> np.ndarray:
     """(max_positions, d_model): what mtrain adds at positions 0, 1, ... (the first token is 0)."""
-    if cfg.positions == "learned":
+    if cfg.positions == Positions.learned:
         return _numpy(state[f"{embed}.positions.weight"])
-    if cfg.positions == "sinusoidal":
+    if cfg.positions == Positions.sinusoidal:
         return _numpy(sinusoidal_table(cfg.max_positions, cfg.d_model))
     return np.zeros((cfg.max_positions, cfg.d_model), dtype=np.float32)  # positions=none
 

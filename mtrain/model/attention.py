@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtrain.config import AttentionImpl
 from mtrain.model.dropout import dropout
 from mtrain.model.positions import RotaryPositions
 from mtrain.model.precision import to_compute_dtype
@@ -115,7 +116,7 @@ class DotProductAttention(nn.Module):
     forward hook sees (`mtrain.model.instruments` reads q, k, bias and causal).
     """
 
-    def __init__(self, attention_dropout: float, impl: str):
+    def __init__(self, attention_dropout: float, impl: AttentionImpl):
         super().__init__()
         self.attention_dropout = attention_dropout
         self.impl = impl
@@ -129,7 +130,8 @@ class DotProductAttention(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention; with rope, queries and keys are rotated by position."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: str, rotary: RotaryPositions | None):
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: AttentionImpl,
+                 rotary: RotaryPositions | None):
         super().__init__()
         self.heads = heads
         self.rotary = rotary
@@ -166,7 +168,7 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Multi-head attention from decoder queries to the encoder output (`memory`)."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: str,
+    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: AttentionImpl,
                  q_proj: bool = True, k_proj: bool = True, v_proj: bool = True):
         super().__init__()
         self.heads = heads
@@ -206,7 +208,7 @@ class CrossAttention(nn.Module):
         return output, (weights.mean(dim=1).view(rows, tgt_len, -1) if need_weights else None)
 
 
-def _use_sdpa(impl: str, x: Tensor) -> bool:
+def _use_sdpa(impl: AttentionImpl, x: Tensor) -> bool:
     """`auto` means sdpa on CUDA (fused flash/memory-efficient kernels) and math on CPU.
 
     Measured with scripts/bench_attention.py on the benchmark CPU (AMD EPYC, AVX512-BF16,
@@ -220,4 +222,4 @@ def _use_sdpa(impl: str, x: Tensor) -> bool:
     44 ms, math 7 ms; fp32 both 10 ms. CPU flash attention's blocking does not pay for
     18-token sequences, and its bf16 path is slow.
     """
-    return impl == "sdpa" or (impl == "auto" and x.device.type != "cpu")
+    return impl == AttentionImpl.sdpa or (impl == AttentionImpl.auto and x.device.type != "cpu")

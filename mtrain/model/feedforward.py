@@ -13,6 +13,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtrain.config import Activation
 from mtrain.model.dropout import dropout
 from mtrain.model.precision import to_compute_dtype
 
@@ -22,12 +23,13 @@ def swiglu_hidden_size(ffn_dim: int) -> int:
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float):
+    def __init__(self, d_model: int, ffn_dim: int, activation: Activation, activation_dropout: float):
         super().__init__()
-        self.activation = activation
+        self.activation = Activation(activation)  # (a config dataclass built by hand may hold the plain string)
         self.activation_dropout = activation_dropout
-        hidden = swiglu_hidden_size(ffn_dim) if activation == "swiglu" else ffn_dim
-        self.gate = nn.Linear(d_model, hidden) if activation == "swiglu" else None
+        gated = self.activation.gated
+        hidden = swiglu_hidden_size(ffn_dim) if gated else ffn_dim
+        self.gate = nn.Linear(d_model, hidden) if gated else None
         self.up = nn.Linear(d_model, hidden)
         self.down = nn.Linear(hidden, d_model)
 
@@ -36,7 +38,7 @@ class FeedForward(nn.Module):
         x = to_compute_dtype(x)
         if self.gate is not None:
             hidden = F.silu(self.gate(x)) * self.up(x)
-        elif self.activation == "gelu":
+        elif self.activation == Activation.gelu:
             hidden = F.gelu(self.up(x))
         else:
             hidden = F.relu(self.up(x))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from mtrain.config import ModelConfig
+from mtrain.config import ModelConfig, NormType
 from mtrain.model.attention import CrossAttention, SelfAttention
 from mtrain.model.dropout import dropout_add
 from mtrain.model.feedforward import FeedForward
@@ -21,8 +21,8 @@ from mtrain.model.positions import RotaryPositions
 from mtrain.model.state import LayerCache
 
 
-def make_norm(norm_type: str, d_model: int) -> nn.Module:
-    if norm_type == "rmsnorm":
+def make_norm(norm_type: NormType, d_model: int) -> nn.Module:
+    if norm_type == NormType.rmsnorm:
         return nn.RMSNorm(d_model, eps=1e-6)
     return nn.LayerNorm(d_model)
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtrain.config import ModelConfig
+from mtrain.config import ModelConfig, OutputVocab, Positions
 from mtrain.errors import MtrainError
 from mtrain.model.attention import padding_bias
 from mtrain.model.embeddings import Embedding, padded_rows
@@ -41,9 +41,9 @@ from mtrain.model.variants import decoder_layer, encoder_layer
 
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
-    if cfg.positions == "sinusoidal":
+    if cfg.positions == Positions.sinusoidal:
         return SinusoidalPositions(cfg.d_model, cfg.max_positions)
-    if cfg.positions == "learned":
+    if cfg.positions == Positions.learned:
         return LearnedPositions(cfg.d_model, cfg.max_positions)
     return None  # rope acts inside attention; none adds nothing
 
@@ -58,7 +58,7 @@ class Seq2SeqTransformer(nn.Module):
         self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
         self.detach_memory = cfg.detach_memory
 
-        rotary = RotaryPositions(d_model // cfg.heads, cfg.max_positions) if cfg.positions == "rope" else None
+        rotary = RotaryPositions(d_model // cfg.heads, cfg.max_positions) if cfg.positions == Positions.rope else None
         src_rows = padded_rows(src_vocab_size, cfg.vocab_multiple)
         tgt_rows = padded_rows(tgt_vocab_size, cfg.vocab_multiple)
         self.src_embed = Embedding(src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
@@ -81,7 +81,7 @@ class Seq2SeqTransformer(nn.Module):
         # and rebuilt after every load, so it is not saved: it can never go stale.
         self.output_ids: Tensor | None
         self.register_buffer("output_ids", None, persistent=False)
-        if cfg.output_vocab == "target":
+        if cfg.output_vocab == OutputVocab.target:
             # 1 where a piece may be output; every real piece until `restrict_output` says
             # otherwise (a checkpoint's copy replaces it when loaded).
             self.register_buffer("output_allowed", torch.ones(tgt_vocab_size, dtype=torch.uint8))

@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from mtrain.config import ModelConfig
+from mtrain.config import DecoderOrder, ModelConfig, NormPosition, ResidualInput
 from mtrain.model.dropout import dropout_add
 from mtrain.model.layers import DecoderLayer, EncoderLayer
 from mtrain.model.positions import RotaryPositions
@@ -45,9 +45,9 @@ def normalized_residual(x: Tensor, sublayer: Sublayer, norm: nn.Module, p: float
 
 
 def residual_for(cfg: ModelConfig) -> Residual:
-    if cfg.norm_position == "post":
+    if cfg.norm_position == NormPosition.post:
         return post_norm
-    if cfg.residual_input == "normalized":
+    if cfg.residual_input == ResidualInput.normalized:
         return normalized_residual
     return pre_norm
 
@@ -72,7 +72,7 @@ class VariantDecoderLayer(DecoderLayer):
     def __init__(self, cfg: ModelConfig, rotary: RotaryPositions | None):
         super().__init__(cfg, rotary)
         self.residual = residual_for(cfg)
-        self.order = cfg.decoder_order.split("_")  # e.g. ["cross", "self", "ffn"]
+        self.order = DecoderOrder(cfg.decoder_order).sublayers  # e.g. ("cross", "self", "ffn")
 
     def forward(self, x: Tensor, cross_keys: Tensor, cross_values: Tensor, src_bias: Tensor,
                 cache: LayerCache | None = None, offset: int = 0,
@@ -96,7 +96,7 @@ class VariantDecoderLayer(DecoderLayer):
 
 
 def _standard_residual(cfg: ModelConfig) -> bool:
-    return cfg.norm_position == "pre" and cfg.residual_input == "raw"
+    return cfg.norm_position == NormPosition.pre and cfg.residual_input == ResidualInput.raw
 
 
 def encoder_layer(cfg: ModelConfig, rotary: RotaryPositions | None) -> EncoderLayer:
@@ -108,6 +108,6 @@ def encoder_layer(cfg: ModelConfig, rotary: RotaryPositions | None) -> EncoderLa
 
 def decoder_layer(cfg: ModelConfig, rotary: RotaryPositions | None) -> DecoderLayer:
     """The standard Pre-LN decoder layer, or the variant `cfg` asks for."""
-    if _standard_residual(cfg) and cfg.decoder_order == "self_cross_ffn":
+    if _standard_residual(cfg) and cfg.decoder_order == DecoderOrder.self_cross_ffn:
         return DecoderLayer(cfg, rotary)
     return VariantDecoderLayer(cfg, rotary)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Optional
 
 import sentencepiece as spm
 
+from mtrain.config import DataConfig, TokenizerConfig, TokenizerModel
 from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import normalizer
 from mtrain.data.sources import ParallelSource, ReadStats, resolve_source
@@ -30,8 +31,8 @@ CACHE_FORMAT = 1  # bump when the way models are trained changes
 SAMPLING_SEED = 1  # SentencePiece's sentence sampling, fixed so retraining is reproducible
 
 
-def check_tokenizer_config(cfg: Any) -> None:
-    if cfg.model_type not in ("unigram", "bpe"):
+def check_tokenizer_config(cfg: TokenizerConfig) -> None:
+    if cfg.model_type not in tuple(TokenizerModel):
         raise MtrainError(f"tokenizer.model_type={cfg.model_type}: expected unigram or bpe")
     special = {"unk_id": cfg.unk_id, "pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
     if len(set(special.values())) != 4 or min(special.values()) < 0:
@@ -45,12 +46,12 @@ def check_tokenizer_config(cfg: Any) -> None:
 
 
 def train_or_load_tokenizer(
-    cfg: Any,
-    data: Any,
+    cfg: TokenizerConfig,
+    data: DataConfig,
     source: Optional[ParallelSource] = None,
     log: Callable[[str], Any] = print,
 ) -> Tokenizer:
-    """The tokenizer for `data` (DataConfig) and `cfg` (TokenizerConfig), from cache if possible."""
+    """The tokenizer for `data` and `cfg`, from cache if possible."""
     check_tokenizer_config(cfg)
     source = source or resolve_source(data)
     languages = sorted([data.src, data.tgt]) if cfg.joint else [data.src, data.tgt]
@@ -77,7 +78,7 @@ def train_or_load_tokenizer(
     return Tokenizer.load(entry)
 
 
-def _write_training_text(staging: Path, source: ParallelSource, data: Any, swap: bool, joint: bool) -> Dict[str, Path]:
+def _write_training_text(staging: Path, source: ParallelSource, data: DataConfig, swap: bool, joint: bool) -> Dict[str, Path]:
     """Stream the training sentences into text file(s); returns {model file name: text file}."""
     normalize = normalizer(data.clean.normalize)
     stats = ReadStats()
@@ -105,7 +106,7 @@ def _write_training_text(staging: Path, source: ParallelSource, data: Any, swap:
     return texts
 
 
-def _train_model(cfg: Any, text_file: Path, model_file: Path) -> None:
+def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path) -> None:
     spm.set_random_generator_seed(SAMPLING_SEED)
     try:
         spm.SentencePieceTrainer.train(
