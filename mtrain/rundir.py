@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import IO, Callable, List, Tuple, Union
 
@@ -38,7 +39,7 @@ def atomic_write(path: Union[str, Path], write: Callable[[IO[bytes]], None]) -> 
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    fd, tmp_name = _create_temporary_file(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
@@ -52,6 +53,28 @@ def atomic_write(path: Union[str, Path], write: Callable[[IO[bytes]], None]) -> 
         except FileNotFoundError:
             pass
         raise
+
+
+def _create_temporary_file(path: Path) -> Tuple[int, str]:
+    """A new, uniquely named file beside `path`, open for writing, with the mode a plain write
+    would leave: that of `path` when it exists, else 0666 less the umask (the kernel applies
+    it). `tempfile.mkstemp` makes 0600 files, and the mode survives the rename: every run file
+    would come out private under umask 022."""
+    while True:
+        tmp_name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        try:
+            fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            continue
+        try:
+            os.chmod(tmp_name, stat.S_IMODE(os.stat(path).st_mode))
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp_name)
+            raise
+        return fd, tmp_name
 
 
 def atomic_write_text(path: Union[str, Path], text: str) -> None:

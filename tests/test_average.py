@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -113,3 +114,60 @@ def test_average_app(run_dir, monkeypatch, capsys):
         cli.main()
     assert exit_info.value.code == 2
     assert "9 checkpoints asked for" in capsys.readouterr().err
+
+
+def state_of_run(update: int, seed: int = 1, corpus: str = "corpus-a", tokenizer: str = "spm-a") -> dict:
+    """A checkpoint as `mtrain fit` writes it: its config and the data it was trained on."""
+    state = fake_state(update, 1.0)
+    state["config"] = {"seed": seed, "model": {"d_model": 4}}
+    state["data_fingerprints"] = {"corpus": corpus, "tokenizer": tokenizer}
+    return state
+
+
+def write_checkpoints(tmp_path, **states) -> list:
+    paths = []
+    for name, state in states.items():
+        paths.append(tmp_path / name / "checkpoints" / f"update_{state['update']}.pt")
+        save_checkpoint(paths[-1], state)
+    return paths
+
+
+def test_checkpoints_of_one_run_average_without_a_warning(tmp_path, caplog):
+    paths = write_checkpoints(tmp_path, run=state_of_run(100))
+    save_checkpoint(paths[0].with_name("update_200.pt"), state_of_run(200))
+    with caplog.at_level(logging.WARNING, logger="mtrain"):
+        average_checkpoints([paths[0], paths[0].with_name("update_200.pt")])
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("other, why", [
+    (dict(seed=2), "seed 1 vs 2"),
+    (dict(corpus="corpus-b"), "training data"),
+])
+def test_checkpoints_of_different_runs_average_with_a_warning_naming_them(tmp_path, caplog, other, why):
+    paths = write_checkpoints(tmp_path, first_run=state_of_run(100), second_run=state_of_run(200, **other))
+    with caplog.at_level(logging.WARNING, logger="mtrain"):
+        averaged = average_checkpoints(paths)
+    assert torch.equal(averaged["model"]["decoder.bias"], torch.full((3,), 1.0))  # still averaged
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert "different runs" in warning and why in warning
+    assert str(tmp_path / "first_run") in warning and str(tmp_path / "second_run") in warning
+
+
+def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, monkeypatch, capsys):
+    from mtrain.cli import main as cli
+
+    paths = write_checkpoints(tmp_path, first_run=state_of_run(100), second_run=state_of_run(200, tokenizer="spm-b"))
+    with pytest.raises(MtrainError, match=r"second_run.*update_200\.pt: its tokenizer differs from "
+                                          r".*first_run.*update_100\.pt's"):
+        average_checkpoints(paths)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mtrain", "average", f"checkpoints=[{paths[0]},{paths[1]}]",
+                                      f"out={tmp_path / 'avg.pt'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("mtrain: error:") and "tokenizer differs" in line
+    assert not (tmp_path / "avg.pt").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtrain.errors import MtrainError
-from mtrain.evaluate.compare import compare_runs, paired_bootstrap
+from mtrain.evaluate.compare import compare_runs, comparison_notes, paired_bootstrap
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.runs import describe, differing_overrides, discover_runs
 
@@ -225,3 +225,30 @@ def test_references_come_from_the_runs_own_copy_when_the_corpus_is_gone(tmp_path
     (run_dir / "data" / "test.ref").write_text("a dog\ntwo\n", encoding="utf-8")
     references, why = split_references([load_run_summary(run_dir)], "test")
     assert why is None and references == [["a dog", "two"]]
+
+
+def test_byte_identical_outputs_are_called_identical_not_given_a_p_value(sweep, tmp_path, monkeypatch, capsys):
+    """sacreBLEU gives two identical systems p = 0.0010 (its smallest p, as for a real
+    difference); the comparison says that they are the same instead."""
+    from mtrain.cli import main as cli
+
+    (sweep / "1" / "eval" / "test.hyp").write_bytes((sweep / "0" / "eval" / "test.hyp").read_bytes())
+    refs = [read_lines(tmp_path / "test.en")]
+    comparison = compare_runs(discover_runs(str(sweep)), refs, metrics=["bleu", "chrf"], num_samples=50)
+    for metric in ("bleu", "chrf"):
+        result = comparison.paired["1"][metric]
+        assert result.identical_to_baseline and result.p_value is None
+        assert result.score == comparison.paired["0"][metric].score
+        assert not comparison.paired["0"][metric].identical_to_baseline
+    table = comparison.table()
+    assert table.rows[1][0] == "1" and table.rows[1][10] == table.rows[1][12] == "identical to the baseline"
+    assert "identical to the baseline" in table.to_markdown()
+    assert any("run 1: its test hypotheses are identical to the baseline 0's" in note
+               for note in comparison_notes(comparison))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={sweep / '0'},{sweep / '1'}",
+                                      f"ref={tmp_path / 'test.en'}", "bootstrap_samples=50", "metrics=[bleu]"])
+    cli.main()
+    printed = capsys.readouterr().out
+    assert "identical to the baseline" in printed and "0.0010" not in printed

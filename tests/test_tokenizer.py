@@ -165,3 +165,19 @@ def test_sentencepiece_failures_get_the_hint_of_their_cause():
     assert "raise tokenizer.vocab_size" in sentencepiece_hint(too_small)
     no_lines = "INTERNAL: src/trainer_interface.cc(467) [!sentences_.empty()]"
     assert "CR-only line ends" in sentencepiece_hint(no_lines) and "vocab_size" not in sentencepiece_hint(no_lines)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_the_model_file_does_not_depend_on_where_it_was_trained(multi30k_slice, tmp_path, joint):
+    """Two builds of one tokenizer in other cache directories write byte-identical files, so
+    its fingerprint (and every encoded-corpus cache key made from it) is the same on every machine."""
+    built = []
+    for cache in ("first_machine", "second/machine"):
+        data = DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / cache))
+        built.append(train_or_load_tokenizer(TokenizerConfig(**SMALL, joint=joint), data, log=quiet))
+    first, second = built
+    assert first.files != second.files  # two real builds, not a cache hit
+    for name in first.files:
+        assert first.files[name].read_bytes() == second.files[name].read_bytes(), name
+        assert str(tmp_path) not in first.files[name].read_bytes().decode("latin-1"), name
+    assert first.fingerprint == second.fingerprint

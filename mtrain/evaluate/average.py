@@ -5,10 +5,17 @@ summed over the checkpoints and divided by their number (integer buffers are flo
 and the result is written as a new checkpoint. Averaging the last few checkpoints of a run
 usually gains a little BLEU for free. Floating-point entries are accumulated in float64 and
 stored back in their own dtype, so a bf16/fp16 model averages as precisely as it can.
+
+Only checkpoints of one run make a useful average, and same-shaped checkpoints of other runs
+would average silently. So each checkpoint's record of its run is compared with the first's:
+another tokenizer (its fingerprint in `data_fingerprints`) is refused, since the same token id
+names other pieces in the two; another seed, training corpus or model config is a warning that
+names both runs. Training settings (`train.*`) are not compared: a resumed run may change them.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Union
 
@@ -20,6 +27,8 @@ from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
 
 # Training state that belongs to one point of the optimisation, not to an average of them.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")
+
+log = logging.getLogger("mtrain")
 
 
 def last_checkpoints(run_dir: Union[str, Path], count: int) -> List[Path]:
@@ -57,17 +66,20 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
     dtypes: Dict[str, torch.dtype] = {}
     first_keys: List[str] = []
     state: Dict[str, Any] = {}
+    first_state: Dict[str, Any] = {}
     for index, path in enumerate(paths):
         state = load_checkpoint(path, map_location="cpu", mmap=True)  # optimiser states never read
         model = state["model"]
         if index == 0:
-            first_keys = list(model)
+            first_keys, first_state = list(model), state
         elif set(model) != set(first_keys):
             difference = sorted(set(model) ^ set(first_keys))
             raise MtrainError(
                 f"{path}: its parameters differ from {paths[0]}'s ({', '.join(difference[:5])}"
                 f"{' ...' if len(difference) > 5 else ''}); only checkpoints of one model can be averaged"
             )
+        if index > 0:
+            _check_same_run(first_state, paths[0], state, path)
         for key, tensor in model.items():
             if index > 0 and tensor.shape != sums[key].shape:
                 raise MtrainError(
@@ -88,6 +100,45 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
     result["model"] = averaged
     result["averaged_from"] = [str(path) for path in paths]
     return result
+
+
+def _check_same_run(first: Dict[str, Any], first_path: Path, other: Dict[str, Any], other_path: Path) -> None:
+    """Refuse `other` if its tokenizer is not `first`'s; warn if it comes from another run.
+    Checkpoints written before mtrain stored these records are not compared."""
+    first_data, other_data = first.get("data_fingerprints") or {}, other.get("data_fingerprints") or {}
+    first_tokenizer, other_tokenizer = first_data.get("tokenizer"), other_data.get("tokenizer")
+    if first_tokenizer and other_tokenizer and first_tokenizer != other_tokenizer:
+        raise MtrainError(
+            f"{other_path}: its tokenizer differs from {first_path}'s (fingerprint {other_tokenizer[:12]} vs "
+            f"{first_tokenizer[:12]}): the same token ids mean other pieces, so the average is meaningless; "
+            "average checkpoints of one run"
+        )
+    first_config, other_config = first.get("config") or {}, other.get("config") or {}
+    differences = []
+    if first_config.get("seed") != other_config.get("seed"):
+        differences.append(f"seed {first_config.get('seed')} vs {other_config.get('seed')}")
+    if first_data.get("corpus") != other_data.get("corpus"):
+        differences.append(f"training data (corpus fingerprint {str(first_data.get('corpus'))[:12]} vs "
+                           f"{str(other_data.get('corpus'))[:12]})")
+    first_model, other_model = first_config.get("model") or {}, other_config.get("model") or {}
+    changed = sorted(key for key in set(first_model) | set(other_model) if first_model.get(key) != other_model.get(key))
+    if changed:
+        differences.append("model config (" + ", ".join(
+            f"model.{key}={first_model.get(key)!r} vs {other_model.get(key)!r}" for key in changed[:3])
+            + (" ..." if len(changed) > 3 else "") + ")")
+    if differences:
+        log.warning(
+            "average: %s and %s come from different runs (%s); an average of separately trained models is "
+            "rarely a working model: average the checkpoints of one run",
+            _run_of(first_path), _run_of(other_path), "; ".join(differences),
+        )
+
+
+def _run_of(path: Path) -> str:
+    """How a checkpoint's run is named: its run directory when it lies in `<run>/checkpoints/`."""
+    if path.parent.name == "checkpoints":
+        return f"{path.name} of run {path.parent.parent}"
+    return str(path)
 
 
 def average_to_file(paths: Sequence[Union[str, Path]], out: Union[str, Path]) -> Path:

@@ -4,6 +4,10 @@ bootstrap resampling of every run against a baseline on the saved test hypothese
 The bootstrap is sacreBLEU's own `PairedTest` (what `sacrebleu REF -i BASE SYS --paired-bs`
 runs), so its means, 95% confidence intervals and p-values match the command line's for the
 same files, seed (`$SACREBLEU_SEED`, default 12345) and number of resamples.
+
+A run whose hypotheses are the baseline's, line for line, gets no p-value: sacreBLEU reports
+its smallest p (0.001 for 1000 resamples) for two identical systems, which reads as a
+significant difference. The table says "identical to the baseline" instead.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class PairedResult:
     score: float
     mean: float
     ci: float  # half-width of the 95% confidence interval around `mean`
-    p_value: Optional[float] = None  # None for the baseline itself
+    p_value: Optional[float] = None  # None for the baseline itself and for a copy of its output
+    identical_to_baseline: bool = False  # the system's hypotheses are the baseline's, line for line
 
 
 @dataclass
@@ -86,11 +91,14 @@ def paired_bootstrap(
     # `scores` is keyed by the metrics' display names (BLEU, chrF2++, TER) in our order.
     display_names = [key for key in scores if key != "System"]
     results: Dict[str, Dict[str, PairedResult]] = {system: {} for system, _ in named_hyps}
+    baseline_hyps = list(named_hyps[0][1])
     for name, display in zip(names, display_names):
-        for (system, _), result in zip(named_hyps, scores[display]):
+        for index, ((system, hyps), result) in enumerate(zip(named_hyps, scores[display])):
+            identical = index > 0 and list(hyps) == baseline_hyps
             results[system][name] = PairedResult(
                 float(result.score), float(result.mean), float(result.ci),
-                None if result.p_value is None else float(result.p_value),
+                None if result.p_value is None or identical else float(result.p_value),
+                identical_to_baseline=identical,
             )
     return results, {name: signatures[display].format() for name, display in zip(names, display_names)}
 
@@ -214,8 +222,9 @@ def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
             if result is None:
                 cells += ["-", "-"]
             else:
-                cells += [f"{result.mean:.2f} ± {result.ci:.2f}",
-                          "-" if result.p_value is None else f"{result.p_value:.4f}"]
+                p_cell = ("identical to the baseline" if result.identical_to_baseline
+                          else "-" if result.p_value is None else f"{result.p_value:.4f}")
+                cells += [f"{result.mean:.2f} ± {result.ci:.2f}", p_cell]
         table.add(*cells)
     return table
 
@@ -234,6 +243,10 @@ def comparison_notes(comparison: Comparison) -> List[str]:
             "p is the probability of a score difference this large arising by chance."
         )
         notes += [f"{_DISPLAY.get(metric, metric)} signature: {sig}" for metric, sig in comparison.signatures.items()]
+        for name, results in comparison.paired.items():
+            if any(result.identical_to_baseline for result in results.values()):
+                notes.append(f"run {name}: its {comparison.split} hypotheses are identical to the baseline "
+                             f"{comparison.baseline}'s, so there is no difference to test (no p-value)")
     elif comparison.bootstrap_note:
         notes.append(comparison.bootstrap_note)
     for name, why in comparison.skipped.items():

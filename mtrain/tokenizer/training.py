@@ -8,6 +8,11 @@ a new one. A joint vocabulary does not depend on the direction: de->en and en->d
 The training text is streamed to a file in the cache's staging directory; SentencePiece
 samples at most `tokenizer.max_sentences` lines of it (reservoir sampling, fixed seed), so
 memory stays bounded for WMT-size corpora.
+
+A trained model file names no path: SentencePiece records where its training text and
+output were (`trainer_spec.input`, `model_prefix`), the staging directory of one build, and
+those are rewritten to bare file names. So the same tokenizer built on two machines, or in
+two caches, is the same bytes, and the fingerprint that keys encoded corpora is the same.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from mtrain.config import DataConfig, TokenizerConfig, TokenizerModel
 from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
@@ -69,6 +75,7 @@ def train_or_load_tokenizer(
         texts = _write_training_text(staging, source, data, swap=languages[0] != data.src, joint=cfg.joint)
         for model_name, text_file in texts.items():
             _train_model(cfg, text_file, staging / model_name)
+            _forget_training_paths(staging / model_name, text_file)
             text_file.unlink()
     kind = "joint" if cfg.joint else "separate"
     log(
@@ -130,6 +137,17 @@ def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path) -> Non
             f"tokenizer (vocab_size={cfg.vocab_size}, model_type={cfg.model_type}): SentencePiece "
             f"training failed ({message}); {sentencepiece_hint(message)}"
         ) from error
+
+
+def _forget_training_paths(model_file: Path, text_file: Path) -> None:
+    """Rewrite the paths SentencePiece stored in `model_file` as bare file names (see the
+    module docstring); nothing that encoding or decoding reads is changed."""
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_file.read_bytes())
+    del model.trainer_spec.input[:]
+    model.trainer_spec.input.append(text_file.name)
+    model.trainer_spec.model_prefix = model_file.stem
+    model_file.write_bytes(model.SerializeToString(deterministic=True))
 
 
 def sentencepiece_hint(message: str) -> str:
