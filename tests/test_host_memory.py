@@ -114,7 +114,7 @@ def _present_fraction(tensor: torch.Tensor) -> float:
     return sum(entry >> 63 for entry in entries) / len(entries)
 
 
-@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="page residency is read from /proc/self/pagemap")
+@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="residency is read from /proc/self/pagemap")
 def test_read_only_checkpoint_loads_leave_the_optimiser_state_on_disk(tmp_path):
     from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
 
@@ -124,10 +124,12 @@ def test_read_only_checkpoint_loads_leave_the_optimiser_state_on_disk(tmp_path):
     save_checkpoint(path, {"model": {"weight": weight}, "optimizer": {"exp_avg": moments}})
     del moments
     mapped = load_checkpoint(path, mmap=True)
-    assert torch.equal(mapped["model"]["weight"], weight)  # read, so in memory: the measure sees file pages
-    mapped_fractions = _present_fraction(mapped["model"]["weight"]), _present_fraction(mapped["optimizer"]["exp_avg"])
+    assert torch.equal(mapped["model"]["weight"], weight)  # read: in memory, so the measure sees file pages
+    present = {"mapped weight": _present_fraction(mapped["model"]["weight"]),
+               "mapped moments": _present_fraction(mapped["optimizer"]["exp_avg"])}
     read = load_checkpoint(path)
-    read_fraction = _present_fraction(read["optimizer"]["exp_avg"])
+    present["read moments"] = _present_fraction(read["optimizer"]["exp_avg"])
     assert read["optimizer"]["exp_avg"].sum() == 4 << 20
-    assert mapped_fractions[0] == 1.0 and mapped_fractions[1] < 0.1 and read_fraction > 0.9, (mapped_fractions,
-                                                                                               read_fraction)
+    # Measured: 1.0, 0.004 (the kernel maps a few neighbouring pages with the weight's), 1.0.
+    assert present["mapped weight"] == 1.0 and present["mapped moments"] < 0.1, present
+    assert present["read moments"] > 0.9, present
