@@ -103,22 +103,35 @@ def test_bf16_products_keep_a_bounded_cache_of_shapes():
     assert bounded < torch_default - 60, (bounded, torch_default)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resident memory is read from /proc")
+def _present_fraction(tensor: torch.Tensor) -> float:
+    """The share of the memory pages under `tensor`'s storage that this process has in memory
+    (bit 63 of /proc/self/pagemap: present in its page tables, file-backed or not). Unlike a
+    difference of VmRSS, it does not depend on what the allocator kept from earlier tests."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = tensor.untyped_storage().data_ptr() // page
+    last = (tensor.untyped_storage().data_ptr() + tensor.untyped_storage().nbytes() - 1) // page
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = memoryview(pagemap.read((last - first + 1) * 8)).cast("Q")
+    return sum(entry >> 63 for entry in entries) / len(entries)
+
+
+@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="residency is read from /proc/self/pagemap")
 def test_read_only_checkpoint_loads_leave_the_optimiser_state_on_disk(tmp_path):
     from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
 
     path = tmp_path / "update_1.pt"
     weight = torch.arange(1000, dtype=torch.float32)
-    moments = torch.ones(32 << 20)  # 128 MiB of "optimiser state", never read by a decode
+    moments = torch.ones(4 << 20)  # 16 MiB of "optimiser state", never read by a decode
     save_checkpoint(path, {"model": {"weight": weight}, "optimizer": {"exp_avg": moments}})
     del moments
-    before = _resident_kib()
-    state = load_checkpoint(path, mmap=True)
-    mapped = _resident_kib() - before
-    assert torch.equal(state["model"]["weight"], weight)
-    del state
-    before = _resident_kib()
-    state = load_checkpoint(path)
-    read = _resident_kib() - before
-    assert state["optimizer"]["exp_avg"].sum() == 32 << 20
-    assert mapped < 16 << 10 and read > 96 << 10, (mapped, read)
+    mapped = load_checkpoint(path, mmap=True)
+    assert torch.equal(mapped["model"]["weight"], weight)  # read: in memory, so the measure sees file pages
+    present = {"mapped weight": _present_fraction(mapped["model"]["weight"]),
+               "mapped moments": _present_fraction(mapped["optimizer"]["exp_avg"])}
+    read = load_checkpoint(path)
+    present["read moments"] = _present_fraction(read["optimizer"]["exp_avg"])
+    assert read["optimizer"]["exp_avg"].sum() == 4 << 20
+    # Measured: 1.0, 0.004 (the kernel maps a few neighbouring pages with the weight's), 1.0.
+    assert present["mapped weight"] == 1.0 and present["mapped moments"] < 0.1, present
+    assert present["read moments"] > 0.9, present
