@@ -67,9 +67,8 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
         if key not in known:
             raise MtrainError(f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
                               + did_you_mean(str(key), known, prefix))
-        child = cfg._get_node(key)
-        if isinstance(child, DictConfig):
-            check_known_keys(child, f"{prefix}{key}.")
+        if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
+            check_known_keys(cfg[key], f"{prefix}{key}.")
 
 
 def did_you_mean(word: str, candidates: List[str], prefix: str = "") -> str:

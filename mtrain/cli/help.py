@@ -190,25 +190,23 @@ def _key_lines(cfg: Any, width: int) -> List[str]:
 
 def _rows(cfg: Any, prefix: str):
     """(key, type, value, description) for every key of `cfg`, nested sections after plain keys."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     schema = OmegaConf.get_type(cfg)
     fields = {field.name: field for field in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     hints = typing.get_type_hints(schema) if fields else {}
     notes = field_descriptions(schema) if fields else {}
+    values = OmegaConf.to_container(cfg, resolve=False)  # as written: `${...}` and `???` shown, not resolved
     sections = []
     for key in cfg:
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+        if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):
             sections.append(key)
             continue
         kind = _type_name(hints[key]) if key in hints else "any"
-        value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node._value()
-        yield f"{prefix}{key}", kind, _value_text(value), notes.get(key, "")
+        yield f"{prefix}{key}", kind, _value_text(values[key]), notes.get(key, "")
     for key in sections:
-        node = cfg._get_node(key)
-        yield f"{prefix}{key}.*", "", "", _docstring(OmegaConf.get_type(node))
-        yield from _rows(node, f"{prefix}{key}.")
+        yield f"{prefix}{key}.*", "", "", _docstring(OmegaConf.get_type(cfg, key))
+        yield from _rows(cfg[key], f"{prefix}{key}.")
 
 
 def _docstring(schema: type) -> str:
