@@ -317,12 +317,11 @@ def test_export_and_translate_commands(run_dir, model, tokenizer, corpus, tmp_pa
 
 
 def test_eval_with_ctranslate2_reports_the_same_translations(run_dir):
-    from mtrain.evaluate.report import evaluate_run
-    from mtrain.export.engine import convert_loaded
+    from mtrain.cli.evaluate import evaluate_run
 
     reports = {engine: evaluate_run(compose("eval", [f"run={run_dir}", "split=test", f"engine={engine}",
                                                      "decode.beam=4", "num_threads=1", "device=cpu"]),
-                                    log=lambda *_: None, convert=convert_loaded)
+                                    log=lambda *_: None)
                for engine in ("torch", "ctranslate2")}
     assert reports["ctranslate2"]["decode"]["engine"] == "ctranslate2"
     assert reports["ctranslate2"]["decode"]["precision"] == "float32"

@@ -208,8 +208,7 @@ def validation(cfg: DictConfig, model: Any, data: Any, special_ids: Dict[str, in
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
     `decode.valid_beam` says otherwise, in `decode_precision`)."""
-    from mtrain.evaluate.report import sentence_translator
-    from mtrain.evaluate.scoring import translate_and_score
+    from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import validation_loss
 
     decode_cfg = OmegaConf.merge(cfg.decode, {"beam": cfg.decode.valid_beam, "nbest": 1})
@@ -255,7 +254,7 @@ def score_test_split(cfg: DictConfig, run: RunDir, model: Any, tokenizer: Any, d
                      precision: str) -> Dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
     from mtrain.evaluate.references import read_run_split
-    from mtrain.evaluate.report import score_split, sentence_translator
+    from mtrain.evaluate.scoring import score_split, sentence_translator
     from mtrain.train.checkpoint import load_checkpoint
 
     best_path = run.find_checkpoint("best")
