@@ -265,8 +265,6 @@ def test_decode_settings_without_a_ctranslate2_counterpart_are_refused(exported,
         translate_encoded(engine, tokenizer, sources, DecodeConfig(early_stopping=False), CPU)
     with pytest.raises(MtrainError, match="attention_layer=all"):
         translate_encoded(engine, tokenizer, sources, DecodeConfig(), CPU, attention_layer="all")
-    with pytest.raises(MtrainError, match="decode.nbest=3 > decode.beam=2"):
-        translate_encoded(engine, tokenizer, sources, DecodeConfig(beam=2, nbest=3), CPU)
 
 
 def test_missing_ctranslate2_is_a_clear_error(monkeypatch, run_dir, tmp_path):

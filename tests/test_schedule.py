@@ -48,8 +48,18 @@ def test_time_driven_cosine_follows_progress():
 
 
 def test_decay_without_horizon_is_a_config_error():
-    with pytest.raises(MtrainError, match="train.decay_updates"):
-        LearningRateSchedule(TrainConfig(scheduler="cosine"))
+    """The rule lives in mtrain.config_checks, which runs before any schedule is built."""
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig
+    from mtrain.config_checks import check_config
+
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.train.scheduler = "cosine"
+    with pytest.raises(MtrainError, match="train.scheduler: cosine needs a horizon: set train.decay_updates"):
+        check_config(cfg)
+    cfg.train.max_updates = 100
+    check_config(cfg)
 
 
 def simulated_run(cfg: TrainConfig, seconds_per_update: float) -> list:

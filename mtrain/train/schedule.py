@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from mtrain.config import TrainConfig
+from mtrain.config import Scheduler, TrainConfig
 from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
 
-SCHEDULERS = ("inverse_sqrt", "cosine", "linear", "constant")
+
 def warmup_share(cfg: TrainConfig) -> Optional[float]:
     """The share of the time budget spent warming up, or None to warm up by updates.
 
@@ -54,15 +54,7 @@ class LearningRateSchedule:
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
-        if cfg.scheduler not in SCHEDULERS:
-            raise MtrainError(f"train.scheduler={cfg.scheduler!r}: choose one of {'|'.join(SCHEDULERS)}")
-        if cfg.scheduler in ("cosine", "linear") and cfg.decay_updates is None and cfg.max_time is None:
-            if cfg.max_updates is None:
-                raise MtrainError(
-                    f"train.scheduler={cfg.scheduler} needs a horizon: set train.decay_updates, "
-                    "train.max_updates or train.max_time"
-                )
-        self.cfg = cfg
+        self.cfg = cfg  # checked by mtrain.config_checks (cosine and linear have a horizon)
         self.horizon = cfg.decay_updates or (cfg.max_updates if cfg.max_time is None else None)
         self.warmup_share = warmup_share(cfg)
 
@@ -76,9 +68,9 @@ class LearningRateSchedule:
             return self._lr_by_time(update, progress, self.warmup_share)
         cfg = self.cfg
         warmup_ramp = update / cfg.warmup_updates if cfg.warmup_updates > 0 else 1.0
-        if cfg.scheduler == "constant":
+        if cfg.scheduler == Scheduler.constant:
             return cfg.lr * min(1.0, warmup_ramp)
-        if cfg.scheduler == "inverse_sqrt":
+        if cfg.scheduler == Scheduler.inverse_sqrt:
             return cfg.lr * min(warmup_ramp, math.sqrt(max(cfg.warmup_updates, 1) / max(update, 1)))
         fraction = update / self.horizon if self.horizon is not None else progress
         return min(cfg.lr * warmup_ramp, self._decayed(fraction))
@@ -89,9 +81,9 @@ class LearningRateSchedule:
         cfg = self.cfg
         if progress < share:
             return cfg.lr * progress / share
-        if cfg.scheduler == "constant":
+        if cfg.scheduler == Scheduler.constant:
             return cfg.lr
-        if cfg.scheduler == "inverse_sqrt":
+        if cfg.scheduler == Scheduler.inverse_sqrt:
             return cfg.lr * math.sqrt(share / progress) if share > 0 else cfg.lr
         if self.horizon is not None:
             return self._decayed(update / self.horizon)
@@ -101,7 +93,7 @@ class LearningRateSchedule:
         """Cosine or linear decay from lr (fraction 0) to min_lr (fraction 1)."""
         cfg = self.cfg
         fraction = min(1.0, max(0.0, fraction))
-        if cfg.scheduler == "linear":
+        if cfg.scheduler == Scheduler.linear:
             decay = 1.0 - fraction
         else:
             decay = 0.5 * (1.0 + math.cos(math.pi * fraction))
