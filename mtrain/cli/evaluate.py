@@ -114,6 +114,22 @@ def score_hypotheses(cfg: DictConfig, log: Callable[[str], None] = print) -> Dic
             "sentences": len(hyps), "metrics": scores}
 
 
+def compare(cfg: DictConfig) -> Dict[str, Any]:
+    """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
+    from mtrain.evaluate.compare import compare_runs, comparison_notes
+    from mtrain.evaluate.references import read_reference_files
+    from mtrain.evaluate.runs import discover_runs
+
+    runs = discover_runs(cfg.runs)
+    refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
+    comparison = compare_runs(runs, refs, cfg.baseline, cfg.split, list(cfg.metrics), cfg.bootstrap_samples,
+                              cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
+    print(comparison.table().to_text())
+    for note in comparison_notes(comparison):
+        print(note)
+    return {"comparison": comparison}
+
+
 def hydra_quote(value: str) -> str:
     """A value quoted for a Hydra override, so commas, spaces and brackets stay literal."""
     # Hydra reads a backslash as an escape only before a quote (or the closing quote).
