@@ -35,7 +35,7 @@ from mtrain.config import (
     TranslateConfig,
 )
 from mtrain.errors import MtrainError
-from mtrain.durations import parse_duration
+from mtrain.durations import parse_budget_share, parse_duration
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -175,6 +175,15 @@ def _check_train(train: DictConfig) -> None:
         raise MtrainError(f"train.max_time: {train.max_time!r} is not a duration; write e.g. 90s, 20m or 2h") from None
     if seconds is not None and seconds <= 0:
         raise MtrainError(f"train.max_time: {train.max_time!r} must be a positive duration, e.g. 90s, 20m or 2h")
+    for key in ("validate_every_time", "save_every"):
+        _positive_duration(train, key, "train")
+    try:
+        share = parse_budget_share(train.warmup_time, train.max_time, "train.warmup_time")
+    except MtrainError:
+        share = -1.0
+    if share is not None and not 0.0 <= share < 1.0:
+        raise MtrainError(f"train.warmup_time: {train.warmup_time!r} must be a share of train.max_time from 0% to "
+                          f"below 100% (e.g. 9%) or a duration shorter than train.max_time={train.max_time}")
     if train.scheduler in (Scheduler.cosine, Scheduler.linear) and train.decay_updates is None and train.max_time is None \
             and train.max_updates is None:
         raise MtrainError(f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
@@ -259,6 +268,16 @@ def _optional_at_least(section: Any, key: str, minimum: float, prefix: str = "")
     value = getattr(section, key)
     if value is not None and value < minimum:
         raise MtrainError(f"{_key(prefix, key)}: {value} must be >= {minimum} (or null)")
+
+
+def _positive_duration(section: Any, key: str, prefix: str) -> None:
+    value = getattr(section, key)
+    try:
+        seconds = parse_duration(value, _key(prefix, key))
+    except MtrainError:
+        seconds = -1.0
+    if seconds is not None and seconds <= 0:
+        raise MtrainError(f"{_key(prefix, key)}: {value!r} must be a positive duration, e.g. 90s, 20m or 2h (or null)")
 
 
 def _fraction(section: Any, key: str, prefix: str) -> None:

@@ -10,8 +10,7 @@ import math
 from typing import Optional
 
 from mtrain.config import Scheduler, TrainConfig
-from mtrain.durations import parse_duration
-from mtrain.errors import MtrainError
+from mtrain.durations import parse_budget_share
 
 
 def warmup_share(cfg: TrainConfig) -> Optional[float]:
@@ -22,23 +21,7 @@ def warmup_share(cfg: TrainConfig) -> Optional[float]:
     of, and `train.warmup_updates` is used (so `train.max_time=null train.max_updates=N`
     still warms up as before).
     """
-    text = cfg.warmup_time
-    if text is None or str(text).strip() == "" or cfg.max_time is None:
-        return None
-    text = str(text).strip()
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1]) / 100.0
-        except ValueError:
-            share = -1.0
-    else:
-        share = parse_duration(text, key="train.warmup_time") / parse_duration(cfg.max_time)
-    if not 0.0 <= share < 1.0:
-        raise MtrainError(
-            f"train.warmup_time={cfg.warmup_time!r}: write a share of train.max_time from 0% to "
-            f"below 100% (e.g. 9%) or a duration shorter than train.max_time={cfg.max_time}"
-        )
-    return share
+    return parse_budget_share(cfg.warmup_time, cfg.max_time, "train.warmup_time")  # range: config_checks
 
 
 class LearningRateSchedule:
