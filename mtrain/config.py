@@ -248,8 +248,6 @@ class DataConfig:
     train_limit: Optional[int] = None
     # What to do with a line that is not valid UTF-8: skip the pair and count it, or fail.
     invalid_utf8: InvalidUtf8 = InvalidUtf8.skip
-    # Name of the test set in sacreBLEU's catalogue, for the report (e.g. "wmt14/full").
-    sacrebleu_test_set: Optional[str] = None
     # Encoded corpora and tokenizers are cached here, keyed by data+settings hashes.
     cache_dir: Optional[str] = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
     num_workers: int = 1  # processes for encoding during preparation

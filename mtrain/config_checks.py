@@ -25,12 +25,17 @@ from mtrain.config import (
     EvalConfig,
     FitConfig,
     ModelConfig,
+    NormPosition,
+    Positions,
     Precision,
     ReportConfig,
+    ResidualInput,
+    Sampling,
+    Scheduler,
     TranslateConfig,
 )
 from mtrain.errors import MtrainError
-from mtrain.durations import parse_duration
+from mtrain.durations import parse_budget_share, parse_duration
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -67,9 +72,8 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
         if key not in known:
             raise MtrainError(f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
                               + did_you_mean(str(key), known, prefix))
-        child = cfg._get_node(key)
-        if isinstance(child, DictConfig):
-            check_known_keys(child, f"{prefix}{key}.")
+        if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
+            check_known_keys(cfg[key], f"{prefix}{key}.")
 
 
 def did_you_mean(word: str, candidates: List[str], prefix: str = "") -> str:
@@ -96,14 +100,14 @@ def check_model_config(cfg: Any, prefix: str = "model") -> None:
     _optional_at_least(cfg, "layers", 1, prefix=prefix)
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         _fraction(cfg, key, prefix)
-    if cfg.residual_input == "normalized" and cfg.norm_position != "pre":
+    if cfg.residual_input == ResidualInput.normalized and cfg.norm_position != NormPosition.pre:
         raise MtrainError(
             f"{prefix}.residual_input: normalized needs {prefix}.norm_position=pre (post-norm's stream is "
             "normalised after every sublayer already)"
         )
     if cfg.d_model % cfg.heads:
         raise MtrainError(f"{prefix}.heads: {cfg.heads} does not divide {prefix}.d_model={cfg.d_model}")
-    if cfg.positions == "rope" and (cfg.d_model // cfg.heads) % 2:
+    if cfg.positions == Positions.rope and (cfg.d_model // cfg.heads) % 2:
         raise MtrainError(
             f"{prefix}.positions: rope needs an even head size, got d_model/heads = {cfg.d_model // cfg.heads}"
         )
@@ -171,7 +175,16 @@ def _check_train(train: DictConfig) -> None:
         raise MtrainError(f"train.max_time: {train.max_time!r} is not a duration; write e.g. 90s, 20m or 2h") from None
     if seconds is not None and seconds <= 0:
         raise MtrainError(f"train.max_time: {train.max_time!r} must be a positive duration, e.g. 90s, 20m or 2h")
-    if train.scheduler in ("cosine", "linear") and train.decay_updates is None and train.max_time is None \
+    for key in ("validate_every_time", "save_every"):
+        _positive_duration(train, key, "train")
+    try:
+        share = parse_budget_share(train.warmup_time, train.max_time, "train.warmup_time")
+    except MtrainError:
+        share = -1.0
+    if share is not None and not 0.0 <= share < 1.0:
+        raise MtrainError(f"train.warmup_time: {train.warmup_time!r} must be a share of train.max_time from 0% to "
+                          f"below 100% (e.g. 9%) or a duration shorter than train.max_time={train.max_time}")
+    if train.scheduler in (Scheduler.cosine, Scheduler.linear) and train.decay_updates is None and train.max_time is None \
             and train.max_updates is None:
         raise MtrainError(f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
                           "train.max_updates or train.max_time")
@@ -184,16 +197,16 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         _at_least(decode, key, 0, prefix=prefix)
     if decode.max_len_a == 0 and decode.max_len_b == 0:
         raise MtrainError(f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)")
-    if decode.sampling == "none":
+    if decode.sampling == Sampling.none:
         if decode.nbest > decode.beam:
             raise MtrainError(f"{prefix}.nbest: {decode.nbest} is above {prefix}.beam={decode.beam} (beam search "
                               f"keeps only `beam` hypotheses); raise {prefix}.beam")
         return
     if not decode.temperature > 0:
         raise MtrainError(f"{prefix}.temperature: {decode.temperature} must be > 0")
-    if decode.sampling == "topk":
+    if decode.sampling == Sampling.topk:
         _at_least(decode, "top_k", 0, prefix=prefix, why="(0 samples from the whole vocabulary)")
-    if decode.sampling == "topp" and not 0.0 < decode.top_p <= 1.0:
+    if decode.sampling == Sampling.topp and not 0.0 < decode.top_p <= 1.0:
         raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
 
 
@@ -255,6 +268,16 @@ def _optional_at_least(section: Any, key: str, minimum: float, prefix: str = "")
     value = getattr(section, key)
     if value is not None and value < minimum:
         raise MtrainError(f"{_key(prefix, key)}: {value} must be >= {minimum} (or null)")
+
+
+def _positive_duration(section: Any, key: str, prefix: str) -> None:
+    value = getattr(section, key)
+    try:
+        seconds = parse_duration(value, _key(prefix, key))
+    except MtrainError:
+        seconds = -1.0
+    if seconds is not None and seconds <= 0:
+        raise MtrainError(f"{_key(prefix, key)}: {value!r} must be a positive duration, e.g. 90s, 20m or 2h (or null)")
 
 
 def _fraction(section: Any, key: str, prefix: str) -> None:

@@ -19,3 +19,17 @@ def parse_duration(text: Optional[str], key: str = "train.max_time") -> Optional
     if not match:
         raise MtrainError(f"{key}={text!r}: not a duration; write e.g. 90s, 20m or 2h")
     return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def parse_budget_share(text: Optional[str], budget: Optional[str], key: str = "train.warmup_time") -> Optional[float]:
+    """A share of the time budget `budget` written as "N%" or as a duration ("60s"), as a
+    fraction (0.09); None when either is unset. The range is checked by mtrain.config_checks."""
+    if text is None or str(text).strip() == "" or budget is None:
+        return None
+    text = str(text).strip()
+    if text.endswith("%"):
+        try:
+            return float(text[:-1]) / 100.0
+        except ValueError:
+            raise MtrainError(f"{key}={text!r}: not a share; write e.g. 9% or a duration such as 60s") from None
+    return parse_duration(text, key) / parse_duration(budget)

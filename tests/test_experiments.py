@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.config import ModelConfig
 from mtrain.config_checks import check_config, check_model_config
+from mtrain.durations import parse_duration
 from mtrain.model import build_model
-from mtrain.train.schedule import LearningRateSchedule, parse_duration
+from mtrain.train.schedule import LearningRateSchedule
 
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 # The sweeps (ablation_base is what they share: the standard model, no sweep).

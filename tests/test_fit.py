@@ -185,7 +185,7 @@ def test_fit_without_a_test_split(tmp_path, multi30k_slice):
     assert metrics["finished"] and "test" not in metrics
     assert (run_dir / "data" / "valid.ref").is_file() and not (run_dir / "data" / "test.ref").exists()
     assert not (run_dir / "eval").exists()
-    from mtrain.evaluate.report import evaluate_run
+    from mtrain.cli.evaluate import evaluate_run
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="eval", overrides=[f"run={run_dir}", "split=test", "device=cpu"])

@@ -46,6 +46,9 @@ def test_translate_help_lists_only_translate_keys():
     assert {"run", "input", "output", "engine", "decode.beam"} <= set(keys)
     assert not [key for key in keys if key.split(".")[0] in ("model", "train", "data", "tokenizer", "experiment")]
     assert "experiment" not in text
+    assert "decode.valid_beam" not in text  # a key of training's validation
+    assert "decode.valid_beam" not in command_help("eval")
+    assert "decode.valid_beam" in command_help("fit")
 
 
 def test_help_imports_neither_torch_nor_the_command():

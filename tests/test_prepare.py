@@ -169,7 +169,7 @@ def test_every_data_preset_composes_in_both_directions(compose, preset):
 def test_presets_name_their_splits_and_test_sets(compose):
     assert set(PRESETS) >= {"multi30k", "iwslt14_de_en", "iwslt17_de_en", "wmt14_en_de", "wmt16_en_ro"}
     wmt14 = compose(["data=wmt14_en_de", "tokenizer=spm32k_bpe"]).data
-    assert (wmt14.hub.id, wmt14.hub.config, wmt14.sacrebleu_test_set) == ("wmt/wmt14", "de-en", "wmt14/full")
+    assert (wmt14.hub.id, wmt14.hub.config, wmt14.splits.test) == ("wmt/wmt14", "de-en", "newstest2014")
     assert wmt14.splits.valid == "newstest2013"  # as in ../shared/data/wmt14_en_de
     multi30k = compose(["data=multi30k"]).data
     assert (multi30k.splits.train, multi30k.splits.valid, multi30k.splits.test) == ("train", "val", "test_2016_flickr")

@@ -123,7 +123,7 @@ def test_eval_with_averaged_checkpoints(tiny_run, monkeypatch, capsys, tmp_path)
 
 def test_eval_run_bad_inputs(tiny_run, tmp_path, monkeypatch, capsys):
     from mtrain.config import EvalConfig
-    from mtrain.evaluate.report import evaluate_run
+    from mtrain.cli.evaluate import evaluate_run
 
     cfg = OmegaConf.structured(EvalConfig)
     cfg.device = "cpu"

@@ -5,8 +5,9 @@ import math
 import pytest
 
 from mtrain.config import TrainConfig
+from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
-from mtrain.train.schedule import LearningRateSchedule, parse_duration
+from mtrain.train.schedule import LearningRateSchedule
 
 
 def test_parse_duration_units():
@@ -48,8 +49,18 @@ def test_time_driven_cosine_follows_progress():
 
 
 def test_decay_without_horizon_is_a_config_error():
-    with pytest.raises(MtrainError, match="train.decay_updates"):
-        LearningRateSchedule(TrainConfig(scheduler="cosine"))
+    """The rule lives in mtrain.config_checks, which runs before any schedule is built."""
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig
+    from mtrain.config_checks import check_config
+
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.train.scheduler = "cosine"
+    with pytest.raises(MtrainError, match="train.scheduler: cosine needs a horizon: set train.decay_updates"):
+        check_config(cfg)
+    cfg.train.max_updates = 100
+    check_config(cfg)
 
 
 def simulated_run(cfg: TrainConfig, seconds_per_update: float) -> list:
@@ -95,9 +106,16 @@ def test_warmup_time_as_a_duration_and_its_errors():
     assert schedule.lr(1, progress=0.05) == pytest.approx(5e-4)
     assert schedule.lr(1, progress=0.1) == pytest.approx(1e-3)
     assert schedule.lr(1, progress=0.55) == pytest.approx(5e-4)
-    for bad in ("10m", "120%", "soon", "x%"):
-        with pytest.raises(MtrainError, match="train.warmup_time"):
-            LearningRateSchedule(TrainConfig(scheduler="linear", max_time="10m", warmup_time=bad))
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig
+    from mtrain.config_checks import check_config
+
+    for bad in ("10m", "120%", "-1%", "soon", "x%"):  # refused by the checks before any schedule is built
+        fit = OmegaConf.structured(FitConfig)
+        fit.train.max_time, fit.train.warmup_time = "10m", bad
+        with pytest.raises(MtrainError, match="train.warmup_time: .* must be a share of train.max_time"):
+            check_config(fit)
 
 
 def test_without_a_time_budget_warmup_time_gives_way_to_warmup_updates():

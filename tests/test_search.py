@@ -206,21 +206,6 @@ def test_exact_stopping_is_never_worse_than_early_stopping_here():
         assert b[0].score >= a[0].score - 1e-6
 
 
-@pytest.mark.parametrize("overrides,key", [
-    ({"beam": 0}, "decode.beam"),
-    ({"beam": 2, "nbest": 3}, "decode.nbest"),
-    ({"sampling": "nucleus"}, "decode.sampling"),
-    ({"sampling": "topk", "temperature": 0.0}, "decode.temperature"),
-    ({"sampling": "topp", "top_p": 0.0}, "decode.top_p"),
-])
-def test_bad_decode_settings_name_their_key(overrides, key):
-    from mtrain.decode.generator import build_search
-    from mtrain.errors import MtrainError
-
-    with pytest.raises(MtrainError, match=key):
-        build_search(DecodeConfig(**overrides), torch.device("cpu"))
-
-
 def test_length_limits_without_rows_at_the_limit_only_ban_early_eos():
     lprobs = torch.log_softmax(torch.randn(2, 6), dim=-1)
     original = lprobs.clone()

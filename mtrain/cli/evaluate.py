@@ -3,6 +3,10 @@
     mtrain eval run=RUN split=test [average_last=5]     decode, score, write RUN/eval/test.*
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
+
+The command's body, mode by mode: the engine is opened by `mtrain.export.engine.open_engine`
+(as for `mtrain translate`), the split scored by `mtrain.evaluate.scoring.score_split`, its
+report written by `mtrain.evaluate.report`.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
+from mtrain.config import to_plain
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir
 
 log = logging.getLogger("mtrain")
 
@@ -30,15 +37,81 @@ def run_eval(cfg: DictConfig) -> Dict[str, Any]:
             raise MtrainError("runs=... compares runs; do not combine it with run= or hyp=")
         return compare(cfg)
     if cfg.hyp:
-        from mtrain.evaluate.report import score_hypotheses
-
-        return score_hypotheses(cfg, log=print)
+        return score_hypotheses(cfg)
     if cfg.run:
-        from mtrain.evaluate.report import evaluate_run
-        from mtrain.export.engine import convert_loaded
-
-        return evaluate_run(cfg, log=print, convert=convert_loaded)
+        return evaluate_run(cfg)
     raise MtrainError("nothing to evaluate: give run=RUN_DIR, hyp=FILE ref=FILE, or runs=SWEEP_DIR")
+
+
+def evaluate_run(cfg: DictConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
+    `average_last`), score it, write `eval/<split>.{json,md,hyp}`; the report."""
+    from mtrain.decode.threads import set_decode_threads
+    from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
+    from mtrain.evaluate.metrics import check_metric_names
+    from mtrain.evaluate.references import SplitText, read_reference_files, read_run_split
+    from mtrain.evaluate.scoring import score_split, sentence_translator
+    from mtrain.export.engine import open_engine
+    from mtrain.runtime import resolve_device
+
+    metrics = check_metric_names(cfg.metrics)
+    run = RunDir(cfg.run)
+    if not run.path.is_dir():
+        raise MtrainError(f"run={run.path}: no such run directory")
+    device = resolve_device(cfg.device)
+    averaged_from: Optional[List[str]] = None
+    if cfg.average_last > 0:
+        sources_ckpts = last_checkpoints(run.path, cfg.average_last)
+        checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last))
+        averaged_from = [str(path) for path in sources_ckpts]
+        log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
+    else:
+        checkpoint = run.find_checkpoint(cfg.checkpoint)
+    threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
+    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint)
+    loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
+
+    split = read_run_split(run, loaded.config.data, cfg.split)
+    if cfg.ref:  # explicit references replace the split's (e.g. extra references)
+        given = read_reference_files(list(cfg.ref))
+        split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
+    log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
+        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine})")
+    checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
+                       "update": loaded.update, "averaged_from": averaged_from}
+    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
+                   "engine": str(cfg.engine)}
+    translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
+    return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
+                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log)
+
+
+def score_hypotheses(cfg: DictConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """`hyp=FILE ref=FILE...`: score a hypothesis file; prints the table.
+
+    With `run=` instead of `ref=`, the references are the run's `split`.
+    """
+    from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
+    from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
+    from mtrain.evaluate.report import metrics_table
+    from mtrain.evaluate.runs import run_config
+
+    metrics = check_metric_names(cfg.metrics)
+    hyp_path = Path(cfg.hyp)
+    hyps = read_lines(hyp_path, "hyp")
+    if cfg.ref:
+        split = read_reference_files(list(cfg.ref))
+        ref_names = [f"ref={path}" for path in cfg.ref]
+    elif cfg.run:
+        split = read_run_split(RunDir(cfg.run), run_config(Path(cfg.run)).data, cfg.split)
+        ref_names = [record["path"] for record in split.files if "reference" in record["role"]]
+    else:
+        raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")
+    check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
+    scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
+    log(metrics_table(scores).to_text())
+    return {"hypotheses": file_record(hyp_path, "hypotheses"), "data": split.files,
+            "sentences": len(hyps), "metrics": scores}
 
 
 def compare(cfg: DictConfig) -> Dict[str, Any]:

@@ -176,8 +176,7 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine)
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
     `decode.valid_beam` says otherwise, in the machine's decoding precision)."""
-    from mtrain.evaluate.report import sentence_translator
-    from mtrain.evaluate.scoring import translate_and_score
+    from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import validation_loss
 
     decode_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
@@ -200,7 +199,7 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
                      precision: Precision) -> Dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
     from mtrain.evaluate.references import read_run_split
-    from mtrain.evaluate.report import score_split, sentence_translator
+    from mtrain.evaluate.scoring import score_split, sentence_translator
     from mtrain.train.checkpoint import load_checkpoint
 
     best_path = run.find_checkpoint("best")

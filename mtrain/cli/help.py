@@ -22,7 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# What each command does and how it is typically called. Its config is configs/<config>.yaml.
+# What each command does and how it is typically called. Its config is configs/<config>.yaml;
+# "hidden": keys of a shared section that the command never reads.
 COMMAND_HELP: Dict[str, Dict[str, Any]] = {
     "fit": {
         "config": "fit",
@@ -46,6 +47,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
             "mtrain translate run=runs/m30k input=test.de decode.nbest=5     # n-best TSV",
             "mtrain translate run=runs/m30k_ct2 engine=ctranslate2 input=test.de",
         ],
+        "hidden": ["decode.valid_beam"],  # the beam of training's validation
     },
     "eval": {
         "config": "eval",
@@ -56,6 +58,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
             "mtrain eval hyp=test.hyp ref=test.en           (ref=[a.en,b.en] for several)",
             "mtrain eval runs=multirun/DATE/TIME baseline=0",
         ],
+        "hidden": ["decode.valid_beam"],
     },
     "prepare": {
         "config": "prepare",
@@ -115,7 +118,7 @@ def command_help(command: str, overrides: Sequence[str] = ()) -> str:
             for preset, about in _presets(config_dir / group):
                 out.append(_clip(f"    {preset:<28} {about}".rstrip(), width))
     out += ["", "keys (KEY=VALUE overrides one; `null` unsets an optional key):"]
-    out += _key_lines(cfg, width)
+    out += _key_lines(cfg, width, spec.get("hidden", ()))
     out += ["", "examples:"] + [f"  {example}" for example in spec["examples"]]
     out += ["", "`--cfg job` prints the composed config; `--hydra-help` shows Hydra's own options."]
     return "\n".join(out)
@@ -168,10 +171,10 @@ def _presets(group_dir: Path) -> List[Tuple[str, str]]:
     return presets
 
 
-def _key_lines(cfg: Any, width: int) -> List[str]:
-    """One line per key (`name  type = default  description`); a description too long for the
-    rest of the line goes on the lines below it."""
-    rows = list(_rows(cfg, ""))
+def _key_lines(cfg: Any, width: int, hidden: Sequence[str] = ()) -> List[str]:
+    """One line per key (`name  type = default  description`), but the `hidden` ones; a
+    description too long for the rest of the line goes on the lines below it."""
+    rows = [row for row in _rows(cfg, "") if row[0] not in hidden]
     name_width = max(len(name) for name, *_ in rows)
     kind_width = min(max(len(f"{kind} = {value}") for _, kind, value, _ in rows), 30)
     lines = []
@@ -190,25 +193,23 @@ def _key_lines(cfg: Any, width: int) -> List[str]:
 
 def _rows(cfg: Any, prefix: str):
     """(key, type, value, description) for every key of `cfg`, nested sections after plain keys."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import OmegaConf
 
     schema = OmegaConf.get_type(cfg)
     fields = {field.name: field for field in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     hints = typing.get_type_hints(schema) if fields else {}
     notes = field_descriptions(schema) if fields else {}
+    values = OmegaConf.to_container(cfg, resolve=False)  # as written: `${...}` and `???` shown, not resolved
     sections = []
     for key in cfg:
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+        if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):
             sections.append(key)
             continue
         kind = _type_name(hints[key]) if key in hints else "any"
-        value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node._value()
-        yield f"{prefix}{key}", kind, _value_text(value), notes.get(key, "")
+        yield f"{prefix}{key}", kind, _value_text(values[key]), notes.get(key, "")
     for key in sections:
-        node = cfg._get_node(key)
-        yield f"{prefix}{key}.*", "", "", _docstring(OmegaConf.get_type(node))
-        yield from _rows(node, f"{prefix}{key}.")
+        yield f"{prefix}{key}.*", "", "", _docstring(OmegaConf.get_type(cfg, key))
+        yield from _rows(cfg[key], f"{prefix}{key}.")
 
 
 def _docstring(schema: type) -> str:

@@ -29,32 +29,19 @@ def run_translate(cfg: DictConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths
-    from mtrain.decode.translator import resolve_decode_precision
     from mtrain.decode.threads import set_decode_threads
-    from mtrain.train.checkpoint import load_run
+    from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
-    if cfg.engine not in ("torch", "ctranslate2"):
-        raise MtrainError(f"engine={cfg.engine}: choose torch or ctranslate2")
     check_paths(cfg.input, cfg.output)  # before the model loads
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    if cfg.engine == "ctranslate2":
-        from mtrain.export.engine import open_ctranslate2
-
-        # run= may also be a directory written by `mtrain export`.
-        model = open_ctranslate2(cfg.run, cfg.checkpoint, device, cfg.precision, threads)
-        log.info("translating with CTranslate2: %s on %s, beam %d", model.description, device, cfg.decode.beam)
-        report = translate_stream(model, model.tokenizer, cfg, device, cfg.precision)
-        log.info("translated %d lines", report.lines)
-        return
-    precision = resolve_decode_precision(cfg.precision, device)
-    loaded = load_run(cfg.run, which=cfg.checkpoint, device=device)
-    log.info("translating with %s (update %d) on %s, %s, beam %d",
-             loaded.checkpoint_path, loaded.update, device, precision, cfg.decode.beam)
-    report = translate_stream(loaded.model, loaded.tokenizer, cfg, device, precision)
+    # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
+    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint)
+    log.info("translating with %s on %s, engine=%s, beam %d", engine.description, device, cfg.engine, cfg.decode.beam)
+    report = translate_stream(engine.model, engine.tokenizer, cfg, device, engine.precision)
     log.info("translated %d lines", report.lines)
 
 

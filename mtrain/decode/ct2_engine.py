@@ -43,8 +43,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision
-from mtrain.decode.generator import build_search
+from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 
@@ -111,7 +110,6 @@ class CTranslate2Model:
         return max(0, min(limit, self.max_positions - 1))
 
     def _options(self, cfg: DecodeConfig, attention_layer) -> dict:
-        build_search(cfg, torch.device("cpu"))  # the same checks and messages as engine=torch
         if not cfg.early_stopping:
             raise MtrainError(
                 "decode.early_stopping=false: CTranslate2's beam search stops once `beam` hypotheses "
@@ -125,22 +123,22 @@ class CTranslate2Model:
         options = dict(
             # All `beam` finished hypotheses come back, so those cut at the limit can be
             # rescored and re-ranked (see `_hypotheses`); `nbest` of them are kept.
-            num_hypotheses=cfg.beam if cfg.sampling == "none" else cfg.nbest,
+            num_hypotheses=cfg.beam if cfg.sampling == Sampling.none else cfg.nbest,
             length_penalty=cfg.length_penalty or UNNORMALISED, return_end_token=True,
             return_scores=True, return_attention=attention_layer is not None,
             suppress_sequences=self._banned, no_repeat_ngram_size=cfg.no_repeat_ngram,
             max_input_length=0,  # mtrain truncates (with a warning) before decoding
             max_batch_size=0,
         )
-        if cfg.sampling == "none":
+        if cfg.sampling == Sampling.none:
             options.update(beam_size=cfg.beam)
         else:
             import ctranslate2
 
             ctranslate2.set_random_seed(cfg.seed)
             options.update(beam_size=1, sampling_temperature=cfg.temperature,
-                           sampling_topk=cfg.top_k if cfg.sampling == "topk" else 0,
-                           sampling_topp=cfg.top_p if cfg.sampling == "topp" else 1.0)
+                           sampling_topk=cfg.top_k if cfg.sampling == Sampling.topk else 0,
+                           sampling_topp=cfg.top_p if cfg.sampling == Sampling.topp else 1.0)
         return options
 
     def _hypotheses(self, src_pieces: list[list[str]], outputs, max_len: int,

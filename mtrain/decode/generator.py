@@ -37,41 +37,27 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mtrain.config import DecodeConfig
+from mtrain.config import DecodeConfig, Sampling
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
 from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
 from mtrain.decode.sampling import SamplingSearch
 from mtrain.decode.search import BeamSearch, GreedySearch, SearchAlgorithm
 from mtrain.decode.step_functions import CachedStep, RecomputeStep
-from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
 
 
 def build_search(cfg: DecodeConfig, device: torch.device) -> SearchAlgorithm:
-    """The search algorithm a DecodeConfig asks for (checks the keys it reads)."""
-    if cfg.beam < 1:
-        raise MtrainError(f"decode.beam={cfg.beam}: must be >= 1")
-    if cfg.nbest < 1:
-        raise MtrainError(f"decode.nbest={cfg.nbest}: must be >= 1")
-    if cfg.sampling == "none":
-        if cfg.nbest > cfg.beam:
-            raise MtrainError(f"decode.nbest={cfg.nbest} > decode.beam={cfg.beam}: beam search keeps only `beam` hypotheses; raise decode.beam")
+    """The search algorithm a DecodeConfig asks for. Its values are checked before any
+    decoding, with every other rule, by mtrain.config_checks."""
+    if cfg.sampling == Sampling.none:
         return GreedySearch(1) if cfg.beam == 1 else BeamSearch(cfg.beam)
-    if cfg.sampling not in ("topk", "topp"):
-        raise MtrainError(f"decode.sampling={cfg.sampling!r}: choose none, topk or topp")
-    if cfg.temperature <= 0:
-        raise MtrainError(f"decode.temperature={cfg.temperature}: must be > 0")
-    if cfg.sampling == "topk" and cfg.top_k < 0:
-        raise MtrainError(f"decode.top_k={cfg.top_k}: must be >= 0 (0 samples from the whole vocabulary)")
-    if cfg.sampling == "topp" and not 0.0 < cfg.top_p <= 1.0:
-        raise MtrainError(f"decode.top_p={cfg.top_p}: must be in (0, 1]")
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     return SamplingSearch(
         width=cfg.nbest,  # nbest independent samples per sentence
-        top_k=cfg.top_k if cfg.sampling == "topk" else 0,
-        top_p=cfg.top_p if cfg.sampling == "topp" else 1.0,
+        top_k=cfg.top_k if cfg.sampling == Sampling.topk else 0,
+        top_p=cfg.top_p if cfg.sampling == Sampling.topp else 1.0,
         temperature=cfg.temperature,
         generator=generator,
     )

@@ -1,8 +1,9 @@
-"""Evaluation: sacreBLEU metrics, run reports, run comparison, sweep reports, checkpoint averaging.
+"""Evaluation: sacreBLEU metrics, scoring, run reports, run comparison, sweep reports, checkpoint averaging.
 
     metrics.py     score_corpus / score_files: BLEU, chrF(++), TER with signatures
     references.py  a run's split text and file fingerprints
-    report.py      `mtrain eval run=...`: decode, score, write eval/<split>.{json,md,hyp}
+    scoring.py     the one evaluation path: translate and score a split (score_split: and report it)
+    report.py      a scored split's report: eval/<split>.{json,md,hyp}
     runs.py        run discovery in a sweep directory or a list of runs
     compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
     curves.py      TensorBoard scalars of a run and their plots

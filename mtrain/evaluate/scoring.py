@@ -1,7 +1,9 @@
 """The one evaluation path: translate a split's sources, score them against its references.
 
 `mtrain fit` (validation BLEU during training, the test split at the end) and `mtrain eval`
-all call `translate_and_score`; only what they do with the result differs.
+all call `translate_and_score`; only what they do with the result differs. `score_split`
+scores a run's split and writes its report (mtrain.evaluate.report); `sentence_translator`
+turns a model into the `Translate` both take.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any, Callable, Dict, List, Sequence
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, score_corpus
+from mtrain.evaluate.references import SplitText
+from mtrain.evaluate.report import save_split_report, split_report
+from mtrain.rundir import RunDir
 
 # Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...).
 Translate = Callable[[List[str]], List[str]]
@@ -52,3 +57,36 @@ def translate_and_score(translate: Translate, sources: Sequence[str], references
     seconds = time.perf_counter() - start
     scores = score_corpus(hypotheses, references, metrics, tokenize, lowercase, chrf_word_order)
     return Scored(hypotheses, scores, seconds)
+
+
+def sentence_translator(model: Any, tokenizer: Any, decode_cfg: Any, device: Any, precision: str) -> Translate:
+    """The best hypothesis per source sentence, decoded with `decode_cfg` (a `Translate`).
+
+    `model`: mtrain's model or any decoding engine (mtrain.decode.translator.Engine)."""
+    import torch
+
+    from mtrain.decode import translate_sentences
+
+    def translate(sources: List[str]) -> List[str]:
+        with torch.inference_mode():
+            nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision)
+        return [candidates[0].text if candidates else "" for candidates in nbest]
+
+    return translate
+
+
+def score_split(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, translate: Translate,
+                checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
+                tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
+                log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}`; the report.
+
+    `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
+    """
+    name = f"data.splits.{split_key}={data_cfg.splits[split_key]}"
+    scored = translate_and_score(translate, split.sources, split.references, name, metrics, tokenize,
+                                 lowercase, chrf_word_order)
+    report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,
+                          lowercase, chrf_word_order)
+    save_split_report(run, report, scored.hypotheses, log)
+    return report

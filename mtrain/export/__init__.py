@@ -2,8 +2,9 @@
 
 Files: `ctranslate2_spec.py` (mtrain's model switches mapped onto a CTranslate2
 `TransformerSpec`, or refused), `ctranslate2_model.py` (the model directory: spec,
-vocabulary, SentencePiece model, metadata), `engine.py` (a run's CTranslate2 decoding engine:
-its export directory, or its checkpoint converted on the fly). Decoding with the exported
+vocabulary, SentencePiece model, metadata), `engine.py` (`open_engine`: a run's decoding engine for
+`mtrain translate` and `mtrain eval`, torch or CTranslate2: its export directory, or its
+checkpoint converted on the fly). Decoding with the exported
 model is `mtrain.decode.ct2_engine`, which reads the directory without importing this package. `ctranslate2` is an optional dependency (`pip install mtrain[ct2]`),
 imported only when an export or a CTranslate2 decode runs.
 """

@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from mtrain.config import TrainConfig
-from mtrain.durations import parse_duration
-from mtrain.errors import MtrainError
+from mtrain.config import Scheduler, TrainConfig
+from mtrain.durations import parse_budget_share
 
-SCHEDULERS = ("inverse_sqrt", "cosine", "linear", "constant")
+
 def warmup_share(cfg: TrainConfig) -> Optional[float]:
     """The share of the time budget spent warming up, or None to warm up by updates.
 
@@ -22,23 +21,7 @@ def warmup_share(cfg: TrainConfig) -> Optional[float]:
     of, and `train.warmup_updates` is used (so `train.max_time=null train.max_updates=N`
     still warms up as before).
     """
-    text = cfg.warmup_time
-    if text is None or str(text).strip() == "" or cfg.max_time is None:
-        return None
-    text = str(text).strip()
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1]) / 100.0
-        except ValueError:
-            share = -1.0
-    else:
-        share = parse_duration(text, key="train.warmup_time") / parse_duration(cfg.max_time)
-    if not 0.0 <= share < 1.0:
-        raise MtrainError(
-            f"train.warmup_time={cfg.warmup_time!r}: write a share of train.max_time from 0% to "
-            f"below 100% (e.g. 9%) or a duration shorter than train.max_time={cfg.max_time}"
-        )
-    return share
+    return parse_budget_share(cfg.warmup_time, cfg.max_time, "train.warmup_time")  # range: config_checks
 
 
 class LearningRateSchedule:
@@ -54,15 +37,7 @@ class LearningRateSchedule:
     """
 
     def __init__(self, cfg: TrainConfig) -> None:
-        if cfg.scheduler not in SCHEDULERS:
-            raise MtrainError(f"train.scheduler={cfg.scheduler!r}: choose one of {'|'.join(SCHEDULERS)}")
-        if cfg.scheduler in ("cosine", "linear") and cfg.decay_updates is None and cfg.max_time is None:
-            if cfg.max_updates is None:
-                raise MtrainError(
-                    f"train.scheduler={cfg.scheduler} needs a horizon: set train.decay_updates, "
-                    "train.max_updates or train.max_time"
-                )
-        self.cfg = cfg
+        self.cfg = cfg  # checked by mtrain.config_checks (cosine and linear have a horizon)
         self.horizon = cfg.decay_updates or (cfg.max_updates if cfg.max_time is None else None)
         self.warmup_share = warmup_share(cfg)
 
@@ -76,9 +51,9 @@ class LearningRateSchedule:
             return self._lr_by_time(update, progress, self.warmup_share)
         cfg = self.cfg
         warmup_ramp = update / cfg.warmup_updates if cfg.warmup_updates > 0 else 1.0
-        if cfg.scheduler == "constant":
+        if cfg.scheduler == Scheduler.constant:
             return cfg.lr * min(1.0, warmup_ramp)
-        if cfg.scheduler == "inverse_sqrt":
+        if cfg.scheduler == Scheduler.inverse_sqrt:
             return cfg.lr * min(warmup_ramp, math.sqrt(max(cfg.warmup_updates, 1) / max(update, 1)))
         fraction = update / self.horizon if self.horizon is not None else progress
         return min(cfg.lr * warmup_ramp, self._decayed(fraction))
@@ -89,9 +64,9 @@ class LearningRateSchedule:
         cfg = self.cfg
         if progress < share:
             return cfg.lr * progress / share
-        if cfg.scheduler == "constant":
+        if cfg.scheduler == Scheduler.constant:
             return cfg.lr
-        if cfg.scheduler == "inverse_sqrt":
+        if cfg.scheduler == Scheduler.inverse_sqrt:
             return cfg.lr * math.sqrt(share / progress) if share > 0 else cfg.lr
         if self.horizon is not None:
             return self._decayed(update / self.horizon)
@@ -101,7 +76,7 @@ class LearningRateSchedule:
         """Cosine or linear decay from lr (fraction 0) to min_lr (fraction 1)."""
         cfg = self.cfg
         fraction = min(1.0, max(0.0, fraction))
-        if cfg.scheduler == "linear":
+        if cfg.scheduler == Scheduler.linear:
             decay = 1.0 - fraction
         else:
             decay = 0.5 * (1.0 + math.cos(math.pi * fraction))

@@ -1,0 +1,149 @@
+"""The one door to Hydra's private API: what mtrain needs from Hydra that Hydra keeps to itself.
+
+mtrain checks a command line before Hydra runs it (mtrain.cli.common): it reads the command
+line as Hydra's own parser does, composes every job as Hydra will (a `-m` sweep's jobs
+included), and turns Hydra's composition errors into one line naming the key. Hydra offers
+no public API for any of the three, so this module uses `hydra._internal` and reads Hydra's
+and OmegaConf's error texts with regular expressions; nothing else in mtrain does.
+pyproject.toml bounds hydra-core and omegaconf to the versions this was written for, and
+tests/test_hydra_internals.py fails when a new version composes, parses or words its errors
+differently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """A command line as Hydra's own argument parser reads it."""
+
+    overrides: List[str]
+    multirun: bool  # -m / --multirun
+    prints_config: bool  # --cfg job|hydra|all: Hydra prints the config and runs nothing
+    # A flag that composes nothing of ours (--help, --hydra-help, --info, --shell-completion)
+    # or takes the config from elsewhere (--config-name/-path/-dir, --experimental-rerun).
+    hydra_only: bool
+
+
+def read_command_line(argv: Sequence[str]) -> CommandLine:
+    """`argv` (without the program name) parsed by Hydra's parser (`hydra._internal.utils`)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(list(argv))
+    hydra_only = bool(args.help or args.hydra_help or args.info or args.shell_completion or args.config_name
+                      or args.config_path or args.config_dir or args.experimental_rerun)
+    return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only)
+
+
+def compose_jobs(config_dir: str, config_name: str, overrides: Sequence[str],
+                 multirun: bool) -> List[Tuple[str, DictConfig]]:
+    """(label, config with its `hydra` section) of each job the command line runs, composed by
+    Hydra's own loader: one unlabelled job for a run; for a sweep, the sweep's base config
+    (unlabelled) and every job of Hydra's basic sweeper, labelled with its overrides (a sweep
+    with another sweeper plugin: the base config only).
+
+    Raises what Hydra raises for an override it cannot apply (see `read_composition_error`).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    search_path = create_automatic_config_search_path(None, None, config_dir)
+    composer = Hydra.create_main_hydra2(task_name=config_name, config_search_path=search_path)
+    try:
+        def compose(job_overrides: List[str], mode: RunMode) -> DictConfig:
+            cfg = composer.compose_config(config_name, job_overrides, run_mode=mode, from_shell=True,
+                                          with_log_configuration=False)
+            HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in hydra.run.dir
+            return cfg
+
+        if not multirun:
+            return [("", compose(list(overrides), RunMode.RUN))]
+        base = compose(list(overrides), RunMode.MULTIRUN)
+        jobs = [("", base)]
+        if OmegaConf.select(base, "hydra.sweeper._target_") == BASIC_SWEEPER:
+            params = [f"{key}={value}" for key, value in (base.hydra.sweeper.params or {}).items()]
+            parsed = OverridesParser.create().parse_overrides(params + list(overrides))
+            for batch in BasicSweeper.split_arguments(parsed, None):
+                jobs += [(" ".join(job), compose(list(job), RunMode.RUN)) for job in batch]
+        return jobs
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class ErrorKind(Enum):
+    """What a composition error is about."""
+
+    MISSING_PRESET = "missing_preset"  # group=name with no configs/<group>/<name>.yaml
+    NOT_AN_OVERRIDE = "not_an_override"  # no key=value
+    SEVERAL_VALUES = "several_values"  # key=a,b without -m
+    UNKNOWN_KEY = "unknown_key"  # a key the schema does not have
+    NOT_A_CHOICE = "not_a_choice"  # a value outside an Enum's members
+    NOT_CONVERTIBLE = "not_convertible"  # a value of the wrong type (lr=fast)
+    OTHER_VALUE = "other_value"  # another OmegaConf error about one key
+    UNREAD = "unread"  # none of the above: `detail` is Hydra's first line
+
+
+@dataclass(frozen=True)
+class CompositionError:
+    """The facts of a composition error, read from Hydra's and OmegaConf's error texts."""
+
+    kind: ErrorKind
+    detail: str  # Hydra's first line (UNREAD), the override's parse error, or OmegaConf's reason
+    key: str = ""  # the config key (the group for MISSING_PRESET; the override for NOT_AN_OVERRIDE)
+    value: str = ""  # the value given (the preset's name for MISSING_PRESET)
+    allowed: Tuple[str, ...] = ()  # the group's presets, or the choice's values
+
+
+def read_composition_error(error: Exception) -> CompositionError:
+    """What `error`, raised by `compose_jobs` (or Hydra's `compose`), says, as facts."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    text = str(error)
+    lines = text.splitlines()
+    first = lines[0] if lines else type(error).__name__
+    if isinstance(error, MissingConfigException):
+        found = re.search(r"Could not find '([^']+)/([^']+)'", text)
+        if found is None:
+            return CompositionError(ErrorKind.UNREAD, first)
+        group, name = found.groups()
+        return CompositionError(ErrorKind.MISSING_PRESET, first, group, name, tuple(error.options or ()))
+    if isinstance(error, OverrideParseException):
+        found = re.match(r"Error parsing override '(.*)'", first)
+        return CompositionError(ErrorKind.NOT_AN_OVERRIDE, lines[1] if len(lines) > 1 else "",
+                                found.group(1) if found else first)
+    ambiguous = re.match(r"Ambiguous value for argument '([^=]+)=(.*)'", first)
+    if ambiguous:
+        return CompositionError(ErrorKind.SEVERAL_VALUES, first, *ambiguous.groups())
+    cause = error.__cause__
+    full_key: Optional[str] = getattr(cause, "full_key", None)
+    if not full_key:
+        return CompositionError(ErrorKind.UNREAD, first)
+    reason = str(cause).splitlines()[0]
+    unknown = re.match(r"Could not override '([^']+)'", first)
+    if unknown:
+        return CompositionError(ErrorKind.UNKNOWN_KEY, reason, unknown.group(1))
+    choices = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
+    if choices:
+        return CompositionError(ErrorKind.NOT_A_CHOICE, reason, full_key, choices.group(1),
+                                tuple(choices.group(2).split(", ")))
+    converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", reason)
+    if converted:
+        # `allowed` holds the one type the value should have had (Float, Integer, Boolean...).
+        return CompositionError(ErrorKind.NOT_CONVERTIBLE, reason, full_key, converted.group(1),
+                                (converted.group(2),))
+    return CompositionError(ErrorKind.OTHER_VALUE, reason, full_key)
+
