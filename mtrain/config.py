@@ -13,13 +13,12 @@ mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 
 class Choice(str, Enum):
@@ -509,6 +508,14 @@ def to_plain(cfg: Any) -> Any:
     return cfg
 
 
+def to_typed(cfg: Any) -> Any:
+    """A composed config (or section) as its dataclass, what library functions take; choices
+    become their Enum members. A config dataclass is returned as it is."""
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_object(cfg)
+    return cfg
+
+
 def with_values(section: Any, **values: Any) -> Any:
     """A copy of a config section (a config dataclass or an OmegaConf node) with `values` changed."""
     if dataclasses.is_dataclass(section) and not isinstance(section, type):
@@ -536,9 +543,9 @@ def resolved_model(cfg: Any) -> ModelConfig:
     )
 
 
-def with_resolved_model(cfg: DictConfig) -> DictConfig:
-    """A copy of a FitConfig whose `model` section says what is built (see resolved_model),
-    for what a run records (config.yaml, checkpoints); `cfg` itself is left as composed."""
-    resolved = copy.deepcopy(cfg)
-    resolved.model = OmegaConf.structured(resolved_model(cfg.model))
-    return resolved
+def with_resolved_model(cfg: FitConfig) -> FitConfig:
+    """A copy of a FitConfig (or its composed node) as the dataclass, whose `model` section says
+    what is built (see resolved_model), for what a run records (config.yaml, checkpoints);
+    `cfg` itself is left as composed."""
+    typed = to_typed(cfg)
+    return dataclasses.replace(typed, model=resolved_model(typed.model))

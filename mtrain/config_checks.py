@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import (
     AverageConfig,
+    Engine,
     EvalConfig,
     FitConfig,
     ModelConfig,
@@ -141,7 +142,7 @@ def _check_tokenizer(tokenizer: DictConfig) -> None:
     _at_least(tokenizer, "num_threads", 1, prefix="tokenizer")
     if not 0.0 < tokenizer.character_coverage <= 1.0:
         raise MtrainError(f"tokenizer.character_coverage: {tokenizer.character_coverage} must be in (0, 1]")
-    special = {name: tokenizer[name] for name in ("unk_id", "pad_id", "bos_id", "eos_id")}
+    special = {name: getattr(tokenizer, name) for name in ("unk_id", "pad_id", "bos_id", "eos_id")}
     _at_least(tokenizer, "vocab_size", len(special) + 1, prefix="tokenizer",
               why="(room for unk, pad, bos, eos and at least one piece)")
     for name, value in special.items():
@@ -214,13 +215,13 @@ def _check_decoding_precision(cfg: DictConfig) -> None:
     """`precision` of translate/eval: mtrain's precisions with engine=torch (CTranslate2 also
     takes its compute types, checked by mtrain.decode.ct2_engine)."""
     allowed = [member.value for member in Precision]
-    if cfg.engine == "torch" and cfg.precision not in allowed:
+    if cfg.engine == Engine.torch and cfg.precision not in allowed:
         raise MtrainError(f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
                           + did_you_mean(str(cfg.precision), allowed))
 
 
 def _check_translate(cfg: DictConfig) -> None:
-    _at_least(cfg, "max_input_tokens", 1)
+    _at_least(cfg, "max_input_tokens", 2, why="(one token and eos)")
     _optional_at_least(cfg, "num_threads", 1)
     layer = str(cfg.attention_layer)
     if layer not in ("last", "all") and not layer.lstrip("-").isdigit():

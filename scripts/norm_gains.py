@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.errors import MtrainError  # noqa: E402
 from mtrain.rundir import RunDir  # noqa: E402
-from mtrain.train.checkpoint import load_checkpoint  # noqa: E402
+from mtrain.train.checkpoint_files import load_checkpoint  # noqa: E402
 
 
 def main() -> None:

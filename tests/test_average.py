@@ -10,7 +10,7 @@ import torch
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.average import average_checkpoints, average_to_file, last_checkpoints
-from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def fake_state(update: int, scale: float, dtype=torch.float32) -> dict:

@@ -38,7 +38,7 @@ from mtrain.config_checks import check_known_keys
 from mtrain.batches import prepare_data
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from mtrain.train.checkpoint import load_checkpoint, load_run, save_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint, load_run, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "der die das ein Hund Katze läuft schnell über Straße the a dog cat runs fast over street".split()

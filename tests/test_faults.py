@@ -16,7 +16,7 @@ import torch
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.train.step import UpdateStep
-from mtrain.train.checkpoint import load_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint
 from tests.test_fit import TINY, compose_fit, run_fit, scalars
 
 FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=600", "train.log_every=1"]

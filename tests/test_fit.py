@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
-from mtrain.train.checkpoint import load_run
+from mtrain.train.checkpoint_files import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 

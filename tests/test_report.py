@@ -37,7 +37,7 @@ def tiny_run(tmp_path_factory) -> Path:
     from mtrain.config import FitConfig, to_plain
     from mtrain.model import build_model
     from mtrain.tokenizer import train_or_load_tokenizer
-    from mtrain.train.checkpoint import save_checkpoint
+    from mtrain.train.checkpoint_files import save_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_run")
     rng = random.Random(5)

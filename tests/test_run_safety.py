@@ -18,7 +18,7 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint import load_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
 FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtrain.rundir import atomic_write_text
-from mtrain.train.checkpoint import save_checkpoint
+from mtrain.train.checkpoint_files import save_checkpoint
 
 
 @pytest.fixture

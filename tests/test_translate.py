@@ -24,7 +24,7 @@ from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint import save_checkpoint
+from mtrain.train.checkpoint_files import save_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)

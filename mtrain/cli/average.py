@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
+from mtrain.config import AverageConfig
 from mtrain.errors import MtrainError
 
 
-def run_average(cfg: DictConfig) -> Path:
+def run_average(cfg: AverageConfig) -> Path:
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
 
     if cfg.checkpoints:
@@ -30,7 +30,7 @@ def run_average(cfg: DictConfig) -> Path:
 
 
 @mtrain_app("average")
-def main(cfg: DictConfig) -> None:
+def main(cfg: AverageConfig) -> None:
     run_average(cfg)
 
 

@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtrain.config import APP_SCHEMAS, register_configs
+from mtrain.config import APP_SCHEMAS, register_configs, to_typed
 from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys
 from mtrain.errors import MtrainError
 from mtrain.hydra_internals import ErrorKind, compose_jobs, read_command_line, read_composition_error
@@ -66,7 +66,8 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
 
 
 def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
-    """Check the config, run `app`; an MtrainError becomes one line on stderr and exit status 2.
+    """Check the config, run `app` on it as the command's dataclass (`mtrain.config.to_typed`);
+    an MtrainError becomes one line on stderr and exit status 2.
 
     In a multirun sweep the failing job is reported and the sweep goes on: one diverged
     ablation must not cancel the others.
@@ -77,6 +78,8 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if args:
                 check_config(args[0])
+                # Checked: from here on the config travels as the command's typed dataclass.
+                args = (to_typed(args[0]), *args[1:])
             return app(*args, **kwargs)
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)

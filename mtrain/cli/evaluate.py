@@ -17,17 +17,16 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import to_plain
+from mtrain.config import EvalConfig, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 
 log = logging.getLogger("mtrain")
 
 
-def run_eval(cfg: DictConfig) -> Dict[str, Any]:
+def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     """Dispatch to one of the three modes; returns what was computed (for tests and scripts)."""
     from mtrain.evaluate.metrics import check_metric_names
 
@@ -43,7 +42,7 @@ def run_eval(cfg: DictConfig) -> Dict[str, Any]:
     raise MtrainError("nothing to evaluate: give run=RUN_DIR, hyp=FILE ref=FILE, or runs=SWEEP_DIR")
 
 
-def evaluate_run(cfg: DictConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
     `average_last`), score it, write `eval/<split>.{json,md,hyp}`; the report."""
     from mtrain.decode.threads import set_decode_threads
@@ -86,7 +85,7 @@ def evaluate_run(cfg: DictConfig, log: Callable[[str], None] = print) -> Dict[st
                        metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log)
 
 
-def score_hypotheses(cfg: DictConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """`hyp=FILE ref=FILE...`: score a hypothesis file; prints the table.
 
     With `run=` instead of `ref=`, the references are the run's `split`.
@@ -114,7 +113,7 @@ def score_hypotheses(cfg: DictConfig, log: Callable[[str], None] = print) -> Dic
             "sentences": len(hyps), "metrics": scores}
 
 
-def compare(cfg: DictConfig) -> Dict[str, Any]:
+def compare(cfg: EvalConfig) -> Dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
     from mtrain.evaluate.compare import compare_runs, comparison_notes
     from mtrain.evaluate.references import read_reference_files
@@ -156,7 +155,7 @@ def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs",
 
 
 @mtrain_app("eval")
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: EvalConfig) -> None:
     run_eval(cfg)
 
 

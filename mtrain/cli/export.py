@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
+from mtrain.config import ExportConfig
 from mtrain.errors import MtrainError
 
 
-def run_export(cfg: DictConfig) -> Path:
+def run_export(cfg: ExportConfig) -> Path:
     from mtrain.export import export_run
 
     if cfg.run is None:
@@ -33,7 +33,7 @@ def run_export(cfg: DictConfig) -> Path:
 
 
 @mtrain_app("export")
-def main(cfg: DictConfig) -> None:
+def main(cfg: ExportConfig) -> None:
     run_export(cfg)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_resolved_model, with_values
@@ -36,14 +36,15 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 log = logging.getLogger("mtrain")
 
 
-def run_fit(cfg: DictConfig, run_dir: Path) -> Dict[str, Any]:
-    """Train as `cfg` says, writing everything into `run_dir`; returns metrics.json's content."""
-    from mtrain.train.checkpoint import load_checkpoint
+def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
+    """Train as `cfg` says (the dataclass, or its composed node), writing everything into
+    `run_dir`; returns metrics.json's content."""
+    from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpointer import check_resumable_config, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.progress import TrainState, budget_reason
 
-    cfg = with_resolved_model(cfg)  # config.yaml and the checkpoints record what is built
+    cfg = with_resolved_model(cfg)  # typed; config.yaml and the checkpoints record what is built
     run = RunDir(run_dir)
     resume_path = _check_run_dir(run, cfg)
     resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
@@ -138,7 +139,7 @@ def next_steps(run: RunDir) -> str:
             f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
 
 
-def _check_run_dir(run: RunDir, cfg: DictConfig) -> Optional[Path]:
+def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
     """Refuse a run directory that cannot be used as asked; the checkpoint to resume, if any."""
     _check_writable(run.path)
     if run.has_checkpoints() and not cfg.train.resume:
@@ -156,7 +157,7 @@ def _check_run_dir(run: RunDir, cfg: DictConfig) -> Optional[Path]:
     return run.checkpoint("last")
 
 
-def _write_run_files(run: RunDir, cfg: DictConfig, data: Any) -> None:
+def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData) -> None:
     """The run's config (resolved, and Hydra's record of the command line), tokenizer and eval text."""
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     if hydra_cfg is not None:  # Hydra's own writing is off (hydra.output_subdir=null): checks come first
@@ -200,7 +201,7 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
-    from mtrain.train.checkpoint import load_checkpoint
+    from mtrain.train.checkpoint_files import load_checkpoint
 
     best_path = run.find_checkpoint("best")
     best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read
@@ -240,5 +241,5 @@ def _check_writable(run_dir: Path) -> None:
 
 
 @mtrain_app("fit")
-def main(cfg: DictConfig) -> None:
+def main(cfg: FitConfig) -> None:
     run_fit(cfg, Path(HydraConfig.get().runtime.output_dir))

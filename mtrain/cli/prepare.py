@@ -6,13 +6,13 @@ corpus: it prints pairs read, filtered by reason, kept, tokens per side and the 
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
+from mtrain.config import FitConfig
 
 
 @mtrain_app("prepare")
-def main(cfg: DictConfig) -> None:
+def main(cfg: FitConfig) -> None:
     from mtrain.batches.prepare import prepare_data
 
     prepared = prepare_data(cfg.data, cfg.tokenizer, log=lambda message: print(message, flush=True))

@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 from typing import List
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
 from mtrain.cli.evaluate import friendly_overrides, hydra_quote
+from mtrain.config import ReportConfig
 from mtrain.errors import MtrainError
 
 
-def run_report(cfg: DictConfig):
+def run_report(cfg: ReportConfig):
     from mtrain.evaluate.compare import compare_runs
     from mtrain.evaluate.runs import discover_runs
     from mtrain.evaluate.sweep import write_sweep_report
@@ -60,7 +60,7 @@ def positional_sweep(argv: List[str]) -> List[str]:
 
 
 @mtrain_app("report")
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: ReportConfig) -> None:
     run_report(cfg)
 
 

@@ -17,15 +17,15 @@ import logging
 import os
 import sys
 
-from omegaconf import DictConfig
 
 from mtrain.cli.common import mtrain_app
+from mtrain.config import TranslateConfig
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.translate")
 
 
-def run_translate(cfg: DictConfig) -> None:
+def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths
@@ -46,7 +46,7 @@ def run_translate(cfg: DictConfig) -> None:
 
 
 @mtrain_app("translate")
-def main(cfg: DictConfig) -> None:
+def main(cfg: TranslateConfig) -> None:
     try:
         run_translate(cfg)
     except BrokenPipeError:

@@ -77,8 +77,6 @@ def show_progress(cfg: TranslateConfig) -> bool:
 
 def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.device, precision: str) -> StreamReport:
     """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null)."""
-    if cfg.max_input_tokens < 2:
-        raise MtrainError(f"max_input_tokens={cfg.max_input_tokens}: must be >= 2 (one token and eos)")
     limit = cfg.max_input_tokens
     model_limit = position_limit(model)
     engine = as_engine(model, tokenizer, device, precision)  # once: a bf16 engine casts the weights

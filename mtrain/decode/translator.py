@@ -20,12 +20,11 @@ from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from mtrain.config import DecodeConfig
+from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
-from mtrain.runtime import resolve_decode_precision
 
-__all__ = ["Engine", "TorchEngine", "as_engine", "resolve_decode_precision", "token_budget_batches", "translate_encoded",
+__all__ = ["Engine", "TorchEngine", "as_engine", "token_budget_batches", "translate_encoded",
            "translate_sentences"]
 
 
@@ -40,7 +39,7 @@ class Engine(Protocol):
         ...
 
 
-def as_engine(model, tokenizer, device: torch.device | str, precision: str = "fp32",
+def as_engine(model, tokenizer, device: torch.device | str, precision: Precision | str = Precision.fp32,
               use_cache: bool = True) -> Engine:
     """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
     (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)."""
@@ -75,7 +74,7 @@ def translate_encoded(
     sources: Sequence[Optional[Sequence[int]]],
     cfg: DecodeConfig,
     device: torch.device | str,
-    precision: str = "fp32",
+    precision: Precision | str = Precision.fp32,
     attention_layer: Optional[int | str] = None,
     use_cache: bool = True,
     on_batch: Optional[Callable[[int], None]] = None,
@@ -91,7 +90,7 @@ def translate_encoded(
     engine = as_engine(model, tokenizer, device, precision, use_cache)
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
-    hypotheses = cfg.beam if cfg.sampling == "none" else cfg.nbest
+    hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
     lengths = [len(sources[i]) for i in to_decode]
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
@@ -110,7 +109,7 @@ def translate_sentences(
     sentences: Sequence[str],
     cfg: DecodeConfig,
     device: torch.device | str,
-    precision: str = "fp32",
+    precision: Precision | str = Precision.fp32,
 ) -> list[list[Hypothesis]]:
     """Translate raw sentences; per sentence up to `cfg.nbest` hypotheses (with `.text`)."""
     sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] if s.strip() else None for s in sentences]

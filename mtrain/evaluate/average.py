@@ -23,7 +23,7 @@ import torch
 
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 # Training state that belongs to one point of the optimisation, not to an average of them.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")

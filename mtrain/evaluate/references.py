@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from mtrain.config import DataConfig
 from mtrain.data.local_files import count_lines
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
@@ -45,13 +46,13 @@ def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:
     return {"role": role, "path": origin, "sha256": digest, "lines": len(lines)}
 
 
-def read_run_split(run: RunDir, data_cfg: Any, split: str) -> SplitText:
+def read_run_split(run: RunDir, data_cfg: DataConfig, split: str) -> SplitText:
     """A run's `valid` or `test` split: the copy `mtrain fit` kept in the run directory, so a
     score never depends on where the corpus is now (or on reaching the Hub again); runs
     written before mtrain kept that copy read the split as their data config says."""
     if split not in SPLITS:
         raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
-    if data_cfg.splits[split] is None:
+    if getattr(data_cfg.splits, split) is None:
         raise MtrainError(f"run={run.path}: trained without a {split} split (data.splits.{split}=null); "
                           "score split=valid, or a file with hyp=... ref=...")
     src_path, ref_path = run.split_files(split)
@@ -61,7 +62,7 @@ def read_run_split(run: RunDir, data_cfg: Any, split: str) -> SplitText:
     return read_split_text(data_cfg, split)
 
 
-def read_split_text(data_cfg: Any, split: str) -> SplitText:
+def read_split_text(data_cfg: DataConfig, split: str) -> SplitText:
     """Split `valid` or `test` of a run's `data` config, read as `mtrain fit` reads it
     (`mtrain.data`: local files or the Hub, trimmed, undecodable pairs per data.invalid_utf8)."""
     from mtrain.data.sources import ReadStats, resolve_source

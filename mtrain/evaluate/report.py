@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
 
 from mtrain import __version__
+from mtrain.config import DataConfig
 from mtrain.evaluate.references import SplitText, file_record
 from mtrain.evaluate.tables import Table
 from mtrain.rundir import RunDir, atomic_write_text
@@ -30,14 +31,14 @@ def metrics_table(scores: Dict[str, Dict[str, Any]]) -> Table:
     return table
 
 
-def split_report(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, scored: "Scored",
+def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, scored: "Scored",
                  checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], tokenize: str = "13a",
                  lowercase: bool = False, chrf_word_order: int = 0) -> Dict[str, Any]:
     """The report of one scored split of a run: what was decoded, with what, and the scores."""
     return {
         "run": str(run.path.resolve()),
         "split": split_key,
-        "split_name": str(data_cfg.splits[split_key]),
+        "split_name": str(getattr(data_cfg.splits, split_key)),
         "language_pair": f"{data_cfg.src}-{data_cfg.tgt}",
         "checkpoint": checkpoint_info,
         "decode": decode_info,

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence
 
+from mtrain.config import DataConfig, DecodeConfig, Precision
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, score_corpus
 from mtrain.evaluate.references import SplitText
 from mtrain.evaluate.report import save_split_report, split_report
 from mtrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    import torch
+
+    from mtrain.tokenizer import Tokenizer
 
 # Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...).
 Translate = Callable[[List[str]], List[str]]
@@ -59,7 +65,8 @@ def translate_and_score(translate: Translate, sources: Sequence[str], references
     return Scored(hypotheses, scores, seconds)
 
 
-def sentence_translator(model: Any, tokenizer: Any, decode_cfg: Any, device: Any, precision: str) -> Translate:
+def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConfig, device: torch.device,
+                        precision: Precision | str) -> Translate:
     """The best hypothesis per source sentence, decoded with `decode_cfg` (a `Translate`).
 
     `model`: mtrain's model or any decoding engine (mtrain.decode.translator.Engine)."""
@@ -75,7 +82,7 @@ def sentence_translator(model: Any, tokenizer: Any, decode_cfg: Any, device: Any
     return translate
 
 
-def score_split(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, translate: Translate,
+def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, translate: Translate,
                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
                 tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
                 log: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -83,7 +90,7 @@ def score_split(run: RunDir, split_key: str, data_cfg: Any, split: SplitText, tr
 
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
-    name = f"data.splits.{split_key}={data_cfg.splits[split_key]}"
+    name = f"data.splits.{split_key}={getattr(data_cfg.splits, split_key)}"
     scored = translate_and_score(translate, split.sources, split.references, name, metrics, tokenize,
                                  lowercase, chrf_word_order)
     report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,

@@ -96,7 +96,7 @@ def export_ctranslate2(state: Mapping[str, Any], model_cfg: ModelConfig, tokeniz
 def export_run(run_dir: Path, out_dir: Path, which: str = "best", quantization: Optional[str] = None,
                force: bool = False, checkpoint_path: Optional[Path] = None) -> Path:
     """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`."""
-    from mtrain.train.checkpoint import load_run
+    from mtrain.train.checkpoint_files import load_run
 
     loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path)
     check_exportable(loaded.config.model)

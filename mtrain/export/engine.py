@@ -21,7 +21,7 @@ from mtrain.config import Engine
 from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
 from mtrain.runtime import resolve_decode_precision
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
-from mtrain.train.checkpoint import LoadedRun, load_run
+from mtrain.train.checkpoint_files import LoadedRun, load_run
 
 
 @dataclass

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtrain.config import resolved_model, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write
-from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 log = logging.getLogger("mtrain")
 

@@ -7,7 +7,7 @@ import torch
 
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint import load_checkpoint, save_checkpoint
+from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def test_round_trip(tmp_path):
