@@ -54,6 +54,7 @@ def main() -> None:
     total = sum(event.self_cpu_time_total for event in events)
     print(f"# {precision}, {torch.get_num_threads()} threads, {args.updates} updates, {tokens} tgt tokens, "
           f"{tokens / (total / 1e6):.0f} tgt tok/s under the profiler")
+    print(f"# {sum(event.count for event in events) / args.updates:.1f} operators dispatched per update")
     print(f"{'operator':<48} {'self %':>7} {'self ms/upd':>11} {'calls/upd':>9}")
     for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]:
         print(f"{event.key[:48]:<48} {100 * event.self_cpu_time_total / total:>6.1f}% "
