@@ -424,6 +424,9 @@ class EvalConfig:
     ref: List[str] = field(default_factory=list)
     checkpoint: str = "best"
     average_last: int = 0  # average the last N checkpoints before decoding
+    # Where run= writes its report (<split>.json, .md, .hyp) and, with average_last, the averaged
+    # checkpoint (average_lastN.pt); null: the run's eval/ and checkpoints/ (a read-only run needs out=)
+    out: Optional[str] = None
     metrics: List[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
     tokenize: str = "13a"
     lowercase: bool = False

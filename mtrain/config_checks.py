@@ -56,6 +56,7 @@ def check_config(cfg: DictConfig) -> None:
         _at_least(cfg, "bootstrap_samples", 0)
         _at_least(cfg, "chrf_word_order", 0)
         _optional_at_least(cfg, "num_threads", 1)
+        _check_eval_out(cfg)
     elif schema is AverageConfig:
         _at_least(cfg, "last", 1)
     elif schema is ReportConfig:
@@ -242,16 +243,31 @@ def check_writable_file(path: Path, key: str) -> None:
         raise MtrainError(f"{key}: {path} is not writable; choose another path")
 
 
-def check_writable_dir(path: Path, key: str) -> None:
-    """A directory `path` exists and is writable, or can be created."""
+def _check_eval_out(cfg: DictConfig) -> None:
+    """`out=` is where `run=` writes: the other modes write nothing, so it would be ignored."""
+    if cfg.out is None:
+        return
+    if cfg.runs or cfg.hyp or not cfg.run:
+        raise MtrainError("out: is where `mtrain eval run=RUN` writes its report; hyp= and runs= write none "
+                          "(drop out=, or evaluate a run with run=RUN)")
+    check_writable_dir(Path(cfg.out), "out")
+
+
+def check_writable_dir(path: Path, key: str, advice: Optional[str] = None) -> None:
+    """A directory `path` exists and is writable, or can be created; else MtrainError naming
+    `key`, with `advice` (default: choose another with key=PATH)."""
+    advice = advice or f"choose another with {key}=PATH"
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
-        raise MtrainError(f"{key}: {path} {what}; choose another with {key}=PATH")
+        raise MtrainError(f"{key}: {path} {what}; {advice}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise MtrainError(f"{key}: {path} is not writable ({existing} denies writing); choose another with {key}=PATH")
+        # access(2) answers for root too on a read-only mount (EROFS), where permission bits do not
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = f"{existing} is on a read-only file system" if read_only else f"{existing} denies writing"
+        raise MtrainError(f"{key}: {path} is not writable ({why}); {advice}")
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -11,6 +11,7 @@ Every name below is spelled here and nowhere else:
     eval/                    reports of `mtrain eval` and fit's test decode
     tb/                      TensorBoard events
     train.log, metrics.json
+    failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
 
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
 to a temporary file in the same directory, are fsynced, and are renamed over the target.
@@ -127,6 +128,12 @@ class RunDir:
         return self.path / "metrics.json"
 
     @property
+    def failed_file(self) -> Path:
+        """`failed.json`: the reason a sweep job failed, and its overrides (the job may have
+        failed before `.hydra/overrides.yaml` was written)."""
+        return self.path / "failed.json"
+
+    @property
     def log_file(self) -> Path:
         return self.path / "train.log"
 
@@ -208,5 +215,5 @@ class RunDir:
     def looks_like_run(self) -> bool:
         """Whether `mtrain fit` wrote this directory (any of its marks)."""
         return (self.overrides_file.is_file() or self.metrics_file.is_file() or self.checkpoint_dir.is_dir()
-                or self.config_file.is_file())
+                or self.config_file.is_file() or self.failed_file.is_file())
 

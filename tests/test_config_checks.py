@@ -174,6 +174,17 @@ def test_translate_values(tmp_path, capsys):
     assert run_check("translate", ["run=x", "engine=ctranslate2", "precision=int8"], capsys) == (0, [])
 
 
+def test_eval_out_is_for_run_and_must_be_a_writable_directory(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    status, lines = run_check("eval", ["run=somewhere", f"out={tmp_path / 'file'}"], capsys)
+    assert_refused(status, lines, f"out: {tmp_path / 'file'} is a file")
+    for mode in (["hyp=h.txt", "ref=[r.txt]"], ["runs=multirun/x"]):
+        status, lines = run_check("eval", [*mode, f"out={tmp_path / 'reports'}"], capsys)
+        assert_refused(status, lines, "out: is where `mtrain eval run=RUN` writes its report")
+    assert run_check("eval", ["run=somewhere", f"out={tmp_path / 'reports'}"], capsys) == (0, [])
+    assert not (tmp_path / "reports").exists()  # checked, not made
+
+
 def test_help_and_cfg_stay_hydras_and_cfg_still_refuses_a_typo(capsys):
     assert run_check("fit", ["--help"], capsys) == (0, [])
     assert run_check("fit", ["--cfg", "job", "train.max_time=2min"], capsys) == (0, [])  # prints, runs nothing

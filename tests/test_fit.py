@@ -176,6 +176,32 @@ def test_multirun_sweep_runs_each_value(tmp_path, multi30k_slice):
     assert "encoder_layers: 1" in configs[0] and "encoder_layers: 2" in configs[1]
 
 
+@pytest.mark.slow
+def test_a_sweep_with_a_failing_job_runs_the_others_exits_non_zero_and_reports_it(tmp_path, multi30k_slice):
+    sweep_dir = tmp_path / "sweep"
+    result = mtrain(
+        "fit", "-m", "model.max_positions=256,16,128", f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}", *TINY, "train.max_updates=2", "train.valid_bleu=false",
+        "data.train_limit=300", "data.splits.test=null", f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        "mtrain: error: 1 of 3 sweep jobs failed: job 1 (model.max_positions=16);")
+    assert (sweep_dir / "0" / "metrics.json").exists() and (sweep_dir / "2" / "metrics.json").exists()
+    reason = json.loads((sweep_dir / "1" / "failed.json").read_text())["error"]
+    assert "model.max_positions" in reason
+
+    report = mtrain("report", str(sweep_dir), "bootstrap_samples=0")
+    assert report.returncode == 0, report.stderr[-3000:]
+    markdown = (sweep_dir / "report" / "report.md").read_text()
+    assert "3 runs, 1 of them failed (see below)." in markdown
+    assert f"- run 1 (model.max_positions=16) failed: {reason}" in markdown
+    compared = mtrain("eval", f"runs={sweep_dir}")
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    assert f"run 1 (model.max_positions=16) failed: {reason}" in compared.stdout
+
+
 def test_fit_without_a_test_split(tmp_path, multi30k_slice):
     """data.splits.test=null: a smoke run spends nothing on a test decode, and says so."""
     run_dir = tmp_path / "run"

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -147,6 +152,68 @@ def test_eval_run_bad_inputs(tiny_run, tmp_path, monkeypatch, capsys):
         run_cli(monkeypatch, "eval", f"run={no_checkpoints}")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"mtrain: error: run={no_checkpoints}: no checkpoints")
+
+
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """`directory` read-only as the kernel enforces it: a read-only bind mount when we are root
+    (tests run as root, and root ignores permission bits: every write fails with EROFS, as on a
+    read-only share), else its directories' write bits removed."""
+    if os.geteuid() != 0:
+        directories = [directory, *(p for p in directory.rglob("*") if p.is_dir())]
+        for path in directories:
+            path.chmod(0o555)
+        try:
+            yield
+        finally:
+            for path in directories:
+                path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True).returncode:
+        pytest.skip("root, but no bind mount here (no CAP_SYS_ADMIN): cannot make a read-only directory")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], capture_output=True).returncode:
+            pytest.skip("cannot remount a bind mount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def mtrain_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_eval_of_a_read_only_run_refuses_before_any_work_and_writes_to_out(tiny_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "average_last*"))
+    out = tmp_path / "reports"
+    quick = ["split=valid", "device=cpu", "decode.beam=1", "metrics=[bleu]", "num_threads=1"]
+    with read_only(run):
+        refused = mtrain_command("eval", f"run={run}", *quick, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.splitlines() == [
+            f"mtrain: error: run={run}: {run / 'eval'} is not writable "
+            f"({run} {'is on a read-only file system' if os.geteuid() == 0 else 'denies writing'}); "
+            "write the report elsewhere with out=DIR"]
+        assert "decoding" not in refused.stdout  # refused before the model was loaded
+
+        # Averaging writes a checkpoint into the run: also refused at once, with the advice that helps.
+        refused = mtrain_command("eval", f"run={run}", *quick, "average_last=1", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert len(refused.stderr.splitlines()) == 1 and refused.stderr.startswith(f"mtrain: error: run={run}: ")
+        assert "write the report and average_last1.pt elsewhere with out=DIR" in refused.stderr
+        assert "train.resume" not in refused.stderr and "averaged" not in refused.stdout
+
+        done = mtrain_command("eval", f"run={run}", *quick, "average_last=2", f"out={out}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    report = json.loads((out / "valid.json").read_text(encoding="utf-8"))
+    assert report["run"] == str(run.resolve()) and report["sentences"] == 12
+    assert report["checkpoint"]["path"] == str(out / "average_last2.pt") and (out / "average_last2.pt").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["average_last2.pt", "valid.hyp", "valid.json", "valid.md"]
+    assert not (run / "eval").exists() and not list(run.glob("checkpoints/average*"))
+    assert sorted(tmp_path.iterdir()) == sorted([run, out])  # nothing else written
 
 
 def test_hypotheses_scored_against_a_runs_split(tiny_run, tmp_path, monkeypatch, capsys):
@@ -310,6 +377,48 @@ def test_report_adds_the_paired_bootstrap_when_runs_saved_hypotheses(fake_sweep,
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "report", str(fake_sweep), "baseline=7")
     assert "7" in capsys.readouterr().err
+
+
+def test_a_failed_sweep_job_is_recorded_and_the_sweep_goes_on_then_exits_non_zero(tiny_run, tmp_path):
+    """A real `-m` sweep through the command, whose job 0 fails: job 1 still runs, the failure
+    is in 0/failed.json, and the sweep's exit status says that something failed."""
+    sweep, run = tmp_path / "sweep", tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "average_last*"))
+    result = mtrain_command("eval", "-m", f"run={run}", "split=valid", "checkpoint=nonexistent,best",
+                            "device=cpu", "decode.beam=1", "metrics=[bleu]", "num_threads=1",
+                            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert errors[0].startswith("mtrain: error: checkpoint=nonexistent: no such file")
+    assert errors[-1] == (f"mtrain: error: 1 of 2 sweep jobs failed: job 0 (checkpoint=nonexistent); each job's "
+                          f"reason is above and in its failed.json (`mtrain report {sweep}` lists them)")
+    record = json.loads((sweep / "0" / "failed.json").read_text(encoding="utf-8"))
+    assert record["job"] == 0 and "checkpoint=nonexistent" in record["overrides"]
+    assert record["error"] == errors[0].removeprefix("mtrain: error: ")
+    assert (run / "eval" / "valid.json").is_file() and not (sweep / "1" / "failed.json").exists()  # job 1 ran
+
+
+def test_report_and_comparison_list_failed_jobs_with_their_reasons(fake_sweep, tmp_path, monkeypatch, capsys):
+    reason = ("data.splits.valid=val: line 3 has 19 source tokens; the model embeds at most 16 positions "
+              "(model.max_positions); shorten or remove that line, or raise model.max_positions")
+    failed = fake_sweep / "2"
+    failed.mkdir()
+    (failed / "train.log").write_text("", encoding="utf-8")  # Hydra's log: all a job has before mtrain writes
+    (failed / "failed.json").write_text(json.dumps({  # as mtrain.cli.common writes it
+        "job": 2, "overrides": ["model.norm_position=pre", "train.max_updates=40", "model.max_positions=16"],
+        "error": reason, "exception": "MtrainError"}), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "report", str(fake_sweep), "bootstrap_samples=0")
+    markdown = (fake_sweep / "report" / "report.md").read_text(encoding="utf-8")
+    line = f"run 2 (model.norm_position=pre model.max_positions=16) failed: {reason}"
+    assert "3 runs, 1 of them failed (see below)." in markdown
+    assert f"## Failed jobs\n\n- {line}\n" in markdown
+    assert "run 2: no metrics.json" not in markdown  # its reason is known
+    assert line in capsys.readouterr().out
+
+    run_cli(monkeypatch, "eval", f"runs={fake_sweep}")
+    assert line in capsys.readouterr().out
 
 
 def test_scalar_table_script_prints_tags_at_updates(fake_sweep):

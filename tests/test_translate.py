@@ -250,6 +250,49 @@ def test_translate_command_errors_are_one_line(run_dir, tmp_path):
     ]
 
 
+def _translate_command(run_dir: Path, *args: str) -> list[str]:
+    command = [sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", "decode.beam=1",
+                  "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32"]
+    return command + list(args)
+
+
+def test_translate_into_a_full_disk_or_a_closed_stream_is_one_line(run_dir, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_text("".join(f"{s}\n" for s in SENTENCES * 5), encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open("/dev/full", "wb") as full:  # every write: ENOSPC
+        result = subprocess.run(_translate_command(run_dir, f"input={source}"), stdout=full, stderr=subprocess.PIPE,
+                                env=env, cwd=tmp_path, timeout=120)
+    errors = [line for line in result.stderr.decode().splitlines() if not line.startswith("mtrain: INFO")]
+    assert result.returncode == 2, result.stderr.decode()
+    assert errors == ["mtrain: error: output: could not write to stdout (No space left on device); the translations "
+                      "written so far are incomplete. Free space where stdout goes, or give output=FILE"]
+
+    # The shell closed stdin (`<&-`): Python's sys.stdin is None.
+    result = subprocess.run(_translate_command(run_dir), stdin=None, capture_output=True, env=env, cwd=tmp_path,
+                            timeout=120, preexec_fn=lambda: os.close(0))
+    assert result.returncode == 2, result.stderr.decode()
+    assert result.stderr.decode().splitlines() == ["mtrain: error: input: stdin is closed; give input=FILE, or "
+                                                   "pipe the text in"]
+    # stdin closed with input= given reads the file and needs no stdin.
+    result = subprocess.run(_translate_command(run_dir, f"input={source}", f"output={tmp_path / 'out.en'}"),
+                            capture_output=True, env=env, cwd=tmp_path, timeout=120, preexec_fn=lambda: os.close(0))
+    assert result.returncode == 0, result.stderr.decode()
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == len(SENTENCES) * 5
+
+
+def test_translate_into_a_reader_that_went_away_exits_141_quietly(run_dir, tmp_path):
+    """`mtrain translate ... | head -1`: the reader is gone before the translations come."""
+    source = tmp_path / "in.de"
+    source.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
+    process = subprocess.Popen(_translate_command(run_dir, f"input={source}"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    process.stdout.close()  # as head does once it has its line
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 141, stderr.decode()
+    assert "Traceback" not in stderr.decode() and "Exception ignored" not in stderr.decode()
+
+
 def test_translate_config_composes_and_rejects_typos():
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException

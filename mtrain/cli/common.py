@@ -9,16 +9,23 @@ key, a wrong type, an unknown preset: with a "did you mean") and every bad value
 (mtrain.config_checks), for each job of a `-m` sweep too. `HYDRA_FULL_ERROR=1` shows
 Hydra's own error and stack trace instead. What this needs of Hydra's private API is
 behind mtrain.hydra_internals.
+
+In a sweep a failing job does not cancel the others: its reason goes into its directory's
+`failed.json` (read by `mtrain report` and `mtrain eval runs=`), and once every job has run
+the command exits with status 1, naming the failed jobs.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +36,7 @@ from mtrain.config import APP_SCHEMAS, register_configs, to_typed
 from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys
 from mtrain.errors import MtrainError
 from mtrain.hydra_internals import ErrorKind, compose_jobs, read_command_line, read_composition_error
+from mtrain.rundir import RunDir, atomic_write_text
 
 
 def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:
@@ -44,6 +52,34 @@ register_configs()
 
 log = logging.getLogger("mtrain")
 
+# The exit status of a sweep in which a job failed (2 stays "refused before anything ran"), unless
+# a stop signal ended a job: then 128 + its number, as for one run.
+SWEEP_FAILED_STATUS = 1
+
+
+@dataclass
+class SweepOutcome:
+    """The jobs of the `-m` sweep this process runs (Hydra's basic launcher runs them here, one
+    after another) and the failed ones."""
+
+    overrides: Dict[int, List[str]] = field(default_factory=dict)  # every job's, by job number
+    failed: Dict[int, Path] = field(default_factory=dict)  # job number -> its directory
+    exit_status: int = SWEEP_FAILED_STATUS
+
+    def failed_line(self) -> str:
+        """`<n> of <jobs> sweep jobs failed: ...`: how a sweep with failed jobs ends. Each job is
+        named by its number and the overrides that set it apart."""
+        common = set.intersection(*(set(items) for items in self.overrides.values()))
+        jobs = "; ".join(
+            f"job {number} ({' '.join(o for o in self.overrides[number] if o not in common) or 'as the others'})"
+            for number in self.failed)
+        sweep_dir = next(iter(self.failed.values())).parent
+        return (f"{len(self.failed)} of {len(self.overrides)} sweep jobs failed: {jobs}; each job's reason is "
+                f"above and in its failed.json (`mtrain report {sweep_dir}` lists them)")
+
+
+_sweep = SweepOutcome()
+
 
 def mtrain_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[..., Any]]:
     """Decorate `task(cfg)` into the `main()` of the command whose config is configs/<config_name>.yaml:
@@ -58,7 +94,13 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
         def main(cfg_passthrough: Optional[DictConfig] = None) -> Any:
             if cfg_passthrough is None:
                 check_before_run(config_name, sys.argv[1:])
-            return app(cfg_passthrough)
+            _sweep.overrides, _sweep.failed, _sweep.exit_status = {}, {}, SWEEP_FAILED_STATUS
+            try:
+                return app(cfg_passthrough)
+            finally:  # also when Hydra ends the sweep itself on a job's crash (its traceback, status 1)
+                if _sweep.failed:
+                    print(f"mtrain: error: {_sweep.failed_line()}", file=sys.stderr)
+                    sys.exit(_sweep.exit_status)
 
         return main
 
@@ -69,12 +111,13 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
     """Check the config, run `app` on it as the command's dataclass (`mtrain.config.to_typed`);
     an MtrainError becomes one line on stderr and exit status 2.
 
-    In a multirun sweep the failing job is reported and the sweep goes on: one diverged
-    ablation must not cancel the others.
+    In a multirun sweep the failing job is reported, recorded in its `failed.json`, and the
+    sweep goes on: one diverged ablation must not cancel the others.
     """
 
     @functools.wraps(app)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        job_dir = _start_sweep_job() if _in_multirun() else None
         try:
             if args:
                 check_config(args[0])
@@ -83,10 +126,18 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             return app(*args, **kwargs)
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)
-            if _in_multirun():
+            if job_dir is not None:
                 log.error("job failed: %s", error)
+                _record_failed_job(job_dir, str(error), type(error).__name__)
+                if getattr(error, "exit_status", 2) > 128:
+                    _sweep.exit_status = error.exit_status
                 return None
             sys.exit(getattr(error, "exit_status", 2))  # a stop signal exits 128 + its number
+        except Exception as error:  # a bug: Hydra shows it, with its traceback, once the other jobs ran
+            if job_dir is not None:
+                first_line = str(error).splitlines()[0] if str(error) else "no detail"
+                _record_failed_job(job_dir, f"{type(error).__name__}: {first_line}", type(error).__name__)
+            raise
 
     return wrapper
 
@@ -162,3 +213,24 @@ def _exit_with(message: str) -> None:
 
 def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _start_sweep_job() -> Path:
+    """Note the job; its directory, rid of a `failed.json` an earlier sweep left there."""
+    hydra_cfg = HydraConfig.get()
+    _sweep.overrides[int(hydra_cfg.job.num)] = [str(item) for item in hydra_cfg.overrides.task]
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    RunDir(job_dir).failed_file.unlink(missing_ok=True)
+    return job_dir
+
+
+def _record_failed_job(job_dir: Path, reason: str, kind: str) -> None:
+    """Write the job's `failed.json` (its number, overrides, the one-line reason)."""
+    number = int(HydraConfig.get().job.num)
+    _sweep.failed[number] = job_dir
+    record = {"job": number, "overrides": _sweep.overrides[number], "error": reason, "exception": kind,
+              "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    try:
+        atomic_write_text(RunDir(job_dir).failed_file, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    except OSError as error:  # the reason was printed already; the other jobs still run
+        log.warning("%s: could not record the failure (%s)", RunDir(job_dir).failed_file, error.strerror or error)

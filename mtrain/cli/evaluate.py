@@ -1,6 +1,7 @@
 """`mtrain eval`: score a run (decode + sacreBLEU), a hypothesis file, or compare runs.
 
     mtrain eval run=RUN split=test [average_last=5]     decode, score, write RUN/eval/test.*
+    mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import EvalConfig, to_plain
+from mtrain.config_checks import check_writable_dir
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 
@@ -57,11 +59,12 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     run = RunDir(cfg.run)
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
+    report_dir = check_output_dirs(run, cfg)  # before any averaging or decoding
     device = resolve_device(cfg.device)
     averaged_from: Optional[List[str]] = None
     if cfg.average_last > 0:
         sources_ckpts = last_checkpoints(run.path, cfg.average_last)
-        checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last))
+        checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last, cfg.out))
         averaged_from = [str(path) for path in sources_ckpts]
         log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
     else:
@@ -82,7 +85,20 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
                    "engine": str(cfg.engine)}
     translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
     return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
-                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log)
+                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir)
+
+
+def check_output_dirs(run: RunDir, cfg: EvalConfig) -> Path:
+    """Refuse, before any work, directories `run=` cannot write: the report's (`out`, else the
+    run's eval/) and, with `average_last`, the averaged checkpoint's (`out`, else checkpoints/).
+    The directory the report goes to."""
+    if cfg.out is not None:
+        check_writable_dir(Path(cfg.out), "out")
+        return Path(cfg.out)
+    writes = "the report" + (f" and average_last{cfg.average_last}.pt" if cfg.average_last > 0 else "")
+    for directory in [run.eval_dir] + ([run.checkpoint_dir] if cfg.average_last > 0 else []):
+        check_writable_dir(directory, f"run={run.path}", advice=f"write {writes} elsewhere with out=DIR")
+    return run.eval_dir
 
 
 def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -117,14 +133,15 @@ def compare(cfg: EvalConfig) -> Dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
     from mtrain.evaluate.compare import compare_runs, comparison_notes
     from mtrain.evaluate.references import read_reference_files
-    from mtrain.evaluate.runs import discover_runs
+    from mtrain.evaluate.runs import default_baseline, discover_runs, failure_notes
 
     runs = discover_runs(cfg.runs)
     refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
-    comparison = compare_runs(runs, refs, cfg.baseline, cfg.split, list(cfg.metrics), cfg.bootstrap_samples,
-                              cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
+    comparison = compare_runs(runs, refs, cfg.baseline or default_baseline(runs, cfg.split), cfg.split,
+                              list(cfg.metrics), cfg.bootstrap_samples, cfg.tokenize, cfg.lowercase,
+                              cfg.chrf_word_order)
     print(comparison.table().to_text())
-    for note in comparison_notes(comparison):
+    for note in comparison_notes(comparison) + failure_notes(runs):
         print(note)
     return {"comparison": comparison}
 
@@ -137,7 +154,7 @@ def hydra_quote(value: str) -> str:
     return f"'{escaped}'"
 
 
-def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs", "run", "hyp")) -> List[str]:
+def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs", "run", "hyp", "out")) -> List[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 
     Hydra would reject a plain string for a list key and read `A,B` as a sweep; list keys

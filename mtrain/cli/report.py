@@ -21,7 +21,7 @@ from mtrain.errors import MtrainError
 
 def run_report(cfg: ReportConfig):
     from mtrain.evaluate.compare import compare_runs
-    from mtrain.evaluate.runs import discover_runs
+    from mtrain.evaluate.runs import default_baseline, discover_runs
     from mtrain.evaluate.sweep import write_sweep_report
 
     if not cfg.sweep:
@@ -35,9 +35,7 @@ def run_report(cfg: ReportConfig):
     comparison = None
     if cfg.bootstrap_samples:
         runs = discover_runs(cfg.sweep)
-        # Default baseline: the first run that has hypotheses (a crashed job 0 has none).
-        baseline = cfg.baseline or next((run.name for run in runs if run.hyp_path("test").is_file()), None)
-        comparison = compare_runs(runs, None, baseline, num_samples=cfg.bootstrap_samples)
+        comparison = compare_runs(runs, None, cfg.baseline or default_baseline(runs), num_samples=cfg.bootstrap_samples)
     elif cfg.baseline:
         raise MtrainError("baseline= needs the bootstrap: drop bootstrap_samples=0")
     return write_sweep_report(cfg.sweep, out, comparison)

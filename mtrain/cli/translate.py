@@ -28,14 +28,15 @@ log = logging.getLogger("mtrain.translate")
 def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.decode.stream import translate_stream
-    from mtrain.decode.textio import check_paths
+    from mtrain.decode.textio import check_paths, check_streams
     from mtrain.decode.threads import set_decode_threads
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
     if cfg.run is None:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
-    check_paths(cfg.input, cfg.output)  # before the model loads
+    check_streams(cfg.input is None, cfg.output is None)  # before the model loads
+    check_paths(cfg.input, cfg.output)
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (engine=ctranslate2).

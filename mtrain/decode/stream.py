@@ -119,7 +119,7 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
     try:
         write_output(cfg.output, translate_into)
     finally:
-        if source is not sys.stdin.buffer:
+        if cfg.input is not None:  # stdin stays open (and sys.stdin is None when the shell closed it)
             source.close()
     if stats.undecodable_bytes:
         log.warning("%d bytes on %d lines were not UTF-8 (first on line %d); each became U+FFFD",

@@ -3,11 +3,14 @@
 Input is read as bytes and split on b"\\n" only (a U+2028 inside a sentence does not make
 two lines), so the output has exactly one line per input line. Bytes that are not UTF-8
 become U+FFFD, one per byte, and are counted for a warning instead of stopping the job.
+A closed stdin or stdout, and a stdout that refuses writes (a full disk, /dev/full), are
+MtrainErrors; a reader that goes away (BrokenPipeError) is left to the command.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -33,6 +36,15 @@ class InputRepairs:
     first_undecodable_line: Optional[int] = None  # 1-based
 
 
+def check_streams(reads_stdin: bool, writes_stdout: bool) -> None:
+    """Fail before any work if the input is stdin and the shell closed it (`<&-`), or the output
+    is stdout and it is closed (`>&-`): Python sets sys.stdin/sys.stdout to None then."""
+    if reads_stdin and sys.stdin is None:
+        raise MtrainError("input: stdin is closed; give input=FILE, or pipe the text in")
+    if writes_stdout and sys.stdout is None:
+        raise MtrainError("output: stdout is closed; give output=FILE, or redirect stdout to a file")
+
+
 def check_paths(input_path: Optional[str], output_path: Optional[str]) -> None:
     """Fail before any work if the input is not a readable file or the output is a folder."""
     if input_path is not None:
@@ -50,6 +62,7 @@ def check_paths(input_path: Optional[str], output_path: Optional[str]) -> None:
 def open_input(path: Optional[str]) -> BinaryIO:
     """The input file as bytes, or stdin when `path` is None."""
     if path is None:
+        check_streams(reads_stdin=True, writes_stdout=False)
         return sys.stdin.buffer
     check_paths(path, None)
     return Path(path).open("rb")
@@ -93,7 +106,7 @@ def write_output(path: Optional[str], produce: Callable[[TextIO], None]) -> None
     `path` only once complete (`mtrain.rundir.atomic_write`): a full disk or an interrupted
     run never leaves a partial translation behind, nor harms an existing file there."""
     if path is None:
-        produce(sys.stdout)
+        _write_stdout(produce)
         return
     check_paths(None, path)
     file = Path(path)
@@ -109,6 +122,21 @@ def write_output(path: Optional[str], produce: Callable[[TextIO], None]) -> None
     except OSError as error:
         raise MtrainError(f"output={path}: could not write ({error.strerror or error}); no output file was "
                           "written (an earlier file there is intact)") from error
+
+
+def _write_stdout(produce: Callable[[TextIO], None]) -> None:
+    """`produce(sys.stdout)`, flushed; a write stdout refuses becomes an MtrainError."""
+    check_streams(reads_stdin=False, writes_stdout=True)
+    try:
+        produce(sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): the command stops quietly
+    except OSError as error:
+        # What is still buffered can never be written: drop it, or Python's flush at exit fails again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise MtrainError(f"output: could not write to stdout ({error.strerror or error}); the translations "
+                          "written so far are incomplete. Free space where stdout goes, or give output=FILE") from error
 
 
 def one_line(text: str) -> str:

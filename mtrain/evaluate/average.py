@@ -146,9 +146,13 @@ def average_to_file(paths: Sequence[Union[str, Path]], out: Union[str, Path]) ->
     out = Path(out)
     if any(out.resolve() == Path(path).resolve() for path in paths):
         raise MtrainError(f"out={out}: is one of the checkpoints being averaged; choose another file")
-    save_checkpoint(out, average_checkpoints(paths))
+    # Nothing to resume here: the advice is where else the average can go.
+    save_checkpoint(out, average_checkpoints(paths),
+                    then="or write the average elsewhere (mtrain average: out=FILE; mtrain eval: out=DIR)")
     return out
 
 
-def default_average_path(run_dir: Union[str, Path], count: int) -> Path:
-    return RunDir(run_dir).checkpoint(f"average_last{count}")
+def default_average_path(run_dir: Union[str, Path], count: int, out_dir: Union[str, Path, None] = None) -> Path:
+    """`<run>/checkpoints/average_last<count>.pt`, or that file name in `out_dir`."""
+    path = RunDir(run_dir).checkpoint(f"average_last{count}")
+    return Path(out_dir) / path.name if out_dir is not None else path

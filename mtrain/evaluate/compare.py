@@ -124,8 +124,9 @@ def compare_runs(
     comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
                             baseline=ordered[0].name, num_samples=num_samples)
     with_hyps = [run for run in ordered if run.hyp_path(split).is_file()]
-    comparison.skipped = {run.name: f"no {run.hyp_path(split).relative_to(run.path)}"
-                          for run in ordered if run not in with_hyps}
+    comparison.skipped = {
+        run.name: "the job failed" if run.failure else f"no {run.hyp_path(split).relative_to(run.path)}"
+        for run in ordered if run not in with_hyps}
     if len(with_hyps) < 2:
         comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {split} hypotheses"
         return comparison

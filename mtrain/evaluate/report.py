@@ -55,12 +55,13 @@ def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: Split
 
 
 def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[str],
-                      log: Callable[[str], None] = print) -> Dict[str, Path]:
-    """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}`; log the
-    scores, and what an earlier report there said when it scored differently."""
+                      log: Callable[[str], None] = print, out_dir: Optional[Path] = None) -> Dict[str, Path]:
+    """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}` (or into
+    `out_dir`); log the scores, and what an earlier report there said when it scored differently."""
     split_key = report["split"]
-    replaced = replaced_report_note(run.eval_file(split_key, "json"), report)
-    paths = write_report(run.eval_dir, split_key, report, hypotheses)
+    out_dir = Path(out_dir) if out_dir is not None else run.eval_dir
+    replaced = replaced_report_note(report_paths(out_dir, split_key)["json"], report)
+    paths = write_report(out_dir, split_key, report, hypotheses)
     if replaced:
         log(replaced)
     log(metrics_table(report["metrics"]).to_text())
@@ -92,6 +93,11 @@ def _what_was_decoded(report: Dict[str, Any]) -> str:
             f"beam {report.get('decode', {}).get('beam', '?')}")
 
 
+def report_paths(out_dir: Path, split: str) -> Dict[str, Path]:
+    """`<split>.hyp`, `.json` and `.md` in `out_dir` (a run's `eval/`, or eval's `out=`)."""
+    return {kind: Path(out_dir) / f"{split}.{kind}" for kind in ("hyp", "json", "md")}
+
+
 def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequence[str]) -> Dict[str, Path]:
     """Write `<split>.hyp`, `<split>.json` and `<split>.md` into `out_dir` (each atomically).
 
@@ -99,7 +105,7 @@ def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequen
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out_dir / f"{split}.{kind}" for kind in ("hyp", "json", "md")}
+    paths = report_paths(out_dir, split)
     atomic_write_text(paths["hyp"], "".join(line + "\n" for line in hyps))
     report["data"] = [r for r in report.get("data", []) if r.get("role") != "hypotheses"]
     report["data"].append(file_record(paths["hyp"], "hypotheses"))

@@ -2,7 +2,8 @@
 
 A Hydra multirun directory holds one numbered subdirectory per run, each with
 `.hydra/overrides.yaml` (the command-line overrides of that run), `metrics.json` (written
-by the trainer) and `eval/<split>.json|hyp` (written by `mtrain eval` or the trainer).
+by the trainer) and `eval/<split>.json|hyp` (written by `mtrain eval` or the trainer); a job
+that failed has `failed.json` (its reason and overrides, written by mtrain.cli.common).
 `mtrain eval runs=...` and `mtrain report` both start here.
 """
 
@@ -28,6 +29,7 @@ class RunSummary:
     overrides: Dict[str, str] = field(default_factory=dict)
     metrics: Dict[str, Any] = field(default_factory=dict)  # metrics.json
     evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval/<split>.json by split
+    failure: Optional[str] = None  # why the sweep job failed (failed.json), None if it did not
 
     def hyp_path(self, split: str = "test") -> Path:
         return RunDir(self.path).eval_file(split, "hyp")
@@ -92,12 +94,17 @@ def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
         for report in sorted(run.eval_dir.glob("*.json")):
             evals[report.stem] = _read_json(report)
     metrics_path = run.metrics_file
+    failed = _read_json(run.failed_file) if run.failed_file.is_file() else {}
+    overrides = read_overrides(path)
+    if not overrides and failed:  # a job that failed before mtrain wrote .hydra/overrides.yaml
+        overrides = parse_overrides([str(item) for item in failed.get("overrides", [])])
     return RunSummary(
         name=name or path.name,
         path=path,
-        overrides=read_overrides(path),
+        overrides=overrides,
         metrics=_read_json(metrics_path) if metrics_path.is_file() else {},
         evals=evals,
+        failure=str(failed.get("error", "no reason recorded")) if failed else None,
     )
 
 
@@ -112,6 +119,11 @@ def read_overrides(run_dir: Path) -> Dict[str, str]:
         raise MtrainError(f"{path}: not valid YAML ({error})") from error
     if not isinstance(entries, list):
         raise MtrainError(f"{path}: expected a list of overrides like `key=value`")
+    return parse_overrides(entries)
+
+
+def parse_overrides(entries: Sequence[Any]) -> Dict[str, str]:
+    """Overrides like `key=value` as {key: value}; `+`/`++` prefixes dropped, `~key` kept as deleted."""
     overrides = {}
     for entry in entries:
         key, _, value = str(entry).partition("=")
@@ -131,6 +143,17 @@ def run_config(run_dir: Path) -> Any:
         if path.is_file():
             return OmegaConf.load(path)
     raise MtrainError(f"run={run_dir}: no config.yaml or .hydra/config.yaml; is it a run directory of `mtrain fit`?")
+
+
+def failure_notes(runs: Sequence[RunSummary]) -> List[str]:
+    """One line per failed sweep job: its name, what sets it apart, and why it failed."""
+    keys = differing_overrides(runs)
+    return [f"run {run.name} ({describe(run, keys)}) failed: {run.failure}" for run in runs if run.failure]
+
+
+def default_baseline(runs: Sequence[RunSummary], split: str = "test") -> Optional[str]:
+    """The first run that has `split` hypotheses (a failed job 0 has none)."""
+    return next((run.name for run in runs if run.hyp_path(split).is_file()), None)
 
 
 def differing_overrides(runs: Sequence[RunSummary]) -> List[str]:

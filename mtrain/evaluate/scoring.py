@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from mtrain.config import DataConfig, DecodeConfig, Precision
 from mtrain.errors import MtrainError
@@ -85,8 +86,9 @@ def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConf
 def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, translate: Translate,
                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
                 tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
-                log: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}`; the report.
+                log: Callable[[str], None] = print, out_dir: Optional[Path] = None) -> Dict[str, Any]:
+    """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
+    files in `out_dir`); the report.
 
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
@@ -95,5 +97,5 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
                                  lowercase, chrf_word_order)
     report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,
                           lowercase, chrf_word_order)
-    save_split_report(run, report, scored.hypotheses, log)
+    save_split_report(run, report, scored.hypotheses, log, out_dir)
     return report

@@ -1,7 +1,8 @@
 """`mtrain report SWEEP_DIR`: a Markdown table of a sweep's runs and plots of their curves.
 
 The table is the one `mtrain eval runs=...` prints (from `compare.runs_table`); the plots
-put every run's training loss, and every run's validation BLEU, on one figure each.
+put every run's training loss, and every run's validation BLEU, on one figure each. Jobs that
+failed (their `failed.json`) are counted in the heading and listed with their reasons.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 
 from mtrain.evaluate.compare import Comparison, runs_table
 from mtrain.evaluate.curves import TRAIN_LOSS, VALID_BLEU, plot_curves, read_scalars
-from mtrain.evaluate.runs import differing_overrides, discover_runs
+from mtrain.evaluate.runs import differing_overrides, discover_runs, failure_notes
 from mtrain.evaluate.tables import Table
 
 REPORT_FILE = "report.md"
@@ -53,13 +54,16 @@ def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison
             notes.append(f"no run logged `{tag}` to TensorBoard (<run>/tb/), so there is no {file_name}")
     for run in runs:
         missing = [tag for tag, curve in curves[run.name].items() if not curve]
-        if missing and plots:
+        if missing and plots and not run.failure:  # a failed job's reason says it all
             notes.append(f"run {run.name}: no {', '.join(missing)} events in {run.path / 'tb'}")
-        if not run.metrics:
+        if not run.metrics and not run.failure:
             notes.append(f"run {run.name}: no metrics.json (still running, or crashed before the end)")
+    failures = failure_notes(runs)
 
     common = _common_overrides(runs, keys)
-    lines = [f"# Sweep report: {spec}", "", f"{len(runs)} runs."]
+    heading = (f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
+               + (f", {len(failures)} of them failed (see below)." if failures else "."))
+    lines = [f"# Sweep report: {spec}", "", heading]
     if common:
         lines += ["", "Overrides shared by every run: " + " ".join(f"`{item}`" for item in common)]
     lines += ["", table.to_markdown(), ""]
@@ -67,12 +71,16 @@ def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison
         from mtrain.evaluate.compare import comparison_notes
 
         lines += [f"- {note}" for note in comparison_notes(comparison)] + [""]
+    if failures:
+        lines += ["## Failed jobs", ""] + [f"- {note}" for note in failures] + [""]
     for plot in plots:
         lines += [f"![{plot.stem.replace('_', ' ')}]({plot.name})", ""]
     lines += [f"- {note}" for note in notes]
     markdown = out_dir / REPORT_FILE
     markdown.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     log(table.to_text())
+    for note in failures:
+        log(note)
     log(f"report written to {markdown}" + (f" with {', '.join(p.name for p in plots)}" if plots else ""))
     return SweepReport(markdown, table, plots, notes)
 

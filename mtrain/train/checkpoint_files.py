@@ -23,16 +23,16 @@ _OTHER_CHECKPOINT = ("use another checkpoint (translate/eval: checkpoint=last|be
                      "training from an older one: train.resume=true train.resume_from=update_N)")
 
 
-def save_checkpoint(path: Union[str, Path], state: Dict[str, Any]) -> None:
+def save_checkpoint(path: Union[str, Path], state: Dict[str, Any],
+                    then: str = "then resume with train.resume=true") -> None:
     """Write `state` to `path` atomically (`mtrain.rundir.atomic_write`): a crash at any
-    moment leaves the old file intact."""
+    moment leaves the old file intact. `then`: what to do after a failed write (training resumes)."""
     try:
         atomic_write(path, lambda handle: torch.save(state, handle))
     except OSError as error:
         raise MtrainError(
             f"{path}: could not write checkpoint ({error.strerror or error}); "
-            "the previous checkpoint is intact. Free disk space or fix permissions, "
-            "then resume with train.resume=true"
+            f"the previous checkpoint is intact. Free disk space or fix permissions, {then}"
         ) from error
 
 
