@@ -51,6 +51,11 @@ class TrainingInterrupted(MtrainError):
         self.exit_status = exit_status
 
 
+def _schedule_settings(cfg: TrainConfig) -> str:
+    scheduler = getattr(cfg.scheduler, "value", cfg.scheduler)
+    return f"scheduler={scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"
+
+
 class Trainer:
     def __init__(self, train_cfg: TrainConfig, parts: TrainingParts, dist: DistributedContext, *,
                  validate: Validate = no_validation, checkpointer: Optional[Checkpointer] = None,
@@ -269,10 +274,11 @@ class Trainer:
             return
         change = learning_rate_change(saved, self.cfg, self.state.update + 1, self.state.train_seconds)
         if change is not None:
-            log.warning("the learning rate of update %d is %.1e under the current train.* settings (max_time=%s) "
-                        "where the checkpoint's (max_time=%s) give %.1e: the schedule follows the share of "
-                        "train.max_time spent, so a larger budget moves the run back on its curve (README: "
-                        "Resume)", self.state.update + 1, change[1], self.cfg.max_time, saved.max_time, change[0])
+            log.warning("the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
+                        "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
+                        "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
+                        self.state.update + 1, change[1], _schedule_settings(self.cfg), _schedule_settings(saved),
+                        change[0])
 
     def release_training_memory(self) -> None:
         """Drop the optimiser's moments and the gradients once training is over (the last
