@@ -408,7 +408,7 @@ class TranslateConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
-    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
+    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
     attention: Optional[str] = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
@@ -436,14 +436,14 @@ class EvalConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"  # as translate's
-    num_threads: Optional[int] = None  # CPU threads (null: the idle cores, 1 to 4; mtrain/decode/threads.py)
+    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     engine: Engine = Engine.torch
 
 
 @dataclass
 class AverageConfig:
     run: Optional[str] = None  # average the last `last` update_<N>.pt checkpoints of this run
-    last: int = 5
+    last: int = 3  # what train.keep_last keeps by default
     checkpoints: List[str] = field(default_factory=list)  # or exactly these files
     out: Optional[str] = None  # default: <run>/checkpoints/average_last<N>.pt
 

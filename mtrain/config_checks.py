@@ -94,6 +94,19 @@ def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:
             yield from schema_keys(field_type, f"{key}.")
 
 
+def takes_a_list(schema: Optional[type], key: str) -> bool:
+    """Whether the dotted `key` of a config dataclass is a list (True when it is not found:
+    a list is then the likelier reading of `a,b`)."""
+    field_type: Any = schema
+    for name in key.split("."):
+        if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
+            return True
+        field_type = typing.get_type_hints(field_type)[name]
+    while typing.get_origin(field_type) is typing.Union:  # Optional[List[str]]
+        field_type = next(arg for arg in typing.get_args(field_type) if arg is not type(None))
+    return typing.get_origin(field_type) in (list, tuple) or field_type in (list, tuple)
+
+
 def check_model_config(cfg: Any, prefix: str = "model") -> None:
     """Raise MtrainError("model.<key>: ...") for the first invalid ModelConfig value."""
     _check_choices(cfg, ModelConfig, prefix)

@@ -24,7 +24,7 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import IO, Callable, List, Tuple, Union
+from typing import IO, Callable, Dict, List, Tuple, Union
 
 from mtrain.errors import MtrainError
 
@@ -211,6 +211,14 @@ class RunDir:
             if directory.is_dir():
                 found += [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)]
         return found
+
+    def disk_use_mb(self) -> Dict[str, float]:
+        """How much the run's files take (MB of their sizes): `total`, and `checkpoints` of it."""
+        def megabytes(directory: Path) -> float:
+            files = [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()] if directory.is_dir() else []
+            return round(sum(p.stat().st_size for p in files) / 1e6, 1)
+
+        return {"total": megabytes(self.path), "checkpoints": megabytes(self.checkpoint_dir)}
 
     def looks_like_run(self) -> bool:
         """Whether `mtrain fit` wrote this directory (any of its marks)."""

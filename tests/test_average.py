@@ -171,3 +171,9 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, monkeypatch
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mtrain: error:") and "tokenizer differs" in line
     assert not (tmp_path / "avg.pt").exists()
+
+
+def test_mtrain_average_takes_as_many_checkpoints_as_fit_keeps():
+    from mtrain.config import AverageConfig, TrainConfig
+
+    assert AverageConfig().last == TrainConfig().keep_last == 3

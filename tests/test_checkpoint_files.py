@@ -67,3 +67,27 @@ def test_find_checkpoint(tmp_path):
     assert [p.name for p in run.update_checkpoints()] == ["update_2.pt", "update_10.pt", "update_30.pt"]
     assert run.find_checkpoint("update_10.pt").name == "update_10.pt"
     assert run.find_checkpoint("update_10").name == "update_10.pt"  # a name, as train.resume_from takes it
+
+
+def test_checkpointer_keeps_the_optimiser_state_only_in_last(tmp_path):
+    """last.pt resumes (everything); update_N.pt and best.pt hold the rest without Adam's
+    moments; each file is its own, and old update_N.pt are pruned to keep_last."""
+    from mtrain.train.checkpointer import Checkpointer
+
+    run = RunDir(tmp_path / "run")
+    checkpointer = Checkpointer(run, keep_last=2, save_every_seconds=None)
+    moments = {"state": {0: {"exp_avg": torch.ones(100_000), "exp_avg_sq": torch.ones(100_000)}}, "param_groups": []}
+    for update in (1, 2, 3):
+        state = {"model": {"w": torch.full((100_000,), float(update))}, "optimizer": moments, "scaler": {},
+                 "update": update, "trainer": {"update": update}}
+        checkpointer.save(state, update, best=update == 2)
+    last, best = load_checkpoint(run.checkpoint("last")), load_checkpoint(run.checkpoint("best"))
+    assert last["update"] == 3 and torch.equal(last["optimizer"]["state"][0]["exp_avg"], torch.ones(100_000))
+    assert best["update"] == 2 and "optimizer" not in best and best["trainer"] == {"update": 2}
+    assert [p.name for p in run.update_checkpoints()] == ["update_2.pt", "update_3.pt"]
+    update_3 = load_checkpoint(run.update_checkpoint(3))
+    assert "optimizer" not in update_3 and torch.equal(update_3["model"]["w"], last["model"]["w"])
+    assert run.update_checkpoint(3).stat().st_size < 0.5 * run.checkpoint("last").stat().st_size
+    use = run.disk_use_mb()
+    assert use["checkpoints"] == round(sum(p.stat().st_size for p in run.checkpoint_dir.iterdir()) / 1e6, 1)
+    assert use["total"] >= use["checkpoints"] > 0

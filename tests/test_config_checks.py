@@ -95,6 +95,8 @@ BAD_OVERRIDES = [
     (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
     (["experiment=multi30k_cp"], "experiment: no preset named 'multi30k_cp'", "(did you mean experiment=multi30k_cpu?)"),
     (["train.max_tokens=1,2"], "train.max_tokens: '1,2' is several values", "-m"),
+    (["train.max_tokens=fast"], "train.max_tokens: 'fast' is not an integer", ""),
+    (["data.src=de,fr"], "data.src: 'de,fr' is several values: add -m to sweep over them (data.src takes one)", ""),
     (["foo"], "foo: not an override of the form key=value", ""),
 ]
 
@@ -131,6 +133,11 @@ def test_an_override_hydra_cannot_apply_is_one_line_with_a_suggestion(overrides,
     status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
     assert_refused(status, lines, start, part)
     assert not (tmp_path / "run").exists()
+
+
+def test_several_values_for_a_list_key_suggest_the_list(capsys):
+    status, lines = run_check("average", ["checkpoints=a.pt,b.pt"], capsys)
+    assert_refused(status, lines, "checkpoints: 'a.pt,b.pt' is several values", "write a list as [a.pt,b.pt]")
 
 
 def test_good_configs_pass_and_write_nothing(tmp_path, capsys):

@@ -277,3 +277,25 @@ def test_unreachable_hub_names_the_dataset_and_the_local_alternatives(monkeypatc
     assert "data.hub.id=wmt/wmt14 (config de-en, split train)" in message
     assert "cannot be reached" in message and "$MTRAIN_DATA_DIR is not set" in message
     assert "data.local_dir=DIR" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_a_language_the_local_copy_lacks_fails_at_once_instead_of_asking_the_hub(tmp_path, monkeypatch):
+    """`data.src=xx` with the corpus in $MTRAIN_DATA_DIR in de/en only: a mistyped code, said
+    in one line before the Hub is tried (offline it retried for half a minute)."""
+    def hub_asked(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(hub, "load_hub_split", hub_asked)
+    write_text_corpus(tmp_path / "store" / "mycorpus")
+    monkeypatch.setenv("MTRAIN_DATA_DIR", str(tmp_path / "store"))
+    cfg = DataConfig(name="mycorpus", src="xx")
+    cfg.splits.test = "test"
+    cfg.hub.id = "someone/mycorpus"
+    with pytest.raises(MtrainError, match=r"^data.src=xx: the local copy of data=mycorpus .* has the languages "
+                                          r"de, en only; check the language code"):
+        resolve_source(cfg)
+    # A split missing in every language is no language mistake: the Hub is next, as before.
+    (tmp_path / "store" / "mycorpus" / "test.de").unlink()
+    (tmp_path / "store" / "mycorpus" / "test.en").unlink()
+    cfg.src = "de"
+    assert "Hugging Face dataset someone/mycorpus" in resolve_source(cfg).description

@@ -61,6 +61,18 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
         assert (run_dir / artifact).exists(), artifact
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["updates"] == 60
+    # Only last.pt carries the optimiser's state (what a resume needs); the others hold the weights.
+    checkpoints = {name: torch.load(run_dir / "checkpoints" / f"{name}.pt", weights_only=True)
+                   for name in ("last", "best", "update_60")}
+    assert "optimizer" in checkpoints["last"]
+    assert "optimizer" not in checkpoints["best"] and "optimizer" not in checkpoints["update_60"]
+    assert all(torch.equal(checkpoints["last"]["model"][k], checkpoints["update_60"]["model"][k])
+               for k in checkpoints["last"]["model"])
+    sizes = {name: (run_dir / "checkpoints" / f"{name}.pt").stat().st_size for name in checkpoints}
+    assert sizes["update_60"] < 0.5 * sizes["last"]
+    assert metrics["disk_use_mb"]["checkpoints"] == pytest.approx(
+        sum(p.stat().st_size for p in (run_dir / "checkpoints").iterdir()) / 1e6, abs=0.1)
+    assert metrics["disk_use_mb"]["total"] >= metrics["disk_use_mb"]["checkpoints"]
     assert 0.0 <= metrics["test"]["bleu"] <= 100.0
     assert metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert len((run_dir / "eval" / "test.hyp").read_text().splitlines()) == 100
@@ -231,3 +243,6 @@ def test_fit_shows_progress_at_once_and_says_where_the_run_is(tmp_path, multi30k
     assert "train | update 1 " in text  # the first update, long before log_every=50
     assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1 ")  # said at the start
     assert f"mtrain translate run={run_dir.resolve()}" in text and f"tensorboard --logdir {run_dir.resolve()}" in text
+    # data.splits.test=null: the closing hint scores the validation split, not a test split
+    assert f"mtrain eval run={run_dir.resolve()} split=valid" in text and "split=test" not in text
+    assert "disk use of the run:" in text

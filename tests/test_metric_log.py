@@ -55,3 +55,39 @@ def test_under_ddp_throughput_counts_every_rank_and_mfu_each_ranks_share(monkeyp
     assert values["tgt_tokens_per_s"] == 1000.0  # 2,000 job targets in 2 s
     assert values["src_tgt_tokens_per_s"] == 2100.0
     assert values["mfu"] == 1e9 * 500.0 / 1e12  # each rank: 500 tok/s against its own peak
+
+
+def test_on_a_terminal_log_lines_go_through_the_progress_bar(tmp_path, monkeypatch):
+    """A log line written past a shown bar would land inside it: while the bar is shown the
+    root logger's console handler writes through tqdm.write (which redraws the bar below the
+    line); closing restores the handler, and loggers without one gain none."""
+    import io
+    import logging
+    import sys
+
+    from mtrain.train import metric_log
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    root = logging.getLogger()
+    console = logging.StreamHandler(terminal)
+    root.addHandler(console)
+    mtrain_handlers = list(logging.getLogger("mtrain").handlers)
+    try:
+        logger = metric_log.MetricLogger(tmp_path / "tb", 10, 0, lambda src, tgt: 1.0, None)
+        assert logger.progress is not None and not logger.progress.disable
+        assert console not in root.handlers
+        assert logging.getLogger("mtrain").handlers == mtrain_handlers
+        logger.update(stats(10))
+        logging.getLogger("mtrain").warning("a line of its own")
+        logger.close()
+        assert console in root.handlers
+    finally:
+        root.removeHandler(console)
+    written = terminal.getvalue()
+    assert "\na line of its own\n" in written.replace("\r", "\n")
+    assert written.count("a line of its own") == 1

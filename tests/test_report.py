@@ -16,6 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from mtrain.decode.threads import DEFAULT_DECODE_THREADS
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision
@@ -98,6 +99,7 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     # precision=auto resolves as the decoder does: bf16 on CPUs with bf16 matrix instructions.
     expected_precision = resolve_precision("auto", torch.device("cpu"))
     assert report["decode"]["precision"] == expected_precision and report["decode"]["engine"] == "torch"
+    assert report["decode"]["threads"] == DEFAULT_DECODE_THREADS  # num_threads unset: the fixed default
     roles = {record["role"]: record for record in report["data"]}
     assert set(roles) == {"source", "reference", "hypotheses"}
     assert roles["source"]["path"] == str((corpus / "test.de").resolve())
@@ -109,6 +111,7 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     # The Markdown report says the same; the terminal shows the table.
     markdown = (eval_dir / "test.md").read_text(encoding="utf-8")
     for needle in ("| BLEU |", report["metrics"]["bleu"]["signature"], "best.pt", "beam=2",
+                   f"threads={DEFAULT_DECODE_THREADS}",
                    roles["reference"]["sha256"], "**Sentences**: 16", "sentences/s"):
         assert needle in markdown, needle
     assert report["metrics"]["ter"]["signature"] in printed
@@ -124,6 +127,24 @@ def test_eval_with_averaged_checkpoints(tiny_run, monkeypatch, capsys, tmp_path)
     assert report["checkpoint"]["path"].endswith("average_last2.pt") and report["sentences"] == 12
     assert set(report["metrics"]) == {"bleu"}
     assert "averaged update_20.pt, update_30.pt" in capsys.readouterr().out
+
+
+def test_eval_refuses_a_split_the_run_lacks_before_writing_an_average(tiny_run, tmp_path):
+    import shutil
+
+    from mtrain.cli.evaluate import evaluate_run
+    from mtrain.config import EvalConfig
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "average_*"))
+    config = OmegaConf.load(run / "config.yaml")
+    config.data.splits.test = None  # trained with data.splits.test=null
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(config), encoding="utf-8")
+    cfg = OmegaConf.structured(EvalConfig)
+    cfg.run, cfg.device, cfg.split, cfg.average_last = str(run), "cpu", "test", 2
+    with pytest.raises(MtrainError, match="trained without a test split"):
+        evaluate_run(cfg)
+    assert not list((run / "checkpoints").glob("average_*"))
 
 
 def test_eval_run_bad_inputs(tiny_run, tmp_path, monkeypatch, capsys):

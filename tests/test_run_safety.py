@@ -117,8 +117,23 @@ def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, capl
     metrics = run_fit(compose_fit([*common, "train.max_updates=6", "train.resume=true",
                                    "train.resume_from=update_2"]), run_dir)
     assert "resumed at update 2" in caplog.text and metrics["updates"] == 6
+    # update_N.pt holds the weights only: a warm start, and the log says it is not exact
+    assert "holds the weights only (no optimiser state)" in caplog.text
+    assert "the learning rate of update" not in caplog.text  # a larger update budget: inverse-sqrt unchanged
     assert not list(run.checkpoint_dir.glob(".*.tmp"))
     assert run.update_checkpoint(2).read_bytes() == update_2 or not run.update_checkpoint(2).exists()
+
+
+def test_a_resume_that_moves_the_learning_rate_warns_with_both_values(run_copy, caplog):
+    """The finished 4-update run (inverse-sqrt, warmup 20, lr 3e-3) resumed under a linear
+    decay to update 6: update 5 gets 3e-3 * 1/6 = 5.0e-04 where the checkpoint's schedule
+    gives 3e-3 * 5/20 = 7.5e-04."""
+    common, run_dir = run_copy
+    caplog.set_level(logging.INFO, logger="mtrain")
+    run_fit(compose_fit([*common, "train.max_updates=6", "train.scheduler=linear", "train.resume=true"]), run_dir)
+    assert ("the learning rate of update 5 is 5.0e-04 under the current train.* settings (scheduler=linear, "
+            "max_updates=6, max_time=None) where the checkpoint's (scheduler=inverse_sqrt, max_updates=4, "
+            "max_time=None) give 7.5e-04") in caplog.text
 
 
 def test_save_every_checkpoints_without_validation(tmp_path, multi30k_slice):

@@ -123,3 +123,20 @@ def test_without_a_time_budget_warmup_time_gives_way_to_warmup_updates():
     schedule = LearningRateSchedule(cfg)
     assert schedule.warmup_share is None
     assert schedule.lr(50) == pytest.approx(5e-4)
+
+
+def test_a_larger_time_budget_at_resume_is_a_learning_rate_jump_that_is_reported():
+    """The preset's linear decay with a 9% warmup: a finished 2-minute run resumed with
+    max_time=3m is 2/3 through the 3-minute schedule (the issue's 8.0e-06 -> 5.5e-04)."""
+    from mtrain.train.schedule import learning_rate_change, lr_at
+
+    saved = TrainConfig(lr=1.5e-3, scheduler="linear", max_time="2m", warmup_time="9%", warmup_updates=300)
+    grown = TrainConfig(lr=1.5e-3, scheduler="linear", max_time="3m", warmup_time="9%", warmup_updates=300)
+    before, after = learning_rate_change(saved, grown, update=238, train_seconds=119.4)
+    assert before == pytest.approx(lr_at(saved, 238, 119.4)) and before < 1e-5
+    assert after == pytest.approx(1.5e-3 * (1 - (119.4 / 180 - 0.09) / 0.91))  # ~5.5e-04
+    assert learning_rate_change(saved, saved, update=238, train_seconds=119.4) is None
+    # An update budget grown the same way changes nothing: inverse-sqrt needs no horizon.
+    by_updates = TrainConfig(lr=1e-3, scheduler="inverse_sqrt", max_updates=200)
+    assert learning_rate_change(by_updates, TrainConfig(lr=1e-3, scheduler="inverse_sqrt", max_updates=400),
+                                update=201, train_seconds=50.0) is None

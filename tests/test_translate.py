@@ -326,3 +326,15 @@ def test_output_appears_only_once_complete(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # no temporary file left behind
     write_output(str(out), lambda sink: sink.write("a b\nc\n"))
     assert out.read_text(encoding="utf-8") == "a b\nc\n"
+
+
+def test_an_export_directory_without_engine_ctranslate2_says_which_engine(tmp_path):
+    from mtrain.cli.translate import run_translate
+    from mtrain.decode.ct2_engine import METADATA_FILE
+
+    export = tmp_path / "m30k_ct2"
+    export.mkdir()
+    (export / METADATA_FILE).write_text("{}", encoding="utf-8")
+    cfg = TranslateConfig(run=str(export), device="cpu")
+    with pytest.raises(MtrainError, match=r"is a CTranslate2 model written by `mtrain export`.*engine=ctranslate2"):
+        run_translate(cfg)

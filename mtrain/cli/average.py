@@ -1,4 +1,4 @@
-"""`mtrain average run=RUN last=5 [out=FILE]`: average the last N checkpoints of a run
+"""`mtrain average run=RUN [last=3] [out=FILE]`: average the last N checkpoints of a run
 (or `checkpoints=[a.pt,b.pt] out=FILE`) into a new checkpoint, as fairseq does."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtrain.config import APP_SCHEMAS, register_configs, to_typed
-from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys
+from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys, takes_a_list
 from mtrain.errors import MtrainError
 from mtrain.hydra_internals import ErrorKind, compose_jobs, read_command_line, read_composition_error
 from mtrain.rundir import RunDir, atomic_write_text
@@ -190,6 +190,8 @@ def composition_error_message(error: Exception, config_name: str) -> str:
     if read.kind is ErrorKind.NOT_AN_OVERRIDE:
         return f"{read.key}: not an override of the form key=value ({read.detail})"
     if read.kind is ErrorKind.SEVERAL_VALUES:
+        if not takes_a_list(APP_SCHEMAS.get(config_name), read.key):
+            return f"{read.key}: '{read.value}' is several values: add -m to sweep over them ({read.key} takes one)"
         return (f"{read.key}: '{read.value}' is several values: add -m to sweep over them, "
                 f"or write a list as [{read.value}]")
     if read.kind is ErrorKind.UNKNOWN_KEY:
@@ -200,7 +202,8 @@ def composition_error_message(error: Exception, config_name: str) -> str:
         return (f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}"
                 + did_you_mean(read.value, list(read.allowed)))
     if read.kind is ErrorKind.NOT_CONVERTIBLE:
-        return f"{read.key}: '{read.value}' is not a {read.allowed[0].lower()}"
+        kind = read.allowed[0].lower()
+        return f"{read.key}: '{read.value}' is not {'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
     if read.kind is ErrorKind.OTHER_VALUE:
         return f"{read.key}: {read.detail}"
     return read.detail

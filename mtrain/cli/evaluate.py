@@ -1,6 +1,6 @@
 """`mtrain eval`: score a run (decode + sacreBLEU), a hypothesis file, or compare runs.
 
-    mtrain eval run=RUN split=test [average_last=5]     decode, score, write RUN/eval/test.*
+    mtrain eval run=RUN split=test [average_last=3]     decode, score, write RUN/eval/test.*
     mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
@@ -51,6 +51,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
     from mtrain.evaluate.references import SplitText, read_reference_files, read_run_split
+    from mtrain.evaluate.runs import run_config
     from mtrain.evaluate.scoring import score_split, sentence_translator
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
@@ -62,8 +63,11 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     report_dir = check_output_dirs(run, cfg)  # before any averaging or decoding
     device = resolve_device(cfg.device)
     averaged_from: Optional[List[str]] = None
+    split: Optional[SplitText] = None
     if cfg.average_last > 0:
         sources_ckpts = last_checkpoints(run.path, cfg.average_last)
+        # A run trained without the split is refused before an average is written.
+        split = read_run_split(run, run_config(run.path).data, cfg.split)
         checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last, cfg.out))
         averaged_from = [str(path) for path in sources_ckpts]
         log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
@@ -73,16 +77,17 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint)
     loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
 
-    split = read_run_split(run, loaded.config.data, cfg.split)
+    if split is None:
+        split = read_run_split(run, loaded.config.data, cfg.split)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
-        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine})")
+        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)")
     checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
                        "update": loaded.update, "averaged_from": averaged_from}
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
-                   "engine": str(cfg.engine)}
+                   "engine": str(cfg.engine), "threads": threads}
     translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
     return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
                        metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir)

@@ -120,8 +120,11 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
                 log.info("peak host memory (RSS): %s", " | ".join(
                     f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()))
             metrics["finished"] = True
+            metrics["disk_use_mb"] = run.disk_use_mb()
+            log.info("disk use of the run: %.1f MB, of which checkpoints %.1f MB", metrics["disk_use_mb"]["total"],
+                     metrics["disk_use_mb"]["checkpoints"])
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
-            log.info("%s", next_steps(run))
+            log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None))
     finally:
         if trainer.metrics is not None:
             trainer.metrics.close()
@@ -130,12 +133,13 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
     return metrics
 
 
-def next_steps(run: RunDir) -> str:
-    """Where the run is and what to do with it next (printed when `mtrain fit` ends)."""
-    path = run.path.resolve()
+def next_steps(run: RunDir, has_test: bool = True) -> str:
+    """Where the run is and what to do with it next (printed when `mtrain fit` ends); without
+    a test split (data.splits.test=null) the score line names the validation split."""
+    path, split = run.path.resolve(), "test" if has_test else "valid"
     return (f"run directory: {path}\n"
             f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
-            f"  score:      mtrain eval run={path} split=test    (report: {run.eval_file('test', 'md').resolve()})\n"
+            f"  score:      mtrain eval run={path} split={split}    (report: {run.eval_file(split, 'md').resolve()})\n"
             f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
 
 
@@ -199,6 +203,8 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine)
 def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
                      precision: Precision) -> Dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
+    import torch
+
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
     from mtrain.train.checkpoint_files import load_checkpoint
@@ -211,7 +217,8 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
     model.eval()
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None}
-    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch}
+    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch,
+                   "threads": torch.get_num_threads()}  # train.num_threads (null: torch's default)
     report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
                          checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)
     result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"],

@@ -73,7 +73,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
         "about": "Average the parameters of the last N checkpoints of a run (or of given files) "
                  "into a new checkpoint.",
         "examples": [
-            "mtrain average run=runs/m30k last=5",
+            "mtrain average run=runs/m30k last=3",
             "mtrain average checkpoints=[a.pt,b.pt] out=avg.pt",
         ],
     },

@@ -83,6 +83,7 @@ def _resolve_source(cfg: DataConfig) -> ParallelSource:
             missing = source.missing_files()
             if not missing:
                 return source
+            _refuse_a_language_the_local_copy_lacks(cfg, directory)
             tried.append(f"$MTRAIN_DATA_DIR/{cfg.name} = {directory} lacks {', '.join(missing)}")
         else:
             tried.append(f"$MTRAIN_DATA_DIR/{cfg.name} = {directory} does not exist")
@@ -97,6 +98,44 @@ def _resolve_source(cfg: DataConfig) -> ParallelSource:
         f"Set data.local_dir=DIR (files {_example_files(cfg)}), or MTRAIN_DATA_DIR=DIR "
         f"holding DIR/{cfg.name}/, or data.hub.id=<Hugging Face dataset>"
     )
+
+
+def _refuse_a_language_the_local_copy_lacks(cfg: DataConfig, directory: Path) -> None:
+    """A local copy of the corpus that holds every split in other languages but not in
+    data.src/data.tgt: most likely a mistyped language code, so say so at once rather than
+    asking the Hub (which, offline, retries for half a minute)."""
+    if not DataFormat(cfg.format).one_file_per_language:
+        return
+    present = sorted(_local_languages(cfg, directory))
+    absent = [lang for lang in (cfg.src, cfg.tgt) if lang not in present]
+    if present and absent:
+        keys = ", ".join(f"data.{side}={lang}" for side, lang in (("src", cfg.src), ("tgt", cfg.tgt))
+                         if lang in absent)
+        raise MtrainError(
+            f"{keys}: the local copy of data={cfg.name} ({directory}, from $MTRAIN_DATA_DIR) has the "
+            f"languages {', '.join(present)} only; check the language code (to read {cfg.name} from the "
+            "Hub instead, unset MTRAIN_DATA_DIR or set data.local_dir)"
+        )
+
+
+def _local_languages(cfg: DataConfig, directory: Path) -> set:
+    """The languages whose files for every split (data.pattern) are all in `directory`."""
+    found = None
+    for split in ("train", "valid", "test"):
+        split_name = getattr(cfg.splits, split)
+        if split_name is None:
+            continue
+        # The pattern with `{lang}` as the one unknown: split and direction filled in.
+        prefix, _, suffix = cfg.pattern.replace("{split}", str(split_name)).replace(
+            "{src}", cfg.src).replace("{tgt}", cfg.tgt).partition("{lang}")
+        languages = set()
+        for path in directory.iterdir():
+            name = path.name[:-3] if path.name.endswith(".gz") else path.name
+            if path.is_file() and name.startswith(prefix) and name.endswith(suffix) \
+                    and len(name) > len(prefix) + len(suffix):
+                languages.add(name[len(prefix):len(name) - len(suffix)])
+        found = languages if found is None else found & languages
+    return found or set()
 
 
 def _split_names(cfg: DataConfig) -> str:

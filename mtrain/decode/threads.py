@@ -1,40 +1,40 @@
 """How many CPU threads `mtrain translate` and `mtrain eval` decode with.
 
-Decoding multiplies small matrices, one step at a time, so its threads spend much of each
-step waiting for one another; on cores that other jobs keep busy they wait far longer (beam
-5 on 2 cores at load 7: 9.5 sentences/s with 1 thread, 1.6 with 2). So unless `num_threads`
-is given, decoding takes the idle cores, at most 4 (where more gain little) and at least 1:
-    threads = max(1, min(4, usable cores - round(1-minute load average)))
+A fixed number unless `num_threads=N` says otherwise, never one read from the machine's
+load: matrix products split their sums differently over another number of threads, so a
+beam can break a near-tie the other way and a sentence comes out differently (a pipe decode
+at 1 thread and a file decode at 2 differed on one line of 1,000 when the count followed the
+load average). With a fixed count the same command gives the same output however busy the
+machine is, and every report records the count (`threads`).
+
+The default is 1: decoding multiplies small matrices one step at a time, so its threads
+spend much of each step waiting for one another, and on cores that other jobs keep busy
+they wait far longer (beam 5 on 2 cores at load 7: 9.5 sentences/s with 1 thread, 1.6 with
+2; measured again below). On idle cores more threads may decode faster: `num_threads=N`
+(not measured on this project's machines, which are never idle). One thread is also the
+count at which the output cannot depend on how many cores the machine has.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
-MAX_DEFAULT_THREADS = 4
+# scripts/bench_decode.py's random benchmark-size model and its measure(), beam 5, KV cache, 40
+# sentences, 1 and 2 threads interleaved twice, 2 cores at load ~4 (AVX512-BF16): 1 thread
+# 459-576 tgt tok/s fp32, 1,028-1,737 bf16; 2 threads 82-147 and 109-259 (the same 40 outputs).
+DEFAULT_DECODE_THREADS = 1
 
 log = logging.getLogger("mtrain")
 
 
-def default_decode_threads(cores: int, load: float) -> int:
-    """Threads for `cores` usable cores of which `load` are busy (see the module docstring)."""
-    return max(1, min(MAX_DEFAULT_THREADS, cores - round(load)))
-
-
 def set_decode_threads(num_threads: Optional[int]) -> int:
-    """Set torch's intra-op threads to `num_threads`, or to the default when it is None;
-    returns the number (CTranslate2 is given the same)."""
-    if num_threads:
-        torch.set_num_threads(num_threads)
-        return num_threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    threads = default_decode_threads(cores, load)
+    """Set torch's intra-op threads to `num_threads`, or to DEFAULT_DECODE_THREADS when it is
+    None; returns the number (CTranslate2 is given the same)."""
+    threads = num_threads or DEFAULT_DECODE_THREADS
     torch.set_num_threads(threads)
-    log.info("decoding with %d CPU thread%s (%d cores, load %.1f; num_threads=N to choose)",
-             threads, "" if threads == 1 else "s", cores, load)
+    log.info("decoding with %d CPU thread%s (%s; num_threads=N to choose)", threads,
+             "" if threads == 1 else "s", "num_threads" if num_threads else "the default")
     return threads

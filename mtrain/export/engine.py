@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 import torch
 
 from mtrain.config import Engine
+from mtrain.errors import MtrainError
 from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
 from mtrain.runtime import resolve_decode_precision
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
@@ -43,7 +44,10 @@ def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, pre
     `precision`: mtrain's precision names (auto resolved for `device`); CTranslate2 also takes
     its compute types (int8, ...; mtrain.decode.ct2_engine).
     """
-    if engine == Engine.ctranslate2 and is_export_dir(Path(run)):
+    if is_export_dir(Path(run)):
+        if engine != Engine.ctranslate2:
+            raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
+                              f"directory of `mtrain fit`; decode it with engine=ctranslate2")
         model = load_ctranslate2(Path(run), device, precision, num_threads)
         return RunEngine(model, model.tokenizer, model.translator.compute_type, model.description, None)
     # A checkpoint to convert is read on the CPU: CTranslate2 loads the converted copy on `device`.

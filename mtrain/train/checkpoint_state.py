@@ -1,7 +1,7 @@
 """What a training checkpoint holds, and how a trainer continues from one.
 
 A checkpoint is a plain dict (tensors and Python scalars, so it loads with
-`torch.load(weights_only=True)`): the model, the optimiser and loss-scaler states, every
+`torch.load(weights_only=True)`): the model, the optimiser (in `last.pt` only) and loss-scaler states, every
 random generator's state, the `TrainState` (data position, clock, best and patience), the
 resolved config and whatever the caller adds (the data fingerprints that a resume checks).
 """
@@ -34,12 +34,28 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     }
 
 
+def without_optimizer(checkpoint: Dict[str, Any]) -> Dict[str, Any]:
+    """What `best.pt` and `update_N.pt` hold: the checkpoint less the optimiser's state.
+
+    Adam's two moments per parameter are 2/3 of a full checkpoint, and only a resume reads
+    them; `last.pt` keeps them (`mtrain.train.checkpointer`). The rest (weights, data
+    position, clock, random state, config) is small and lets such a checkpoint warm-start."""
+    return {key: value for key, value in checkpoint.items() if key != "optimizer"}
+
+
+def has_optimizer_state(checkpoint: Dict[str, Any]) -> bool:
+    return "optimizer" in checkpoint
+
+
 def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler) -> TrainState:
     """Load a checkpoint's tensors and random state into the parts; returns its TrainState.
-    (`mtrain.train.checkpointer.check_resumable_*` have checked that it fits first.)"""
+    (`mtrain.train.checkpointer.check_resumable_*` have checked that it fits first.)
+    A checkpoint without the optimiser's state (`without_optimizer`) leaves the optimiser
+    fresh: Adam's moments start again from zero, so that resume is not exact."""
     model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    if has_optimizer_state(checkpoint):
+        optimizer.load_state_dict(checkpoint["optimizer"])
     scaler.load_state_dict(checkpoint["scaler"])
     set_rng_state(checkpoint["rng"])
     return TrainState(**checkpoint["trainer"])

@@ -1,9 +1,15 @@
 """When and where a run's checkpoints are written, and whether one may resume this run.
 
-`update_N.pt` is written first (atomically), loaded back to verify it, then copied to
-`last.pt` (and `best.pt`). The copies are files of their own, never hard links: replacing
-one by hand (or by a tool) can never change another. Old `update_N.pt` files beyond
-`train.keep_last` are pruned only after the new one is known good.
+`last.pt` is the one checkpoint a resume needs: it holds everything, the optimiser's state
+included. `update_N.pt` and `best.pt` hold the weights and the small rest, not Adam's two
+moments per parameter (`checkpoint_state.without_optimizer`): a third of the size, and all
+that averaging, export, translate and eval read. `train.resume_from=update_N` warm-starts
+from one (its weights, data position and clock, Adam's moments afresh; the trainer warns).
+
+Each save writes `last.pt` (atomically) and loads it back to verify it, then `update_N.pt`
+likewise, then copies that to `best.pt` when it is the best. The copies are files of their
+own, never hard links: replacing one by hand (or by a tool) can never change another. Old
+`update_N.pt` files beyond `train.keep_last` are pruned only after the new ones are known good.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from mtrain.config import resolved_model, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write
 from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
+from mtrain.train.checkpoint_state import without_optimizer
 
 log = logging.getLogger("mtrain")
 
@@ -43,24 +50,26 @@ class Checkpointer:
                 and time.monotonic() - self._last_save_time >= self.save_every_seconds)
 
     def save(self, state: Dict[str, Any], update: int, best: bool) -> Path:
+        """Write `state` as last.pt and, without the optimiser's state, as update_N.pt (and
+        best.pt); returns update_N.pt's path."""
         path = self.run.update_checkpoint(update)
-        save_checkpoint(path, state)
-        # Never prune older checkpoints before the new one is known good; mapped, not read
+        # Never prune older checkpoints before the new ones are known good; mapped, not read
         # into memory (the CRC check reads the file through the page cache).
-        load_checkpoint(path, mmap=True)
-        for name in ("last", "best") if best else ("last",):
+        for target, content in ((self.run.checkpoint("last"), state), (path, without_optimizer(state))):
+            save_checkpoint(target, content)
+            load_checkpoint(target, mmap=True)
+        if best:
             try:
-                _copy_atomic(path, self.run.checkpoint(name))
+                _copy_atomic(path, self.run.checkpoint("best"))
             except OSError as error:
                 raise MtrainError(
-                    f"{self.run.checkpoint(name)}: could not write checkpoint ({error.strerror or error}); "
-                    f"{path.name} is complete. Free disk space, then resume with train.resume=true "
-                    f"train.resume_from={path.stem}"
+                    f"{self.run.checkpoint('best')}: could not write checkpoint ({error.strerror or error}); "
+                    f"last.pt and {path.name} are complete. Free disk space, then resume with train.resume=true"
                 ) from error
         for old in self.run.update_checkpoints()[: -self.keep_last]:
             old.unlink()
         self._last_save_time = time.monotonic()
-        log.info("saved %s%s", path.name, " (best)" if best else "")
+        log.info("saved %s%s and last.pt", path.name, " (best)" if best else "")
         return path
 
     def remove_stale_temporary_files(self) -> None:

@@ -7,7 +7,9 @@ synchronisation to the updates in between.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -41,6 +43,19 @@ class MetricLogger:
             # disable=None: shown on a terminal, silent in logs and pipes.
             self.progress = tqdm(total=total_updates, initial=initial_update, unit="upd",
                                  dynamic_ncols=True, disable=None, leave=False)
+        self._log_redirect: Optional[contextlib.AbstractContextManager] = None
+        if self.progress is not None and not self.progress.disable:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            # On a terminal, log lines written past the bar would land in the middle of it:
+            # the console handlers (Hydra's, on the root logger) write through tqdm.write while
+            # the bar is shown, which clears the bar, prints the line and draws the bar again.
+            consoles = [logger for logger in (logging.getLogger(), log) if any(
+                isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+                for handler in logger.handlers)]
+            if consoles:  # (a logger without a console handler would gain one: lines twice)
+                self._log_redirect = logging_redirect_tqdm(loggers=consoles)
+                self._log_redirect.__enter__()
 
     def update(self, stats: Dict[str, Any]) -> None:
         """One finished update's statistics (tensors are not read here)."""
@@ -97,6 +112,9 @@ class MetricLogger:
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def close(self) -> None:
+        if self._log_redirect is not None:
+            self._log_redirect.__exit__(None, None, None)
+            self._log_redirect = None
         if self.progress is not None:
             self.progress.close()
             self.progress = None

@@ -2,15 +2,23 @@
 
 The schedule is a pure function of (update, progress) so resuming needs no scheduler
 state beyond the update count: the same update always gets the same learning rate.
+
+Under a time budget, progress is the training time spent over `train.max_time`. Raising
+max_time when resuming (a finished 2-minute run given 3m) therefore moves the run back on
+its curve, to where a run planned for the new budget would be (2/3 of the way): the warmup
+share and the decay are stretched to the new budget and the learning rate jumps up (linear
+decay, 9% warmup: 8e-06 at the end of the 2 minutes, 5.5e-04 for the next update). The
+trainer warns with both values when a resume changes the learning rate
+(`learning_rate_change`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 from mtrain.config import Scheduler, TrainConfig
-from mtrain.durations import parse_budget_share
+from mtrain.durations import parse_budget_share, parse_duration
 
 
 def warmup_share(cfg: TrainConfig) -> Optional[float]:
@@ -81,3 +89,20 @@ class LearningRateSchedule:
         else:
             decay = 0.5 * (1.0 + math.cos(math.pi * fraction))
         return cfg.min_lr + (cfg.lr - cfg.min_lr) * decay
+
+
+def lr_at(cfg: TrainConfig, update: int, train_seconds: float) -> float:
+    """The learning rate `cfg` gives update `update` after `train_seconds` of training."""
+    max_seconds = parse_duration(cfg.max_time)
+    return LearningRateSchedule(cfg).lr(update, train_seconds / max_seconds if max_seconds else 0.0)
+
+
+def learning_rate_change(saved: TrainConfig, current: TrainConfig, update: int,
+                         train_seconds: float) -> Optional[Tuple[float, float]]:
+    """(saved lr, current lr) of update `update` when the checkpoint's training settings and
+    the current ones give it learning rates more than 1% apart (a resume with another budget
+    or schedule); None when they agree."""
+    before, after = lr_at(saved, update, train_seconds), lr_at(current, update, train_seconds)
+    if abs(after - before) <= 0.01 * max(abs(before), abs(after)):
+        return None
+    return before, after

@@ -15,7 +15,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from mtrain.batches import Batch
-from mtrain.config import TrainConfig
+from omegaconf import OmegaConf
+
+from mtrain.config import TrainConfig, to_typed
 from mtrain.errors import MtrainError
 from mtrain.durations import parse_duration
 from mtrain.runtime import release_free_host_memory
@@ -28,6 +30,7 @@ from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
+from mtrain.train.schedule import learning_rate_change
 from mtrain.train.step import UpdateStep
 
 log = logging.getLogger("mtrain")
@@ -46,6 +49,11 @@ class TrainingInterrupted(MtrainError):
     def __init__(self, message: str, exit_status: int) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+def _schedule_settings(cfg: TrainConfig) -> str:
+    scheduler = getattr(cfg.scheduler, "value", cfg.scheduler)
+    return f"scheduler={scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"
 
 
 class Trainer:
@@ -252,6 +260,25 @@ class Trainer:
         self.rhythm.last_seconds = self.state.train_seconds
         log.info("resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch,
                  self.state.batch_in_epoch)
+        if not checkpoint_state.has_optimizer_state(checkpoint):
+            log.warning("the checkpoint of update %d holds the weights only (no optimiser state): training goes "
+                        "on from its weights, data position and clock with Adam's moments started afresh, which "
+                        "is not an exact resume (last.pt resumes exactly)", self.state.update)
+        self._warn_of_learning_rate_change(checkpoint)
+
+    def _warn_of_learning_rate_change(self, checkpoint: Dict[str, Any]) -> None:
+        """A resume whose train.* settings (a larger max_time, ...) move the learning rate says so."""
+        try:
+            saved = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
+        except Exception:  # noqa: BLE001 - no train section, or one of another mtrain version: nothing to compare
+            return
+        change = learning_rate_change(saved, self.cfg, self.state.update + 1, self.state.train_seconds)
+        if change is not None:
+            log.warning("the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
+                        "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
+                        "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
+                        self.state.update + 1, change[1], _schedule_settings(self.cfg), _schedule_settings(saved),
+                        change[0])
 
     def release_training_memory(self) -> None:
         """Drop the optimiser's moments and the gradients once training is over (the last
