@@ -11,6 +11,7 @@ few warm-up updates, so that what lies outside the matrix products is visible.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rows", type=int, default=30, help="operators to print")
+    parser.add_argument("--copies", action="store_true",
+                        help="also: where the aten::copy_ calls come from (their three nearest callers)")
     args = parser.parse_args()
 
     overrides = [*args.overrides, "train.device=cpu", f"train.precision={args.precision}"]
@@ -48,7 +51,7 @@ def main() -> None:
 
     for _ in range(args.warmup):
         update()
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.copies) as profiler:
         tokens = sum(update() for _ in range(args.updates))
     events = profiler.key_averages()
     total = sum(event.self_cpu_time_total for event in events)
@@ -59,6 +62,25 @@ def main() -> None:
     for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]:
         print(f"{event.key[:48]:<48} {100 * event.self_cpu_time_total / total:>6.1f}% "
               f"{event.self_cpu_time_total / 1e3 / args.updates:>11.1f} {event.count / args.updates:>9.1f}")
+    if args.copies:
+        print_copy_callers(profiler, args.updates, args.rows)
+
+
+def print_copy_callers(profiler, updates: int, rows: int) -> None:
+    """aten::copy_ per update by its callers (casts, layout changes, ...): what a GPU pays too."""
+    callers: Counter = Counter()
+    for event in profiler.events():
+        if event.name != "aten::copy_":
+            continue
+        chain, parent = [], event.cpu_parent
+        while parent is not None and len(chain) < 3:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        first_input = str(event.input_shapes[0]) if event.input_shapes else "?"
+        callers[(" <- ".join(chain) or "(top level)", "scalar" if first_input == "[]" else "tensor")] += 1
+    print(f"{'copy_/upd':>9}  {'of':<6}  callers")
+    for (chain, kind), count in callers.most_common(rows):
+        print(f"{count / updates:>9.1f}  {kind:<6}  {chain}")
 
 
 if __name__ == "__main__":
