@@ -75,6 +75,11 @@ def test_on_a_terminal_log_lines_go_through_the_progress_bar(tmp_path, monkeypat
     monkeypatch.setattr(sys, "stderr", terminal)
     root = logging.getLogger()
     console = logging.StreamHandler(terminal)
+    # The root logger as a command sets it up (one console handler), whatever handlers earlier
+    # tests in this process (in-process Hydra runs) left on it.
+    earlier_handlers = list(root.handlers)
+    for handler in earlier_handlers:
+        root.removeHandler(handler)
     root.addHandler(console)
     mtrain_handlers = list(logging.getLogger("mtrain").handlers)
     try:
@@ -88,6 +93,8 @@ def test_on_a_terminal_log_lines_go_through_the_progress_bar(tmp_path, monkeypat
         assert console in root.handlers
     finally:
         root.removeHandler(console)
+        for handler in earlier_handlers:
+            root.addHandler(handler)
     written = terminal.getvalue()
     assert "\na line of its own\n" in written.replace("\r", "\n")
     assert written.count("a line of its own") == 1
