@@ -32,6 +32,8 @@ class CommandLine:
     # A flag that composes nothing of ours (--help, --hydra-help, --info, --shell-completion)
     # or takes the config from elsewhere (--config-name/-path/-dir, --experimental-rerun).
     hydra_only: bool
+    # --config-name NAME without --config-path/--config-dir: a primary config of ours (`has_primary_config`)
+    config_name: Optional[str] = None
 
 
 def read_command_line(argv: Sequence[str]) -> CommandLine:
@@ -41,7 +43,28 @@ def read_command_line(argv: Sequence[str]) -> CommandLine:
     args = get_args_parser().parse_args(list(argv))
     hydra_only = bool(args.help or args.hydra_help or args.info or args.shell_completion or args.config_name
                       or args.config_path or args.config_dir or args.experimental_rerun)
-    return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only)
+    ours = args.config_name if args.config_name and not (args.config_path or args.config_dir) else None
+    return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only, ours)
+
+
+def primary_configs(config_dir: str) -> List[str]:
+    """The names `--config-name` may take with `config_dir` (the commands' configs; the
+    schemas Hydra's ConfigStore holds are left out)."""
+    return [name for name in _repository(config_dir).get_group_options("")
+            if not name.endswith("_schema") and not name.startswith("_")]
+
+
+def has_primary_config(config_dir: str, config_name: str) -> bool:
+    """Whether Hydra finds `--config-name config_name` (a file of `config_dir`, with or
+    without .yaml, or a schema of the ConfigStore)."""
+    return _repository(config_dir).config_exists(config_name)
+
+
+def _repository(config_dir: str):  # -> hydra._internal.config_repository.ConfigRepository
+    from hydra._internal.config_repository import ConfigRepository
+    from hydra._internal.utils import create_automatic_config_search_path
+
+    return ConfigRepository(create_automatic_config_search_path(None, None, config_dir))
 
 
 def compose_jobs(config_dir: str, config_name: str, overrides: Sequence[str],
@@ -89,6 +112,7 @@ class ErrorKind(Enum):
 
     MISSING_PRESET = "missing_preset"  # group=name with no configs/<group>/<name>.yaml
     NOT_AN_OVERRIDE = "not_an_override"  # no key=value
+    NEEDS_QUOTES = "needs_quotes"  # key=value whose value has a character the grammar reads only quoted (ü, ;)
     SEVERAL_VALUES = "several_values"  # key=a,b without -m
     UNKNOWN_KEY = "unknown_key"  # a key the schema does not have
     NOT_A_CHOICE = "not_a_choice"  # a value outside an Enum's members
@@ -102,7 +126,8 @@ class CompositionError:
     """The facts of a composition error, read from Hydra's and OmegaConf's error texts."""
 
     kind: ErrorKind
-    detail: str  # Hydra's first line (UNREAD), the override's parse error, or OmegaConf's reason
+    detail: str  # Hydra's first line (UNREAD), the override's parse error, OmegaConf's reason, or
+    # the character that needs quotes (NEEDS_QUOTES; "" where the caret could not be read)
     key: str = ""  # the config key (the group for MISSING_PRESET; the override for NOT_AN_OVERRIDE)
     value: str = ""  # the value given (the preset's name for MISSING_PRESET)
     allowed: Tuple[str, ...] = ()  # the group's presets, or the choice's values
@@ -122,6 +147,17 @@ def read_composition_error(error: Exception) -> CompositionError:
         group, name = found.groups()
         return CompositionError(ErrorKind.MISSING_PRESET, first, group, name, tuple(error.options or ()))
     if isinstance(error, OverrideParseException):
+        # The lexer names the whole override and puts a caret under the character it stopped at.
+        lexer = re.match(r"(LexerNoViableAltException: )(.*)", first)
+        if lexer and "=" in lexer.group(2):
+            override = lexer.group(2)
+            key, _, value = override.partition("=")
+            column = lines[1].find("^") - len(lexer.group(1)) if len(lines) > 1 else -1
+            character = override[column] if 0 <= column < len(override) else ""
+            return CompositionError(ErrorKind.NEEDS_QUOTES, character, key, value)
+        if lexer:
+            return CompositionError(ErrorKind.NOT_AN_OVERRIDE, "a character outside Hydra's override grammar",
+                                    lexer.group(2))
         found = re.match(r"Error parsing override '(.*)'", first)
         return CompositionError(ErrorKind.NOT_AN_OVERRIDE, lines[1] if len(lines) > 1 else "",
                                 found.group(1) if found else first)

@@ -12,6 +12,7 @@ Every name below is spelled here and nowhere else:
     tb/                      TensorBoard events
     train.log, metrics.json
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
+    .lock                    held by the one process writing the run (`RunLock`)
 
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
 to a temporary file in the same directory, are fsynced, and are renamed over the target.
@@ -22,9 +23,10 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import socket
 import stat
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Tuple, Union
+from typing import IO, Callable, Dict, List, Optional, Tuple, Union
 
 from mtrain.errors import MtrainError
 
@@ -138,6 +140,10 @@ class RunDir:
         return self.path / "train.log"
 
     @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
+
+    @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tb"
 
@@ -225,3 +231,73 @@ class RunDir:
         return (self.overrides_file.is_file() or self.metrics_file.is_file() or self.checkpoint_dir.is_dir()
                 or self.config_file.is_file() or self.failed_file.is_file())
 
+
+
+class RunLock:
+    """The one writer of a run directory: an exclusive `flock` on its `.lock` file.
+
+    The kernel holds the lock for the open file, so it goes with the process however that
+    ends (SIGKILL and power loss included): a crashed run never blocks its resume, unlike a
+    PID file. The file holds the holder's pid and host, for the message of the one refused.
+    Readers (translate, eval) never take it. The holder removes the file when it lets go;
+    whoever locks a file that was removed meanwhile tries again, so two never both hold it.
+    """
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        """Hold the lock, or raise MtrainError naming the process that holds it (nothing
+        is written then: the holder's file is opened, never changed)."""
+        import fcntl
+
+        path = self.run.lock_file
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 256).decode("utf-8", "replace").split()
+                os.close(fd)
+                raise MtrainError(f"{self.run.path} is in use by {_describe_holder(holder)}; wait for it to "
+                                  "end, or choose another hydra.run.dir") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:
+                break
+            os.close(fd)  # its holder removed it as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the file, then let go (in that order: see the class docstring)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.run.lock_file)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _describe_holder(holder: List[str]) -> str:
+    if not holder:
+        return "another process"  # it is writing its pid this very moment
+    pid, host = holder[0], holder[1] if len(holder) > 1 else ""
+    where = "this machine" if host in ("", socket.gethostname()) else f"host {host}"
+    return f"process {pid} on {where}"

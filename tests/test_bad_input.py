@@ -320,7 +320,24 @@ def test_fit_refuses_an_over_long_validation_line_before_training(tmp_path, cach
                     f"tokenizer.vocab_size={TOKENIZER.vocab_size}", *(f"model.{key}={value}" for key, value in TINY_MODEL.items()),
                     "train.num_threads=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_one_line_error(result, "data: pair 3 of the valid split")
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    run_dir = tmp_path / "run"
+    assert not run_dir.exists() or not list(run_dir.iterdir())  # Hydra made it; nothing in it, train.log neither
+
+
+def test_an_unknown_config_name_is_one_line(tmp_path):
+    result = mtrain("fit", "--config-name", "fitt", cwd=tmp_path)
+    assert_one_line_error(result, "--config-name=fitt: no such config in")
+    assert "(did you mean --config-name=fit?)" in result.stderr and "search path" not in result.stderr
+
+
+def test_an_unquoted_non_ascii_path_says_that_quoting_works(tmp_path):
+    run_dir = tmp_path / "rün"
+    result = mtrain("translate", f"run={run_dir}", cwd=tmp_path)
+    quoted_value = "run=\"'" + str(run_dir) + "'\""  # what the user types: run="'...'"
+    assert_one_line_error(result, f"run: '{run_dir}' has a character ('\u00fc') that an override takes only quoted; "
+                                  f"quote the value: {quoted_value}")
+    quoted = mtrain("translate", f"run='{run_dir}'", cwd=tmp_path)  # as the shell passes run="'...'"
+    assert_one_line_error(quoted, f"run={run_dir}: no such run directory")
 
 
 def test_translate_with_a_corrupted_checkpoint_or_an_appended_typo(tmp_path, run_dir):

@@ -61,6 +61,69 @@ def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_sl
     assert "stop signal" in log and "valid |" not in log and not (run_dir / "metrics.json").exists()
 
 
+def wait_for_line(path: Path, text: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    wait_for(path, process, timeout)
+    deadline = time.time() + timeout
+    while text not in path.read_text():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.02)
+
+
+def stop_error(stderr: str) -> str:
+    """The one `mtrain: error:` line of a stopped run; no traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("mtrain: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
+# The 2,000 training pairs of the slice as the evaluation split: a decode of many seconds.
+LONG_DECODE = ["decode.beam=4", "decode.max_len_a=2", "decode.max_len_b=20"]
+
+
+def test_sigint_during_the_test_decode_stops_it(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    process = start_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                         *LONG_DECODE, "data.splits.test=train", "train.max_updates=2", "train.validate_every=2",
+                         f"hydra.run.dir={run_dir}"])
+    wait_for_line(run_dir / "train.log", "training stopped: max_updates", process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert "stopped by SIGINT during the test decode" in stop_error(stderr)
+    assert load_checkpoint(run_dir / "checkpoints" / "best.pt")["update"] == 2  # what was saved stays
+    assert not (run_dir / "metrics.json").exists() and not (run_dir / "eval" / "test.json").exists()
+
+
+def test_sigterm_during_a_validation_stops_it_and_saves_the_update(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    process = start_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                         *LONG_DECODE, "train.valid_bleu=true", "data.splits.valid=train", "decode.valid_beam=4",
+                         "train.max_updates=100", "train.validate_every=2", f"hydra.run.dir={run_dir}"])
+    wait_for_line(run_dir / "train.log", "train | update 2 ", process)  # the validation of update 2 begins
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM at update 2" in stop_error(stderr)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["update"] == 2  # not one update more
+    assert "valid |" not in (run_dir / "train.log").read_text()  # the validation did not run to its end
+
+
+def test_sigterm_during_data_preparation_stops_it(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    process = start_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                         "data.train_limit=null", "tokenizer.vocab_size=2000", f"hydra.run.dir={run_dir}"])
+    for line in process.stdout:  # the console: train.log is not written before the data is ready
+        if "data: " in line:  # the tokenizer is trained, then the corpus encoded, from here on
+            break
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM during the data preparation" in stop_error(stderr)
+    assert not list(run_dir.iterdir())  # no checkpoint of update 0, no log, no lock
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and ".tmp-" in p.name]
+
+
 KILL_RUN = ["train.validate_every=2", "train.keep_last=2", "train.max_updates=24"]
 
 

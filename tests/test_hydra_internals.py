@@ -17,6 +17,8 @@ from mtrain.hydra_internals import (
     CommandLine,
     ErrorKind,
     compose_jobs,
+    has_primary_config,
+    primary_configs,
     read_command_line,
     read_composition_error,
 )
@@ -121,6 +123,22 @@ def test_a_word_that_is_no_override():
     read = composition_error(["foo"])
     assert (read.kind, read.key) == (ErrorKind.NOT_AN_OVERRIDE, "foo")
     assert read.detail  # the parser's reason, on Hydra's second line
+
+
+def test_a_character_the_grammar_reads_only_quoted_is_named():
+    read = composition_error(["hydra.run.dir=/tmp/r\u00fcns"])
+    assert (read.kind, read.key, read.value, read.detail) == (
+        ErrorKind.NEEDS_QUOTES, "hydra.run.dir", "/tmp/r\u00fcns", "\u00fc")
+    (_, cfg), = compose_jobs(CONFIG_DIR, "fit", ["hydra.run.dir='/tmp/r\u00fcns'"], multirun=False)
+    assert cfg.hydra.run.dir == "/tmp/r\u00fcns"  # quoted, it is a value
+
+
+def test_primary_configs_are_the_commands_configs():
+    assert {"fit", "translate", "eval"} <= set(primary_configs(CONFIG_DIR))
+    assert not [name for name in primary_configs(CONFIG_DIR) if name.endswith("_schema")]
+    assert has_primary_config(CONFIG_DIR, "fit") and not has_primary_config(CONFIG_DIR, "fitt")
+    assert read_command_line(["--config-name", "fitt"]).config_name == "fitt"
+    assert read_command_line(["--config-name", "x", "--config-dir", "/tmp"]).config_name is None  # not ours
 
 
 def test_an_error_it_cannot_read_keeps_hydras_first_line():

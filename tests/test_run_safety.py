@@ -1,6 +1,8 @@
-"""A run is never damaged: refusals write nothing, resume checks its data, checkpoints never alias.
+"""A run is never damaged: one writer at a time, refusals write nothing, resume checks its data,
+checkpoints never alias.
 
-Each refusal is checked against a hash of every file of the run directory before and after.
+Each refusal goes through the `mtrain` command, as a user meets it, and is checked against a
+hash of every file of the run directory (train.log and the lock included) before and after.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
+from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
 FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1"]
@@ -49,6 +54,93 @@ def run_copy(tmp_path, finished_run):
     return common, copy
 
 
+def one_error_line(result) -> str:
+    """The one `mtrain: error:` line of a refused command (and no traceback)."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return errors[0]
+
+
+def wait_until_held(run_dir: Path, process) -> None:
+    """Until `process` holds the run's lock (its pid is in the lock file)."""
+    lock = RunDir(run_dir).lock_file
+    wait_for(lock, process)
+    deadline = time.time() + 60
+    while not lock.read_text().strip():
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+def refused_while_held(first, run_dir: Path, *second_args: str):
+    """Run `mtrain *second_args` while `first` holds `run_dir`, stopped (SIGSTOP) so that it
+    holds it throughout; returns the second's result and the run's hashes before and after."""
+    wait_until_held(run_dir, first)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        before = snapshot(run_dir)
+        second = mtrain(*second_args)
+        after = snapshot(run_dir)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    return second, before, after
+
+
+def model_tensors(run_dir: Path) -> dict:
+    run = RunDir(run_dir)
+    return {path.name: load_checkpoint(path)["model"]
+            for path in [run.checkpoint("last"), run.checkpoint("best"), *run.update_checkpoints()]}
+
+
+def test_two_fits_in_one_run_directory_one_is_refused_the_other_runs_as_alone(tmp_path, finished_run):
+    common, alone = finished_run
+    run_dir = tmp_path / "run"
+    first = start_fit([*common, f"hydra.run.dir={run_dir}"])
+    second, before, after = refused_while_held(first, run_dir, "fit", *common, f"hydra.run.dir={run_dir}")
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-3000:]
+    assert second.returncode == 2
+    assert one_error_line(second).startswith(
+        f"mtrain: error: {run_dir} is in use by process {first.pid} on this machine")
+    assert after == before  # the refused one wrote nothing, not even to train.log
+    ours, lone = model_tensors(run_dir), model_tensors(alone)
+    assert ours.keys() == lone.keys() == {"last.pt", "best.pt", "update_2.pt", "update_4.pt"}
+    assert all(torch.equal(ours[name][key], lone[name][key]) for name in lone for key in lone[name])
+    assert not RunDir(run_dir).lock_file.exists()  # let go at the end
+
+
+def test_two_resumes_of_one_run_one_is_refused_a_reader_is_not(run_copy, tmp_path):
+    common, run_dir = run_copy
+    resume = [*common, "train.max_updates=6", "train.resume=true", f"hydra.run.dir={run_dir}"]
+    first = start_fit(resume)
+    (tmp_path / "in.de").write_text("ein Hund läuft\n", encoding="utf-8")
+    second, before, after = refused_while_held(first, run_dir, "fit", *resume)
+    first.send_signal(signal.SIGSTOP)
+    try:  # translate (and eval) take no lock: they read a run while it trains
+        translated = mtrain("translate", f"run={run_dir}", f"input={tmp_path / 'in.de'}", "device=cpu")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0 and load_checkpoint(RunDir(run_dir).checkpoint("last"))["update"] == 6, stderr
+    assert second.returncode == 2 and f"is in use by process {first.pid}" in one_error_line(second)
+    assert after == before
+    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_resume_after_a_sigkill_is_not_blocked(tmp_path, finished_run):
+    common, _ = finished_run
+    run_dir = tmp_path / "run"
+    settings = [*common, "train.max_updates=4", "data.splits.test=null", f"hydra.run.dir={run_dir}"]
+    process = start_fit(settings)
+    wait_for(RunDir(run_dir).checkpoint("last"), process)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert RunDir(run_dir).lock_file.exists()  # the kill left the file, not the lock
+    result = mtrain("fit", *settings, "train.resume=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_checkpoint(RunDir(run_dir).checkpoint("last"))["update"] == 4
+
+
 def test_refused_fresh_start_leaves_the_run_byte_identical(run_copy):
     common, run_dir = run_copy
     before = snapshot(run_dir)
@@ -76,30 +168,40 @@ def test_resume_on_another_corpus_is_refused_naming_the_data(run_copy, multi30k_
                         encoding="utf-8")
     before = snapshot(run_dir)
     overrides = [o for o in common if not o.startswith("data.local_dir=")]
-    with pytest.raises(MtrainError, match="differs from the one this checkpoint was trained on"):
-        run_fit(compose_fit([*overrides, f"data.local_dir={other}", "train.max_updates=6", "train.resume=true"]),
-                run_dir)
-    assert snapshot(run_dir) == before  # the tokenizer of the run was not retrained
+    result = mtrain("fit", *overrides, f"data.local_dir={other}", "train.max_updates=6", "train.resume=true",
+                    f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert "differs from the one this checkpoint was trained on" in one_error_line(result)
+    assert "tokenizer:" in result.stdout  # the console shows the refused attempt's work...
+    assert snapshot(run_dir) == before  # ...the run's train.log does not; the tokenizer was not retrained
 
 
 def test_resume_on_a_filtered_corpus_is_refused(run_copy):
     common, run_dir = run_copy
     before = snapshot(run_dir)
     overrides = [o for o in common if not o.startswith("data.train_limit=")]
-    with pytest.raises(MtrainError, match="differs from the one this checkpoint was trained on"):
-        run_fit(compose_fit([*overrides, "data.train_limit=200", "train.max_updates=6", "train.resume=true"]),
-                run_dir)
+    result = mtrain("fit", *overrides, "data.train_limit=200", "train.max_updates=6", "train.resume=true",
+                    f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert "differs from the one this checkpoint was trained on" in one_error_line(result)
     assert snapshot(run_dir) == before
 
 
-def test_resuming_a_finished_run_changes_nothing(run_copy, caplog):
+def test_resuming_a_finished_run_changes_nothing(run_copy):
     common, run_dir = run_copy
     before = snapshot(run_dir)
-    caplog.set_level(logging.INFO, logger="mtrain")
-    metrics = run_fit(compose_fit([*common, "train.resume=true"]), run_dir)
-    assert metrics["finished"] and metrics["test"]["bleu"] >= 0
-    assert "this run has finished" in caplog.text
-    assert snapshot(run_dir) == before
+    result = mtrain("fit", *common, "train.resume=true", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "this run has finished" in result.stdout
+    assert snapshot(run_dir) == before  # not a line more in train.log
+
+
+def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp_path, multi30k_slice):
+    run_dir = tmp_path / "run"
+    result = mtrain("fit", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
+                    "data.splits.test=test_2099", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2 and "test_2099" in one_error_line(result)
+    assert not run_dir.exists() or not list(run_dir.iterdir())  # no train.log, no lock file
 
 
 def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, caplog):

@@ -1,14 +1,18 @@
-"""mtrain.rundir: the atomic writer's files get the mode a plain write would give them."""
+"""mtrain.rundir: the atomic writer's files get the mode a plain write would give them; one writer per run."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from mtrain.rundir import atomic_write_text
+from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir, RunLock, atomic_write_text
 from mtrain.train.checkpoint_files import save_checkpoint
 
 
@@ -39,3 +43,32 @@ def test_replacing_a_file_keeps_its_mode_as_writing_to_it_would(tmp_path, umask)
     atomic_write_text(target, '{"finished": true}')
     assert stat.S_IMODE(target.stat().st_mode) == 0o640 and target.read_text() == '{"finished": true}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]  # no temporary file left
+
+
+def test_a_run_has_one_lock_holder_and_the_refused_one_changes_nothing(tmp_path):
+    run = RunDir(tmp_path)
+    with RunLock(run):
+        held = run.lock_file.read_bytes()
+        with pytest.raises(MtrainError, match=rf"^{tmp_path} is in use by process {os.getpid()} on this machine"):
+            RunLock(run).acquire()  # another open file of the same process: flock refuses it too
+        assert run.lock_file.read_bytes() == held
+    assert not run.lock_file.exists()  # let go: the file goes with the lock
+    with RunLock(run):
+        pass
+
+
+def test_a_sigkilled_holder_leaves_a_file_but_no_lock(tmp_path):
+    run = RunDir(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mtrain.rundir import RunDir, RunLock; "
+                               f"RunLock(RunDir({str(tmp_path)!r})).acquire(); print('held', flush=True); "
+                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(MtrainError, match=f"in use by process {holder.pid} on this machine"):
+            RunLock(run).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate(timeout=30)
+    assert run.lock_file.exists()  # what a PID file would be: stale, yet no one holds it
+    with RunLock(run):
+        assert run.lock_file.read_text().split()[0] == str(os.getpid())

@@ -35,7 +35,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mtrain.config import APP_SCHEMAS, register_configs, to_typed
 from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys, takes_a_list
 from mtrain.errors import MtrainError
-from mtrain.hydra_internals import ErrorKind, compose_jobs, read_command_line, read_composition_error
+from mtrain.hydra_internals import (ErrorKind, compose_jobs, has_primary_config, primary_configs, read_command_line,
+                                    read_composition_error)
 from mtrain.rundir import RunDir, atomic_write_text
 
 
@@ -147,9 +148,14 @@ def check_before_run(config_name: str, argv: List[str]) -> None:
     config; on a problem print one `mtrain: error:` line and exit with status 2.
 
     Hydra's own flags that compose nothing of ours (--help, --info, ...) or change where the
-    config comes from (--config-name/-path/-dir) are left to Hydra.
+    config comes from (--config-name/-path/-dir) are left to Hydra, once a --config-name of
+    ours is known to exist.
     """
     command_line = read_command_line(argv)
+    if command_line.config_name is not None and not has_primary_config(CONFIG_DIR, command_line.config_name):
+        configs = primary_configs(CONFIG_DIR)
+        _exit_with(f"--config-name={command_line.config_name}: no such config in {CONFIG_DIR} (the configs: "
+                   f"{', '.join(configs)})" + did_you_mean(command_line.config_name, configs, "--config-name="))
     if command_line.hydra_only:
         return
     try:
@@ -189,6 +195,10 @@ def composition_error_message(error: Exception, config_name: str) -> str:
                 + did_you_mean(read.value, presets, f"{read.key}="))
     if read.kind is ErrorKind.NOT_AN_OVERRIDE:
         return f"{read.key}: not an override of the form key=value ({read.detail})"
+    if read.kind is ErrorKind.NEEDS_QUOTES:
+        character = f" ({read.detail!r})" if read.detail else ""
+        return (f"{read.key}: '{read.value}' has a character{character} that an override takes only quoted; "
+                f"quote the value: {read.key}=\"'{read.value}'\"")
     if read.kind is ErrorKind.SEVERAL_VALUES:
         if not takes_a_list(APP_SCHEMAS.get(config_name), read.key):
             return f"{read.key}: '{read.value}' is several values: add -m to sweep over them ({read.key} takes one)"

@@ -13,18 +13,21 @@ the order a reader would expect; each stage lives in its own package:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from mtrain.cli.common import mtrain_app
+from mtrain.cli.run_log import RunLog
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_resolved_model, with_values
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir, atomic_write_text
+from mtrain.rundir import RunDir, RunLock, atomic_write_text
 
 if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --help` stays quick)
     import torch
@@ -38,14 +41,46 @@ log = logging.getLogger("mtrain")
 
 def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
     """Train as `cfg` says (the dataclass, or its composed node), writing everything into
-    `run_dir`; returns metrics.json's content."""
+    `run_dir`; returns metrics.json's content.
+
+    The run directory has one writer: rank 0 holds its lock (`RunLock`) from before the
+    first check to the end, and a second `mtrain fit` on it is refused. What is logged goes
+    to the run's train.log only once every check has passed (`RunLog`).
+    """
+    cfg = with_resolved_model(cfg)  # typed; config.yaml and the checkpoints record what is built
+    run = RunDir(run_dir)
+    with _claim(run) as run_log:
+        return _check_and_fit(cfg, run, run_log)
+
+
+@contextlib.contextmanager
+def _claim(run: RunDir) -> Iterator[Optional[RunLog]]:
+    """Rank 0's hold on the run directory: its lock, and its log (held until the run is
+    accepted). Other ranks of torchrun share the directory and claim nothing (None)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield None
+        return
+    with RunLog() as run_log:
+        _check_is_directory(run.path)
+        lock = RunLock(run)
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except OSError as error:
+            raise _not_writable(run.path, error) from error
+        try:
+            yield run_log
+        finally:
+            lock.release()
+
+
+def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog]) -> Dict[str, Any]:
+    """The checks of the run directory and of a resume's config, then `_fit`."""
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpointer import check_resumable_config, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.progress import TrainState, budget_reason
 
-    cfg = with_resolved_model(cfg)  # typed; config.yaml and the checkpoints record what is built
-    run = RunDir(run_dir)
     resume_path = _check_run_dir(run, cfg)
     resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
     if resume_state is not None:
@@ -62,24 +97,28 @@ def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
     stop_signal = StopSignal()
     stop_signal.install()
     try:
-        return _fit(cfg, run, resume_path, resume_state, stop_signal)
+        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log)
     finally:
         stop_signal.uninstall()
 
 
 def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
-         stop_signal: Any) -> Dict[str, Any]:
+         stop_signal: Any, run_log: Optional[RunLog]) -> Dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed."""
     from mtrain.evaluate.scoring import check_references
     from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.runtime import peak_host_memory_mb
-    from mtrain.train.faults import TrainingDiverged
+    from mtrain.train.faults import StopRequested, TrainingDiverged
     from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 
     machine = resolve_machine(cfg, init_distributed(cfg.train.device))
     dist, device = machine.dist, machine.device
-    data = prepare_fit_data(cfg, machine)
+    try:
+        with stop_signal.interruptible("data preparation"):  # minutes at WMT scale: stop where it stands
+            data = prepare_fit_data(cfg, machine)
+    except StopRequested:
+        raise _stopped(stop_signal, "the data preparation", "nothing was written into the run") from None
     for split in ("valid", "test") if data.test is not None else ("valid",):
         check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={getattr(cfg.data.splits, split)}")
     if resume_state is not None:
@@ -87,6 +126,8 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
                              resume_path)
 
     # Every check has passed: from here on the run directory is written.
+    if run_log is not None:
+        run_log.accept(run.log_file)
     if dist.is_main:
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data)
@@ -109,7 +150,13 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         trainer.release_training_memory()  # the test decode needs neither Adam's moments nor gradients
         if dist.is_main:
             if cfg.data.splits.test is not None:
-                metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device, machine.decode_precision)
+                try:
+                    with stop_signal.interruptible("test decode"):
+                        metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device,
+                                                           machine.decode_precision)
+                except StopRequested:
+                    raise _stopped(stop_signal, "the test decode", "the checkpoints are kept; train.resume=true "
+                                   "scores the test split") from None
                 log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
                                                   if isinstance(v, float)))
                 trainer.metrics.scalars("test", metrics["test"], metrics["test"]["update"])
@@ -131,6 +178,13 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
+    """The one-line error of a stop signal outside training's updates (exit status 128 + signum)."""
+    from mtrain.train.trainer import TrainingInterrupted
+
+    return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
 
 
 def next_steps(run: RunDir, has_test: bool = True) -> str:
@@ -230,21 +284,25 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
     return result
 
 
-def _check_writable(run_dir: Path) -> None:
-    import os
-
+def _check_is_directory(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise MtrainError(f"hydra.run.dir={run_dir}: is a file, not a directory; choose another with hydra.run.dir=PATH")
+
+
+def _not_writable(run_dir: Path, error: OSError) -> MtrainError:
+    return MtrainError(f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose "
+                       "another with hydra.run.dir=PATH")
+
+
+def _check_writable(run_dir: Path) -> None:
+    _check_is_directory(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write_test.{os.getpid()}"  # one per rank: ranks share the directory
         probe.write_text("ok")
         probe.unlink()
     except OSError as error:
-        raise MtrainError(
-            f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose another with "
-            "hydra.run.dir=PATH"
-        ) from error
+        raise _not_writable(run_dir, error) from error
 
 
 @mtrain_app("fit")

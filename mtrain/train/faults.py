@@ -6,11 +6,12 @@ that a checkpoint is never written mid-update and a user is told what happened.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 from types import FrameType
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -19,8 +20,17 @@ from mtrain.errors import MtrainError
 log = logging.getLogger("mtrain")
 
 
+class StopRequested(BaseException):
+    """Raised by `StopSignal` at once inside `StopSignal.interruptible()`. A BaseException,
+    as KeyboardInterrupt is: no `except Exception` on the way swallows it."""
+
+
 class StopSignal:
     """SIGTERM/SIGINT ask for a checkpoint at the next update boundary; a second one exits now.
+
+    Inside `interruptible()` (a phase that only reads, or writes atomically: data preparation,
+    validation, the test decode) the signal raises StopRequested where the process stands, so
+    a long phase does not run to its end first.
 
     `signum` and `name` say which signal stopped training (the exit status is 128 + signum,
     as a shell reports a process killed by it, so a scheduler can tell it from an error).
@@ -30,6 +40,7 @@ class StopSignal:
         self.requested = False
         self.signum = 0
         self._previous = {}
+        self._interruptible: Optional[str] = None  # the phase a signal stops at once
 
     @property
     def name(self) -> str:
@@ -49,12 +60,29 @@ class StopSignal:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    @contextlib.contextmanager
+    def interruptible(self, phase: str) -> Iterator[None]:
+        """Within, a stop signal (or one that came before) raises StopRequested; `phase`
+        names what it stops in the log line."""
+        if self.requested:
+            raise StopRequested()
+        self._interruptible = phase
+        try:
+            yield
+        finally:
+            self._interruptible = None
+
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.requested:
             log.warning("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
             os._exit(128 + signum)
         self.requested = True
         self.signum = signum
+        phase = self._interruptible
+        if phase is not None:
+            self._interruptible = None  # raised once: the handlers of the phase's cleanup run in peace
+            log.warning("%s received: stopping the %s", signal.Signals(signum).name, phase)
+            raise StopRequested()
         log.warning(
             "%s received: finishing this update, writing a checkpoint, then exiting "
             "(send it again to exit at once)", signal.Signals(signum).name

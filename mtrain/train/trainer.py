@@ -25,7 +25,7 @@ from mtrain.train import checkpoint_state
 from mtrain.train.builders import TrainingParts
 from mtrain.train.checkpointer import Checkpointer
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.faults import StopSignal, is_out_of_memory
+from mtrain.train.faults import StopRequested, StopSignal, is_out_of_memory
 from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
@@ -136,8 +136,9 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         """Train until a stop condition; returns the training summary for metrics.json.
 
-        A stop signal writes a checkpoint (no validation) and raises TrainingInterrupted;
-        the signal handlers stay installed until then, so a second signal is handled too.
+        A stop signal writes a checkpoint (no validation; one during a validation stops it)
+        and raises TrainingInterrupted; the signal handlers stay installed until then, so a
+        second signal is handled too.
         """
         self._log_start()
         self.stop_signal.install()
@@ -161,18 +162,21 @@ class Trainer:
                 stop_reason = self._stop_reason()
                 if stop_reason is None and self._validation_due():
                     self.validate_and_save()
+                    stop_reason = self._signal_stop()
                 elif stop_reason is None and self._save_due():
                     self.save_without_validation()
             self._log_train()
+            if stop_reason != "stop signal" and self._last_saved_update != self.state.update:
+                self.validate_and_save()
+                stop_reason = self._signal_stop() or stop_reason
             if stop_reason == "stop signal":
-                self.save_without_validation()
+                if self._last_saved_update != self.state.update:
+                    self.save_without_validation()
                 log.info("training stopped: stop signal (update %d, %.0f s)", self.state.update,
                          self.state.train_seconds)
                 raise TrainingInterrupted(
                     f"stopped by {self.stop_signal.name} at update {self.state.update}; checkpoint written, "
                     "continue with train.resume=true", 128 + self.stop_signal.signum)
-            if self._last_saved_update != self.state.update:
-                self.validate_and_save()
         finally:
             if self._owns_stop_signal:
                 self.stop_signal.uninstall()
@@ -185,6 +189,10 @@ class Trainer:
         # Ranks agree on the clock: one rank past max_time stops them all.
         out_of_time = self.max_seconds is not None and self.state.train_seconds >= self.max_seconds
         return budget_reason(self.state, self.cfg, self.dist.any(out_of_time))
+
+    def _signal_stop(self) -> Optional[str]:
+        """The stop reason when a signal came during a validation (on any rank), else None."""
+        return "stop signal" if self.dist.any(self.stop_signal.requested) else None
 
     def _validation_due(self) -> bool:
         if self.rhythm.by_updates(self.state):
@@ -208,7 +216,10 @@ class Trainer:
 
     # ----------------------------------------------------------------- validation and checkpoints
     def validate_and_save(self) -> Dict[str, float]:
-        """Validate (rank 0), save checkpoints, and share the outcome with every rank."""
+        """Validate (rank 0), save checkpoints, and share the outcome with every rank.
+
+        A stop signal during the validation stops it: the update is saved without a score
+        (as at an update boundary), `stop_signal.requested` is set, and {} is returned."""
         results: Dict[str, float] = {}
         self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
@@ -219,13 +230,19 @@ class Trainer:
             if self.parts.device.type == "cpu":
                 release_free_host_memory()  # decoding allocates in other shapes than training
             start = time.perf_counter()
-            results = self.validate()
-            self.host_memory.note_peak("validation")
-            self.model.train()
-            if self.metrics is not None:
-                self.metrics.log_valid(self.state.update, results, time.perf_counter() - start)
-            self.last_validation = results
-            self._save(best=self.state.record_validation(results))
+            try:
+                with self.stop_signal.interruptible("validation"):
+                    results = self.validate()
+            except StopRequested:  # what is saved stays; this update is saved as a signal's is
+                self.model.train()
+                self._save(best=False)
+            else:
+                self.host_memory.note_peak("validation")
+                self.model.train()
+                if self.metrics is not None:
+                    self.metrics.log_valid(self.state.update, results, time.perf_counter() - start)
+                self.last_validation = results
+                self._save(best=self.state.record_validation(results))
         # Every rank must agree on the stopping state; rank 0 owns it.
         self.state.validations_without_gain = int(self.dist.broadcast_from_main(self.state.validations_without_gain))
         self._after_save()
