@@ -299,3 +299,34 @@ def test_a_language_the_local_copy_lacks_fails_at_once_instead_of_asking_the_hub
     (tmp_path / "store" / "mycorpus" / "test.en").unlink()
     cfg.src = "de"
     assert "Hugging Face dataset someone/mycorpus" in resolve_source(cfg).description
+
+
+def test_a_library_warning_reaches_the_console_once(monkeypatch):
+    """`datasets` and `huggingface_hub` log through a console handler of their own and also
+    to the root logger's (Hydra's): each Hub retry was printed twice."""
+    import io
+    import logging
+
+    import datasets  # noqa: F401  (installs the libraries' own handlers)
+    import huggingface_hub  # noqa: F401
+
+    from mtrain.data.hub import OWN_CONSOLE_LOGGERS, print_library_warnings_once
+
+    root_stream = io.StringIO()
+    root_handler = logging.StreamHandler(root_stream)
+    logging.getLogger().addHandler(root_handler)
+    try:
+        for name in OWN_CONSOLE_LOGGERS:
+            library = logging.getLogger(name)
+            monkeypatch.setattr(library, "propagate", True)  # as the library sets it up; restored after
+            own_stream = io.StringIO()
+            monkeypatch.setattr(library.handlers[0], "stream", own_stream)
+            library.warning("Retrying in 4s [Retry 3/5].")
+            assert "Retrying" in root_stream.getvalue()  # before: twice, on two handlers
+            root_stream.truncate(0)
+            root_stream.seek(0)
+            print_library_warnings_once()
+            library.warning("Retrying in 8s [Retry 4/5].")
+            assert own_stream.getvalue().count("Retry 4/5") == 1 and "Retry 4/5" not in root_stream.getvalue()
+    finally:
+        logging.getLogger().removeHandler(root_handler)

@@ -32,9 +32,25 @@ PARQUET_EXPORT = "refs/convert/parquet"
 log = logging.getLogger("mtrain")
 
 
+# Libraries that give their loggers a console handler of their own and also pass each record
+# on to the root logger, whose console handler (Hydra's) printed it a second time.
+OWN_CONSOLE_LOGGERS = ("datasets", "huggingface_hub")
+
+
+def print_library_warnings_once() -> None:
+    """Keep each of `OWN_CONSOLE_LOGGERS`' lines (retries, an unreachable Hub) to its own
+    handler: one copy on the console instead of two."""
+    for name in OWN_CONSOLE_LOGGERS:
+        library_log = logging.getLogger(name)
+        if library_log.handlers:
+            library_log.propagate = False
+
+
 def load_hub_split(dataset_id: str, config: Optional[str], split: str, revision: Optional[str] = None) -> Any:
     """The one call into `datasets` (tests replace it to simulate an unreachable Hub)."""
     import datasets
+
+    print_library_warnings_once()
 
     if revision == PARQUET_EXPORT:
         files = parquet_export_files(dataset_id, config, split)
