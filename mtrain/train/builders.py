@@ -39,6 +39,15 @@ class TrainingParts:
     device: torch.device
     precision: Precision
 
+    def describe(self, train_cfg: TrainConfig, ranks: int) -> str:
+        """The line a fit starts with: the model's size, where and how it trains, the batch budget."""
+        params = sum(p.numel() for p in self.model.parameters())
+        return (f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
+                f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
+                f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
+                f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
+                f"{self.batches.pairs} training pairs")
+
 
 def batch_pad_multiple(configured: Optional[int], device: torch.device, precision: Precision) -> int:
     """`train.pad_to_multiple`, with null resolved per device and precision (see its comment)."""

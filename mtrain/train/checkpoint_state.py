@@ -8,13 +8,19 @@ resolved config and whatever the caller adds (the data fingerprints that a resum
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from typing import Any, Dict
 
 import torch
+from omegaconf import OmegaConf
 
+from mtrain.config import TrainConfig, to_typed
 from mtrain.train.progress import TrainState
 from mtrain.train.random_state import rng_state, set_rng_state
+from mtrain.train.schedule import learning_rate_change
+
+log = logging.getLogger("mtrain")
 
 
 def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -59,3 +65,27 @@ def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch
     scaler.load_state_dict(checkpoint["scaler"])
     set_rng_state(checkpoint["rng"])
     return TrainState(**checkpoint["trainer"])
+
+
+def warn_of_an_inexact_resume(checkpoint: Dict[str, Any], train_cfg: TrainConfig, state: TrainState) -> None:
+    """Say what makes continuing from `checkpoint` (restored at `state`) differ from the run it
+    came from: no optimiser state (a warm start), or train.* settings (a larger max_time, ...)
+    that move the learning rate of the next update."""
+    if not has_optimizer_state(checkpoint):
+        log.warning("the checkpoint of update %d holds the weights only (no optimiser state): training goes "
+                    "on from its weights, data position and clock with Adam's moments started afresh, which "
+                    "is not an exact resume (last.pt resumes exactly)", state.update)
+    try:
+        saved = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
+    except Exception:  # noqa: BLE001 - no train section, or one of another mtrain version: nothing to compare
+        return
+    change = learning_rate_change(saved, train_cfg, state.update + 1, state.train_seconds)
+    if change is not None:
+        log.warning("the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
+                    "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
+                    "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
+                    state.update + 1, change[1], _schedule_settings(train_cfg), _schedule_settings(saved), change[0])
+
+
+def _schedule_settings(cfg: TrainConfig) -> str:
+    return f"scheduler={cfg.scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"

@@ -15,9 +15,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from mtrain.batches import Batch
-from omegaconf import OmegaConf
-
-from mtrain.config import TrainConfig, to_typed
+from mtrain.config import TrainConfig
 from mtrain.errors import MtrainError
 from mtrain.durations import parse_duration
 from mtrain.runtime import release_free_host_memory
@@ -30,7 +28,6 @@ from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
-from mtrain.train.schedule import learning_rate_change
 from mtrain.train.step import UpdateStep
 
 log = logging.getLogger("mtrain")
@@ -49,11 +46,6 @@ class TrainingInterrupted(MtrainError):
     def __init__(self, message: str, exit_status: int) -> None:
         super().__init__(message)
         self.exit_status = exit_status
-
-
-def _schedule_settings(cfg: TrainConfig) -> str:
-    scheduler = getattr(cfg.scheduler, "value", cfg.scheduler)
-    return f"scheduler={scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"
 
 
 class Trainer:
@@ -140,7 +132,7 @@ class Trainer:
         and raises TrainingInterrupted; the signal handlers stay installed until then, so a
         second signal is handled too.
         """
-        self._log_start()
+        log.info("%s", self.parts.describe(self.cfg, self.dist.world_size))
         self.stop_signal.install()
         self._clock_origin = time.perf_counter() - self.state.train_seconds
         stop_reason = self._stop_reason()  # a resumed run may already be done
@@ -277,25 +269,7 @@ class Trainer:
         self.rhythm.last_seconds = self.state.train_seconds
         log.info("resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch,
                  self.state.batch_in_epoch)
-        if not checkpoint_state.has_optimizer_state(checkpoint):
-            log.warning("the checkpoint of update %d holds the weights only (no optimiser state): training goes "
-                        "on from its weights, data position and clock with Adam's moments started afresh, which "
-                        "is not an exact resume (last.pt resumes exactly)", self.state.update)
-        self._warn_of_learning_rate_change(checkpoint)
-
-    def _warn_of_learning_rate_change(self, checkpoint: Dict[str, Any]) -> None:
-        """A resume whose train.* settings (a larger max_time, ...) move the learning rate says so."""
-        try:
-            saved = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
-        except Exception:  # noqa: BLE001 - no train section, or one of another mtrain version: nothing to compare
-            return
-        change = learning_rate_change(saved, self.cfg, self.state.update + 1, self.state.train_seconds)
-        if change is not None:
-            log.warning("the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
-                        "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
-                        "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
-                        self.state.update + 1, change[1], _schedule_settings(self.cfg), _schedule_settings(saved),
-                        change[0])
+        checkpoint_state.warn_of_an_inexact_resume(checkpoint, self.cfg, self.state)
 
     def release_training_memory(self) -> None:
         """Drop the optimiser's moments and the gradients once training is over (the last
@@ -323,14 +297,3 @@ class Trainer:
             "diverged": diverged,
             "peak_rss_mb": self.host_memory.note_peak("training"),
         }
-
-    def _log_start(self) -> None:
-        params = sum(p.numel() for p in self.model.parameters())
-        ranks = self.dist.world_size
-        log.info(
-            "model: %.2fM parameters | device %s | precision %s | %d rank(s) | batch budget %d tokens/update "
-            "(max_tokens %d x update_freq %d x ranks %d) | lengths padded to multiples of %d | %d training pairs",
-            params / 1e6, self.parts.device, self.parts.precision, ranks,
-            self.cfg.max_tokens * self.cfg.update_freq * ranks, self.cfg.max_tokens, self.cfg.update_freq, ranks,
-            self.parts.batches.pad_to_multiple, self.parts.batches.pairs,
-        )
