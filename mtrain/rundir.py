@@ -232,7 +232,6 @@ class RunDir:
                 or self.config_file.is_file() or self.failed_file.is_file())
 
 
-
 class RunLock:
     """The one writer of a run directory: an exclusive `flock` on its `.lock` file.
 

@@ -57,7 +57,9 @@ def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
 def _claim(run: RunDir) -> Iterator[Optional[RunLog]]:
     """Rank 0's hold on the run directory: its lock, and its log (held until the run is
     accepted). Other ranks of torchrun share the directory and claim nothing (None)."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    from mtrain.train.distributed import launched_rank
+
+    if launched_rank() != 0:
         yield None
         return
     with RunLog() as run_log:

@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 
-
 from mtrain.cli.common import mtrain_app
 from mtrain.config import TranslateConfig
 from mtrain.errors import MtrainError

@@ -10,9 +10,9 @@ machine is, and every report records the count (`threads`).
 The default is 1: decoding multiplies small matrices one step at a time, so its threads
 spend much of each step waiting for one another, and on cores that other jobs keep busy
 they wait far longer (beam 5 on 2 cores at load 7: 9.5 sentences/s with 1 thread, 1.6 with
-2; measured again below). On idle cores more threads may decode faster: `num_threads=N`
-(not measured on this project's machines, which are never idle). One thread is also the
-count at which the output cannot depend on how many cores the machine has.
+2; measured again below). On idle cores more threads decode faster (below: 1.4-1.75x with
+2), which `num_threads=N` asks for knowingly. One thread is also the count at which the
+output cannot depend on how many cores the machine has.
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from typing import Optional
 
 import torch
 
-# scripts/bench_decode.py's random benchmark-size model and its measure(), beam 5, KV cache, 40
-# sentences, 1 and 2 threads interleaved twice, 2 cores at load ~4 (AVX512-BF16): 1 thread
-# 459-576 tgt tok/s fp32, 1,028-1,737 bf16; 2 threads 82-147 and 109-259 (the same 40 outputs).
+# `scripts/bench_decode.py --modes beam5 --cache on --precisions fp32,bf16 --devices cpu --ct2 ""
+# --sentences N --threads T` (its random benchmark-size model), 1 and 2 threads interleaved twice,
+# 2-core AMD EPYC (avx2, avx512_bf16, no amx):
+# - busy, load ~4, 40 sentences: 1 thread 459-576 tgt tok/s fp32, 1,028-1,737 bf16; 2 threads
+#   82-147 and 109-259 (the same 40 outputs);
+# - idle, load 0.3, 200 sentences: 1 thread 1,024-1,057 fp32, 1,758-1,762 bf16; 2 threads
+#   1,574-1,639 and 2,430-3,091.
 DEFAULT_DECODE_THREADS = 1
 
 log = logging.getLogger("mtrain")

@@ -60,12 +60,17 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun), known before the group is joined."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def init_distributed(device_name: str) -> DistributedContext:
     """Join the process group torchrun describes (nccl on GPU, gloo on CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistributedContext()
-    rank = int(os.environ["RANK"])
+    rank = launched_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and device_name != "cpu"
     if use_cuda:
