@@ -165,6 +165,14 @@ class Engine(Choice):
     ctranslate2 = "ctranslate2"
 
 
+class DecodeWeights(Choice):
+    """Which of a checkpoint's weights decode: auto is the EMA weights when the run kept them
+    (train.ema_decay), else the trained ones; raw always the trained ones."""
+    auto = "auto"
+    ema = "ema"
+    raw = "raw"
+
+
 class EvalSplit(Choice):
     valid = "valid"
     test = "test"
@@ -366,6 +374,11 @@ class TrainConfig:
     # mtrain/batches/batching.py. null: 8 on CUDA, 4 for bf16 on a CPU (less memory, as fast),
     # 1 for fp32 on a CPU (there padding costs its FLOPs: -5%). docs/PERFORMANCE.md.
     pad_to_multiple: Optional[int] = None
+    # Exponential moving average of the weights (fairseq --ema-decay, Marian
+    # --exponential-smoothing), e.g. 0.999; null: none. When on, validation, best.pt and the
+    # test decode use the averaged weights (mtrain/train/ema.py).
+    ema_decay: Optional[float] = None
+    ema_start_update: int = 0  # before this update the average follows the weights exactly
 
 
 @dataclass
@@ -413,6 +426,12 @@ class TranslateConfig:
     attention: Optional[str] = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
     engine: Engine = Engine.torch
+    # Run directories or checkpoint files decoded together (mean of their log-probabilities at
+    # every step); empty: run= alone. They must share run='s tokenizer.
+    ensemble: List[str] = field(default_factory=list)
+    weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
+    # Translate and flush each line as soon as it is read; null: when stdin is a terminal.
+    interactive: Optional[bool] = None
 
 
 @dataclass
@@ -438,6 +457,11 @@ class EvalConfig:
     precision: str = "auto"  # as translate's
     num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     engine: Engine = Engine.torch
+    ensemble: List[str] = field(default_factory=list)  # as translate's
+    weights: DecodeWeights = DecodeWeights.auto
+    # Per line: sentence-BLEU, chrF and the model's score, in <split>.sentences.tsv beside the report
+    per_sentence: bool = False
+    worst_lines: int = 10  # lines of lowest sentence-BLEU listed in the Markdown report
 
 
 @dataclass
