@@ -490,6 +490,7 @@ class ExportConfig:
     out: Optional[str] = None  # the model directory to write
     quantization: Optional[str] = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
     force: bool = False  # replace an existing `out`
+    weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
 
 
 # The schema of each command's config, by config name (configs/<name>.yaml).

@@ -173,8 +173,10 @@ def _check_train(train: DictConfig) -> None:
     for key in ("decay_updates", "max_updates", "max_epochs", "patience", "num_threads", "valid_max_sentences",
                 "pad_to_multiple"):
         _optional_at_least(train, key, 1, prefix="train")
-    for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr"):
+    for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr", "ema_start_update"):
         _at_least(train, key, 0, prefix="train")
+    if train.ema_decay is not None and not 0.0 < train.ema_decay < 1.0:
+        raise MtrainError(f"train.ema_decay: {train.ema_decay} must be in (0, 1), e.g. 0.999, or null for none")
     if not train.lr > 0:
         raise MtrainError(f"train.lr: {train.lr} must be > 0")
     if train.min_lr > train.lr:

@@ -8,6 +8,7 @@ update or while preparing its batches, and outside them only at log intervals.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mtrain.train.batch_source import BatchSource
@@ -18,7 +19,8 @@ from tests.test_fit import TINY, compose_fit, run_fit
 SYNCING = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
 
 
-def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypatch):
+@pytest.mark.parametrize("ema_decay", ["null", "0.99"])  # the weights' average adds no host read either
+def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypatch, ema_decay):
     calls = []  # (where, update, method)
     where = {"phase": None, "trainer": None}
 
@@ -52,7 +54,8 @@ def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypat
 
     cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
                        "train.valid_bleu=false", "data.train_limit=600", "train.max_updates=12",
-                       "train.log_every=4", "train.validate_every=1000", "train.save_every=null"])
+                       "train.log_every=4", "train.validate_every=1000", "train.save_every=null",
+                       f"train.ema_decay={ema_decay}"])
     metrics = run_fit(cfg, tmp_path / "run")
     assert metrics["updates"] == 12
 

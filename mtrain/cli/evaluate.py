@@ -74,7 +74,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     else:
         checkpoint = run.find_checkpoint(cfg.checkpoint)
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
-    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint)
+    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights)
     loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
 
     if split is None:
@@ -85,7 +85,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
         f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)")
     checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
-                       "update": loaded.update, "averaged_from": averaged_from}
+                       "update": loaded.update, "averaged_from": averaged_from, "weights": loaded.weights}
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
                    "engine": str(cfg.engine), "threads": threads}
     translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)

@@ -26,7 +26,7 @@ def run_export(cfg: ExportConfig) -> Path:
     if cfg.out is None:
         raise MtrainError("out=DIR is missing: the directory to write the exported model into")
     out = export_run(Path(cfg.run), Path(cfg.out), which=cfg.checkpoint, quantization=cfg.quantization,
-                     force=cfg.force)
+                     force=cfg.force, weights=cfg.weights)
     print(f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; "
           f"translate with: mtrain translate run={out} engine=ctranslate2 input=FILE")
     return out

@@ -134,7 +134,7 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data)
     setup = build_fit(cfg, machine, data, run=run, resume_state=resume_state, stop_signal=stop_signal,
-                      validation=lambda model: validation(cfg, model, data, machine))
+                      validation=lambda model, trained: validation(cfg, model, data, machine, trained))
     if resume_state is not None:
         log.info("resumed from %s", resume_path)
         del resume_state
@@ -233,10 +233,13 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData) -> None:
         atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
 
 
-def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine) -> Callable[[], Dict[str, float]]:
+def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
+               trained: Any = None) -> Callable[[], Dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
-    `decode.valid_beam` says otherwise, in the machine's decoding precision)."""
+    `decode.valid_beam` says otherwise, in the machine's decoding precision). With
+    train.ema_decay `model` is the weights' average and `trained` the trained weights, whose
+    loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains."""
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import validation_loss
 
@@ -249,6 +252,10 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine)
     def validate() -> Dict[str, float]:
         results = validation_loss(model, data.valid, data.tokenizer.special_ids, cfg.train.max_tokens,
                                   cfg.train.label_smoothing, machine.device, machine.precision)
+        if trained is not None and trained is not model:
+            raw = validation_loss(trained, data.valid, data.tokenizer.special_ids, cfg.train.max_tokens,
+                                  cfg.train.label_smoothing, machine.device, machine.precision)
+            results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
         if cfg.train.valid_bleu:
             results["bleu"] = translate_and_score(translate, sources, [references], name).scores["bleu"]["score"]
         return results
@@ -263,21 +270,23 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
 
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
-    from mtrain.train.checkpoint_files import load_checkpoint
+    from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
     best_path = run.find_checkpoint("best")
     best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read
-    model.load_state_dict(best["model"])
+    state_dict, weights = decode_weights(best, best_path)  # with train.ema_decay: the average
+    model.load_state_dict(state_dict)
     best_update = int(best.get("update", 0))
-    del best
+    del best, state_dict
     model.eval()
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
-    checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None}
+    checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None,
+                       "weights": weights}
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch,
                    "threads": torch.get_num_threads()}  # train.num_threads (null: torch's default)
     report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
                          checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)
-    result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"],
+    result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"], "weights": weights,
                               "beam": cfg.decode.beam, "sentences": report["sentences"],
                               "decode_sentences_per_s": report["sentences_per_s"]}
     for metric, values in report["metrics"].items():

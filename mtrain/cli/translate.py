@@ -39,7 +39,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
-    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint)
+    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights)
     log.info("translating with %s on %s, engine=%s, beam %d, %d CPU thread%s", engine.description, device,
              cfg.engine, cfg.decode.beam, threads, "" if threads == 1 else "s")
     report = translate_stream(engine.model, engine.tokenizer, cfg, device, engine.precision)

@@ -57,49 +57,53 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
 
     The other entries (config, update, ...) come from the last checkpoint of the list;
     optimizer, scheduler, scaler and RNG states are dropped, since they describe one point
-    of training, and `averaged_from` lists the sources.
+    of training, and `averaged_from` lists the sources. Checkpoints of a run with
+    train.ema_decay also hold the weights' moving average (`ema`): when every one does, the
+    averages are averaged too, so the result decodes as they do (`weights=raw` the mean of
+    the trained weights).
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise MtrainError("average: no checkpoints given")
+    states = [load_checkpoint(path, map_location="cpu", mmap=True) for path in paths]  # optimiser states never read
+    for state, path in zip(states[1:], paths[1:]):
+        _check_same_run(states[0], paths[0], state, path)
+    result = {key: value for key, value in states[-1].items() if key not in _TRAINING_STATE}
+    result["model"] = _mean_of([state["model"] for state in states], paths)
+    if all("ema" in state for state in states):
+        result["ema"] = _mean_of([state["ema"] for state in states], paths)
+    else:
+        for key in ("ema", "ema_decay", "decode_weights"):
+            result.pop(key, None)
+    result["averaged_from"] = [str(path) for path in paths]
+    return result
+
+
+def _mean_of(state_dicts: List[Dict[str, torch.Tensor]], paths: List[Path]) -> Dict[str, torch.Tensor]:
+    """The entry-wise mean of same-shaped state dicts (floats in float64, integers floor-divided)."""
+    first_keys = list(state_dicts[0])
     sums: Dict[str, torch.Tensor] = {}
-    dtypes: Dict[str, torch.dtype] = {}
-    first_keys: List[str] = []
-    state: Dict[str, Any] = {}
-    first_state: Dict[str, Any] = {}
-    for index, path in enumerate(paths):
-        state = load_checkpoint(path, map_location="cpu", mmap=True)  # optimiser states never read
-        model = state["model"]
-        if index == 0:
-            first_keys, first_state = list(model), state
-        elif set(model) != set(first_keys):
+    for index, (model, path) in enumerate(zip(state_dicts, paths)):
+        if index > 0 and set(model) != set(first_keys):
             difference = sorted(set(model) ^ set(first_keys))
             raise MtrainError(
                 f"{path}: its parameters differ from {paths[0]}'s ({', '.join(difference[:5])}"
                 f"{' ...' if len(difference) > 5 else ''}); only checkpoints of one model can be averaged"
             )
-        if index > 0:
-            _check_same_run(first_state, paths[0], state, path)
         for key, tensor in model.items():
             if index > 0 and tensor.shape != sums[key].shape:
                 raise MtrainError(
                     f"{path}: {key} has shape {tuple(tensor.shape)}, {paths[0]} has {tuple(sums[key].shape)}"
                 )
-            dtypes.setdefault(key, tensor.dtype)
             # integer buffers (a uint8 output-vocabulary mask) sum in int64: no overflow
             value = tensor.double() if tensor.is_floating_point() else tensor.long()
             sums[key] = value if index == 0 else sums[key] + value
-
     averaged: Dict[str, torch.Tensor] = {}
     for key in first_keys:
         total = sums[key]
         mean = total / len(paths) if total.is_floating_point() else total // len(paths)
-        averaged[key] = mean.to(dtypes[key])
-
-    result = {key: value for key, value in state.items() if key not in _TRAINING_STATE}
-    result["model"] = averaged
-    result["averaged_from"] = [str(path) for path in paths]
-    return result
+        averaged[key] = mean.to(state_dicts[0][key].dtype)
+    return averaged
 
 
 def _check_same_run(first: Dict[str, Any], first_path: Path, other: Dict[str, Any], other_path: Path) -> None:

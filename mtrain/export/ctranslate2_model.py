@@ -94,11 +94,12 @@ def export_ctranslate2(state: Mapping[str, Any], model_cfg: ModelConfig, tokeniz
 
 
 def export_run(run_dir: Path, out_dir: Path, which: str = "best", quantization: Optional[str] = None,
-               force: bool = False, checkpoint_path: Optional[Path] = None) -> Path:
-    """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`."""
+               force: bool = False, checkpoint_path: Optional[Path] = None, weights: str = "auto") -> Path:
+    """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`, with its
+    `weights` (auto: the weights' average when the run kept one)."""
     from mtrain.train.checkpoint_files import load_run
 
-    loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path)
+    loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path, weights=weights)
     check_exportable(loaded.config.model)
     return export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer, out_dir,
                               quantization, metadata=run_metadata(loaded), force=force)
@@ -111,6 +112,7 @@ def run_metadata(loaded) -> dict:
     return {
         "checkpoint": str(loaded.checkpoint_path.resolve()),
         "update": loaded.update,
+        "weights": loaded.weights,  # raw (trained) or ema (train.ema_decay's average)
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
         "model": to_plain(loaded.config.model),
         "mtrain_version": __version__,

@@ -37,8 +37,10 @@ class RunEngine:
 
 
 def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, precision: str = "auto",
-                num_threads: Optional[int] = None, checkpoint: Union[str, Path] = "best") -> RunEngine:
-    """The engine that decodes with `run`'s `checkpoint` (best|last|a name|a path).
+                num_threads: Optional[int] = None, checkpoint: Union[str, Path] = "best",
+                weights: str = "auto") -> RunEngine:
+    """The engine that decodes with `run`'s `checkpoint` (best|last|a name|a path) and its
+    `weights` (auto: the weights' average when the run kept one, else the trained ones; ema; raw).
 
     With engine=ctranslate2, `run` may also be a directory written by `mtrain export`.
     `precision`: mtrain's precision names (auto resolved for `device`); CTranslate2 also takes
@@ -51,13 +53,18 @@ def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, pre
         model = load_ctranslate2(Path(run), device, precision, num_threads)
         return RunEngine(model, model.tokenizer, model.translator.compute_type, model.description, None)
     # A checkpoint to convert is read on the CPU: CTranslate2 loads the converted copy on `device`.
-    loaded = load_run(run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"))
+    loaded = load_run(run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"),
+                      weights=weights)
     if engine == Engine.ctranslate2:
         model = _converted(loaded, device, precision, num_threads)
         return RunEngine(model, loaded.tokenizer, model.translator.compute_type, model.description, loaded)
     resolved = resolve_decode_precision(precision, device)
     return RunEngine(loaded.model, loaded.tokenizer, resolved,
-                     f"{loaded.checkpoint_path} (update {loaded.update}), {resolved}", loaded)
+                     f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}", loaded)
+
+
+def _weights_note(loaded: LoadedRun) -> str:
+    return ", EMA weights" if loaded.weights == "ema" else ""
 
 
 def _converted(loaded: LoadedRun, device: torch.device, precision: str,
@@ -69,5 +76,6 @@ def _converted(loaded: LoadedRun, device: torch.device, precision: str,
                                        Path(scratch) / "model", metadata=run_metadata(loaded))
         # The weights are in memory once loaded; the run's tokenizer outlives the scratch copy.
         model = load_ctranslate2(model_dir, device, precision, num_threads, loaded.tokenizer)
-    model.description = f"{loaded.checkpoint_path} (update {loaded.update}, converted), {model.translator.compute_type}"
+    model.description = (f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}, converted), "
+                         f"{model.translator.compute_type}")
     return model

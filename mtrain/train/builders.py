@@ -19,6 +19,7 @@ from mtrain.config import Precision, TrainConfig
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource
 from mtrain.train.distributed import DistributedContext
+from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
 from mtrain.train.loss import TranslationLoss
 from mtrain.train.schedule import LearningRateSchedule
@@ -38,6 +39,12 @@ class TrainingParts:
     out_of_memory: OutOfMemoryGuard
     device: torch.device
     precision: Precision
+    ema: Optional[WeightAverage] = None  # train.ema_decay's average of the weights
+
+    @property
+    def validated_model(self) -> torch.nn.Module:
+        """What validation, best.pt and the test decode judge: the average when there is one."""
+        return self.ema.module if self.ema is not None else self.model
 
     def describe(self, train_cfg: TrainConfig, ranks: int) -> str:
         """The line a fit starts with: the model's size, where and how it trains, the batch budget."""
@@ -46,7 +53,8 @@ class TrainingParts:
                 f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
                 f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
                 f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
-                f"{self.batches.pairs} training pairs")
+                f"{self.batches.pairs} training pairs"
+                + ("" if self.ema is None else f" | EMA of the weights, decay {self.ema.decay} (validated and decoded)"))
 
 
 def batch_pad_multiple(configured: Optional[int], device: torch.device, precision: Precision) -> int:
@@ -106,4 +114,6 @@ def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpo
         out_of_memory=OutOfMemoryGuard(train_cfg.max_oom_batches),
         device=device,
         precision=precision,
+        ema=None if train_cfg.ema_decay is None else WeightAverage(model, train_cfg.ema_decay,
+                                                                   train_cfg.ema_start_update),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -98,6 +98,19 @@ def stored_config(state: Dict[str, Any], path: Path) -> DictConfig:
     return config
 
 
+def decode_weights(state: Dict[str, Any], path: Path, weights: str = "auto") -> Tuple[Dict[str, Any], str]:
+    """The state dict a checkpoint decodes with and its name ("ema" or "raw"): `weights=auto`
+    takes the weights' average when the run kept one (train.ema_decay), `raw` the trained
+    weights, `ema` the average or an MtrainError naming the checkpoint."""
+    weights = str(getattr(weights, "value", weights))
+    if weights == "raw" or (weights == "auto" and "ema" not in state):
+        return state["model"], "raw"
+    if "ema" not in state:
+        raise MtrainError(f"{path}: weights=ema, but the checkpoint holds no average of the weights (its run "
+                          "trained without train.ema_decay); decode with weights=auto or weights=raw")
+    return state["ema"], "ema"
+
+
 @dataclass
 class LoadedRun:
     """A trained model ready to decode, with what is needed to use it."""
@@ -107,6 +120,7 @@ class LoadedRun:
     config: DictConfig
     checkpoint_path: Path
     update: int
+    weights: str = "raw"  # which of the checkpoint's weights `model` holds: raw (trained) or ema
 
 
 def load_run(
@@ -114,8 +128,10 @@ def load_run(
     which: str = "best",
     device: Union[str, torch.device] = "cpu",
     checkpoint_path: Optional[Path] = None,
+    weights: str = "auto",
 ) -> LoadedRun:
-    """Rebuild the model of a run from its checkpoint and tokenizer, in eval mode."""
+    """Rebuild the model of a run from its checkpoint and tokenizer, in eval mode, with the
+    checkpoint's `weights` (auto|ema|raw: `decode_weights`)."""
     from mtrain.model import build_model
     from mtrain.tokenizer import Tokenizer
 
@@ -123,6 +139,7 @@ def load_run(
     path = checkpoint_path or run.find_checkpoint(which)
     state = load_checkpoint(path, map_location="cpu", mmap=True)  # only the model is read
     config = stored_config(state, path)
+    state_dict, chosen = decode_weights(state, path, weights)
     tokenizer_dir = run.tokenizer_dir
     if not tokenizer_dir.is_dir():
         raise MtrainError(f"run={run_dir}: no tokenizer/ directory; the run directory is incomplete")
@@ -133,7 +150,7 @@ def load_run(
     except MtrainError as error:
         raise MtrainError(f"{path}: the model config stored in the checkpoint is invalid: {error}") from error
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state_dict)
     except (RuntimeError, TypeError, ValueError) as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         raise MtrainError(
@@ -142,4 +159,4 @@ def load_run(
             "was it written by an incompatible mtrain version, or was tokenizer/ replaced?"
         ) from error
     model.to(device).eval()
-    return LoadedRun(model, tokenizer, config, path, int(state.get("update", 0)))
+    return LoadedRun(model, tokenizer, config, path, int(state.get("update", 0)), chosen)

@@ -1,7 +1,8 @@
 """What a training checkpoint holds, and how a trainer continues from one.
 
 A checkpoint is a plain dict (tensors and Python scalars, so it loads with
-`torch.load(weights_only=True)`): the model, the optimiser (in `last.pt` only) and loss-scaler states, every
+`torch.load(weights_only=True)`): the model, with `train.ema_decay` the weights' average
+(`ema`, what decoding uses: `decode_weights`), the optimiser (in `last.pt` only) and loss-scaler states, every
 random generator's state, the `TrainState` (data position, clock, best and patience), the
 resolved config and whatever the caller adds (the data fingerprints that a resume checks).
 """
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 from omegaconf import OmegaConf
 
 from mtrain.config import TrainConfig, to_typed
+from mtrain.train.ema import WeightAverage
 from mtrain.train.progress import TrainState
 from mtrain.train.random_state import rng_state, set_rng_state
 from mtrain.train.schedule import learning_rate_change
@@ -24,12 +26,14 @@ log = logging.getLogger("mtrain")
 
 
 def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-            state: TrainState, record: Dict[str, Any]) -> Dict[str, Any]:
+            state: TrainState, record: Dict[str, Any], ema: Optional[WeightAverage] = None) -> Dict[str, Any]:
     """The checkpoint of a trainer at `state`; `record` holds the config and the fingerprints."""
     from mtrain import __version__
 
+    averaged = {} if ema is None else {"ema": ema.state_dict(), "ema_decay": ema.decay, "decode_weights": "ema"}
     return {
         "model": model.state_dict(),
+        **averaged,
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict(),
         "rng": rng_state(),
@@ -54,12 +58,19 @@ def has_optimizer_state(checkpoint: Dict[str, Any]) -> bool:
 
 
 def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler) -> TrainState:
+            scaler: torch.amp.GradScaler, ema: Optional[WeightAverage] = None) -> TrainState:
     """Load a checkpoint's tensors and random state into the parts; returns its TrainState.
     (`mtrain.train.checkpointer.check_resumable_*` have checked that it fits first.)
     A checkpoint without the optimiser's state (`without_optimizer`) leaves the optimiser
-    fresh: Adam's moments start again from zero, so that resume is not exact."""
+    fresh: Adam's moments start again from zero, so that resume is not exact. One without an
+    average, resumed with train.ema_decay, starts the average from its weights."""
     model.load_state_dict(checkpoint["model"])
+    if ema is not None and "ema" in checkpoint:
+        ema.load_state_dict(checkpoint["ema"])
+    elif ema is not None:
+        ema.reset_to(model)
+        log.warning("the checkpoint of update %s holds no average of the weights (trained without "
+                    "train.ema_decay): the average starts from its weights", checkpoint.get("update"))
     if has_optimizer_state(checkpoint):
         optimizer.load_state_dict(checkpoint["optimizer"])
     scaler.load_state_dict(checkpoint["scaler"])

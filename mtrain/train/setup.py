@@ -42,7 +42,9 @@ from mtrain.train.trainer import Trainer, Validate, no_validation
 log = logging.getLogger("mtrain")
 
 # What builds a run's validation from its model (mtrain fit's: loss and BLEU, mtrain.cli.fit).
-ValidationFactory = Callable[[torch.nn.Module], Validate]
+# It is given the model validation judges and the trained one: the same model, or with
+# train.ema_decay the weights' average and the trained weights (whose loss is logged beside).
+ValidationFactory = Callable[[torch.nn.Module, torch.nn.Module], Validate]
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
         host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0
     trainer = Trainer(
         cfg.train, parts, dist,
-        validate=validation(model) if validation is not None else no_validation,
+        validate=validation(parts.validated_model, model) if validation is not None else no_validation,
         checkpointer=checkpointer, metrics=metrics,
         record={"config": to_plain(cfg),
                 "data_fingerprints": data_fingerprints(data.fingerprint, tokenizer.fingerprint)},

@@ -62,6 +62,8 @@ class UpdateStep:
             skipped = torch.zeros_like(skipped)  # and an overflow is not a fault
         else:
             self._step_unless(skipped)
+        if parts.ema is not None:  # a skipped step left the weights as they were: the average goes on
+            parts.ema.update(update)
         # Gradients are rebuilt by the next backward: validation and checkpoints run without them.
         optimizer.zero_grad(set_to_none=True)
         parts.non_finite.record(skipped)

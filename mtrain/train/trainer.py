@@ -182,8 +182,7 @@ class Trainer:
         out_of_time = self.max_seconds is not None and self.state.train_seconds >= self.max_seconds
         return budget_reason(self.state, self.cfg, self.dist.any(out_of_time))
 
-    def _signal_stop(self) -> Optional[str]:
-        """The stop reason when a signal came during a validation (on any rank), else None."""
+    def _signal_stop(self) -> Optional[str]:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
 
     def _validation_due(self) -> bool:
@@ -260,11 +259,13 @@ class Trainer:
         self._clock_origin = time.perf_counter() - self.state.train_seconds
 
     def checkpoint_state(self) -> Dict[str, Any]:
-        return checkpoint_state.capture(self.model, self.optimizer, self.parts.scaler, self.state, self.record)
+        return checkpoint_state.capture(self.model, self.optimizer, self.parts.scaler, self.state, self.record,
+                                        self.parts.ema)
 
     def load_state(self, checkpoint: Dict[str, Any]) -> None:
         """Continue from a checkpoint (checked by `checkpointer.check_resumable_*` first)."""
-        self.state = checkpoint_state.restore(checkpoint, self.model, self.optimizer, self.parts.scaler)
+        self.state = checkpoint_state.restore(checkpoint, self.model, self.optimizer, self.parts.scaler,
+                                              self.parts.ema)
         self._last_saved_update = self.state.update
         self.rhythm.last_seconds = self.state.train_seconds
         log.info("resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch,
