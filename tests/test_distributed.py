@@ -40,13 +40,17 @@ def params(run_dir: Path):
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_process_with_accumulation(tmp_path, multi30k_slice):
     data = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}"]
-    single([*data, *COMMON, "train.max_updates=8", "train.update_freq=2", f"hydra.run.dir={tmp_path / 'one'}"])
-    ddp = torchrun(2, [*data, *COMMON, "train.max_updates=8", f"hydra.run.dir={tmp_path / 'two'}"])
+    ema = "train.ema_decay=0.9"  # the weights' average: each rank folds in the same weights
+    single([*data, *COMMON, ema, "train.max_updates=8", "train.update_freq=2", f"hydra.run.dir={tmp_path / 'one'}"])
+    ddp = torchrun(2, [*data, *COMMON, ema, "train.max_updates=8", f"hydra.run.dir={tmp_path / 'two'}"])
     assert "2 rank(s)" in (tmp_path / "two" / "train.log").read_text() or "2 rank(s)" in ddp.stderr
     one, two = params(tmp_path / "one"), params(tmp_path / "two")
     for name in one:
         # Only the order of floating-point sums differs (all-reduce vs accumulation).
         assert torch.allclose(one[name], two[name], rtol=1e-4, atol=1e-5), name
+    one_ema, two_ema = (torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["ema"]
+                        for name in ("one", "two"))
+    assert all(torch.allclose(one_ema[name], two_ema[name], rtol=1e-4, atol=1e-5) for name in one_ema)
     # Only rank 0 writes: one event file, one set of checkpoints.
     assert len(list((tmp_path / "two" / "tb").glob("events.*"))) == 1
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").glob("*.pt")) == \
