@@ -8,6 +8,7 @@ one process so their ratio is meaningful on a noisy machine.
 
     python scripts/bench_train.py experiment=multi30k_cpu --precisions fp32,bf16 --updates 60
     python scripts/bench_train.py model=transformer_base train.max_tokens=8192 --device cuda
+    python scripts/bench_train.py experiment=multi30k_cpu_best --ema-decays none,0.999 --rounds 3   # EMA's cost
 """
 
 from __future__ import annotations
@@ -41,6 +42,22 @@ def peak_memory_mb(device: torch.device, reset: bool = False) -> float:
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def ema_milliseconds(setup, device: torch.device, calls: int = 50) -> float | None:
+    """The weights' average alone (train.ema_decay): milliseconds per update, timed in isolation
+    so that its share of an update can be read on a machine too noisy to see it in tokens/s."""
+    ema = setup.trainer.parts.ema
+    if ema is None:
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for update in range(10_000, 10_000 + calls):
+        ema.update(update)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 1000 * (time.perf_counter() - start) / calls
+
+
 def measure(cfg, data, updates: int, warmup: int, trim_every: int | None = None) -> dict:
     setup = setup_fit(cfg, data=data, host_memory_trim_every=trim_every)
     trainer, device, precision = setup.trainer, setup.machine.device, setup.machine.precision
@@ -67,6 +84,7 @@ def measure(cfg, data, updates: int, warmup: int, trim_every: int | None = None)
     mfu = model_flops_utilization(flops, tgt_per_s, peak_flops(device, precision))
     return {
         "precision": precision,
+        "ema_ms": ema_milliseconds(setup, device),
         "tgt_tok_s": tgt_per_s,
         "src_tgt_tok_s": (tgt + src) / seconds,
         "updates_s": updates / seconds,
@@ -88,6 +106,9 @@ def main() -> None:
     parser.add_argument("--trim-every", type=int, default=None,
                         help="updates between returns of freed host memory to the OS (0: never; "
                              "default: the trainer's, every 10 on a CPU)")
+    parser.add_argument("--ema-decays", default=None,
+                        help="comma-separated train.ema_decay values measured back to back (none: off)")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole list, interleaved (noisy machines)")
     args = parser.parse_args()
 
     overrides = [*args.overrides, f"train.device={args.device}"]
@@ -100,15 +121,26 @@ def main() -> None:
     print(f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
           f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
           f"{args.updates} timed updates after {args.warmup} warm-up")
-    print(f"{'precision':>9} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} {'peak MB':>8}")
-    for name in args.precisions.split(","):
+    print(f"{'precision':>9} {'ema':>6} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} "
+          f"{'peak MB':>8}")
+    decays = [None] if args.ema_decays is None else [
+        None if value.strip().lower() in ("none", "null", "off") else float(value) for value in args.ema_decays.split(",")]
+    runs = [(round_, name, decay) for round_ in range(args.rounds) for name in args.precisions.split(",")
+            for decay in decays]
+    for round_, name, decay in runs:
         precision = resolve_precision(name, device)
         cfg.train.precision = precision.value
+        if args.ema_decays is not None:
+            cfg.train.ema_decay = decay
         r = measure(cfg, data, args.updates, args.warmup, args.trim_every)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['precision']:>9} {r['tgt_tok_s']:>10.0f} {r['src_tgt_tok_s']:>10.0f} "
-              f"{r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} {r['peak_mb']:>8.0f}", flush=True)
-        if device.type == "cpu":
+        print(f"{r['precision']:>9} {str(cfg.train.ema_decay or '-'):>6} {r['tgt_tok_s']:>10.0f} "
+              f"{r['src_tgt_tok_s']:>10.0f} {r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} "
+              f"{r['peak_mb']:>8.0f}", flush=True)
+        if r["ema_ms"] is not None:
+            print(f"# the average alone: {r['ema_ms']:.2f} ms per update ({r['ema_ms'] * r['updates_s'] / 10:.2f}% "
+                  "of this row's update time)", flush=True)
+        if device.type == "cpu" and round_ == 0 and decay == decays[0]:
             # A CPU has no datasheet peak (no MFU); a large matmul's rate is the yardstick.
             print(f"# {precision} 1024x1024 matmul probe: {measured_cpu_matmul_flops(precision) / 1e9:.1f} GFLOP/s",
                   flush=True)
