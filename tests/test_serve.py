@@ -29,7 +29,9 @@ from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
 
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32"]
+# device=cpu: the references are decoded on the CPU here, on a machine with a GPU too.
+DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32",
+          "device=cpu"]
 LIMITS = ["max_sentences=8", "max_sentence_chars=200", "max_request_bytes=4096", "max_beam=4"]
 SENTENCES = [
     "Zwei junge Männer stehen vor einem Gebäude.",
@@ -265,11 +267,12 @@ def test_an_export_directory_is_served_and_sigterm_finishes_the_request_in_fligh
     ct2 = load_ctranslate2(export, torch.device("cpu"), "fp32", 1)
     best = [hyps[0].text for hyps in translate_sentences(ct2, ct2.tokenizer, SENTENCES, DecodeConfig(
         beam=2, max_len_a=0.5, max_len_b=3), "cpu")]
-    # A batch waits 0.8 s for company: long enough to send SIGTERM while a request is queued.
-    server = Server(f"run={export}", "engine=ctranslate2", *DECODE, "max_wait_ms=800", cwd=tmp_path)
+    # A batch of fewer than 6 sentences waits 2 s for company: time to send SIGTERM while one is queued.
+    server = Server(f"run={export}", "engine=ctranslate2", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000",
+                    cwd=tmp_path)
     try:
         assert server.health()["engine"] == "ctranslate2" and server.health()["tgt_lang"] == "en"
-        assert server.post({"text": SENTENCES, "tgt_lang": "en"}).json()["translations"] == best
+        assert server.post({"text": SENTENCES, "tgt_lang": "en"}).json()["translations"] == best  # a full batch
         assert server.post({"text": ["Ein Hund."], "tgt_lang": "de"}).status_code == 422
 
         answer: dict[str, httpx.Response] = {}
@@ -369,3 +372,17 @@ def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback()
     with app_client(refused) as client:
         response = client.post("/translate", json={"text": ["a"]})
         assert response.status_code == 422 and response.json()["error"].startswith("model.max_positions")
+
+
+def test_request_settings_start_from_the_server_s_decode_section():
+    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
+    from mtrain.config import Sampling
+
+    cfg = ServeConfig(decode=DecodeConfig(beam=4, nbest=2, length_penalty=0.6), max_beam=6)
+    decode = request_decoding(TranslateRequest(text=["a"], beam=6), cfg)
+    assert (decode.beam, decode.nbest, decode.length_penalty) == (6, 2, 0.6)
+    assert request_decoding(TranslateRequest(text=["a"]), cfg) == cfg.decode
+    with pytest.raises(Rejected, match="nbest: 5 is above beam=4"):
+        request_decoding(TranslateRequest(text=["a"], nbest=5), cfg)
+    sampling = ServeConfig(decode=DecodeConfig(beam=1, sampling=Sampling.topk, top_k=5), max_beam=6)
+    assert request_decoding(TranslateRequest(text=["a"], nbest=4), sampling).nbest == 4  # 4 samples, no beam

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
-from mtrain.config import DecodeConfig, ServeConfig, with_values
+from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.errors import MtrainError
 
@@ -196,7 +196,7 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if nbest > beam:
+    if nbest > beam and cfg.decode.sampling == Sampling.none:
         raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
     return with_values(cfg.decode, beam=beam, nbest=nbest)
 
