@@ -465,6 +465,35 @@ class EvalConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
+
+    run: Optional[str] = None  # a run directory of `mtrain fit`, or an `mtrain export` directory (engine=ctranslate2)
+    checkpoint: str = "best"  # best | last | a path
+    ensemble: List[str] = field(default_factory=list)  # as translate's
+    weights: DecodeWeights = DecodeWeights.auto  # as translate's
+    engine: Engine = Engine.torch
+    device: str = "auto"
+    precision: str = "auto"  # as translate's
+    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the default of every request
+    max_input_tokens: int = 1024  # longer sentences are truncated with a warning, as translate does
+    # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Sentences of concurrent requests decoded together: a batch closes at this many sentences
+    # or once its oldest has waited max_wait_ms.
+    max_batch_sentences: int = 64
+    max_wait_ms: float = 10.0
+    max_request_bytes: int = 1_048_576  # a larger body is refused (413)
+    max_sentences: int = 256  # per request (413 above)
+    max_sentence_chars: int = 2000  # per sentence (413 above)
+    request_timeout_s: float = 60.0  # a request not translated by then gets 504
+    max_beam: int = 10  # the largest beam (and nbest) a request may ask for (422 above)
+    access_log: bool = False  # one log line per HTTP request (uvicorn's access log)
+
+
+@dataclass
 class AverageConfig:
     run: Optional[str] = None  # average the last `last` update_<N>.pt checkpoints of this run
     last: int = 3  # what train.keep_last keeps by default
@@ -498,6 +527,7 @@ APP_SCHEMAS = {
     "fit": FitConfig,
     "prepare": FitConfig,
     "translate": TranslateConfig,
+    "serve": ServeConfig,
     "eval": EvalConfig,
     "average": AverageConfig,
     "report": ReportConfig,
@@ -514,6 +544,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="fit_schema", node=FitConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="average_schema", node=AverageConfig)
     cs.store(name="report_schema", node=ReportConfig)

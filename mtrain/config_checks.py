@@ -33,6 +33,7 @@ from mtrain.config import (
     ResidualInput,
     Sampling,
     Scheduler,
+    ServeConfig,
     TranslateConfig,
 )
 from mtrain.errors import MtrainError
@@ -49,6 +50,10 @@ def check_config(cfg: DictConfig) -> None:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
         _check_translate(cfg)
+    elif schema is ServeConfig:
+        _check_decode(cfg.decode, "decode")
+        _check_decoding_precision(cfg)
+        _check_serve(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
@@ -244,6 +249,22 @@ def _check_translate(cfg: DictConfig) -> None:
         raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
+
+
+def _check_serve(cfg: DictConfig) -> None:
+    _at_least(cfg, "max_input_tokens", 2, why="(one token and eos)")
+    _optional_at_least(cfg, "num_threads", 1)
+    if not 0 <= cfg.port <= 65535:
+        raise MtrainError(f"port: {cfg.port} must be in 0..65535 (0: any free port)")
+    for key in ("max_batch_sentences", "max_request_bytes", "max_sentences", "max_sentence_chars", "max_beam"):
+        _at_least(cfg, key, 1)
+    _at_least(cfg, "max_wait_ms", 0)
+    if not cfg.request_timeout_s > 0:
+        raise MtrainError(f"request_timeout_s: {cfg.request_timeout_s} must be > 0")
+    for key in ("beam", "nbest"):
+        if cfg.decode[key] > cfg.max_beam:
+            raise MtrainError(f"max_beam: {cfg.max_beam} is below decode.{key}={cfg.decode[key]}, the default of "
+                              f"every request; raise max_beam or lower decode.{key}")
 
 
 # ----------------------------------------------------------------------------- paths

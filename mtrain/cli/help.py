@@ -49,6 +49,18 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
         ],
         "hidden": ["decode.valid_beam"],  # the beam of training's validation
     },
+    "serve": {
+        "config": "serve",
+        "about": "Serve a run (or an exported CTranslate2 model) as an HTTP JSON translation service: "
+                 "POST /translate {\"text\": [...]}, GET /health. Concurrent requests are decoded "
+                 "together in batches; it listens on 127.0.0.1 unless host= says otherwise.",
+        "examples": [
+            "mtrain serve run=runs/m30k port=8080",
+            "mtrain serve run=runs/m30k_ct2 engine=ctranslate2 host=0.0.0.0",
+            "curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{\"text\": [\"Ein Hund.\"]}'",
+        ],
+        "hidden": ["decode.valid_beam"],
+    },
     "eval": {
         "config": "eval",
         "about": "Score a run (decode its split, then sacreBLEU: BLEU, chrF, TER with signatures), "

@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "fit": ("mtrain.cli.fit", "train a tokenizer and a model, validate, checkpoint, test"),
     "translate": ("mtrain.cli.translate", "translate a file or stdin with a trained run"),
+    "serve": ("mtrain.cli.serve", "translate over HTTP (JSON), batching concurrent requests"),
     "eval": ("mtrain.cli.evaluate", "score a run or a hypothesis file with sacreBLEU; compare runs"),
     "prepare": ("mtrain.cli.prepare", "tokenize and encode a corpus ahead of training"),
     "average": ("mtrain.cli.average", "average the parameters of several checkpoints"),

@@ -1,0 +1,96 @@
+"""`mtrain serve`: translate over HTTP (JSON), batching concurrent requests together.
+
+    mtrain serve run=RUN_DIR                          # http://127.0.0.1:8080
+    mtrain serve run=RUN_DIR host=0.0.0.0 port=9000 decode.beam=4
+    mtrain serve run=EXPORTED_DIR engine=ctranslate2  # from `mtrain export`
+    curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
+
+The port is bound before the model loads (a port in use is one line at once). One uvicorn
+process, one event loop for HTTP (`serve_app`), one decoding thread (`mtrain.decode.batcher`)
+that owns the engine. SIGTERM or Ctrl-C: uvicorn stops accepting connections and answers
+the requests in flight, the decoder drains, and the command exits with status 0. Logs go to
+stderr; nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+from typing import Iterator
+
+from mtrain.cli.common import mtrain_app
+from mtrain.config import ServeConfig
+from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain.serve")
+
+
+def run_serve(cfg: ServeConfig) -> None:
+    """Open the run's engine and serve it until a stop signal."""
+    import uvicorn
+
+    from mtrain.cli.serve_app import build_app
+    from mtrain.cli.serve_model import open_served_model
+    from mtrain.decode.threads import set_decode_threads
+    from mtrain.runtime import resolve_device
+
+    if cfg.run is None:
+        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
+                          "directory with engine=ctranslate2")
+    listener = listen(cfg.host, cfg.port)
+    try:
+        threads = set_decode_threads(cfg.num_threads)
+        model = open_served_model(cfg, resolve_device(cfg.device), threads)
+        app = build_app(model, cfg)
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=cfg.access_log, lifespan="on"))
+        host, port = listener.getsockname()[:2]
+        log.info("serving %s (engine=%s on %s, beam %d, %d CPU thread%s) on http://%s:%d", model.description,
+                 model.engine_name, model.device, cfg.decode.beam, threads, "" if threads == 1 else "s",
+                 f"[{host}]" if ":" in host else host, port)
+        with stop_signals_end_the_server():
+            server.run(sockets=[listener])
+    finally:
+        listener.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: any free one), or an MtrainError naming the key."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise MtrainError(f"host={host}: not an address to listen on ({error.strerror})") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise MtrainError(f"port={port}: cannot listen on {host}:{port} ({error.strerror or error}); "
+                          "choose another port= (or host=)") from None
+    listener.listen(2048)
+    return listener
+
+
+@contextlib.contextmanager
+def stop_signals_end_the_server() -> Iterator[None]:
+    """uvicorn handles SIGTERM/SIGINT while it runs (a graceful shutdown), then raises the signal
+    again to the handler it found: ours does nothing, so the command ends with status 0 rather
+    than being killed by it. Outside the server the signals keep their usual handlers."""
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@mtrain_app("serve")
+def main(cfg: ServeConfig) -> None:
+    run_serve(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""`mtrain serve`: the real server in a subprocess on a free loopback port, spoken to with httpx;
+the app's error paths in-process (starlette's TestClient with a stand-in model)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sentencepiece as spm
+import torch
+from omegaconf import OmegaConf
+
+from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain
+from mtrain.decode.translator import translate_sentences
+from mtrain.errors import MtrainError
+from mtrain.model import build_model
+from mtrain.tokenizer import Tokenizer
+from mtrain.train.checkpoint_files import save_checkpoint
+
+MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
+# device=cpu: the references are decoded on the CPU here, on a machine with a GPU too.
+DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32",
+          "device=cpu"]
+LIMITS = ["max_sentences=8", "max_sentence_chars=200", "max_request_bytes=4096", "max_beam=4"]
+SENTENCES = [
+    "Zwei junge Männer stehen vor einem Gebäude.",
+    "Ein Hund.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße, während Kinder zusehen.",
+    "Ein Mann fährt Fahrrad.",
+    "Kinder spielen im Park.",
+    "Ein Mädchen in einem rosa Kleid klettert eine Treppe hinauf.",
+]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)  # tiny models: threads cost more than they save
+    yield
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
+    """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so)."""
+    directory = tmp_path_factory.mktemp("spm")
+    lines = []
+    for lang in ("de", "en"):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines += [next(f) for _ in range(400)]
+    (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
+    with open(os.devnull, "w") as quiet:
+        spm.SentencePieceTrainer.train(input=str(directory / "train.txt"), model_prefix=str(directory / "spm"),
+                                       vocab_size=300, unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet)
+    return Tokenizer({"spm.model": directory / "spm.model"})
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
+                       joint_vocab=tokenizer.joint).eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tokenizer, model) -> Path:
+    """A run directory as `mtrain fit` leaves it (de -> en): tokenizer/ and checkpoints/best.pt."""
+    directory = tmp_path_factory.mktemp("run")
+    tokenizer.save(directory / "tokenizer")
+    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
+    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
+    return directory
+
+
+class Server:
+    """`mtrain serve ... port=0` in a subprocess; its port read from the line it logs."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        self.log = cwd / "serve.log"
+        self.handle = self.log.open("wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "mtrain", "serve", "port=0", *args], cwd=cwd, env=ENV,
+                                        stdout=subprocess.PIPE, stderr=self.handle)
+        deadline = time.monotonic() + 90
+        while not (found := re.search(r"on http://127\.0\.0\.1:(\d+)\n", self.stderr())):
+            assert self.process.poll() is None, f"the server exited:\n{self.stderr()}"
+            assert time.monotonic() < deadline, f"the server did not start:\n{self.stderr()}"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{found.group(1)}"
+        while True:  # the port is bound before the model loads: ready once /health answers
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert self.process.poll() is None and time.monotonic() < deadline, self.stderr()
+                time.sleep(0.05)
+
+    def stderr(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def post(self, body=None, **options) -> httpx.Response:
+        return httpx.post(f"{self.url}/translate", json=body, timeout=60, **options)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            self.handle.close()
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    started = Server(f"run={run_dir}", *DECODE, *LIMITS, "max_wait_ms=50",
+                     cwd=tmp_path_factory.mktemp("serve_cwd"))
+    yield started
+    assert started.stop() == 0, started.stderr()
+    assert "Traceback" not in started.stderr()
+
+
+def expected(model, tokenizer, sentences, **decode):
+    cfg = DecodeConfig(**{"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
+    return translate_sentences(model, tokenizer, sentences, cfg, "cpu")
+
+
+# ------------------------------------------------------------------ what it answers
+def test_health_describes_the_model_and_the_limits(server, run_dir):
+    health = server.health()
+    assert health["status"] == "ok" and str(run_dir) in health["model"] and "update 7" in health["model"]
+    assert (health["engine"], health["device"], health["precision"]) == ("torch", "cpu", "fp32")
+    assert (health["src_lang"], health["tgt_lang"]) == ("de", "en")
+    assert health["decode"] == {"beam": 2, "nbest": 1}
+    assert health["limits"]["max_sentences"] == 8 and health["limits"]["max_beam"] == 4
+    assert isinstance(health["batches"], int) and isinstance(health["requests"], int)
+
+
+def test_translations_equal_mtrain_translate_s(server, run_dir, tmp_path):
+    source = tmp_path / "in.de"
+    source.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", f"input={source}", *DECODE],
+                            capture_output=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+    from_translate = result.stdout.decode().splitlines()
+
+    response = server.post({"text": SENTENCES + [""], "tgt_lang": "en"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["translations"] == from_translate + [""]  # in input order; a blank sentence stays blank
+    assert len(body["scores"]) == len(SENTENCES) + 1 and body["scores"][-1] == 0.0
+    assert "nbest" not in body
+    one_by_one = [server.post({"text": [sentence]}).json()["translations"][0] for sentence in SENTENCES]
+    assert one_by_one == from_translate
+
+
+def test_beam_and_nbest_per_request(server, model, tokenizer):
+    response = server.post({"text": SENTENCES[:3], "beam": 3, "nbest": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    for sentence_hyps, served, best, score in zip(expected(model, tokenizer, SENTENCES[:3], beam=3, nbest=3),
+                                                  body["nbest"], body["translations"], body["scores"]):
+        assert [entry["text"] for entry in served] == [hyp.text for hyp in sentence_hyps]
+        assert [entry["score"] for entry in served] == pytest.approx([hyp.score for hyp in sentence_hyps], abs=1e-5)
+        assert (best, score) == (served[0]["text"], served[0]["score"])
+    greedy = server.post({"text": SENTENCES[:2], "beam": 1}).json()["translations"]
+    assert greedy == [hyps[0].text for hyps in expected(model, tokenizer, SENTENCES[:2], beam=1)]
+
+
+def test_concurrent_requests_are_decoded_in_fewer_batches(server, model, tokenizer):
+    before = server.health()
+    answers: dict[int, httpx.Response] = {}
+    start = threading.Barrier(16)
+
+    def client(number: int) -> None:
+        start.wait()
+        answers[number] = server.post({"text": [SENTENCES[number % len(SENTENCES)]]})
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    after = server.health()
+    best = [hyps[0].text for hyps in expected(model, tokenizer, SENTENCES)]
+    assert all(answers[n].status_code == 200 for n in range(16))
+    assert [answers[n].json()["translations"] for n in range(16)] == [[best[n % len(SENTENCES)]] for n in range(16)]
+    assert after["requests"] - before["requests"] == 16
+    assert after["sentences"] - before["sentences"] == 16
+    assert after["batches"] - before["batches"] < 16, (before, after)
+    assert after["largest_batch"] > 1
+
+
+# ------------------------------------------------------------------ what it refuses
+BAD_REQUESTS = [
+    # (what is sent, status, the start of the error)
+    (dict(content=b'{"text": ["Ein Hund."'), 400, "body: malformed JSON"),
+    (dict(content=b"not json at all"), 400, "body: malformed JSON"),
+    (dict(json={"text": SENTENCES + SENTENCES}), 413, "max_sentences: 12 sentences"),
+    (dict(json={"text": ["Ein Hund. " * 30]}), 413, "max_sentence_chars: text[0] has 300 characters"),
+    (dict(json={"text": "Ein Hund."}), 422, "text: Input should be a valid list"),
+    (dict(json={"text": ["Ein Hund.", 7]}), 422, "text[1]: Input should be a valid string"),
+    (dict(json={"text": ["Ein Hund."], "beam": "2"}), 422, "beam: Input should be a valid integer"),
+    (dict(json={"text": ["Ein Hund."], "beam": 2.5}), 422, "beam: Input should be a valid integer"),
+    (dict(json={"sentences": ["Ein Hund."]}), 422, "text: Field required"),
+    (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, "beem: unknown field"),
+    (dict(json=["Ein Hund."]), 422, "body: a JSON object"),
+    (dict(json={"text": ["Ein Hund."], "tgt_lang": "fr"}), 422, "tgt_lang: 'fr' is not a language this model "
+                                                                "translates into (allowed: 'en' or null)"),
+    (dict(json={"text": ["Ein Hund."], "beam": 5}), 422, "beam: 5 is outside 1..4 (max_beam=4)"),
+    (dict(json={"text": ["Ein Hund."], "beam": 0}), 422, "beam: 0 is outside 1..4"),
+    (dict(json={"text": ["Ein Hund."], "beam": 2, "nbest": 3}), 422, "nbest: 3 is above beam=2"),
+]
+
+
+@pytest.mark.parametrize("request_options,status,error", BAD_REQUESTS,
+                         ids=[f"{status}-{error.split(':')[0]}-{i}" for i, (_, status, error) in enumerate(BAD_REQUESTS)])
+def test_a_bad_request_is_a_json_error_naming_the_field_or_limit(server, request_options, status, error):
+    if "content" in request_options:
+        request_options = {**request_options, "headers": {"Content-Type": "application/json"}}
+    response = httpx.post(f"{server.url}/translate", timeout=30, **request_options)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert list(response.json()) == ["error"] and response.json()["error"].startswith(error), response.json()
+
+
+def test_a_body_over_max_request_bytes_is_refused_before_it_is_parsed(server):
+    big = json.dumps({"text": ["Ein Hund."] * 600}).encode()  # 7 KB: over the 4,096 bytes
+    declared = httpx.post(f"{server.url}/translate", content=big, headers={"Content-Type": "application/json"})
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for start in range(0, len(big), 1000):
+            yield big[start:start + 1000]
+
+    chunked = httpx.post(f"{server.url}/translate", content=chunks(), headers={"Content-Type": "application/json"})
+    for response in (declared, chunked):
+        assert response.status_code == 413, response.text
+        assert response.json() == {"error": "max_request_bytes: the body is over the limit of 4096 bytes"}
+
+
+def test_no_route_and_a_wrong_method_are_json_too(server):
+    assert (lambda r: (r.status_code, r.json()))(httpx.get(f"{server.url}/nowhere")) == (404, {"error": "Not Found"})
+    response = httpx.get(f"{server.url}/translate")
+    assert (response.status_code, response.json()) == (405, {"error": "Method Not Allowed"})
+    assert httpx.get(f"{server.url}/docs").status_code == 404  # no interactive docs pulling in scripts
+
+
+# ------------------------------------------------------------------ engine=ctranslate2, and SIGTERM
+@pytest.mark.slow
+def test_an_export_directory_is_served_and_sigterm_finishes_the_request_in_flight(run_dir, tmp_path):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'mtrain[ct2]')")
+    from mtrain.decode.ct2_engine import load_ctranslate2
+    from mtrain.export import export_run
+
+    export = export_run(run_dir, tmp_path / "ct2")
+    ct2 = load_ctranslate2(export, torch.device("cpu"), "fp32", 1)
+    best = [hyps[0].text for hyps in translate_sentences(ct2, ct2.tokenizer, SENTENCES, DecodeConfig(
+        beam=2, max_len_a=0.5, max_len_b=3), "cpu")]
+    # A batch of fewer than 6 sentences waits 2 s for company: time to send SIGTERM while one is queued.
+    server = Server(f"run={export}", "engine=ctranslate2", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000",
+                    cwd=tmp_path)
+    try:
+        assert server.health()["engine"] == "ctranslate2" and server.health()["tgt_lang"] == "en"
+        assert server.post({"text": SENTENCES, "tgt_lang": "en"}).json()["translations"] == best  # a full batch
+        assert server.post({"text": ["Ein Hund."], "tgt_lang": "de"}).status_code == 422
+
+        answer: dict[str, httpx.Response] = {}
+        in_flight = threading.Thread(target=lambda: answer.update(response=server.post({"text": SENTENCES[:3]})))
+        in_flight.start()
+        deadline = time.monotonic() + 10
+        while server.health()["queued_sentences"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.TransportError):  # no longer accepting
+            httpx.get(f"{server.url}/health", timeout=2)
+        in_flight.join(30)
+        assert answer["response"].status_code == 200 and answer["response"].json()["translations"] == best[:3]
+        assert server.process.wait(timeout=30) == 0, server.stderr()
+        assert "Traceback" not in server.stderr()
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ the command's own checks
+def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
+    from hydra import compose, initialize_config_dir
+
+    from mtrain.cli.common import CONFIG_DIR, check_before_run
+    from mtrain.cli.serve import run_serve
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("serve")
+    assert (cfg.host, cfg.port, cfg.decode.beam, cfg.ensemble, cfg.max_batch_sentences) == ("127.0.0.1", 8080, 5, [], 64)
+    for argv, line in ((["max_beam=3"], "max_beam: 3 is below decode.beam=5"),
+                       (["port=70000"], "port: 70000 must be in 0..65535"),
+                       (["max_wait_ms=-1"], "max_wait_ms: -1.0 must be >= 0"),
+                       (["request_timeout_s=0"], "request_timeout_s: 0.0 must be > 0"),
+                       (["max_sentences=0"], "max_sentences: 0 must be >= 1"),
+                       (["max_batch_size=3"], "max_batch_size: unknown config key")):
+        with pytest.raises(SystemExit) as stop:
+            check_before_run("serve", [f"run={run_dir}", *argv])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.startswith(f"mtrain: error: {line}")
+    with pytest.raises(MtrainError, match="run=RUN_DIR is missing"):
+        run_serve(ServeConfig())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(MtrainError, match=f"port={port}: cannot listen on 127.0.0.1:{port}"):
+            run_serve(ServeConfig(run=str(run_dir), port=port))
+    with pytest.raises(MtrainError, match="host=no.such.host.invalid: not an address"):
+        run_serve(ServeConfig(run=str(run_dir), host="no.such.host.invalid", port=0))
+
+
+# ------------------------------------------------------------------ the app in-process
+class StandIn:
+    """A model for the app alone: `translate` is given; the rest describes a de->en model."""
+
+    def __init__(self, translate) -> None:
+        self.translate = translate
+        self.description, self.engine_name, self.device, self.precision, self.threads = "stand-in", "torch", "cpu", "fp32", 1
+        self.src_lang, self.tgt_lang = "de", "en"
+
+    def target_languages(self) -> list[str]:
+        return ["en"]
+
+
+def app_client(translate, **limits):
+    from starlette.testclient import TestClient
+
+    from mtrain.cli.serve_app import build_app
+
+    return TestClient(build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False)
+
+
+def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback():
+    from mtrain.decode.hypothesis import Hypothesis
+
+    def slow(sentences, cfg):
+        time.sleep(1.0)
+        return [[Hypothesis(tokens=[], score=0.0, text=s.upper())] for s in sentences]
+
+    with app_client(slow, request_timeout_s=0.2) as client:
+        response = client.post("/translate", json={"text": ["a"]})
+        assert response.status_code == 504
+        assert response.json()["error"].startswith("request_timeout_s: not translated within 0.2 s")
+
+    def broken(sentences, cfg):
+        raise RuntimeError("a bug\nTraceback (most recent call last): ...")
+
+    def refused(sentences, cfg):
+        raise MtrainError("model.max_positions: a source of 90 tokens exceeds the model's 64 positions")
+
+    with app_client(broken) as client:
+        response = client.post("/translate", json={"text": ["a"]})
+        assert (response.status_code, response.json()) == (
+            500, {"error": "internal error (RuntimeError); the server's log has the details"})
+    with app_client(refused) as client:
+        response = client.post("/translate", json={"text": ["a"]})
+        assert response.status_code == 422 and response.json()["error"].startswith("model.max_positions")
+
+
+def test_request_settings_start_from_the_server_s_decode_section():
+    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
+    from mtrain.config import Sampling
+
+    cfg = ServeConfig(decode=DecodeConfig(beam=4, nbest=2, length_penalty=0.6), max_beam=6)
+    decode = request_decoding(TranslateRequest(text=["a"], beam=6), cfg)
+    assert (decode.beam, decode.nbest, decode.length_penalty) == (6, 2, 0.6)
+    assert request_decoding(TranslateRequest(text=["a"]), cfg) == cfg.decode
+    with pytest.raises(Rejected, match="nbest: 5 is above beam=4"):
+        request_decoding(TranslateRequest(text=["a"], nbest=5), cfg)
+    sampling = ServeConfig(decode=DecodeConfig(beam=1, sampling=Sampling.topk, top_k=5), max_beam=6)
+    assert request_decoding(TranslateRequest(text=["a"], nbest=4), sampling).nbest == 4  # 4 samples, no beam
