@@ -49,6 +49,7 @@ def check_config(cfg: DictConfig) -> None:
     elif schema is TranslateConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
+        _check_ensemble(cfg)
         _check_translate(cfg)
     elif schema is ServeConfig:
         _check_decode(cfg.decode, "decode")
@@ -57,6 +58,7 @@ def check_config(cfg: DictConfig) -> None:
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
+        _check_ensemble(cfg)
         _at_least(cfg, "average_last", 0)
         _at_least(cfg, "bootstrap_samples", 0)
         _at_least(cfg, "chrf_word_order", 0)
@@ -239,6 +241,23 @@ def _check_decoding_precision(cfg: DictConfig) -> None:
     if cfg.engine == Engine.torch and cfg.precision not in allowed:
         raise MtrainError(f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
                           + did_you_mean(str(cfg.precision), allowed))
+
+
+def _check_ensemble(cfg: DictConfig) -> None:
+    """`ensemble=` of translate/eval: the torch engine's, decoding with run=; eval's report of an
+    ensemble goes to out=DIR, never into run='s eval/ (where it would pass for run='s own score)."""
+    if not cfg.ensemble:
+        return
+    if cfg.engine != Engine.torch:
+        raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
+    if OmegaConf.get_type(cfg) is not EvalConfig:
+        return
+    if cfg.runs or cfg.hyp or not cfg.run:
+        raise MtrainError("ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
+                          "(drop ensemble=, or evaluate a run with run=RUN)")
+    if cfg.out is None:
+        raise MtrainError(f"ensemble: the report of an ensemble is not run={cfg.run}'s own; "
+                          "give out=DIR to write it (and any average_last checkpoint) there")
 
 
 def _check_translate(cfg: DictConfig) -> None:

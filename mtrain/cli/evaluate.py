@@ -2,6 +2,7 @@
 
     mtrain eval run=RUN split=test [average_last=3]     decode, score, write RUN/eval/test.*
     mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
+    mtrain eval run=RUN ensemble=[RUN_B,c.pt] out=DIR    an ensemble of run= and the members, report in DIR
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
 
@@ -46,7 +47,8 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
 
 def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
-    `average_last`), score it, write `eval/<split>.{json,md,hyp}`; the report."""
+    `average_last`; with `ensemble`, that and the members together), score it, write
+    `eval/<split>.{json,md,hyp}` (or into `out`); the report."""
     from mtrain.decode.threads import set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
@@ -74,7 +76,8 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     else:
         checkpoint = run.find_checkpoint(cfg.checkpoint)
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
-    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights)
+    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights,
+                         ensemble=cfg.ensemble)
     loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
 
     if split is None:
@@ -82,10 +85,14 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
-    log(f"decoding {len(split.sources)} sentences of {cfg.split} with {checkpoint} "
+    log(f"decoding {len(split.sources)} sentences of {cfg.split} with "
+        f"{engine.description if cfg.ensemble else checkpoint} "
         f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)")
     checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
                        "update": loaded.update, "averaged_from": averaged_from, "weights": loaded.weights}
+    if cfg.ensemble:  # run='s checkpoint (above) first, then the other members
+        checkpoint_info["ensemble"] = [{"path": str(member.checkpoint_path), "update": member.update}
+                                       for member in engine.members]
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
                    "engine": str(cfg.engine), "threads": threads}
     translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
@@ -159,7 +166,7 @@ def hydra_quote(value: str) -> str:
     return f"'{escaped}'"
 
 
-def friendly_overrides(argv: List[str], list_keys=("ref",), string_keys=("runs", "run", "hyp", "out")) -> List[str]:
+def friendly_overrides(argv: List[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out")) -> List[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 
     Hydra would reject a plain string for a list key and read `A,B` as a sweep; list keys

@@ -6,6 +6,7 @@
     mtrain translate run=RUN_DIR input=some.de attention=att/ attention_layer=all
     mtrain translate run=RUN_DIR input=test.de engine=ctranslate2 [precision=int8]
     mtrain translate run=EXPORTED_DIR input=test.de engine=ctranslate2   # from `mtrain export`
+    mtrain translate run=RUN_A ensemble=[RUN_B,c.pt] input=test.de    # an ensemble of 3 (run= and the members)
 
 Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
 creates no Hydra output directory. The work is in `mtrain.decode.stream`.
@@ -39,7 +40,8 @@ def run_translate(cfg: TranslateConfig) -> None:
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
-    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights)
+    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights,
+                         ensemble=cfg.ensemble)
     log.info("translating with %s on %s, engine=%s, beam %d, %d CPU thread%s", engine.description, device,
              cfg.engine, cfg.decode.beam, threads, "" if threads == 1 else "s")
     report = translate_stream(engine.model, engine.tokenizer, cfg, device, engine.precision)
@@ -47,7 +49,7 @@ def run_translate(cfg: TranslateConfig) -> None:
 
 
 @mtrain_app("translate")
-def main(cfg: TranslateConfig) -> None:
+def _app(cfg: TranslateConfig) -> None:
     try:
         run_translate(cfg)
     except BrokenPipeError:
@@ -55,6 +57,14 @@ def main(cfg: TranslateConfig) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(141)
+
+
+def main() -> None:
+    from mtrain.cli.evaluate import friendly_overrides
+
+    # `ensemble=B` and `ensemble=B,C` as users type them (Hydra wants a list: ensemble=[B,C]).
+    sys.argv = sys.argv[:1] + friendly_overrides(sys.argv[1:], list_keys=("ensemble",), string_keys=())
+    _app()
 
 
 if __name__ == "__main__":

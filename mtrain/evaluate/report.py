@@ -1,7 +1,7 @@
 """The report of a scored split: `<run>/eval/<split>.json` and `.md`, hypotheses in `.hyp`.
 
 A report holds what a reviewer needs to trust the number: each metric with its sacreBLEU
-signature, the checkpoint (or averaged checkpoints), the decoding settings, the data files
+signature, the checkpoint (or averaged checkpoints; an ensemble's members), the decoding settings, the data files
 with their hashes, the number of sentences, and how long decoding took. This module only
 builds and writes reports; `mtrain.evaluate.scoring.score_split` scores a split and comes
 here, for `mtrain eval run=...` (mtrain.cli.evaluate) and the test split at the end of `mtrain fit`.
@@ -89,8 +89,10 @@ def replaced_report_note(path: Path, report: Dict[str, Any]) -> Optional[str]:
 
 def _what_was_decoded(report: Dict[str, Any]) -> str:
     checkpoint = report.get("checkpoint", {})
-    return (f"{Path(str(checkpoint.get('path', '?'))).name} (update {checkpoint.get('update', '?')}), "
-            f"beam {report.get('decode', {}).get('beam', '?')}")
+    members = len(checkpoint.get("ensemble") or [])
+    return (f"{Path(str(checkpoint.get('path', '?'))).name} (update {checkpoint.get('update', '?')}"
+            + (f", in an ensemble of {members}" if members else "")
+            + f"), beam {report.get('decode', {}).get('beam', '?')}")
 
 
 def report_paths(out_dir: Path, split: str) -> Dict[str, Path]:
@@ -124,6 +126,9 @@ def render_markdown(report: Dict[str, Any]) -> str:
         lines.append(f"- **Checkpoint**: average of {sources} -> `{checkpoint['path']}` (update {checkpoint['update']})")
     else:
         lines.append(f"- **Checkpoint**: `{checkpoint['path']}` ({checkpoint['which']}, update {checkpoint['update']})")
+    if checkpoint.get("ensemble"):
+        members = ", ".join(f"`{member['path']}` (update {member['update']})" for member in checkpoint["ensemble"])
+        lines.append(f"- **Ensemble** of {len(checkpoint['ensemble'])} (mean of their log-probabilities): {members}")
     decode = report["decode"]
     settings = ", ".join(f"{key}={value}" for key, value in decode.items())
     lines += [f"- **Decoding**: {settings}",

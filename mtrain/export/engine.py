@@ -1,7 +1,9 @@
 """The decoding engine of a run: `open_engine`, the one place that opens one, for
 `mtrain translate` and `mtrain eval` alike.
 
-engine=torch: the run's checkpoint loaded into mtrain's model. engine=ctranslate2: an
+engine=torch: the run's checkpoint loaded into mtrain's model, or, with `ensemble=`, that
+checkpoint and the members' decoding together (`mtrain.decode.ensemble`; every member's
+tokenizer is checked against run='s before any model loads). engine=ctranslate2: an
 `mtrain export` directory loaded, or the run's checkpoint converted on the fly. The
 CTranslate2 engine itself (`mtrain.decode.ct2_engine`) only loads directories that
 `mtrain export` wrote; converting a checkpoint is this package's job, which is why the
@@ -11,41 +13,52 @@ opener lives here, above decoding and below the commands.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from mtrain.config import Engine
 from mtrain.errors import MtrainError
 from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
+from mtrain.decode.ensemble import EnsembleModel
+from mtrain.rundir import RunDir
 from mtrain.runtime import resolve_decode_precision
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
-from mtrain.train.checkpoint_files import LoadedRun, load_run
+from mtrain.tokenizer import Tokenizer
+from mtrain.train.checkpoint_files import LoadedRun, load_checkpoint, load_run
 
 
 @dataclass
 class RunEngine:
     """What decodes, as `mtrain.decode`'s functions take it (their `model`, `tokenizer`, `precision`)."""
 
-    model: Any  # mtrain's nn.Module (engine=torch) or a CTranslate2Model
+    model: Any  # mtrain's nn.Module (engine=torch; an EnsembleModel with ensemble=) or a CTranslate2Model
     tokenizer: Any  # mtrain.tokenizer.Tokenizer
     precision: str  # as decoding runs: fp32|bf16|fp16 (torch), CTranslate2's compute type (int8, float32, ...)
-    description: str  # what decodes, for the log: the checkpoint, its update, the engine's weights
-    loaded: Optional[LoadedRun]  # the checkpoint and the run's stored config; None for an export directory
+    description: str  # what decodes, for the log: the checkpoint(s), update(s), the engine's weights
+    loaded: Optional[LoadedRun]  # run='s checkpoint and stored config; None for an export directory
+    members: List[LoadedRun] = field(default_factory=list)  # every checkpoint that decodes, run='s first
 
 
 def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, precision: str = "auto",
                 num_threads: Optional[int] = None, checkpoint: Union[str, Path] = "best",
-                weights: str = "auto") -> RunEngine:
+                weights: str = "auto", ensemble: Sequence[Union[str, Path]] = ()) -> RunEngine:
     """The engine that decodes with `run`'s `checkpoint` (best|last|a name|a path) and its
-    `weights` (auto: the weights' average when the run kept one, else the trained ones; ema; raw).
+    `weights` (auto: the weights' average when the run kept one, else the trained ones; ema; raw;
+    for every member of an ensemble alike).
 
     With engine=ctranslate2, `run` may also be a directory written by `mtrain export`.
     `precision`: mtrain's precision names (auto resolved for `device`); CTranslate2 also takes
     its compute types (int8, ...; mtrain.decode.ct2_engine).
+    `ensemble`: more members decoding with run='s checkpoint (engine=torch), each a run
+    directory (its best checkpoint, as `checkpoint=best` finds it) or a checkpoint file.
     """
+    if ensemble:
+        if engine != Engine.torch:
+            raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
+        return _ensemble_engine(run, device, precision, checkpoint, ensemble, weights)
     if is_export_dir(Path(run)):
         if engine != Engine.ctranslate2:
             raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
@@ -57,14 +70,90 @@ def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, pre
                       weights=weights)
     if engine == Engine.ctranslate2:
         model = _converted(loaded, device, precision, num_threads)
-        return RunEngine(model, loaded.tokenizer, model.translator.compute_type, model.description, loaded)
+        return RunEngine(model, loaded.tokenizer, model.translator.compute_type, model.description, loaded, [loaded])
     resolved = resolve_decode_precision(precision, device)
     return RunEngine(loaded.model, loaded.tokenizer, resolved,
-                     f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}", loaded)
+                     f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}", loaded,
+                     [loaded])
 
 
 def _weights_note(loaded: LoadedRun) -> str:
     return ", EMA weights" if loaded.weights == "ema" else ""
+
+
+def _ensemble_engine(run: Union[str, Path], device: torch.device, precision: str, checkpoint: Union[str, Path],
+                     ensemble: Sequence[Union[str, Path]], weights: str = "auto") -> RunEngine:
+    """run='s checkpoint and the `ensemble` members as one EnsembleModel. Every path and
+    tokenizer is checked before the first model loads."""
+    if is_export_dir(Path(run)):
+        raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`; an ensemble decodes "
+                          "checkpoints of `mtrain fit` runs (engine=torch)")
+    run_dir = RunDir(run)
+    run_checkpoint = run_dir.find_checkpoint(str(checkpoint))
+    run_tokenizer = _tokenizer_of(run_dir, f"run={run}")
+    members = [(run_dir, run_checkpoint)] + [_resolve_member(str(entry), run_dir, run_tokenizer) for entry in ensemble]
+    loaded = [load_run(directory.path, device=device, checkpoint_path=path, weights=weights)
+              for directory, path in members]
+    resolved = resolve_decode_precision(precision, device)
+    description = (f"an ensemble of {len(loaded)}: "
+                   + ", ".join(f"{member.checkpoint_path} (update {member.update}{_weights_note(member)})"
+                               for member in loaded)
+                   + f", {resolved}")
+    model = EnsembleModel([member.model for member in loaded])
+    return RunEngine(model, loaded[0].tokenizer, resolved, description, loaded[0], loaded)
+
+
+def _tokenizer_of(run_dir: RunDir, name: str) -> Tokenizer:
+    if not run_dir.tokenizer_dir.is_dir():
+        raise MtrainError(f"{name}: no tokenizer/ directory; the run directory is incomplete")
+    return Tokenizer.load(run_dir.tokenizer_dir)
+
+
+def _resolve_member(entry: str, run_dir: RunDir, run_tokenizer: Tokenizer) -> Tuple[RunDir, Path]:
+    """The run directory whose tokenizer decodes `entry`, and `entry`'s checkpoint file.
+
+    A directory: a run of `mtrain fit`, decoded with its best checkpoint. A file: a checkpoint;
+    inside a run's checkpoints/ it is that run's, otherwise (an average written with out=, a
+    copied file) it must record run='s tokenizer fingerprint, and decodes with run='s tokenizer.
+    """
+    path = Path(entry)
+    if not entry.strip() or not path.exists():
+        raise MtrainError(f"ensemble: {entry!r}: no such run directory or checkpoint file")
+    if path.is_dir():
+        if is_export_dir(path):
+            raise MtrainError(f"ensemble: {path}: is a CTranslate2 model written by `mtrain export`; ensemble "
+                              "members are run directories or checkpoint files of `mtrain fit`")
+        member_dir = RunDir(path)
+        try:
+            checkpoint = member_dir.find_checkpoint("best")
+        except MtrainError as error:
+            raise MtrainError(f"ensemble: {error}") from error
+    else:
+        checkpoint = path
+        owner = RunDir(path.parent.parent)
+        if owner.checkpoint_dir != path.parent or not owner.tokenizer_dir.is_dir():
+            _check_recorded_tokenizer(path, run_dir, run_tokenizer)
+            return run_dir, checkpoint
+        member_dir = owner
+    tokenizer = _tokenizer_of(member_dir, f"ensemble: {path}")
+    if tokenizer.fingerprint != run_tokenizer.fingerprint:
+        raise MtrainError(f"ensemble: {member_dir.tokenizer_dir} differs from run={run_dir.path}'s tokenizer "
+                          f"{run_dir.tokenizer_dir}: the members of an ensemble must share one tokenizer "
+                          "(the same token ids must mean the same pieces)")
+    return member_dir, checkpoint
+
+
+def _check_recorded_tokenizer(path: Path, run_dir: RunDir, run_tokenizer: Tokenizer) -> None:
+    """A checkpoint outside a run directory decodes with run='s tokenizer: the fingerprint
+    it recorded in training (`data_fingerprints`) must be that tokenizer's."""
+    recorded = (load_checkpoint(path, mmap=True).get("data_fingerprints") or {}).get("tokenizer")
+    if recorded is None:
+        raise MtrainError(f"ensemble: {path}: is not in a run's checkpoints/ and records no tokenizer fingerprint, "
+                          f"so nothing says it shares run={run_dir.path}'s tokenizer; give it from its run directory")
+    if recorded != run_tokenizer.fingerprint:
+        raise MtrainError(f"ensemble: {path} was trained with another tokenizer than run={run_dir.path}'s "
+                          f"{run_dir.tokenizer_dir} (fingerprint {recorded[:12]} vs {run_tokenizer.fingerprint[:12]}): "
+                          "the members of an ensemble must share one tokenizer")
 
 
 def _converted(loaded: LoadedRun, device: torch.device, precision: str,
