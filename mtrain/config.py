@@ -460,6 +460,7 @@ class EvalConfig:
     ensemble: List[str] = field(default_factory=list)  # as translate's
     weights: DecodeWeights = DecodeWeights.auto
     # Per line: sentence-BLEU, chrF and the model's score, in <split>.sentences.tsv beside the report
+    # (hyp=: <hyp file>.sentences.tsv beside it, or in out=; no model score)
     per_sentence: bool = False
     worst_lines: int = 10  # lines of lowest sentence-BLEU listed in the Markdown report
 

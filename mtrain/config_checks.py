@@ -63,6 +63,7 @@ def check_config(cfg: DictConfig) -> None:
         _at_least(cfg, "bootstrap_samples", 0)
         _at_least(cfg, "chrf_word_order", 0)
         _optional_at_least(cfg, "num_threads", 1)
+        _at_least(cfg, "worst_lines", 0)
         _check_eval_out(cfg)
     elif schema is AverageConfig:
         _at_least(cfg, "last", 1)
@@ -299,12 +300,17 @@ def check_writable_file(path: Path, key: str) -> None:
 
 
 def _check_eval_out(cfg: DictConfig) -> None:
-    """`out=` is where `run=` writes: the other modes write nothing, so it would be ignored."""
+    """`out=` is where `run=` writes, and `hyp= per_sentence=true` its TSV: the other modes
+    write nothing, so it would be ignored. `runs=` has no per-sentence scores."""
+    if cfg.per_sentence and cfg.runs:
+        raise MtrainError("per_sentence: scores the lines of one run (run=) or file (hyp=), not a comparison "
+                          "(runs=); evaluate each run with run=RUN per_sentence=true")
     if cfg.out is None:
         return
-    if cfg.runs or cfg.hyp or not cfg.run:
-        raise MtrainError("out: is where `mtrain eval run=RUN` writes its report; hyp= and runs= write none "
-                          "(drop out=, or evaluate a run with run=RUN)")
+    if cfg.runs or (cfg.hyp and not cfg.per_sentence) or not (cfg.run or cfg.hyp):
+        raise MtrainError("out: is where `mtrain eval run=RUN` writes its report (and hyp= per_sentence=true its "
+                          "sentence scores); hyp= alone and runs= write none (drop out=, or evaluate a run with "
+                          "run=RUN)")
     check_writable_dir(Path(cfg.out), "out")
 
 

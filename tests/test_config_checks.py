@@ -189,7 +189,18 @@ def test_eval_out_is_for_run_and_must_be_a_writable_directory(tmp_path, capsys):
         status, lines = run_check("eval", [*mode, f"out={tmp_path / 'reports'}"], capsys)
         assert_refused(status, lines, "out: is where `mtrain eval run=RUN` writes its report")
     assert run_check("eval", ["run=somewhere", f"out={tmp_path / 'reports'}"], capsys) == (0, [])
+    # hyp= writes the per-sentence TSV there.
+    assert run_check("eval", ["hyp=h.txt", "ref=[r.txt]", "per_sentence=true", f"out={tmp_path / 'reports'}"],
+                     capsys) == (0, [])
     assert not (tmp_path / "reports").exists()  # checked, not made
+
+
+def test_eval_per_sentence_is_for_one_run_or_file(capsys):
+    status, lines = run_check("eval", ["runs=multirun/x", "per_sentence=true"], capsys)
+    assert_refused(status, lines, "per_sentence: scores the lines of one run (run=) or file (hyp=)")
+    status, lines = run_check("eval", ["run=somewhere", "per_sentence=true", "worst_lines=-1"], capsys)
+    assert_refused(status, lines, "worst_lines: -1 must be >= 0")
+    assert run_check("eval", ["run=somewhere", "per_sentence=true", "worst_lines=0"], capsys) == (0, [])
 
 
 def test_help_and_cfg_stay_hydras_and_cfg_still_refuses_a_typo(capsys):

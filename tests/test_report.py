@@ -247,6 +247,95 @@ def test_hypotheses_scored_against_a_runs_split(tiny_run, tmp_path, monkeypatch,
     assert "has 12 lines but" in capsys.readouterr().err
 
 
+def _tsv_rows(path: Path) -> list:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0].split("\t") == ["line", "bleu", "chrf", "model_score", "source", "hypothesis", "reference"]
+    return [line.split("\t") for line in lines[1:]]
+
+
+def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run, monkeypatch, capsys, tmp_path):
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from mtrain.config import DecodeConfig
+    from mtrain.decode import translate_sentences
+    from mtrain.train.checkpoint_files import load_run
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "reports"
+    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu", "precision=fp32",
+            "per_sentence=true", "worst_lines=3", "chrf_word_order=2", "lowercase=true", f"out={out}")
+    assert "sentence scores: " in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["test.hyp", "test.json", "test.md", "test.sentences.tsv"]
+    corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
+    sources = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    refs = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    rows = _tsv_rows(out / "test.sentences.tsv")
+    assert [int(row[0]) for row in rows] == list(range(1, 17))
+    assert [row[4:] for row in rows] == [[s, h, r] for s, h, r in zip(sources, hyps, refs)]
+    # sacreBLEU's own sentence scorers, with the corpus metrics' settings.
+    bleu, chrf = BLEU(lowercase=True, effective_order=True), CHRF(word_order=2, lowercase=True)
+    assert [float(row[1]) for row in rows] == pytest.approx(
+        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
+    assert [float(row[2]) for row in rows] == pytest.approx(
+        [chrf.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
+    # The model's score: the best hypothesis' length-normalised log-probability, as decoding gives it.
+    loaded = load_run(tiny_run, "best")
+    decoded = translate_sentences(loaded.model, loaded.tokenizer, sources, DecodeConfig(beam=2), "cpu")
+    assert [h[0].text for h in decoded] == hyps
+    assert [float(row[3]) for row in rows] == pytest.approx([h[0].score for h in decoded], abs=1e-4)
+
+    report = json.loads((out / "test.json").read_text(encoding="utf-8"))
+    assert report["per_sentence"]["path"] == str((out / "test.sentences.tsv").resolve())
+    worst = report["per_sentence"]["worst_lines"]
+    lowest = sorted(rows, key=lambda row: (float(row[1]), float(row[2]), int(row[0])))[:3]
+    assert [w["line"] for w in worst] == [int(row[0]) for row in lowest]
+    assert max(w["bleu"] for w in worst) <= min(float(row[1]) for row in rows if int(row[0]) not in
+                                                 {w["line"] for w in worst}) + 5e-5
+    markdown = (out / "test.md").read_text(encoding="utf-8")
+    assert "## The 3 lines of lowest sentence-BLEU" in markdown and str(out / "test.sentences.tsv") in markdown
+    assert all(f"| {w['line']} | {w['bleu']:.2f} | {w['chrf']:.2f} |" in markdown for w in worst)
+
+    # Without per_sentence, an earlier TSV there goes: it scored the hypotheses replaced now.
+    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=1", "device=cpu", f"out={out}",
+            "metrics=[bleu]")
+    assert not (out / "test.sentences.tsv").exists()
+    assert "per_sentence" not in json.loads((out / "test.json").read_text(encoding="utf-8"))
+
+
+def test_eval_hyp_per_sentence_writes_beside_the_hypotheses_or_into_out(tiny_run, tmp_path, monkeypatch, capsys):
+    from sacrebleu.metrics import BLEU
+
+    hyp, ref = tmp_path / "sys.en", tmp_path / "ref.en"
+    hyps = ["a man\twith a hat", "two dogs", "the cat sits on the mat"]
+    refs = ["a man with a hat", "two dogs run in the park", "the cat sits on the mat"]
+    hyp.write_text("".join(f"{line}\n" for line in hyps), encoding="utf-8")
+    ref.write_text("".join(f"{line}\n" for line in refs), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "eval", f"hyp={hyp}", f"ref={ref}", "per_sentence=true", "worst_lines=1", "metrics=[bleu]")
+    printed = capsys.readouterr().out
+    rows = _tsv_rows(tmp_path / "sys.en.sentences.tsv")
+    bleu = BLEU(effective_order=True)
+    assert [float(row[1]) for row in rows] == pytest.approx(
+        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
+    assert [row[3:6] for row in rows] == [["", "", "a man\\twith a hat"], ["", "", "two dogs"],
+                                          ["", "", "the cat sits on the mat"]]  # no model score, no sources
+    assert "two dogs" in printed and str(tmp_path / "sys.en.sentences.tsv") in printed
+
+    # References (and sources) from a run's split; the TSV into out=.
+    corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
+    sources = (corpus / "val.de").read_text(encoding="utf-8").splitlines()
+    valid_hyps = [" ".join(line.split()[:-1]) for line in (corpus / "val.en").read_text(encoding="utf-8").splitlines()]
+    (tmp_path / "valid.en").write_text("".join(f"{line}\n" for line in valid_hyps), encoding="utf-8")
+    out = tmp_path / "scores"
+    run_cli(monkeypatch, "eval", f"hyp={tmp_path / 'valid.en'}", f"run={tiny_run}", "split=valid", "per_sentence=true",
+            f"out={out}")
+    assert [p.name for p in out.iterdir()] == ["valid.en.sentences.tsv"]
+    rows = _tsv_rows(out / "valid.en.sentences.tsv")
+    assert [row[4:6] for row in rows] == [[s, h] for s, h in zip(sources, valid_hyps)]
+    capsys.readouterr()
+
+
 def test_data_records_count_the_text_lines_of_gzip_files(tmp_path):
     """A .gz holds few newline bytes of its own: its lines are those of the text inside."""
     import gzip

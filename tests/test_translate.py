@@ -338,3 +338,111 @@ def test_an_export_directory_without_engine_ctranslate2_says_which_engine(tmp_pa
     cfg = TranslateConfig(run=str(export), device="cpu")
     with pytest.raises(MtrainError, match=r"is a CTranslate2 model written by `mtrain export`.*engine=ctranslate2"):
         run_translate(cfg)
+
+
+# ------------------------------------------------------------------ interactive
+def _read_line(fd: int, timeout: float) -> bytes:
+    """One line from `fd`, or AssertionError after `timeout` seconds without one."""
+    import select
+    import time
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0))
+        assert ready, f"no line within {timeout}s (read so far: {data!r})"
+        byte = os.read(fd, 1)  # one byte at a time: nothing of the next line is consumed
+        assert byte, f"end of output before a line (read so far: {data!r})"
+        data += byte
+    return data
+
+
+def _start_on_a_terminal(run_dir: Path, cwd: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    """`mtrain translate` with its stdin on a pseudo-terminal, which is also its controlling
+    terminal (so Ctrl-C typed there is SIGINT, as in a shell); stdout and stderr are pipes.
+    The process and the terminal's master side, for typing."""
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+    attributes = termios.tcgetattr(slave)
+    attributes[3] &= ~termios.ECHO  # no echo to drain: we read the translations from stdout
+    termios.tcsetattr(slave, termios.TCSANOW, attributes)
+    process = subprocess.Popen(_translate_command(run_dir, *args), stdin=slave, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    return process, master
+
+
+STARTUP_S = 120  # python, torch and the model on 2 busy cores; each later line takes well under a second
+
+
+def test_is_interactive_follows_the_key_then_the_terminal():
+    from mtrain.decode.stream import is_interactive
+
+    assert not sys.stdin or not sys.stdin.isatty()  # pytest's stdin: not a terminal
+    assert is_interactive(job()) is False
+    assert is_interactive(job(interactive=True)) is True
+    assert is_interactive(job(interactive=False)) is False
+
+
+def test_interactive_on_a_terminal_answers_each_line_before_the_next_then_ends_on_ctrl_d(
+        run_dir, model, tokenizer, tmp_path):
+    process, master = _start_on_a_terminal(run_dir, tmp_path)
+    try:
+        lines = [SENTENCES[1], "", SENTENCES[3]]
+        got = []
+        for number, line in enumerate(lines):
+            os.write(master, line.encode() + b"\n")  # stdin stays open: no chunk could be filled
+            got.append(_read_line(process.stdout.fileno(), STARTUP_S if number == 0 else 30).decode())
+        os.write(master, b"\x04")  # Ctrl-D at the start of a line: end of input
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        os.close(master)
+    assert process.returncode == 0, stderr.decode()
+    expected = translate_sentences(model, tokenizer, lines, job(decode={"beam": 1}).decode, "cpu")
+    assert got == [hyps[0].text + "\n" for hyps in expected]
+    assert expected[0][0].text and got[1] == "\n"
+    assert b"translated 3 lines" in stderr and b"> " not in stderr  # no prompt: stderr is no terminal
+
+
+def test_interactive_true_on_a_pipe_answers_each_line_before_the_next_with_nbest(run_dir, model, tokenizer,
+                                                                                  tmp_path):
+    process = subprocess.Popen(_translate_command(run_dir, "interactive=true", "decode.beam=3", "decode.nbest=2"),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        rows = []
+        for number, line in enumerate(SENTENCES[:2]):
+            process.stdin.write(line.encode() + b"\n")
+            process.stdin.flush()
+            for _ in range(2):
+                rows.append(_read_line(process.stdout.fileno(), STARTUP_S if number == 0 else 30).decode())
+        _, stderr = process.communicate(timeout=60)  # closes stdin: end of input
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr.decode()
+    decode = job(decode={"beam": 3, "nbest": 2}).decode
+    expected = translate_sentences(model, tokenizer, SENTENCES[:2], decode, "cpu")
+    fields = [row.rstrip("\n").split("\t") for row in rows]
+    assert [f[0] for f in fields] == ["0", "0", "1", "1"]
+    assert [f[2] for f in fields] == [h.text for hyps in expected for h in hyps]
+    assert [float(f[1]) for f in fields] == pytest.approx([h.score for hyps in expected for h in hyps], abs=1e-4)
+
+
+def test_ctrl_c_at_the_terminal_exits_130_without_a_traceback(run_dir, tmp_path):
+    process, master = _start_on_a_terminal(run_dir, tmp_path)
+    try:
+        os.write(master, SENTENCES[1].encode() + b"\n")
+        assert _read_line(process.stdout.fileno(), STARTUP_S).strip()  # waiting for the next line now
+        os.write(master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to the process
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        os.close(master)
+    assert process.returncode == 130, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    assert stderr.decode().splitlines()[-1] == "mtrain: interrupted"

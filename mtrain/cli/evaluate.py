@@ -4,6 +4,8 @@
     mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
     mtrain eval run=RUN ensemble=[RUN_B,c.pt] out=DIR    an ensemble of run= and the members, report in DIR
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
+    mtrain eval run=RUN split=test per_sentence=true     also RUN/eval/test.sentences.tsv, worst lines in test.md
+    mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
 
 The command's body, mode by mode: the engine is opened by `mtrain.export.engine.open_engine`
@@ -97,7 +99,8 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
                    "engine": str(cfg.engine), "threads": threads}
     translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
     return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
-                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir)
+                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir,
+                       cfg.per_sentence, cfg.worst_lines)
 
 
 def check_output_dirs(run: RunDir, cfg: EvalConfig) -> Path:
@@ -116,16 +119,26 @@ def check_output_dirs(run: RunDir, cfg: EvalConfig) -> Path:
 def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """`hyp=FILE ref=FILE...`: score a hypothesis file; prints the table.
 
-    With `run=` instead of `ref=`, the references are the run's `split`.
+    With `run=` instead of `ref=`, the references are the run's `split` (and its sources go
+    into the per-sentence TSV). `per_sentence` writes `<hyp file name>.sentences.tsv` beside
+    the hypotheses, or into `out=`, and prints the worst lines.
     """
     from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
     from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
     from mtrain.evaluate.report import metrics_table
     from mtrain.evaluate.runs import run_config
+    from mtrain.evaluate.sentences import (per_sentence_record, score_sentences, sentences_path, worst_lines_table,
+                                          write_sentences_tsv)
 
     metrics = check_metric_names(cfg.metrics)
     hyp_path = Path(cfg.hyp)
     hyps = read_lines(hyp_path, "hyp")
+    tsv = None
+    if cfg.per_sentence:
+        tsv_dir = Path(cfg.out) if cfg.out is not None else hyp_path.parent
+        check_writable_dir(tsv_dir, "out" if cfg.out is not None else f"hyp={hyp_path}",
+                           advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR")
+        tsv = sentences_path(tsv_dir, hyp_path.name)
     if cfg.ref:
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]
@@ -137,8 +150,17 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
     scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     log(metrics_table(scores).to_text())
-    return {"hypotheses": file_record(hyp_path, "hypotheses"), "data": split.files,
-            "sentences": len(hyps), "metrics": scores}
+    result = {"hypotheses": file_record(hyp_path, "hypotheses"), "data": split.files,
+              "sentences": len(hyps), "metrics": scores}
+    if tsv is not None:
+        sources = split.sources if not cfg.ref else None  # ref= files come without their sources
+        rows = score_sentences(hyps, split.references, sources, None, cfg.tokenize, cfg.lowercase,
+                               cfg.chrf_word_order)
+        write_sentences_tsv(tsv, rows)
+        result["per_sentence"] = per_sentence_record(tsv, rows, cfg.worst_lines)
+        log(worst_lines_table(result["per_sentence"]["worst_lines"]).to_text())
+        log(f"sentence scores: {tsv}")
+    return result
 
 
 def compare(cfg: EvalConfig) -> Dict[str, Any]:

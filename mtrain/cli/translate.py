@@ -7,9 +7,11 @@
     mtrain translate run=RUN_DIR input=test.de engine=ctranslate2 [precision=int8]
     mtrain translate run=EXPORTED_DIR input=test.de engine=ctranslate2   # from `mtrain export`
     mtrain translate run=RUN_A ensemble=[RUN_B,c.pt] input=test.de    # an ensemble of 3 (run= and the members)
+    mtrain translate run=RUN_DIR            # at a terminal: type a line, get its translation
 
 Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
-creates no Hydra output directory. The work is in `mtrain.decode.stream`.
+creates no Hydra output directory. The work is in `mtrain.decode.stream`. Ctrl-C stops it
+with exit status 130 and one line on stderr, as a shell's commands stop.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def _app(cfg: TranslateConfig) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(141)
+    except KeyboardInterrupt:
+        # Ctrl-C, most often at an interactive prompt: what was translated is written already.
+        print("\nmtrain: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def main() -> None:

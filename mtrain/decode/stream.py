@@ -6,6 +6,12 @@ warning naming the line), translates a chunk with `translate_encoded`, and write
 hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
 per sentence. A progress bar goes to stderr when the output is a file (or a terminal),
 never when the output is a pipe.
+
+Interactive mode (`interactive=true`, or null with stdin a terminal) reads one line at a
+time and writes and flushes its translation before reading the next, so a person typing
+sees each answer at once; chunks of 10,000 lines would wait for input that never comes.
+Pipes and files keep the chunks: sorting and batching a chunk by length is what makes a
+file decode fast. With stdin and stderr both terminals a prompt goes to stderr.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import BinaryIO, Iterator, Optional, TextIO
 
 import torch
 from tqdm import tqdm
@@ -32,6 +38,7 @@ log = logging.getLogger("mtrain.translate")
 
 CHUNK_LINES = 10_000  # lines sorted and batched together; output appears chunk by chunk
 EOS_PIECE = "</s>"
+PROMPT = "> "
 
 
 @dataclass
@@ -75,6 +82,27 @@ def show_progress(cfg: TranslateConfig) -> bool:
     return (cfg.output is not None or writing_to_terminal) and sys.stderr.isatty()
 
 
+def is_interactive(cfg: TranslateConfig) -> bool:
+    """Line by line: as `cfg.interactive` says, or (null) when the input is stdin and a terminal."""
+    if cfg.interactive is not None:
+        return cfg.interactive
+    return cfg.input is None and sys.stdin is not None and sys.stdin.isatty()
+
+
+def prompted_lines(stream: BinaryIO, prompt: str) -> Iterator[bytes]:
+    """The stream's lines, `prompt` written to stderr before each is read; a newline after the
+    last (Ctrl-D), so the shell's prompt starts on a line of its own."""
+    while True:
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        raw = stream.readline()
+        if not raw:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            return
+        yield raw
+
+
 def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.device, precision: str) -> StreamReport:
     """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null)."""
     limit = cfg.max_input_tokens
@@ -85,17 +113,24 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
     attention_layer = attention_layer_of(cfg)
     attention_dir = Path(cfg.attention) if cfg.attention is not None else None
     nbest = cfg.decode.nbest > 1
+    interactive = is_interactive(cfg)
 
     stats = InputRepairs()
     truncated = 0
     source = open_input(cfg.input)
+    lines = source
+    if interactive:
+        log.info("interactive: each line is translated as it is read; Ctrl-D ends")
+        if cfg.input is None and sys.stdin.isatty() and sys.stderr.isatty():
+            lines = prompted_lines(source, PROMPT)
 
     def translate_into(sink: TextIO) -> None:
         nonlocal truncated
-        progress = tqdm(total=count_lines(cfg.input), unit=" lines", disable=not show_progress(cfg), file=sys.stderr)
+        progress = tqdm(total=count_lines(cfg.input), unit=" lines", file=sys.stderr,
+                        disable=interactive or not show_progress(cfg))
         try:
             first_line = 1
-            for chunk in read_chunks(source, CHUNK_LINES, stats):
+            for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
                 sources = []
                 for offset, text in enumerate(chunk):
                     ids, cut = encode_line(tokenizer, text, first_line + offset, limit)

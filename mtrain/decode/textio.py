@@ -15,7 +15,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Optional, TextIO
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional, TextIO
 
 from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
@@ -77,8 +77,9 @@ def decode_line(raw: bytes) -> tuple[str, int]:
         return _ESCAPED_BYTE.subn("\ufffd", text)
 
 
-def read_chunks(stream: BinaryIO, chunk_lines: int, stats: InputRepairs) -> Iterator[list[str]]:
-    """The input's lines (end-of-line stripped), `chunk_lines` at a time."""
+def read_chunks(stream: Iterable[bytes], chunk_lines: int, stats: InputRepairs) -> Iterator[list[str]]:
+    """The input's lines (end-of-line stripped), `chunk_lines` at a time: a chunk is yielded as
+    soon as its last line is read (a buffered stream returns a line as soon as it arrives)."""
     chunk: list[str] = []
     for raw in stream:
         stats.lines += 1

@@ -46,18 +46,20 @@ def build_metric(
     lowercase: bool = False,
     chrf_word_order: int = 0,
     references: Union[Sequence[Sequence[str]], None] = None,
+    effective_order: bool = False,
 ) -> Metric:
     """One sacreBLEU metric object with mtrain's options.
 
     `tokenize` is BLEU's tokenizer; `lowercase` applies to BLEU and chrF. TER keeps
     TERCOM's defaults (case-insensitive), as `sacrebleu -m ter` does. Passing
     `references` caches their statistics (as the sacreBLEU command line does).
+    `effective_order` is BLEU's for sentence scores (n-gram orders without a match are left out).
     """
     (name,) = check_metric_names([name])
     if name == "bleu":
         _check_tokenizer(tokenize)
         try:
-            return BLEU(tokenize=tokenize, lowercase=lowercase, references=references)
+            return BLEU(tokenize=tokenize, lowercase=lowercase, references=references, effective_order=effective_order)
         except (ImportError, RuntimeError) as error:  # MeCab missing at first use
             raise MtrainError(_missing_tokenizer_message(tokenize)) from error
     if name == "chrf":

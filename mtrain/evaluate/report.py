@@ -1,4 +1,5 @@
-"""The report of a scored split: `<run>/eval/<split>.json` and `.md`, hypotheses in `.hyp`.
+"""The report of a scored split: `<run>/eval/<split>.json` and `.md`, hypotheses in `.hyp`,
+and with `per_sentence` the sentence scores in `.sentences.tsv` (mtrain.evaluate.sentences).
 
 A report holds what a reviewer needs to trust the number: each metric with its sacreBLEU
 signature, the checkpoint (or averaged checkpoints; an ensemble's members), the decoding settings, the data files
@@ -12,12 +13,13 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from mtrain import __version__
 from mtrain.config import DataConfig
 from mtrain.evaluate.references import SplitText, file_record
-from mtrain.evaluate.tables import Table
+from mtrain.evaluate.sentences import SentenceScore, sentences_path, write_sentences_tsv
+from mtrain.evaluate.tables import Table, markdown_text
 from mtrain.rundir import RunDir, atomic_write_text
 
 if TYPE_CHECKING:  # scoring imports this module
@@ -55,18 +57,21 @@ def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: Split
 
 
 def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[str],
-                      log: Callable[[str], None] = print, out_dir: Optional[Path] = None) -> Dict[str, Path]:
+                      log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
+                      sentences: Optional[Sequence[SentenceScore]] = None) -> Dict[str, Path]:
     """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}` (or into
-    `out_dir`); log the scores, and what an earlier report there said when it scored differently."""
+    `out_dir`), and `sentences` into `<split>.sentences.tsv`; log the scores, and what an
+    earlier report there said when it scored differently."""
     split_key = report["split"]
     out_dir = Path(out_dir) if out_dir is not None else run.eval_dir
     replaced = replaced_report_note(report_paths(out_dir, split_key)["json"], report)
-    paths = write_report(out_dir, split_key, report, hypotheses)
+    paths = write_report(out_dir, split_key, report, hypotheses, sentences)
     if replaced:
         log(replaced)
     log(metrics_table(report["metrics"]).to_text())
     log(f"{report['sentences']} sentences in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
-        f"sentences/s); report: {paths['json']}, {paths['md']}")
+        f"sentences/s); report: {paths['json']}, {paths['md']}"
+        + (f"; sentence scores: {paths['sentences']}" if "sentences" in paths else ""))
     return paths
 
 
@@ -100,15 +105,24 @@ def report_paths(out_dir: Path, split: str) -> Dict[str, Path]:
     return {kind: Path(out_dir) / f"{split}.{kind}" for kind in ("hyp", "json", "md")}
 
 
-def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequence[str]) -> Dict[str, Path]:
-    """Write `<split>.hyp`, `<split>.json` and `<split>.md` into `out_dir` (each atomically).
+def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequence[str],
+                 sentences: Optional[Sequence[SentenceScore]] = None) -> Dict[str, Path]:
+    """Write `<split>.hyp`, `<split>.json` and `<split>.md` into `out_dir` (each atomically),
+    and `<split>.sentences.tsv` when `sentences` are given.
 
-    The hypothesis file's own record (path, hash) is added to `report["data"]`.
+    The hypothesis file's own record (path, hash) is added to `report["data"]`. Without
+    `sentences`, an earlier TSV of the split is removed: it scored hypotheses replaced now.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = report_paths(out_dir, split)
     atomic_write_text(paths["hyp"], "".join(line + "\n" for line in hyps))
+    tsv = sentences_path(out_dir, split)
+    if sentences is not None:
+        write_sentences_tsv(tsv, sentences)
+        paths["sentences"] = tsv
+    else:
+        tsv.unlink(missing_ok=True)
     report["data"] = [r for r in report.get("data", []) if r.get("role") != "hypotheses"]
     report["data"].append(file_record(paths["hyp"], "hypotheses"))
     atomic_write_text(paths["json"], json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -139,4 +153,22 @@ def render_markdown(report: Dict[str, Any]) -> str:
               f"- **mtrain** {report['mtrain_version']}, {report['created']}", "",
               "| file | role | lines | sha256 |", "|---|---|---|---|"]
     lines += [f"| `{r['path']}` | {r['role']} | {r['lines']} | `{r['sha256']}` |" for r in report["data"]]
+    if report.get("per_sentence"):
+        lines += [""] + worst_lines_markdown(report["per_sentence"])
     return "\n".join(lines) + "\n"
+
+
+def worst_lines_markdown(per_sentence: Dict[str, Any]) -> List[str]:
+    """The report's section on the lines of lowest sentence-BLEU (their text Markdown-escaped)."""
+    worst = per_sentence["worst_lines"]
+    lines = [f"- **Sentence scores** (BLEU, chrF, model score per line): `{per_sentence['path']}`"]
+    if not worst:  # worst_lines=0
+        return lines
+    lines += ["", f"## The {len(worst)} lines of lowest sentence-BLEU", ""]
+    streams = len(worst[0]["references"])
+    table = Table(["line", "BLEU", "chrF", "model score", "source", "hypothesis"]
+                  + (["reference"] if streams == 1 else [f"reference {k + 1}" for k in range(streams)]))
+    for row in worst:
+        table.add(row["line"], row["bleu"], row["chrf"], row["model_score"],
+                  *(markdown_text(text) for text in (row["source"], row["hypothesis"], *row["references"])))
+    return lines + [table.to_markdown()]

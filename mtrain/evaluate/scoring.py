@@ -3,7 +3,9 @@
 `mtrain fit` (validation BLEU during training, the test split at the end) and `mtrain eval`
 all call `translate_and_score`; only what they do with the result differs. `score_split`
 scores a run's split and writes its report (mtrain.evaluate.report); `sentence_translator`
-turns a model into the `Translate` both take.
+turns a model into the `Translate` both take. A `Translate` returns plain strings or, as
+`sentence_translator`'s does, the best `Hypothesis` per source: then its score (the
+length-normalised log-probability) travels with the text to the per-sentence scores.
 """
 
 from __future__ import annotations
@@ -11,22 +13,25 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from mtrain.config import DataConfig, DecodeConfig, Precision
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, score_corpus
 from mtrain.evaluate.references import SplitText
 from mtrain.evaluate.report import save_split_report, split_report
+from mtrain.evaluate.sentences import per_sentence_record, score_sentences, sentences_path
 from mtrain.rundir import RunDir
 
 if TYPE_CHECKING:
     import torch
 
+    from mtrain.decode.hypothesis import Hypothesis
     from mtrain.tokenizer import Tokenizer
 
-# Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...).
-Translate = Callable[[List[str]], List[str]]
+# Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...): its text, or
+# the Hypothesis (text and model score).
+Translate = Callable[[List[str]], Sequence[Union[str, "Hypothesis"]]]
 
 
 @dataclass
@@ -34,6 +39,9 @@ class Scored:
     hypotheses: List[str]
     scores: Dict[str, Dict[str, Any]]  # per metric: name, score, signature, text (`score_corpus`)
     seconds: float  # translation time
+    # Per line, the model's score of its hypothesis (None for a blank source, never decoded);
+    # None when the translator gave plain text.
+    model_scores: Optional[List[Optional[float]]] = None
 
     @property
     def sentences_per_second(self) -> float:
@@ -60,25 +68,30 @@ def translate_and_score(translate: Translate, sources: Sequence[str], references
     check_references(references, name)
     check_lengths(len(sources), [len(stream) for stream in references], f"{name} sources")
     start = time.perf_counter()
-    hypotheses = list(translate(list(sources)))
+    outputs = list(translate(list(sources)))
     seconds = time.perf_counter() - start
+    hypotheses = [output if isinstance(output, str) else output.text for output in outputs]
+    model_scores = None
+    if outputs and not any(isinstance(output, str) for output in outputs):
+        model_scores = [float(output.score) if source.strip() else None for source, output in zip(sources, outputs)]
     scores = score_corpus(hypotheses, references, metrics, tokenize, lowercase, chrf_word_order)
-    return Scored(hypotheses, scores, seconds)
+    return Scored(hypotheses, scores, seconds, model_scores)
 
 
 def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConfig, device: torch.device,
                         precision: Precision | str) -> Translate:
-    """The best hypothesis per source sentence, decoded with `decode_cfg` (a `Translate`).
+    """The best hypothesis per source sentence (with `.text` and `.score`), decoded with
+    `decode_cfg` (a `Translate`).
 
     `model`: mtrain's model or any decoding engine (mtrain.decode.translator.Engine)."""
     import torch
 
-    from mtrain.decode import translate_sentences
+    from mtrain.decode import Hypothesis, translate_sentences
 
-    def translate(sources: List[str]) -> List[str]:
+    def translate(sources: List[str]) -> List[Hypothesis]:
         with torch.inference_mode():
             nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision)
-        return [candidates[0].text if candidates else "" for candidates in nbest]
+        return [candidates[0] if candidates else Hypothesis(tokens=[], score=float("nan")) for candidates in nbest]
 
     return translate
 
@@ -86,9 +99,11 @@ def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConf
 def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, translate: Translate,
                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
                 tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
-                log: Callable[[str], None] = print, out_dir: Optional[Path] = None) -> Dict[str, Any]:
+                log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
+                per_sentence: bool = False, worst_lines: int = 10) -> Dict[str, Any]:
     """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
-    files in `out_dir`); the report.
+    files in `out_dir`); the report. `per_sentence` also writes `<split>.sentences.tsv` there
+    (mtrain.evaluate.sentences), and the report lists its `worst_lines`.
 
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
@@ -97,5 +112,11 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
                                  lowercase, chrf_word_order)
     report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,
                           lowercase, chrf_word_order)
-    save_split_report(run, report, scored.hypotheses, log, out_dir)
+    sentences = None
+    if per_sentence:
+        sentences = score_sentences(scored.hypotheses, split.references, split.sources, scored.model_scores,
+                                    tokenize, lowercase, chrf_word_order)
+        tsv = sentences_path(Path(out_dir) if out_dir is not None else run.eval_dir, split_key)
+        report["per_sentence"] = per_sentence_record(tsv, sentences, worst_lines)
+    save_split_report(run, report, scored.hypotheses, log, out_dir, sentences)
     return report

@@ -33,6 +33,17 @@ class Table:
         return "\n".join([line(self.headers), rule] + [line(row) for row in self.rows])
 
 
+_MARKDOWN_SPECIALS = "\\`*_[]<>~&"  # backslash first: the escapes added after it stay escapes
+
+
+def markdown_text(text: str) -> str:
+    """Plain text as it reads in a Markdown table cell: its Markdown and HTML characters
+    backslash-escaped, line breaks and tabs as spaces (`Table.to_markdown` escapes `|`)."""
+    for character in _MARKDOWN_SPECIALS:
+        text = text.replace(character, "\\" + character)
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
 def format_cell(value: object, digits: int = 2) -> str:
     """Numbers with a fixed number of decimals, booleans as yes/no, missing as '-'."""
     if value is None:
