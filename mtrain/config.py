@@ -221,6 +221,9 @@ class CleanConfig:
     drop_identical: bool = False
     deduplicate: bool = False
     normalize: Optional[Normalization] = None
+    # Drop training pairs whose source side also occurs in the validation or test split
+    # (they are counted and logged either way; metrics.json records the counts).
+    drop_eval_overlap: bool = False
 
 
 @dataclass
@@ -234,6 +237,29 @@ class SubwordSamplingConfig:
     alpha: float = 0.0
     nbest_size: int = -1  # unigram: sample from the n best segmentations; -1: from all of them
     copies: int = 10  # segmentations encoded (and cached); epoch e trains on copy (e - 1) % copies
+
+
+@dataclass
+class CorpusConfig:
+    """One training corpus of `data.corpora`. Unset (null) keys take the value of `data`'s key
+    of the same name; the corpus is found as `data` is (local_dir, $MTRAIN_DATA_DIR/<name>, Hub)
+    and only its training split is read: validation and test sets come from `data` itself."""
+
+    name: Optional[str] = None  # label in logs, metrics and the cache; and where to find it (as data.name)
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+    local_dir: Optional[str] = None  # e.g. a folder holding `mtrain translate` output (back-translation)
+    format: Optional[DataFormat] = None
+    pattern: Optional[str] = None  # as data.pattern, e.g. "synthetic.{lang}"
+    split: Optional[str] = None  # the split read for training; null: data.splits.train
+    hub: Optional[HubConfig] = None
+    train_limit: Optional[int] = None
+    # Share of the training draw: each epoch draws weight * size^(1/data.sampling_temperature)
+    # pairs in proportion (1 everywhere and temperature 1: the corpora concatenated).
+    weight: float = 1.0
+    # A reserved symbol <tag> starts every source sentence of this corpus, e.g. bt for
+    # tagged back-translation (Caswell et al. 2019); null: no tag.
+    tag: Optional[str] = None
 
 
 @dataclass
@@ -259,6 +285,16 @@ class DataConfig:
     cache_dir: Optional[str] = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
     num_workers: int = 1  # processes for encoding during preparation
     chunk_size: int = 100_000  # pairs per preparation chunk
+    # Several training corpora, each with its own source, direction, weight and tag (see
+    # CorpusConfig); empty: the one corpus above. Validation and test sets are data's own, one
+    # pair of them per direction the corpora train.
+    corpora: List[CorpusConfig] = field(default_factory=list)
+    # fairseq's --sampling-temperature: corpus i is drawn in proportion to
+    # weight_i * size_i^(1/T); 1: by size (times weight), larger: flatter, towards uniform.
+    sampling_temperature: float = 1.0
+    # A target-language token <2xx> starts every source sentence (Johnson et al. 2017,
+    # fairseq --encoder-langtok tgt): one model for several directions; translate tgt_lang=xx.
+    lang_tags: bool = False
 
 
 @dataclass
@@ -410,6 +446,12 @@ class FitConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = 1
+    # Start a new run from another run's weights (a run directory: its best.pt; or a checkpoint
+    # file) and reuse its tokenizer: fine-tuning, continued training, domain adaptation. Unlike
+    # train.resume, the data, schedule and optimiser are this run's own.
+    init_from: Optional[str] = None
+    init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
+    init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)
 
 
 @dataclass
@@ -432,6 +474,8 @@ class TranslateConfig:
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
     # Translate and flush each line as soon as it is read; null: when stdin is a terminal.
     interactive: Optional[bool] = None
+    # A multilingual run (lang_tags): the language to translate into; null: the run's own target language.
+    tgt_lang: Optional[str] = None
 
 
 @dataclass
@@ -463,6 +507,9 @@ class EvalConfig:
     # (hyp=: <hyp file>.sentences.tsv beside it, or in out=; no model score)
     per_sentence: bool = False
     worst_lines: int = 10  # lines of lowest sentence-BLEU listed in the Markdown report
+    # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
+    src_lang: Optional[str] = None
+    tgt_lang: Optional[str] = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from mtrain.config import DataConfig, TokenizerConfig, to_plain
 from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
+from mtrain.batches.mixture import CorpusPart
 from mtrain.batches.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
 from mtrain.batches.sampling import SAMPLING_FORMAT, build_copies, check_sampling_config, open_copies, sampling_enabled
 from mtrain.data.sources import SPLITS, ParallelSource, ParallelText, ReadStats, resolve_source
@@ -35,6 +36,24 @@ CACHE_FORMAT = 1  # bump when the stored layout or the encoding changes
 PROGRESS_EVERY = 1_000_000  # training pairs between progress lines
 
 Log = Callable[[str], Any]
+
+
+@dataclass
+class DirectionData:
+    """The evaluation sets of one direction a run trains: validation and test, encoded (with
+    the direction's tags at the start of each source) and as raw text for BLEU."""
+
+    src: str
+    tgt: str
+    tag_ids: List[int]  # prepended to every source sentence of this direction; [] without tags
+    valid: EncodedCorpus
+    valid_text: ParallelText
+    test: Optional[EncodedCorpus]
+    test_text: ParallelText
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}-{self.tgt}"
 
 
 @dataclass
@@ -50,6 +69,11 @@ class PreparedData:
     # data.subword_sampling: sampled segmentations of `train`, epoch e trains on
     # train_copies[(e - 1) % len]; empty without sampling (every epoch trains on `train`)
     train_copies: List[EncodedCorpus] = field(default_factory=list)
+    # data.corpora: every training corpus on its own (`train` is all of them, concatenated);
+    # one part (the whole of `train`) for a single corpus
+    train_parts: List[CorpusPart] = field(default_factory=list)
+    # one per direction trained (valid/test/valid_text/test_text above are directions[0]'s)
+    directions: List[DirectionData] = field(default_factory=list)
 
     def training_corpora(self) -> List[EncodedCorpus]:
         """Every segmentation training may see: `train`, and its sampled copies."""
@@ -82,6 +106,9 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = prin
         rate = summary["train"]["read"] / max(summary["seconds"], 1e-9)
         log(f"data: encoded in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
     data = _open(entry, tokenizer, key)
+    data.train_parts = [CorpusPart(data_cfg.name, data_cfg.src, data_cfg.tgt, data.train)]
+    data.directions = [DirectionData(data_cfg.src, data_cfg.tgt, [], data.valid, data.valid_text, data.test,
+                                     data.test_text)]
     if sampling_enabled(data_cfg.subword_sampling):
         _add_sampled_copies(data, data_cfg, log)
     return data
