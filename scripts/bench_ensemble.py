@@ -66,13 +66,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories of `mtrain fit` (the first one's checkpoints are ensembled)")
     parser.add_argument("--out", type=Path, default=None, help="where the eval reports go (default: a temporary folder)")
-    parser.add_argument("extra", nargs="*", help="after --: more keys for every `mtrain eval` (precision=fp32 ...)")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # after --: more keys for every `mtrain eval` (precision=fp32 ...)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_ensemble_"))
     print(f"{'models':42s} {'BLEU':>6s} {'chrF':>6s} {'sent/s':>7s} {'speed':>6s}  members")
     baseline = None
     for name, run, checkpoint, members in rows(args.runs):
-        report = evaluate(re.sub(r"[^A-Za-z0-9_.-]+", "_", name), run, checkpoint, members, out, args.extra)
+        report = evaluate(re.sub(r"[^A-Za-z0-9_.-]+", "_", name), run, checkpoint, members, out, extra)
         speed = report["sentences_per_s"]
         baseline = baseline or speed
         metrics = report["metrics"]
