@@ -152,6 +152,9 @@ def _check_data(data: DictConfig) -> None:
     _optional_at_least(data, "train_limit", 1, prefix="data")
     _at_least(data, "num_workers", 1, prefix="data")
     _at_least(data, "chunk_size", 1, prefix="data")
+    if not data.sampling_temperature > 0:
+        raise MtrainError(f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
+                          "by size; larger: flatter, towards uniform)")
     _at_least(data.clean, "max_len", 1, prefix="data.clean")
     _at_least(data.clean, "min_len", 0, prefix="data.clean")
     if data.clean.min_len > data.clean.max_len:
