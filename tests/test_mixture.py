@@ -258,7 +258,10 @@ def _trainer(parts, metrics=None) -> Trainer:
 
 def test_a_trainer_on_a_mixture_logs_each_epochs_draw_and_resumes_exactly(caplog):
     parts, _ = _parts(sizes=(40, 100, 15), weights=(1.0, 1.0, 2.0))
-    straight = _trainer(parts, MetricLogger(None, None, 0, lambda src, tgt: 1.0, None))
+    metrics = MetricLogger(None, None, 0, lambda src, tgt: 1.0, None)
+    scalars = []  # what TensorBoard would get
+    metrics.scalars = lambda prefix, values, step: scalars.append((prefix, step, values))
+    straight = _trainer(parts, metrics)
     per_epoch = len(straight.parts.batches.samplers[0].batches(1))
     with caplog.at_level(logging.INFO, logger="mtrain"):
         for _ in range(per_epoch - 2):  # stopped two updates before the end of epoch 1
@@ -278,13 +281,21 @@ def test_a_trainer_on_a_mixture_logs_each_epochs_draw_and_resumes_exactly(caplog
     assert [shares["corpora"][c]["pairs"] for c in ("c0", "c1", "c2")] == \
         pytest.approx((mixture.counts / mixture.counts.sum()).tolist(), abs=1e-6)
     assert f"c2 {100 * shares['corpora']['c2']['pairs']:.1f}% pairs" in lines[1]
+    assert [(prefix, step) for prefix, step, _ in scalars] == \
+        [(f"draw/c{i}", update) for update in (1, per_epoch + 1) for i in range(3)]
+    assert scalars[-1][2] == shares["corpora"]["c2"]
 
 
-@pytest.mark.parametrize("temperature", ["0", "-1"])
-def test_a_temperature_that_is_not_positive_is_one_line_before_the_run_exists(temperature, tmp_path, capsys,
-                                                                              monkeypatch):
+TWO_CORPORA = "data.corpora=[{name: multi30k}, {name: bt, local_dir: /tmp/bt}]"
+
+
+@pytest.mark.parametrize("overrides, start", [
+    (["data.sampling_temperature=0"], "data.sampling_temperature: 0.0 must be > 0"),
+    (["data.sampling_temperature=-1"], "data.sampling_temperature: -1.0 must be > 0"),
+    ([TWO_CORPORA, "data.subword_sampling.alpha=0.1"], "data.subword_sampling.alpha: subword sampling trains on one"),
+])
+def test_what_a_mixture_cannot_draw_is_one_line_before_the_run_exists(overrides, start, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    status, lines = run_check("fit", [f"data.sampling_temperature={temperature}", f"hydra.run.dir={tmp_path / 'run'}"],
-                              capsys)
-    assert_refused(status, lines, f"data.sampling_temperature: {float(temperature)} must be > 0")
+    status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert_refused(status, lines, start)
     assert not (tmp_path / "run").exists()

@@ -31,7 +31,7 @@ TrainingCorpora = Union[Sequence[EncodedCorpus], CorpusMixture]
 def training_corpora(data: PreparedData, temperature: float) -> TrainingCorpora:
     """A mixture of `data.train_parts` when there are several (drawn by weight and `temperature`,
     data.sampling_temperature); else the one corpus's segmentations, exactly as before mixtures."""
-    if len(data.train_parts) > 1:
+    if len(data.train_parts) > 1:  # (subword-sampling copies exist for one corpus only: config_checks)
         return CorpusMixture(data.train_parts, temperature)
     return data.train_copies or [data.train]
 
