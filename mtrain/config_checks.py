@@ -152,6 +152,12 @@ def _check_data(data: DictConfig) -> None:
     _optional_at_least(data, "train_limit", 1, prefix="data")
     _at_least(data, "num_workers", 1, prefix="data")
     _at_least(data, "chunk_size", 1, prefix="data")
+    if not data.sampling_temperature > 0:
+        raise MtrainError(f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
+                          "by size; larger: flatter, towards uniform)")
+    if len(data.corpora) > 1 and data.subword_sampling.alpha > 0:
+        raise MtrainError("data.subword_sampling.alpha: subword sampling trains on one corpus; with several "
+                          "data.corpora set it to 0")
     _at_least(data.clean, "max_len", 1, prefix="data.clean")
     _at_least(data.clean, "min_len", 0, prefix="data.clean")
     if data.clean.min_len > data.clean.max_len:

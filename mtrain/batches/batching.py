@@ -71,6 +71,20 @@ def _gather(
     return out
 
 
+def _gather_side(corpus: Any, side: str, indices: np.ndarray, lengths: np.ndarray, width: int, shift: int,
+                 pad_id: int) -> np.ndarray:
+    """`_gather` from `side` ("src" or "tgt") of an EncodedCorpus, or of each part of a
+    ConcatenatedCorpus (mtrain.batches.mixture): each part's own token array is read, none copied."""
+    split_indices = getattr(corpus, "split_indices", None)
+    if split_indices is None:
+        return _gather(getattr(corpus, f"{side}_tokens"), getattr(corpus, f"{side}_offsets"), indices, lengths,
+                       width, shift, pad_id)
+    out = np.full((len(indices), width), pad_id, dtype=np.int64)
+    for rows, part, local in split_indices(indices):
+        out[rows] = _gather_side(part, side, local, lengths[rows], width, shift, pad_id)
+    return out
+
+
 def round_up(lengths: Any, multiple: int) -> Any:
     """lengths rounded up to a multiple of `multiple` (an int or an integer array)."""
     return -(-lengths // multiple) * multiple
@@ -78,19 +92,19 @@ def round_up(lengths: Any, multiple: int) -> Any:
 
 def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int,
             pad_to_multiple: int = 1) -> Batch:
-    """The padded tensors of the pairs at `indices` of an EncodedCorpus (teacher forcing);
-    src_len and tgt_len are rounded up to multiples of `pad_to_multiple`."""
+    """The padded tensors of the pairs at `indices` of an EncodedCorpus or a ConcatenatedCorpus
+    (teacher forcing); src_len and tgt_len are rounded up to multiples of `pad_to_multiple`."""
     indices = np.asarray(indices, dtype=np.int64)
     src_lengths = corpus.src_lengths[indices]
     tgt_lengths = corpus.tgt_lengths[indices]
     rows = np.arange(len(indices))
 
     src_width = round_up(int(src_lengths.max()), pad_to_multiple)
-    src = _gather(corpus.src_tokens, corpus.src_offsets, indices, src_lengths, src_width, 0, pad_id)
+    src = _gather_side(corpus, "src", indices, src_lengths, src_width, 0, pad_id)
     tgt_width = round_up(int(tgt_lengths.max()) + 1, pad_to_multiple)
-    tgt_input = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 1, pad_id)
+    tgt_input = _gather_side(corpus, "tgt", indices, tgt_lengths, tgt_width, 1, pad_id)
     tgt_input[:, 0] = bos_id
-    tgt_output = _gather(corpus.tgt_tokens, corpus.tgt_offsets, indices, tgt_lengths, tgt_width, 0, pad_id)
+    tgt_output = _gather_side(corpus, "tgt", indices, tgt_lengths, tgt_width, 0, pad_id)
     tgt_output[rows, tgt_lengths] = eos_id
     padding = np.arange(src.shape[1])[None, :] >= src_lengths[:, None]
     return Batch(

@@ -9,15 +9,14 @@ and for every benchmark script, so a benchmark times exactly what a user runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrain.batches import EncodedCorpus
 from mtrain.config import Precision, TrainConfig
 from mtrain.tokenizer import SpecialIds
-from mtrain.train.batch_source import BatchSource
+from mtrain.train.batch_source import BatchSource, TrainingCorpora
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
@@ -53,7 +52,7 @@ class TrainingParts:
                 f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
                 f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
                 f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
-                f"{self.batches.pairs} training pairs"
+                f"{self.batches.describe()}"
                 + ("" if self.ema is None else f" | EMA of the weights, decay {self.ema.decay} (validated and decoded)"))
 
 
@@ -89,12 +88,13 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torc
     )
 
 
-def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpora: Sequence[EncodedCorpus],
+def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpora: TrainingCorpora,
                 special_ids: SpecialIds, device: torch.device, precision: Precision,
                 dist: Optional[DistributedContext] = None, prefetch: Optional[bool] = None) -> TrainingParts:
     """Everything an update needs. `corpora`: the training split's segmentations (one, or one
-    per subword-sampling copy); `prefetch` (default: on CUDA) collates the next batches in a
-    background thread; on a CPU that thread would take cores from the update itself."""
+    per subword-sampling copy), or a `CorpusMixture` of several corpora (`training_corpora`);
+    `prefetch` (default: on CUDA) collates the next batches in a background thread; on a CPU
+    that thread would take cores from the update itself."""
     dist = dist or DistributedContext()
     batches = BatchSource(
         corpora, special_ids, device, max_tokens=train_cfg.max_tokens, update_freq=train_cfg.update_freq,

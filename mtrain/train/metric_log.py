@@ -104,6 +104,13 @@ class MetricLogger:
         log.info("valid | update %d | loss %.3f | ppl %.2f%s | %.1f s",
                  update, results.get("loss", float("nan")), results.get("ppl", float("nan")), details, seconds)
 
+    def log_draw(self, draw: Any, update: int) -> None:
+        """An epoch's draw from several corpora (mtrain.batches.mixture.EpochDraw), as its first
+        update `update` begins it: one log line, and each corpus's shares as scalars."""
+        log.info("%s", draw.describe())
+        for label, shares in draw.shares().items():
+            self.scalars(f"draw/{label}", shares, update)
+
     def scalars(self, prefix: str, values: Dict[str, Optional[float]], step: int) -> None:
         if self.writer is None:
             return

@@ -28,6 +28,7 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
+from mtrain.train.batch_source import training_corpora
 from mtrain.train.builders import build_parts
 from mtrain.train.checkpointer import Checkpointer, data_fingerprints
 from mtrain.train.distributed import DistributedContext
@@ -104,8 +105,8 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
         restrict_to_training_targets(model, cfg.model.output_vocab, data.train, tokenizer.special_ids,
                                      copies=data.train_copies)
     model = model.to(device)
-    parts = build_parts(model, cfg.train, cfg.seed, data.train_copies or [data.train], tokenizer.special_ids,
-                        device, machine.precision, dist)
+    parts = build_parts(model, cfg.train, cfg.seed, training_corpora(data, cfg.data.sampling_temperature),
+                        tokenizer.special_ids, device, machine.precision, dist)
     checkpointer = metrics = None
     if run is not None and dist.is_main:
         checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))

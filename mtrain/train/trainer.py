@@ -71,6 +71,7 @@ class Trainer:
         self.host_memory = host_memory or HostMemory(trim_every=0)
         self.instruments = InstrumentLog(parts.model, train_cfg.instruments, train_cfg.instrument_every, metrics)
         self.step = UpdateStep(parts, dist, train_cfg.clip_norm, self.instruments)
+        parts.batches.draw_listener = metrics.log_draw if metrics is not None else None  # several corpora
         self.state = TrainState()
         self.max_seconds = parse_duration(train_cfg.max_time)
         self.rhythm = ValidationRhythm(train_cfg)
@@ -297,4 +298,5 @@ class Trainer:
             "valid": valid,
             "diverged": diverged,
             "peak_rss_mb": self.host_memory.note_peak("training"),
+            **self.parts.batches.summary(self.state.epoch),  # several corpora: each one's share of the last epoch
         }
