@@ -257,7 +257,8 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: O
     atomic_write_text(run.config_file, OmegaConf.to_yaml(cfg, resolve=True))
     if lineage:
         atomic_write_text(run.parent_file, OmegaConf.to_yaml(OmegaConf.create(lineage)))
-    data.tokenizer.save(run.tokenizer_dir)
+    if any(path.parent.resolve() != run.tokenizer_dir.resolve() for path in data.tokenizer.files.values()):
+        data.tokenizer.save(run.tokenizer_dir)  # (a resumed fine-tune encodes with the run's own copy)
     for split in ("valid", "test") if data.test is not None else ("valid",):
         text = getattr(data, f"{split}_text")
         src_path, ref_path = run.split_files(split)

@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -79,6 +79,9 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
         config = stored_config(state, checkpoint)
     except MtrainError as error:
         raise MtrainError(f"{source}: {error}") from error
+    if run is None:
+        raise MtrainError(f"{source}: a checkpoint outside a run's checkpoints/ directory; the fine-tune needs "
+                          "the parent run's tokenizer/: give the run directory or a checkpoint inside it")
     weights = str(getattr(weights, "value", weights))
     if weights == "ema" and "ema" not in state:
         raise MtrainError(f"init_weights=ema: {checkpoint} holds no average of the weights (its run trained "
@@ -104,22 +107,23 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
                   lineage)
 
 
-def _parent_files(path: Path, source: str) -> tuple:
-    """(the parent's RunDir, its checkpoint file): a run directory's best checkpoint, or a
-    checkpoint file inside a run's checkpoints/ (the run holds the tokenizer it needs)."""
+def _parent_files(path: Path, source: str) -> Tuple[Optional[RunDir], Path]:
+    """(the parent's RunDir, its checkpoint file): a run directory's best checkpoint (last.pt
+    before its first validation), or a checkpoint file; the run is None for a file outside a
+    run's checkpoints/ (no tokenizer beside it)."""
     if path.is_dir():
         run = RunDir(path)
+        if not run.has_checkpoints():
+            raise MtrainError(f"{source}: no checkpoints in {run.checkpoint_dir}; is it a run directory written "
+                              "by `mtrain fit`? Give a run directory or a checkpoint file")
         try:
             return run, run.find_checkpoint("best")
-        except MtrainError as error:
-            raise MtrainError(f"{source}: {error}") from error
+        except MtrainError as error:  # update_N.pt only: name one
+            raise MtrainError(f"{source}: {error}; give init_from=<a checkpoint file>") from error
     if not path.is_file():
         raise MtrainError(f"{source}: no such run directory or checkpoint file")
     run = RunDir(path.parent.parent)
-    if run.checkpoint_dir.resolve() != path.parent.resolve():
-        raise MtrainError(f"{source}: a checkpoint outside a run's checkpoints/ directory; the fine-tune needs "
-                          "the parent run's tokenizer/: give the run directory or a checkpoint inside it")
-    return run, path
+    return (run if run.checkpoint_dir.resolve() == path.parent.resolve() else None), path
 
 
 def _parent_tokenizer(run: RunDir, state: Dict[str, Any], source: str) -> Tokenizer:
