@@ -3,9 +3,10 @@
 The run directory is Hydra's output directory. This module wires the stages together in
 the order a reader would expect; each stage lives in its own package:
 
-1. check everything that can refuse the run (run directory, resume, data) -- nothing is
-   written into the run directory before these checks pass;
-2. prepare the data (tokenizer and encoded corpora live in the cache, not the run);
+1. check everything that can refuse the run (run directory, resume, init_from's parent, data)
+   -- nothing is written into the run directory before these checks pass;
+2. prepare the data (tokenizer and encoded corpora live in the cache, not the run; with
+   init_from the parent's tokenizer encodes it);
 3. write the run's config, tokenizer and evaluation text; build the model and trainer;
 4. train (validation is `validation` below: loss, and BLEU through the evaluation path);
 5. score the test split through the same path as `mtrain eval`, write metrics.json.

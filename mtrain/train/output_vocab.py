@@ -38,6 +38,6 @@ def restrict_to_training_targets(model: nn.Module, output_vocab: OutputVocab, tr
     for copy in copies:
         pieces = np.union1d(pieces, copy.target_pieces())
     kept = model.restrict_output(pieces.tolist())
-    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets)",
-             kept, model.tgt_vocab_size)
+    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets%s)",
+             kept, model.tgt_vocab_size, f" and the {len(keep)} its parent could emit" if len(keep) else "")
     return kept
