@@ -218,6 +218,18 @@ def test_init_from_on_a_run_with_checkpoints_is_refused_saying_which_to_use(pare
     assert snapshot(run_dir) == before
 
 
+def test_a_fine_tune_stopped_before_its_first_checkpoint_is_not_resumed_from_scratch(parent, ted, child, tmp_path):
+    overrides, run_dir, _ = child
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints")
+    before = snapshot(copy)
+    resume = [o for o in overrides if not o.startswith("init_from=")] + ["train.resume=true"]
+    with pytest.raises(MtrainError, match=f"this run started from init_from={parent.resolve()}"):
+        fine_tune(resume, copy)
+    assert snapshot(copy) == before
+
+
 def test_init_keys_are_checked_before_the_run():
     for overrides, message in ((["init_from=/no/such/run"], "init_from: '/no/such/run': no such run directory"),
                                (["init_keep_optimizer=true"], "init_keep_optimizer: true needs init_from"),

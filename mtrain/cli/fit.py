@@ -242,6 +242,12 @@ def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
     if cfg.train.resume_from is not None:
         return run.find_checkpoint(cfg.train.resume_from)
     if not run.checkpoint("last").is_file():
+        if cfg.init_from is None and run.parent_file.is_file():  # else it would start from scratch
+            raise MtrainError(
+                f"{run.path}: this run started from init_from={OmegaConf.load(run.parent_file).get('from')} "
+                f"({run.parent_file.name}) but has no checkpoint yet; start it again with that init_from= "
+                "(nothing was written)"
+            )
         log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run.path)
         return None
     return run.checkpoint("last")
