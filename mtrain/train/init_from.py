@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtrain.config import DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model, to_plain
+from mtrain.config import DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model
 from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
@@ -74,11 +74,16 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
     source = f"init_from={init_from}"
     path = Path(init_from).expanduser()
     run, checkpoint = _parent_files(path, source)
+    before = _identity(checkpoint)
+    sha256 = file_sha256(checkpoint)
     try:
         state = load_checkpoint(checkpoint, map_location="cpu", mmap=not keep_optimizer)
         config = stored_config(state, checkpoint)
     except MtrainError as error:
         raise MtrainError(f"{source}: {error}") from error
+    if _identity(checkpoint) != before:  # a parent still training replaced it: the sha256 would lie
+        raise MtrainError(f"{source}: {checkpoint} was replaced while it was read (is its run still training?); "
+                          "try again, or name a checkpoint that stays (update_N.pt)")
     if run is None:
         raise MtrainError(f"{source}: a checkpoint outside a run's checkpoints/ directory; the fine-tune needs "
                           "the parent run's tokenizer/: give the run directory or a checkpoint inside it")
@@ -96,12 +101,12 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
     lineage = {
         "from": str(path.resolve()),
         "checkpoint": str(checkpoint.resolve()),
-        "sha256": file_sha256(checkpoint),
+        "sha256": sha256,
         "update": int(state.get("update", 0)),
         "weights": chosen,
         "keep_optimizer": bool(keep_optimizer),
         "tokenizer": tokenizer.fingerprint,
-        "config": to_plain(config),
+        "config": state["config"],  # as the checkpoint recorded it (plain containers)
     }
     return Parent(checkpoint, state_dict, state["optimizer"] if keep_optimizer else None, config, tokenizer,
                   lineage)
@@ -150,6 +155,11 @@ def _check_tags(tokenizer: Tokenizer, data_cfg: Any, source: str) -> None:
         raise MtrainError(f"{source}: the parent's tokenizer has no piece {', '.join(missing)}, which this run's "
                           "data.lang_tags/data.corpora tags put on every source; fine-tune without that tag, or "
                           "start a new run whose tokenizer reserves it")
+
+
+def _identity(path: Path) -> tuple:
+    stat = path.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def file_sha256(path: Path) -> str:
