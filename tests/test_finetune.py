@@ -218,6 +218,14 @@ def test_init_from_on_a_run_with_checkpoints_is_refused_saying_which_to_use(pare
     assert snapshot(run_dir) == before
 
 
+def test_prepare_with_init_from_encodes_with_the_parent_tokenizer_what_fit_reuses(child):
+    overrides, _, cache = child
+    result = mtrain("prepare", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tokenizer: the given one" in result.stdout and "data: cache hit" in result.stdout
+    assert not (cache / "tokenizers").exists()
+
+
 def test_a_fine_tune_stopped_before_its_first_checkpoint_is_not_resumed_from_scratch(parent, ted, child, tmp_path):
     overrides, run_dir, _ = child
     copy = tmp_path / "run"
