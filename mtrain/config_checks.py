@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import (
     AverageConfig,
+    DecodeWeights,
     Engine,
     EvalConfig,
     FitConfig,
@@ -146,6 +147,22 @@ def _check_fit(cfg: DictConfig) -> None:
     _check_train(cfg.train)
     _check_decode(cfg.decode, "decode")
     _at_least(cfg.decode, "valid_beam", 1, prefix="decode")
+    _check_init(cfg)
+
+
+def _check_init(cfg: DictConfig) -> None:
+    """init_from names an existing run directory or checkpoint (what it holds is checked when the
+    run starts: mtrain.train.init_from); init_weights and init_keep_optimizer need it."""
+    if cfg.init_from is None:
+        if cfg.init_keep_optimizer:
+            raise MtrainError("init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
+                              "optimiser state to keep (a resume keeps its own: train.resume=true)")
+        if cfg.init_weights != DecodeWeights.auto:
+            raise MtrainError(f"init_weights: {cfg.init_weights} chooses the weights of init_from=RUN_DIR|CHECKPOINT, "
+                              "which is not set")
+        return
+    if not str(cfg.init_from).strip() or not Path(str(cfg.init_from)).expanduser().exists():
+        raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory or checkpoint file")
 
 
 def _check_data(data: DictConfig) -> None:

@@ -4,6 +4,7 @@
 Every name below is spelled here and nowhere else:
 
     config.yaml              the resolved config the run was trained with
+    parent.yaml              with init_from: the parent's path, checkpoint, sha256, weights, config
     .hydra/overrides.yaml    the command-line overrides (labels runs in sweep reports)
     tokenizer/               the SentencePiece model(s)
     data/{valid,test}.{src,ref}   the raw text the run validated and was tested on
@@ -112,6 +113,11 @@ class RunDir:
     @property
     def config_file(self) -> Path:
         return self.path / "config.yaml"
+
+    @property
+    def parent_file(self) -> Path:
+        """What a run started with init_from records of its parent (mtrain.train.init_from)."""
+        return self.path / "parent.yaml"
 
     @property
     def hydra_dir(self) -> Path:

@@ -80,14 +80,19 @@ class PreparedData:
         return [self.train, *self.train_copies]
 
 
-def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print) -> PreparedData:
+def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print,
+                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """Tokenizer and encoded splits for `data_cfg` and `tok_cfg`; either may also be the
-    OmegaConf node of its section (only attributes are read)."""
+    OmegaConf node of its section (only attributes are read). A given `tokenizer` (init_from:
+    the parent run's) encodes the data instead of one trained for it."""
     check_clean_config(data_cfg.clean)
     check_sampling_config(data_cfg.subword_sampling, tok_cfg.model_type)
     source = resolve_source(data_cfg)
     log(f"data: {data_cfg.name} {data_cfg.src}->{data_cfg.tgt} from {source.description}")
-    tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=source, log=log)
+    if tokenizer is None:
+        tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=source, log=log)
+    else:
+        log(f"tokenizer: the given one ({', '.join(str(path) for path in tokenizer.files.values())})")
     start = time.perf_counter()
     key = fingerprint(
         "corpus", CACHE_FORMAT, tokenizer.fingerprint, [source.fingerprint(split) for split in SPLITS],

@@ -3,9 +3,10 @@
 The run directory is Hydra's output directory. This module wires the stages together in
 the order a reader would expect; each stage lives in its own package:
 
-1. check everything that can refuse the run (run directory, resume, data) -- nothing is
-   written into the run directory before these checks pass;
-2. prepare the data (tokenizer and encoded corpora live in the cache, not the run);
+1. check everything that can refuse the run (run directory, resume, init_from's parent, data)
+   -- nothing is written into the run directory before these checks pass;
+2. prepare the data (tokenizer and encoded corpora live in the cache, not the run; with
+   init_from the parent's tokenizer encodes it);
 3. write the run's config, tokenizer and evaluation text; build the model and trainer;
 4. train (validation is `validation` below: loss, and BLEU through the evaluation path);
 5. score the test split through the same path as `mtrain eval`, write metrics.json.
@@ -18,7 +19,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -34,14 +35,16 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 
     from mtrain.batches import PreparedData
     from mtrain.tokenizer import Tokenizer
+    from mtrain.train.init_from import Lineage, Parent
     from mtrain.train.setup import Machine
 
 log = logging.getLogger("mtrain")
 
 
-def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
+def run_fit(cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = ()) -> Dict[str, Any]:
     """Train as `cfg` says (the dataclass, or its composed node), writing everything into
-    `run_dir`; returns metrics.json's content.
+    `run_dir`; returns metrics.json's content. `command_line`: the overrides given (Hydra's
+    task overrides), whose explicit model.* keys a run with init_from sets on its parent's model.
 
     The run directory has one writer: rank 0 holds its lock (`RunLock`) from before the
     first check to the end, and a second `mtrain fit` on it is refused. What is logged goes
@@ -50,7 +53,7 @@ def run_fit(cfg: FitConfig, run_dir: Path) -> Dict[str, Any]:
     cfg = with_resolved_model(cfg)  # typed; config.yaml and the checkpoints record what is built
     run = RunDir(run_dir)
     with _claim(run) as run_log:
-        return _check_and_fit(cfg, run, run_log)
+        return _check_and_fit(cfg, run, run_log, command_line)
 
 
 @contextlib.contextmanager
@@ -76,17 +79,28 @@ def _claim(run: RunDir) -> Iterator[Optional[RunLog]]:
             lock.release()
 
 
-def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog]) -> Dict[str, Any]:
-    """The checks of the run directory and of a resume's config, then `_fit`."""
+def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog],
+                   command_line: Sequence[str] = ()) -> Dict[str, Any]:
+    """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpointer import check_resumable_config, is_finished
     from mtrain.train.faults import StopSignal
+    from mtrain.train.init_from import inherited_config, load_parent, resumed_config
     from mtrain.train.progress import TrainState, budget_reason
 
     resume_path = _check_run_dir(run, cfg)
     resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
-    if resume_state is not None:
+    parent = None
+    if resume_state is not None:  # a run started with init_from continues with its own model and tokenizer
+        cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
+    elif cfg.init_from is not None:
+        parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data)
+        cfg = inherited_config(cfg, parent.config, command_line, f"init_from={cfg.init_from}")
+        lineage = parent.lineage
+        log.info("init_from: %s (update %d, %s weights%s), its tokenizer and model (%s)", lineage["checkpoint"],
+                 lineage["update"], lineage["weights"], ", Adam's moments" if parent.optimizer is not None else "",
+                 " ".join(o for o in command_line if str(o).lstrip("+").startswith("model.")) or "as it was")
     if resume_state is not None and is_finished(run.metrics_file):
         done = budget_reason(TrainState(**resume_state["trainer"]), cfg.train)
         if done is not None:
@@ -99,26 +113,33 @@ def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog]) -> Di
     stop_signal = StopSignal()
     stop_signal.install()
     try:
-        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log)
+        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log, parent)
     finally:
         stop_signal.uninstall()
 
 
 def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
-         stop_signal: Any, run_log: Optional[RunLog]) -> Dict[str, Any]:
-    """Prepare, write the run, train, test: `run_fit` once its checks have passed."""
+         stop_signal: Any, run_log: Optional[RunLog], parent: Optional[Parent] = None) -> Dict[str, Any]:
+    """Prepare, write the run, train, test: `run_fit` once its checks have passed. With `parent`
+    (init_from) its tokenizer encodes the data and its weights start the model; a resumed run that
+    started so encodes with its own copy of that tokenizer."""
     from mtrain.evaluate.scoring import check_references
     from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.runtime import peak_host_memory_mb
+    from mtrain.tokenizer import Tokenizer
     from mtrain.train.faults import StopRequested, TrainingDiverged
     from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 
+    lineage: Optional[Lineage] = parent.lineage if parent is not None else None
+    tokenizer = parent.tokenizer if parent is not None else None
+    if resume_state is not None and resume_state.get("init"):
+        lineage, tokenizer = resume_state["init"], Tokenizer.load(run.tokenizer_dir)
     machine = resolve_machine(cfg, init_distributed(cfg.train.device))
     dist, device = machine.dist, machine.device
     try:
         with stop_signal.interruptible("data preparation"):  # minutes at WMT scale: stop where it stands
-            data = prepare_fit_data(cfg, machine)
+            data = prepare_fit_data(cfg, machine, tokenizer=tokenizer)
     except StopRequested:
         raise _stopped(stop_signal, "the data preparation", "nothing was written into the run") from None
     for split in ("valid", "test") if data.test is not None else ("valid",):
@@ -132,15 +153,18 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         run_log.accept(run.log_file)
     if dist.is_main:
         log.info("run directory: %s", run.path.resolve())
-        _write_run_files(run, cfg, data)
+        _write_run_files(run, cfg, data, lineage)
     setup = build_fit(cfg, machine, data, run=run, resume_state=resume_state, stop_signal=stop_signal,
-                      validation=lambda model, trained: validation(cfg, model, data, machine, trained))
+                      validation=lambda model, trained: validation(cfg, model, data, machine, trained),
+                      init=parent, lineage=lineage)
     if resume_state is not None:
         log.info("resumed from %s", resume_path)
         del resume_state
     trainer, model = setup.trainer, setup.model
 
     metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": machine.precision}
+    if lineage:
+        metrics["init"] = lineage
     try:
         try:
             metrics.update(trainer.fit())
@@ -202,6 +226,12 @@ def next_steps(run: RunDir, has_test: bool = True) -> str:
 def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
     """Refuse a run directory that cannot be used as asked; the checkpoint to resume, if any."""
     _check_writable(run.path)
+    if run.has_checkpoints() and cfg.init_from is not None:
+        raise MtrainError(
+            f"init_from={cfg.init_from}: {run.path} already has checkpoints; to continue that run, resume it with "
+            "train.resume=true and without init_from (it keeps its parent's model and tokenizer); to start "
+            "another run from init_from, choose a new hydra.run.dir (nothing was written)"
+        )
     if run.has_checkpoints() and not cfg.train.resume:
         raise MtrainError(
             f"{run.path}: this run directory already has checkpoints; pass train.resume=true to "
@@ -212,20 +242,30 @@ def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
     if cfg.train.resume_from is not None:
         return run.find_checkpoint(cfg.train.resume_from)
     if not run.checkpoint("last").is_file():
+        if cfg.init_from is None and run.parent_file.is_file():  # else it would start from scratch
+            raise MtrainError(
+                f"{run.path}: this run started from init_from={OmegaConf.load(run.parent_file).get('from')} "
+                f"({run.parent_file.name}) but has no checkpoint yet; start it again with that init_from= "
+                "(nothing was written)"
+            )
         log.warning("train.resume=true but %s has no checkpoint yet: starting from scratch", run.path)
         return None
     return run.checkpoint("last")
 
 
-def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData) -> None:
-    """The run's config (resolved, and Hydra's record of the command line), tokenizer and eval text."""
+def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: Optional[Lineage] = None) -> None:
+    """The run's config (resolved, and Hydra's record of the command line), tokenizer and eval text;
+    with init_from, the record of its parent beside config.yaml (parent.yaml)."""
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
     if hydra_cfg is not None:  # Hydra's own writing is off (hydra.output_subdir=null): checks come first
         atomic_write_text(run.hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
         atomic_write_text(run.hydra_dir / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
         atomic_write_text(run.overrides_file, OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
     atomic_write_text(run.config_file, OmegaConf.to_yaml(cfg, resolve=True))
-    data.tokenizer.save(run.tokenizer_dir)
+    if lineage:
+        atomic_write_text(run.parent_file, OmegaConf.to_yaml(OmegaConf.create(lineage)))
+    if any(path.parent.resolve() != run.tokenizer_dir.resolve() for path in data.tokenizer.files.values()):
+        data.tokenizer.save(run.tokenizer_dir)  # (a resumed fine-tune encodes with the run's own copy)
     for split in ("valid", "test") if data.test is not None else ("valid",):
         text = getattr(data, f"{split}_text")
         src_path, ref_path = run.split_files(split)
@@ -318,4 +358,5 @@ def _check_writable(run_dir: Path) -> None:
 
 @mtrain_app("fit")
 def main(cfg: FitConfig) -> None:
-    run_fit(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hydra_cfg = HydraConfig.get()
+    run_fit(cfg, Path(hydra_cfg.runtime.output_dir), command_line=list(hydra_cfg.overrides.task))

@@ -25,17 +25,19 @@ log = logging.getLogger("mtrain")
 
 
 def restrict_to_training_targets(model: nn.Module, output_vocab: OutputVocab, train: EncodedCorpus,
-                                 special_ids: SpecialIds, copies: Sequence[EncodedCorpus] = ()) -> Optional[int]:
+                                 special_ids: SpecialIds, copies: Sequence[EncodedCorpus] = (),
+                                 keep: Sequence[int] = ()) -> Optional[int]:
     """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all).
 
     `copies`: the sampled segmentations training also sees (`data.subword_sampling`), whose
-    targets use pieces that the deterministic segmentation may never produce."""
+    targets use pieces that the deterministic segmentation may never produce. `keep`: pieces
+    kept besides (a fine-tune's: those its parent could emit, `mtrain.train.init_from`)."""
     if output_vocab != OutputVocab.target:
         return None
-    pieces = np.union1d(train.target_pieces(), [special_ids.eos, special_ids.unk])
+    pieces = np.union1d(train.target_pieces(), [special_ids.eos, special_ids.unk, *keep])
     for copy in copies:
         pieces = np.union1d(pieces, copy.target_pieces())
     kept = model.restrict_output(pieces.tolist())
-    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets)",
-             kept, model.tgt_vocab_size)
+    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets%s)",
+             kept, model.tgt_vocab_size, f" and the {len(keep)} its parent could emit" if len(keep) else "")
     return kept

@@ -6,7 +6,8 @@ between the second and the third (nothing is written before every refusal has ha
 
 1. `resolve_machine`: device, training and decoding precision (resolved once), threads;
 2. `prepare_fit_data`: tokenizer and encoded corpora (rank 0 first, from the cache);
-3. `build_fit`: the model (seeded, its softmax restricted as configured), the trainer's parts,
+3. `build_fit`: the model (seeded, or a parent's weights with init_from; its softmax restricted
+   as configured), the trainer's parts,
    its checkpointer and metric logger when there is a run directory, a resumed state.
 
 `setup_fit` runs all three, for scripts.
@@ -29,11 +30,13 @@ from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
 from mtrain.train.batch_source import training_corpora
+from mtrain.tokenizer import Tokenizer
 from mtrain.train.builders import build_parts
 from mtrain.train.checkpointer import Checkpointer, data_fingerprints
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import StopSignal
 from mtrain.train.host_memory import HOST_MEMORY_TRIM_EVERY, HostMemory
+from mtrain.train.init_from import Lineage, Parent, keep_parent_optimizer, load_parent_weights, output_pieces
 from mtrain.train.metric_log import MetricLogger
 from mtrain.train.output_vocab import restrict_to_training_targets
 from mtrain.train.random_state import seed_everything
@@ -75,15 +78,17 @@ def resolve_machine(cfg: FitConfig, dist: Optional[DistributedContext] = None) -
     return Machine(device, precision, decode_precision_of_training(precision, device), dist)
 
 
-def prepare_fit_data(cfg: FitConfig, machine: Machine, progress: Callable[[str], Any] = log.info) -> PreparedData:
+def prepare_fit_data(cfg: FitConfig, machine: Machine, progress: Callable[[str], Any] = log.info,
+                     tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """Rank 0 prepares (tokenizer, encoded cache) and reports `progress`; the others then read
-    the same cache. Validation and test pairs longer than the model embeds are refused."""
+    the same cache. Validation and test pairs longer than the model embeds are refused.
+    A given `tokenizer` (init_from: the parent's) encodes the data; none is trained."""
     dist = machine.dist
     if dist.is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer, log=progress)
+        data = prepare_data(cfg.data, cfg.tokenizer, log=progress, tokenizer=tokenizer)
     dist.barrier()
     if not dist.is_main:
-        data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
+        data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None, tokenizer=tokenizer)
     check_eval_lengths(data, cfg)
     return data
 
@@ -91,22 +96,30 @@ def prepare_fit_data(cfg: FitConfig, machine: Machine, progress: Callable[[str],
 def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Optional[RunDir] = None,
               validation: Optional[ValidationFactory] = None, resume_state: Optional[Dict[str, Any]] = None,
               stop_signal: Optional[StopSignal] = None, host_memory_trim_every: Optional[int] = None,
-              model: Optional[torch.nn.Module] = None) -> FitSetup:
+              model: Optional[torch.nn.Module] = None, init: Optional[Parent] = None,
+              lineage: Optional[Lineage] = None) -> FitSetup:
     """The model and a ready trainer on `data`. With `run` (rank 0), checkpoints and metrics go
     there; `resume_state` (a checked checkpoint) continues; `host_memory_trim_every` overrides the
     default (every 10 updates on a CPU, never on a GPU); `model` replaces the one `cfg.model`
-    builds (a benchmark's synthetic vocabulary)."""
+    builds (a benchmark's synthetic vocabulary). `init` (init_from) gives the model its parent's
+    weights (and Adam's moments with init_keep_optimizer); `lineage`, what every checkpoint
+    records of the parent (init's, or a resumed fine-tune's own record)."""
     device, dist = machine.device, machine.dist
     tokenizer = data.tokenizer
     seed_everything(cfg.seed)
     if model is None:
         model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
                             joint_vocab=tokenizer.joint)
+        if init is not None:
+            load_parent_weights(model, init)
         restrict_to_training_targets(model, cfg.model.output_vocab, data.train, tokenizer.special_ids,
-                                     copies=data.train_copies)
+                                     copies=data.train_copies, keep=output_pieces(init))
     model = model.to(device)
     parts = build_parts(model, cfg.train, cfg.seed, training_corpora(data, cfg.data.sampling_temperature),
                         tokenizer.special_ids, device, machine.precision, dist)
+    if init is not None:
+        keep_parent_optimizer(parts.optimizer, init)
+    lineage = lineage if lineage is not None else init.lineage if init is not None else None
     checkpointer = metrics = None
     if run is not None and dist.is_main:
         checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))
@@ -121,7 +134,8 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
         validate=validation(parts.validated_model, model) if validation is not None else no_validation,
         checkpointer=checkpointer, metrics=metrics,
         record={"config": to_plain(cfg),
-                "data_fingerprints": data_fingerprints(data.fingerprint, tokenizer.fingerprint)},
+                "data_fingerprints": data_fingerprints(data.fingerprint, tokenizer.fingerprint),
+                **({"init": lineage} if lineage else {})},
         stop_signal=stop_signal, host_memory=HostMemory(host_memory_trim_every),
     )
     if resume_state is not None:
