@@ -115,6 +115,20 @@ def takes_a_list(schema: Optional[type], key: str) -> bool:
     return typing.get_origin(field_type) in (list, tuple) or field_type in (list, tuple)
 
 
+def list_item_schema(schema: Optional[type], key: str) -> Optional[type]:
+    """The config dataclass of the items of the list at dotted `key` (CorpusConfig for
+    data.corpora of FitConfig); None when `key` is not a list of config dataclasses."""
+    field_type: Any = schema
+    for name in key.split("."):
+        if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
+            return None
+        field_type = typing.get_type_hints(field_type)[name]
+    if typing.get_origin(field_type) in (list, List):
+        item = typing.get_args(field_type)[0]
+        return item if dataclasses.is_dataclass(item) else None
+    return None
+
+
 def check_model_config(cfg: Any, prefix: str = "model") -> None:
     """Raise MtrainError("model.<key>: ...") for the first invalid ModelConfig value."""
     _check_choices(cfg, ModelConfig, prefix)

@@ -186,7 +186,7 @@ def _summary(corpora: List[TrainingCorpus], sets: List[EncodedTrainingSet], eval
         _log_training(record, "train" if not several else f"train [{corpus.label}]", log)
     for (src, tgt), (valid, test) in evals.items():
         summary["directions"].append({"name": f"{src}-{tgt}", "valid": valid.counts, "test": test.counts})
-        for split, counts in (("valid", valid.counts), ("test", test.counts)):
+        for split, counts in (("valid", valid.counts), ("test", test.counts))[:2 if test.corpus is not None else 1]:
             where = split if len(evals) == 1 else f"{split} [{src}-{tgt}]"
             log(f"data: {where}: {counts['kept']:,} pairs; tokens: src {counts['src_tokens']:,}, "
                 f"tgt {counts['tgt_tokens']:,}")

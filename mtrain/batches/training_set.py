@@ -62,7 +62,8 @@ def training_set(corpus: TrainingCorpus, data: DataConfig, tokenizer: Tokenizer,
         "corpus", CACHE_FORMAT, tokenizer.fingerprint, corpus.source.fingerprint("train"), cfg.src, cfg.tgt,
         data.clean, cfg.train_limit, data.invalid_utf8, tag_ids, drop.digest() if drop is not None else None,
     )
-    entry = cache_root(data.cache_dir) / "corpora" / f"{corpus.label}-{cfg.src}-{cfg.tgt}-{key[:16]}"
+    # Named by the corpus, not its label (which depends on the other entries of data.corpora).
+    entry = cache_root(data.cache_dir) / "corpora" / f"{cfg.name}-{cfg.src}-{cfg.tgt}-{key[:16]}"
     hit = is_complete(entry)
     if hit:
         log(f"data: cache hit, reusing the encoded corpus in {entry} (nothing to encode)")
