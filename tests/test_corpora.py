@@ -178,9 +178,9 @@ def test_a_corpus_written_by_translate_records_which_model_made_it(corpus, tmp_p
     assert "provenance" not in real and len(back["provenance"]) == 1
     record = back["provenance"][0]
     assert record["matches"] is True and record["decode"]["sampling"] == "topk"
-    assert record["checkpoints"][0]["path"] == str(checkpoint.resolve())
+    assert record["checkpoints"][0]["path"] == str(checkpoint.absolute())
     assert record["checkpoints"][0]["sha256"] == hashlib.sha256(b"weights").hexdigest()
-    assert record["input"] == str((synthetic / "train.en").resolve())
+    assert record["input"] == str((synthetic / "train.en").absolute())
     assert "was written by `mtrain translate`" in log
 
 

@@ -35,13 +35,13 @@ def write_provenance(output: Path, run: str, checkpoints: Sequence[Path], decode
                      input_path: Optional[str], version: str) -> Path:
     """Write the record of `mtrain translate`'s `output` (see the module docstring)."""
     record = {
-        "output": str(Path(output).resolve()),
+        "output": str(Path(output).absolute()),
         "output_sha256": file_sha256(Path(output)),
-        "run": str(Path(run).resolve()),
-        "checkpoints": [{"path": str(Path(path).resolve()), "sha256": file_sha256(Path(path))}
+        "run": str(Path(run).absolute()),
+        "checkpoints": [{"path": str(Path(path).absolute()), "sha256": file_sha256(Path(path))}
                         for path in checkpoints],
         "decode": decode,
-        "input": str(Path(input_path).resolve()) if input_path else None,
+        "input": str(Path(input_path).absolute()) if input_path else None,
         "input_sha256": file_sha256(Path(input_path)) if input_path else None,
         "mtrain_version": version,
         "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
