@@ -146,12 +146,11 @@ def _check_evaluation_files(source: LocalSource, cfg: DataConfig, key: str) -> N
     missing = source.missing_files()
     if not missing:
         return
-    if DataFormat(cfg.format).one_file_per_language:
+    absent = [f"{key} ({cfg.src}->{cfg.tgt})"]
+    if DataFormat(cfg.format).one_file_per_language:  # file_names lists the source's file, then the target's
+        names = [file_names(cfg, split) for split in ("valid", "test") if file_names(cfg, split)]
         absent = [f"{key}.{side}={lang}" for position, (side, lang) in enumerate((("src", cfg.src), ("tgt", cfg.tgt)))
-                  if any(f"{names[position]}[.gz]" in missing
-                         for names in (file_names(cfg, split) for split in ("valid", "test")) if names)]
-    else:
-        absent = [f"{key} ({cfg.src}->{cfg.tgt})"]
+                  if any(f"{split[position]}[.gz]" in missing for split in names)]
     raise MtrainError(
         f"{', '.join(absent)}: data={cfg.name} has no validation/test data in this language "
         f"({source.directory} lacks {', '.join(missing)}); every direction data.corpora trains is "
