@@ -361,6 +361,12 @@ def test_translate_command_with_an_ensemble(runs, tmp_path):
     opened = open_engine(a, Engine.torch, CPU, "fp32", ensemble=[str(b), str(a)])
     expected = translate_sentences(opened.model, opened.tokenizer, SENTENCES, DECODE, "cpu")
     assert (tmp_path / "out.en").read_text(encoding="utf-8").splitlines() == [s[0].text for s in expected]
+    # output= gets its provenance record: every member's checkpoint with its sha256, the decode settings
+    record = json.loads((tmp_path / "out.en.mtrain.json").read_text(encoding="utf-8"))
+    assert [item["path"] for item in record["checkpoints"]] == [str(a / "checkpoints" / "best.pt"),
+                                                                  str(b / "checkpoints" / "best.pt"),
+                                                                  str(a / "checkpoints" / "best.pt")]
+    assert record["decode"]["beam"] == 2 and record["input"] == str(source) and len(record["input_sha256"]) == 64
     log = result.stderr.decode()
     assert "translating with an ensemble of 3: " in log and f"{b / 'checkpoints' / 'best.pt'} (update 9)" in log
 

@@ -113,7 +113,8 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
         if init is not None:
             load_parent_weights(model, init)
         restrict_to_training_targets(model, cfg.model.output_vocab, data.train, tokenizer.special_ids,
-                                     copies=data.train_copies, keep=output_pieces(init))
+                                     copies=[*data.train_copies, *(part.corpus for part in data.train_parts)],
+                                     keep=output_pieces(init))
     model = model.to(device)
     parts = build_parts(model, cfg.train, cfg.seed, training_corpora(data, cfg.data.sampling_temperature),
                         tokenizer.special_ids, device, machine.precision, dist)
