@@ -82,7 +82,7 @@ def multilingual_config(corpus: Path, directions=DIRECTIONS, lang_tags: bool = T
     cfg.data.lang_tags = lang_tags
     cfg.data.src, cfg.data.tgt = directions[0]
     cfg.data.corpora = [CorpusConfig(name="multi30k", src=src, tgt=tgt) for src, tgt in directions]
-    cfg.decode.beam, cfg.decode.max_len_a, cfg.decode.max_len_b = DECODE["beam"], DECODE["max_len_a"], DECODE["max_len_b"]
+    cfg.decode = OmegaConf.merge(cfg.decode, DECODE)
     return cfg
 
 
@@ -305,9 +305,9 @@ def test_eval_finds_the_references_of_a_trained_and_of_a_zero_shot_direction(run
     from mtrain.evaluate.references import read_run_split
 
     run = RunDir(run_dir)
-    kept, _ = run.split_files("test", "de-en")
+    kept = run.split_files("test", "de-en")
     trained = read_run_split(run, fit_config.data, "test", ("de", "en"))
-    assert [record["path"] for record in trained.files] == [str(kept.resolve()), str(kept.with_suffix(".ref").resolve())]
+    assert [record["path"] for record in trained.files] == [str(path.resolve()) for path in kept]
     zero_shot = read_run_split(run, fit_config.data, "test", ("de", "fr"))  # never trained: the corpus' own files
     assert [record["path"] for record in zero_shot.files] == [str((corpus / f"test_2016_flickr.{lang}").resolve())
                                                               for lang in ("de", "fr")]
@@ -350,8 +350,8 @@ def test_serve_translates_into_the_language_each_request_names(run_dir, model, t
         assert (response.status_code, response.json()) == (422, {"error": "tgt_lang: null, but this model translates "
                                                                           "into 'en', 'de', 'fr'; name one"})
         response = client.post("/translate", json={"text": SENTENCES, "tgt_lang": "it"})
-        assert (response.status_code, response.json()) == (422, {"error": "tgt_lang: 'it' is not a language this model "
-                                                                          "translates into (allowed: 'en', 'de', 'fr')"})
+        assert (response.status_code, response.json()) == (
+            422, {"error": "tgt_lang: 'it' is not a language this model translates into (allowed: 'en', 'de', 'fr')"})
         assert client.get("/health").json()["target_languages"] == ["en", "de", "fr"]
 
 
@@ -508,3 +508,15 @@ def test_the_test_decode_scores_each_direction_and_their_mean(tmp_path, fit_conf
     sources = (run / "data" / "test.en-fr.src").read_text(encoding="utf-8").splitlines()
     assert hyps == texts(translate_sentences(model, languages.tokenizer_for(tokenizer, "fr"), sources,
                                              DecodeConfig(**{**DECODE}), "cpu"))
+
+
+def test_the_preset_trains_the_four_directions_as_the_best_bilingual_preset_trains_one():
+    from tests.test_experiments import composed
+
+    multilingual, _ = composed("multi30k_multilingual")
+    bilingual, _ = composed("multi30k_cpu_best")
+    assert multilingual.data.lang_tags and RunLanguages.of(multilingual.data).directions() == DIRECTIONS
+    assert all(corpus.name == "multi30k" for corpus in multilingual.data.corpora)
+    for section in ("model", "train", "decode"):  # the same model, budget and decoding
+        assert multilingual[section] == bilingual[section], section
+    assert (multilingual.tokenizer.vocab_size, bilingual.tokenizer.vocab_size) == (10000, 8000)

@@ -19,7 +19,7 @@ e.g. de->fr from de->en, en->de, fr->en, en->fr).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -133,15 +133,3 @@ class RunLanguages:
 def single_direction(src: str, tgt: str) -> RunLanguages:
     """The languages of a run known only by its language pair (an old export directory)."""
     return RunLanguages(DataConfig(src=src, tgt=tgt))
-
-
-def direction_name(direction: Sequence[str]) -> str:
-    """`de-en`: how files, metrics keys and logs name a direction."""
-    src, tgt = direction
-    return f"{src}-{tgt}"
-
-
-def tagged_for_each(languages: RunLanguages, tokenizer: Tokenizer,
-                    targets: Sequence[str]) -> List[Tuple[str, Tokenizer]]:
-    """(language, its tokenizer) for every language in `targets`."""
-    return [(tgt, languages.tokenizer_for(tokenizer, tgt)) for tgt in targets]

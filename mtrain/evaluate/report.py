@@ -58,7 +58,8 @@ def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: Split
 
 def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[str],
                       log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                      sentences: Optional[Sequence[SentenceScore]] = None, name: Optional[str] = None) -> Dict[str, Path]:
+                      sentences: Optional[Sequence[SentenceScore]] = None,
+                      name: Optional[str] = None) -> Dict[str, Path]:
     """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}` (or into
     `out_dir`), and `sentences` into `<split>.sentences.tsv`; log the scores, and what an
     earlier report there said when it scored differently. `name` replaces `<split>` (a

@@ -100,7 +100,8 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
                 tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
                 log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                per_sentence: bool = False, worst_lines: int = 10, report_name: Optional[str] = None) -> Dict[str, Any]:
+                per_sentence: bool = False, worst_lines: int = 10,
+                report_name: Optional[str] = None) -> Dict[str, Any]:
     """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
     files in `out_dir`); the report. `per_sentence` also writes `<split>.sentences.tsv` there
     (mtrain.evaluate.sentences), and the report lists its `worst_lines`. `report_name`
