@@ -115,6 +115,20 @@ def takes_a_list(schema: Optional[type], key: str) -> bool:
     return typing.get_origin(field_type) in (list, tuple) or field_type in (list, tuple)
 
 
+def list_item_schema(schema: Optional[type], key: str) -> Optional[type]:
+    """The config dataclass of the items of the list at dotted `key` (CorpusConfig for
+    data.corpora of FitConfig); None when `key` is not a list of config dataclasses."""
+    field_type: Any = schema
+    for name in key.split("."):
+        if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
+            return None
+        field_type = typing.get_type_hints(field_type)[name]
+    if typing.get_origin(field_type) in (list, List):
+        item = typing.get_args(field_type)[0]
+        return item if dataclasses.is_dataclass(item) else None
+    return None
+
+
 def check_model_config(cfg: Any, prefix: str = "model") -> None:
     """Raise MtrainError("model.<key>: ...") for the first invalid ModelConfig value."""
     _check_choices(cfg, ModelConfig, prefix)
@@ -142,6 +156,7 @@ def _check_fit(cfg: DictConfig) -> None:
         raise MtrainError(f"seed: {cfg.seed} must be in [0, 2**32) (numpy's seed range)")
     _check_data(cfg.data)
     _check_tokenizer(cfg.tokenizer)
+    check_corpora(cfg.data, cfg.tokenizer)
     check_model_config(cfg.model)
     _check_train(cfg.train)
     _check_decode(cfg.decode, "decode")
@@ -157,6 +172,54 @@ def _check_data(data: DictConfig) -> None:
     if data.clean.min_len > data.clean.max_len:
         raise MtrainError(f"data.clean.min_len: {data.clean.min_len} is above data.clean.max_len={data.clean.max_len}")
     _at_least(data.clean, "max_len_ratio", 1.0, prefix="data.clean", why="(the longer side over the shorter)")
+
+
+# SentencePiece's own pieces: a tag must not be one of them.
+SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
+
+
+def check_corpora(data: Any, tokenizer: Any) -> None:
+    """data.corpora, data.sampling_temperature, data.lang_tags and the tags against the
+    tokenizer: a config node or the dataclasses (`prepare_data` checks library callers too)."""
+    if not data.sampling_temperature > 0:
+        raise MtrainError(f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: draw in "
+                          "proportion to size times weight; larger: flatter)")
+    lang_symbols = {f"<2{corpus.tgt or data.tgt}>" for corpus in data.corpora} | {f"<2{data.tgt}>"}
+    directions = []
+    for index, corpus in enumerate(data.corpora):
+        key = f"data.corpora[{index}]"
+        if not corpus.weight > 0:
+            raise MtrainError(f"{key}.weight: {corpus.weight} must be > 0 (its share of the training draw)")
+        if corpus.train_limit is not None and corpus.train_limit < 1:
+            raise MtrainError(f"{key}.train_limit: {corpus.train_limit} must be >= 1 (or null: data.train_limit)")
+        src, tgt = corpus.src or data.src, corpus.tgt or data.tgt
+        if src == tgt:
+            raise MtrainError(f"{key}.tgt: '{tgt}' is also its source language ({key}.src or data.src); "
+                              "a corpus translates between two languages")
+        if (src, tgt) not in directions:
+            directions.append((src, tgt))
+        if corpus.tag is not None:
+            symbol = f"<{corpus.tag}>"
+            if not corpus.tag or any(character.isspace() or character in "<>" for character in corpus.tag):
+                raise MtrainError(f"{key}.tag: {corpus.tag!r} must be a non-empty name without spaces or "
+                                  "angle brackets (e.g. bt: the symbol <bt>)")
+            if symbol in SPECIAL_PIECES:
+                raise MtrainError(f"{key}.tag: {corpus.tag!r} makes {symbol}, a special piece of the tokenizer; "
+                                  "choose another name (e.g. bt)")
+            if data.lang_tags and symbol in lang_symbols:
+                raise MtrainError(f"{key}.tag: {symbol} is also a target-language tag (data.lang_tags=true); "
+                                  "choose another name")
+    if data.lang_tags and not tokenizer.joint:
+        raise MtrainError("data.lang_tags: the language tags need one vocabulary for all languages; set "
+                          "tokenizer.joint=true")
+    if len(directions) > 1 and not tokenizer.joint:
+        names = ", ".join(f"{src}-{tgt}" for src, tgt in directions)
+        raise MtrainError(f"tokenizer.joint: false, but data.corpora trains {len(directions)} directions ({names}); "
+                          "several directions need tokenizer.joint=true")
+    tagged = data.lang_tags or any(corpus.tag for corpus in data.corpora)
+    if data.subword_sampling.alpha > 0 and (len(data.corpora) > 1 or tagged):
+        raise MtrainError("data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
+                          "set it to 0 with several data.corpora, a corpus tag or data.lang_tags")
 
 
 def _check_tokenizer(tokenizer: DictConfig) -> None:

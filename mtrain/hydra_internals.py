@@ -171,7 +171,10 @@ def read_composition_error(error: Exception) -> CompositionError:
     reason = str(cause).splitlines()[0]
     unknown = re.match(r"Could not override '([^']+)'", first)
     if unknown:
-        return CompositionError(ErrorKind.UNKNOWN_KEY, reason, unknown.group(1))
+        key = unknown.group(1)
+        if full_key != key and not full_key.startswith(f"{key}."):  # a key inside the value: a=[{nmae: x}]
+            key = _key_inside_value(key, full_key, text)
+        return CompositionError(ErrorKind.UNKNOWN_KEY, reason, key)
     choices = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
     if choices:
         return CompositionError(ErrorKind.NOT_A_CHOICE, reason, full_key, choices.group(1),
@@ -183,3 +186,32 @@ def read_composition_error(error: Exception) -> CompositionError:
                                 (converted.group(2),))
     return CompositionError(ErrorKind.OTHER_VALUE, reason, full_key)
 
+
+
+def _key_inside_value(key: str, inner: str, text: str) -> str:
+    """The full key of an unknown key `inner` inside the value of override `key` (OmegaConf
+    names it relative to the list item or mapping that holds it): `data.corpora[0].nmae` for
+    `data.corpora=[{nmae: x}]`. Hydra's message repeats the override (\"use +KEY=VALUE\"),
+    whose value its own parser reads back; `key` alone when that fails."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = re.search(rf"use \+{re.escape(key)}=(.*)$", text, re.MULTILINE)
+    if found is None:
+        return key
+    try:
+        value = OverridesParser.create().parse_overrides([f"{key}={found.group(1)}"])[0].value()
+    except Exception:  # noqa: BLE001 - any parse failure: fall back to the override's key
+        return key
+
+    def holds(item: object, path: List[str]) -> bool:
+        for name in path:
+            if not isinstance(item, dict) or name not in item:
+                return False
+            item = item[name]
+        return True
+
+    path = inner.split(".")
+    if isinstance(value, list):
+        index = next((i for i, item in enumerate(value) if holds(item, path)), None)
+        return f"{key}[{index}].{inner}" if index is not None else key
+    return f"{key}.{inner}" if holds(value, path) else key

@@ -143,7 +143,7 @@ def test_invalid_utf8_pairs_are_skipped_counted_and_recorded(tmp_path, cache):
         lines[4] = b"kaputt \xff\xfe " + lines[4]
         (directory / name).write_bytes(b"\n".join(lines))
     prepared, summary, log = prepare(directory, cache)
-    assert summary["train"]["invalid_utf8"] == 1 and summary["valid"]["invalid_utf8"] == 1
+    assert summary["train"]["invalid_utf8"] == 1 and prepared.summary["directions"][0]["valid"]["invalid_utf8"] == 1
     assert len(prepared.train) == 149 and len(prepared.valid_text) == 9
     assert prepared.valid_text.src[4] == SPLITS["val"][5][0]  # the rest stays aligned
     assert "data: valid: skipped 1 pairs that are not valid UTF-8 (first at" in log and "val.en line 5" in log

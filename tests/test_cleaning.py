@@ -50,7 +50,8 @@ def test_each_filter_rejects_exactly_its_pairs():
     codes = classify_pairs(list(src), list(tgt), np.array(src_len), np.array(tgt_len), clean())
     assert codes.tolist() == list(expected)
     counts = count_reasons(codes)
-    assert counts == {"empty": 2, "identical": 1, "too_short": 1, "too_long": 2, "length_ratio": 1, "duplicate": 0}
+    assert counts == {"empty": 2, "identical": 1, "too_short": 1, "too_long": 2, "length_ratio": 1, "eval_overlap": 0,
+                      "duplicate": 0}
 
 
 def test_identical_pairs_are_kept_unless_asked():

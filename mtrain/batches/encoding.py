@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from mtrain.data.cleaning import KEEP, classify_pairs, count_reasons, normalizer, pair_hashes
+from mtrain.data.cleaning import KEEP, classify_pairs, count_reasons, normalizer, pair_hashes, reject_where
+from mtrain.data.overlap import text_hashes
 
 Pair = Tuple[str, str]
 
@@ -30,20 +31,26 @@ class EncodedChunk:
     src_lengths: np.ndarray  # (n,) including the eos
     tgt_tokens: np.ndarray  # target ids only (bos/eos are added when batching)
     tgt_lengths: np.ndarray  # (n,)
-    hashes: Optional[np.ndarray]  # (n,) pair hashes, when deduplicating
+    hashes: Optional[np.ndarray]  # (n,) pair hashes (training split: deduplication, overlap)
     rejected: Dict[str, int]  # pairs filtered out, by reason
+    src_hashes: Optional[np.ndarray] = None  # (n,) source hashes (training split: overlap)
 
 
 class ChunkEncoder:
     """Turns a list of pairs into an EncodedChunk; picklable, so it can travel to workers.
 
     `clean` is the `data.clean` section as a dict for the training split, None for
-    validation/test (encoded as they are).
+    validation/test (encoded as they are). `src_prefix`: tag ids that start every source
+    (mtrain.data.tags; not counted by the length filters). `drop_sources`: sorted source
+    hashes of the evaluation sets whose pairs are dropped (`data.clean.drop_eval_overlap`).
     """
 
-    def __init__(self, src_model: str, tgt_model: str, eos_id: int, dtype: str, clean: Optional[Dict[str, Any]]):
+    def __init__(self, src_model: str, tgt_model: str, eos_id: int, dtype: str, clean: Optional[Dict[str, Any]],
+                 src_prefix: Sequence[int] = (), drop_sources: Optional[np.ndarray] = None):
         self.src_model, self.tgt_model = src_model, tgt_model
         self.eos_id = eos_id
+        self.src_prefix = [int(token) for token in src_prefix]
+        self.drop_sources = drop_sources
         self.dtype = np.dtype(dtype)
         self.clean = SimpleNamespace(**clean) if clean is not None else None
         self._processors: Optional[tuple] = None
@@ -74,16 +81,20 @@ class ChunkEncoder:
 
         rows = np.arange(len(pairs))
         rejected: Dict[str, int] = {}
-        hashes = None
+        hashes = src_hashes = None
         if self.clean is not None:
             codes = classify_pairs(src_texts, tgt_texts, src_lengths, tgt_lengths, self.clean)
+            src_hashes = text_hashes(src_texts)
+            if self.drop_sources is not None:
+                reject_where(codes, "eval_overlap", np.isin(src_hashes, self.drop_sources))
             rejected = count_reasons(codes)
             rows = np.flatnonzero(codes == KEEP)
-            if self.clean.deduplicate:
-                hashes = pair_hashes([src_texts[i] for i in rows], [tgt_texts[i] for i in rows])
-        src_tokens, src_lengths = flatten_sequences(src_ids, rows, src_lengths, self.dtype, self.eos_id)
+            hashes = pair_hashes([src_texts[i] for i in rows], [tgt_texts[i] for i in rows])
+            src_hashes = src_hashes[rows]
+        src_tokens, src_lengths = flatten_sequences(src_ids, rows, src_lengths, self.dtype, self.eos_id,
+                                                    self.src_prefix)
         tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
-        return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected)
+        return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected, src_hashes)
 
 
 def sequence_lengths(sequences: List[List[int]]) -> np.ndarray:
@@ -92,13 +103,19 @@ def sequence_lengths(sequences: List[List[int]]) -> np.ndarray:
 
 
 def flatten_sequences(
-    sequences: List[List[int]], rows: np.ndarray, lengths: np.ndarray, dtype: np.dtype, eos_id: Optional[int]
+    sequences: List[List[int]], rows: np.ndarray, lengths: np.ndarray, dtype: np.dtype, eos_id: Optional[int],
+    prefix: Sequence[int] = (),
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """The chosen `rows` of `sequences` back to back (each followed by eos if given)."""
+    """The chosen `rows` of `sequences` back to back, each after `prefix` (tag ids) and
+    followed by eos if given."""
     lengths = lengths[rows]
     tokens = np.fromiter(
         itertools.chain.from_iterable(sequences[i] for i in rows.tolist()), dtype, int(lengths.sum())
     )
+    if prefix:
+        starts = np.cumsum(lengths) - lengths  # where each sequence begins
+        tokens = np.insert(tokens, np.repeat(starts, len(prefix)), np.tile(np.asarray(prefix, dtype=dtype), len(rows)))
+        lengths = lengths + len(prefix)
     if eos_id is not None:
         tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(eos_id, dtype=dtype))
         lengths = lengths + 1

@@ -1,39 +1,43 @@
 """`prepare_data`: from a data config to a tokenizer and encoded, memory-mapped splits.
 
-Steps: resolve where the corpus is (local files or the Hub), train or reuse the tokenizer,
-then encode train (cleaned, first `data.train_limit` pairs), valid and test (as they are,
-keeping their raw text for BLEU) into one cache entry. The entry is keyed by the tokenizer,
-the data fingerprints and every setting that changes the arrays, so a second run with the
-same settings loads it without encoding. An interrupted build never becomes an entry (see
-mtrain.data.cache) and is rebuilt by the next run.
+Steps: resolve where each training corpus is (`data`, or every entry of `data.corpora`:
+mtrain.data.corpora) and where each direction's validation/test sets are (data's own source),
+train or reuse the joint tokenizer (tags as reserved symbols), then encode each training
+corpus into its own cache entry (mtrain.batches.training_set: cleaned, tagged, first
+`train_limit` pairs) and each direction's valid and test sets into theirs
+(mtrain.batches.eval_sets). Every entry is keyed by what determines its arrays and nothing
+else, so a second run with the same settings loads everything without encoding, and a run
+that changes a test split or adds a corpus encodes only what is new. An interrupted build
+never becomes an entry (see mtrain.data.cache) and is rebuilt by the next run.
+
+Preparation also counts train–test overlap per corpus (mtrain.data.overlap) and reads the
+provenance of corpora that `mtrain translate` wrote; `PreparedData.summary` holds both and the
+cleaning counts, for the run's metrics.json.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-import numpy as np
-
-from mtrain.config import DataConfig, TokenizerConfig, to_plain
-from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
-from mtrain.data.cleaning import REASONS, Deduplicator, check_clean_config
-from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
+from mtrain.batches.corpus import EncodedCorpus
+from mtrain.batches.eval_sets import eval_set
 from mtrain.batches.mixture import CorpusPart
-from mtrain.batches.encoding import ChunkEncoder, EncodedChunk, chunked, encode_chunks
 from mtrain.batches.sampling import SAMPLING_FORMAT, build_copies, check_sampling_config, open_copies, sampling_enabled
-from mtrain.data.sources import SPLITS, ParallelSource, ParallelText, ReadStats, resolve_source
+from mtrain.batches.training_set import EncodedTrainingSet, training_set
+from mtrain.config import DataConfig, TokenizerConfig
+from mtrain.config_checks import check_corpora
+from mtrain.data.cache import build_entry, fingerprint, is_complete
+from mtrain.data.cleaning import check_clean_config
+from mtrain.data.corpora import TrainingCorpus, evaluation_sources, training_corpora
+from mtrain.data.overlap import EvalHashes, count_overlap
+from mtrain.data.sources import ParallelText, resolve_source
+from mtrain.data.tags import Direction, run_directions, source_tags
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
 from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
-
-CACHE_FORMAT = 1  # bump when the stored layout or the encoding changes
-PROGRESS_EVERY = 1_000_000  # training pairs between progress lines
 
 Log = Callable[[str], Any]
 
@@ -64,60 +68,157 @@ class PreparedData:
     test: Optional[EncodedCorpus]  # None without a test split (data.splits.test=null)
     valid_text: ParallelText  # raw source/reference sentences for BLEU
     test_text: ParallelText
-    directory: Path  # the cache entry holding the encoded splits
-    fingerprint: str = ""  # of the encoded corpus: tokenizer, source files and settings
+    directory: Path  # the cache entry of the (first) training corpus
+    fingerprint: str = ""  # of everything encoded: every entry's key (tokenizer, sources, settings)
     # data.subword_sampling: sampled segmentations of `train`, epoch e trains on
     # train_copies[(e - 1) % len]; empty without sampling (every epoch trains on `train`)
     train_copies: List[EncodedCorpus] = field(default_factory=list)
-    # data.corpora: every training corpus on its own (`train` is all of them, concatenated);
-    # one part (the whole of `train`) for a single corpus
+    # data.corpora: every training corpus on its own; one part (the whole of `train`) for a
+    # single corpus. TODO(mixture): with several corpora `train` is the first part until the
+    # mixture helper's concatenated view (mtrain.batches.mixture) replaces it.
     train_parts: List[CorpusPart] = field(default_factory=list)
     # one per direction trained (valid/test/valid_text/test_text above are directions[0]'s)
     directions: List[DirectionData] = field(default_factory=list)
+    # for metrics.json: per corpus its cleaning counts, train–test overlap and provenance;
+    # per direction its valid/test counts
+    summary: Dict[str, Any] = field(default_factory=dict)
 
     def training_corpora(self) -> List[EncodedCorpus]:
         """Every segmentation training may see: `train`, and its sampled copies."""
         return [self.train, *self.train_copies]
 
 
-def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print) -> PreparedData:
+def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print,
+                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
     """Tokenizer and encoded splits for `data_cfg` and `tok_cfg`; either may also be the
-    OmegaConf node of its section (only attributes are read)."""
+    OmegaConf node of its section (only attributes are read). `tokenizer`: use this one (a
+    parent run's, when fine-tuning) instead of training or loading one."""
     check_clean_config(data_cfg.clean)
     check_sampling_config(data_cfg.subword_sampling, tok_cfg.model_type)
-    source = resolve_source(data_cfg)
-    log(f"data: {data_cfg.name} {data_cfg.src}->{data_cfg.tgt} from {source.description}")
-    tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=source, log=log)
-    start = time.perf_counter()
-    key = fingerprint(
-        "corpus", CACHE_FORMAT, tokenizer.fingerprint, [source.fingerprint(split) for split in SPLITS],
-        data_cfg.src, data_cfg.tgt, data_cfg.clean, data_cfg.train_limit, data_cfg.invalid_utf8,
+    check_corpora(data_cfg, tok_cfg)
+    corpora = training_corpora(data_cfg, None if data_cfg.corpora else resolve_source(data_cfg))
+    eval_sources = evaluation_sources(data_cfg, corpora)
+    for corpus in corpora:
+        name = corpus.label if corpus.key == "data" else f"{corpus.key} {corpus.label}"
+        log(f"data: {name} {corpus.cfg.src}->{corpus.cfg.tgt} from {corpus.source.description}"
+            + (f", weight {corpus.weight:g}" if data_cfg.corpora else "") + (f", tag <{corpus.tag}>" if corpus.tag else ""))
+    if tokenizer is None:
+        tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=corpora[0].source, log=log,
+                                            corpora=corpora if data_cfg.corpora else ())
+    model_files = tuple(str(path) for path in _model_files(tokenizer))
+    drop = bool(data_cfg.clean.drop_eval_overlap)
+    if drop:  # the evaluation sets decide which training pairs are dropped: encode them first
+        evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
+    sets: List[EncodedTrainingSet] = []
+    for corpus in corpora:
+        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus)
+        dropped = _union(evals[corpus.direction]) if drop else None
+        sets.append(training_set(corpus, data_cfg, tokenizer, model_files, tag_ids, dropped, log))
+    if not drop:
+        evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
+
+    directions = []
+    for direction in run_directions(data_cfg):
+        valid, test = evals[direction]
+        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
+        directions.append(DirectionData(direction[0], direction[1], tag_ids, valid.corpus, valid.text, test.corpus,
+                                        test.text))
+    keys = [encoded.key for encoded in sets] + [split.key for pair in evals.values() for split in pair]
+    data = PreparedData(
+        tokenizer=tokenizer, train=sets[0].corpus, valid=directions[0].valid, test=directions[0].test,
+        valid_text=directions[0].valid_text, test_text=directions[0].test_text, directory=sets[0].entry,
+        fingerprint=fingerprint("prepared", keys),
+        train_parts=[CorpusPart(corpus.label, corpus.cfg.src, corpus.cfg.tgt, encoded.corpus, corpus.weight, corpus.tag)
+                     for corpus, encoded in zip(corpora, sets)],
+        directions=directions,
     )
-    entry = cache_root(data_cfg.cache_dir) / "corpora" / f"{data_cfg.name}-{data_cfg.src}-{data_cfg.tgt}-{key[:16]}"
-    if is_complete(entry):
-        log(f"data: cache hit, reusing the encoded corpus in {entry} (nothing to encode)")
-        _log_summary(json.loads((entry / "summary.json").read_text(encoding="utf-8")), log)
-    else:
-        with build_entry(entry, log) as staging:
-            summary = _encode_corpus(staging, source, tokenizer, data_cfg, log)
-            summary["seconds"] = round(time.perf_counter() - start, 2)
-            (staging / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        _log_summary(summary, log)
-        rate = summary["train"]["read"] / max(summary["seconds"], 1e-9)
-        log(f"data: encoded in {summary['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
-    data = _open(entry, tokenizer, key)
-    data.train_parts = [CorpusPart(data_cfg.name, data_cfg.src, data_cfg.tgt, data.train)]
-    data.directions = [DirectionData(data_cfg.src, data_cfg.tgt, [], data.valid, data.valid_text, data.test,
-                                     data.test_text)]
+    data.summary = _summary(corpora, sets, evals, log)
     if sampling_enabled(data_cfg.subword_sampling):
-        _add_sampled_copies(data, data_cfg, log)
+        _add_sampled_copies(data, data_cfg, sets[0], log)
     return data
 
 
-def _add_sampled_copies(data: PreparedData, cfg: DataConfig, log: Log) -> None:
+def tag_ids_of(tokenizer: Tokenizer, symbols: List[str], data_cfg: DataConfig,
+               corpus: Optional[TrainingCorpus] = None) -> List[int]:
+    """The ids of tag symbols; a symbol the tokenizer lacks (one given from elsewhere, e.g. a
+    parent run's) is refused, naming its key."""
+    ids = [tokenizer.piece_id(symbol) for symbol in symbols]
+    for symbol, piece in zip(symbols, ids):
+        if piece == tokenizer.unk_id:
+            key = f"{corpus.key}.tag" if corpus is not None and corpus.tag and symbol == f"<{corpus.tag}>" \
+                else "data.lang_tags"
+            raise MtrainError(f"{key}: the tokenizer has no piece {symbol} (it was trained without this tag); "
+                              "train a new tokenizer with the tags, or drop the tag")
+    return ids
+
+
+def _evaluation_sets(data_cfg: DataConfig, sources: Dict[Direction, Any], tokenizer: Tokenizer, model_files: tuple,
+                     log: Log) -> Dict[Direction, tuple]:
+    """(valid, test) EvalSets of every direction trained."""
+    evals = {}
+    for direction, source in sources.items():
+        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
+        evals[direction] = tuple(eval_set(split, direction, source, data_cfg, tokenizer, model_files, tag_ids, log)
+                                 for split in ("valid", "test"))
+    return evals
+
+
+def _union(pair: tuple) -> EvalHashes:
+    return pair[0].hashes.union(pair[1].hashes)
+
+
+def _summary(corpora: List[TrainingCorpus], sets: List[EncodedTrainingSet], evals: Dict[Direction, tuple],
+             log: Log) -> Dict[str, Any]:
+    """Per corpus: counts, overlap and provenance; per direction: the eval sets' counts. Logged."""
+    several = len(corpora) > 1 or corpora[0].key != "data"
+    summary: Dict[str, Any] = {"corpora": [], "directions": []}
+    for corpus, encoded in zip(corpora, sets):
+        valid, test = evals[corpus.direction]
+        overlap = count_overlap(encoded.src_hashes, encoded.pair_hashes,
+                                {"valid": valid.hashes, **({"test": test.hashes} if test.corpus is not None else {})})
+        record = {"name": corpus.label, "key": corpus.key, "src": corpus.cfg.src, "tgt": corpus.cfg.tgt,
+                  "weight": corpus.weight, "tag": corpus.tag, "train": encoded.summary, "eval_overlap": overlap,
+                  "cache_hit": encoded.cache_hit, "entry": str(encoded.entry)}
+        provenance = corpus.provenance()
+        if provenance:
+            record["provenance"] = provenance
+        summary["corpora"].append(record)
+        _log_training(record, "train" if not several else f"train [{corpus.label}]", log)
+    for (src, tgt), (valid, test) in evals.items():
+        summary["directions"].append({"name": f"{src}-{tgt}", "valid": valid.counts, "test": test.counts})
+        for split, counts in (("valid", valid.counts), ("test", test.counts))[:2 if test.corpus is not None else 1]:
+            where = split if len(evals) == 1 else f"{split} [{src}-{tgt}]"
+            log(f"data: {where}: {counts['kept']:,} pairs; tokens: src {counts['src_tokens']:,}, "
+                f"tgt {counts['tgt_tokens']:,}")
+    return summary
+
+
+def _log_training(record: Dict[str, Any], where: str, log: Log) -> None:
+    train = record["train"]
+    filtered = sum(train["filtered"].values())
+    reasons = ", ".join(f"{reason} {count:,}" for reason, count in train["filtered"].items())
+    log(
+        f"data: {where}: {train['read']:,} pairs read, {filtered:,} filtered"
+        f"{f' ({reasons})' if reasons else ''}, {train['kept']:,} kept; "
+        f"tokens: src {train['src_tokens']:,}, tgt {train['tgt_tokens']:,}"
+    )
+    overlap = record["eval_overlap"]
+    splits = " and ".join(split for split in overlap if split != "any")
+    per_split = ", ".join(f"{split} {counts['source']:,}/{counts['pair']:,}" for split, counts in overlap.items()
+                          if split != "any")
+    log(f"data: {where}: {overlap['any']['source']:,} of {train['kept']:,} kept pairs have their source in "
+        f"{splits} of {record['src']}-{record['tgt']}, {overlap['any']['pair']:,} the whole pair (sources/pairs: "
+        f"{per_split}){'' if 'eval_overlap' in train['filtered'] else '; data.clean.drop_eval_overlap=true drops them'}")
+    for provenance in record.get("provenance", []):
+        checkpoints = ", ".join(item["path"] for item in provenance.get("checkpoints", [])) or provenance.get("run")
+        log(f"data: {where}: {provenance['file']} was written by `mtrain translate` with {checkpoints}"
+            f"{'' if provenance.get('matches', True) else ' (but the file changed since)'}")
+
+
+def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTrainingSet, log: Log) -> None:
     """Build (or reuse) the cached sampled segmentations of the training split (`mtrain.batches.sampling`)."""
     sampling = cfg.subword_sampling
-    key = fingerprint("sampled", SAMPLING_FORMAT, data.fingerprint, float(sampling.alpha), sampling.nbest_size,
+    key = fingerprint("sampled", SAMPLING_FORMAT, encoded.key, float(sampling.alpha), sampling.nbest_size,
                       sampling.copies)
     entry = data.directory.parent / f"{data.directory.name}-sampled-{key[:16]}"
     settings = f"alpha {sampling.alpha}, nbest_size {sampling.nbest_size}"
@@ -131,100 +232,11 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, log: Log) -> None:
         log(f"data: {sampling.copies} sampled segmentations of the training split ({settings}) in "
             f"{time.perf_counter() - start:.1f} s -> {entry}")
     data.train_copies = open_copies(entry, sampling.copies)
-    data.fingerprint = key  # a resumed run must find the same copies
+    data.fingerprint = fingerprint("prepared with sampled copies", data.fingerprint, key)  # a resume finds the same copies
     tokens = [sum(int(corpus.tgt_lengths.sum()) for corpus in data.train_copies) / len(data.train_copies),
               int(data.train.tgt_lengths.sum())]
     log(f"data: subword sampling: {tokens[0] / tokens[1]:.3f}x the training targets' tokens "
         "(one copy per epoch, cycled)")
-
-
-def _open(entry: Path, tokenizer: Tokenizer, fingerprint: str) -> PreparedData:
-    texts = {}
-    for split in ("valid", "test"):
-        if not (entry / split / "text.json").is_file():  # no test split (data.splits.test=null)
-            texts[split] = ParallelText()
-            continue
-        stored = json.loads((entry / split / "text.json").read_text(encoding="utf-8"))
-        texts[split] = ParallelText(stored["src"], stored["tgt"])
-    return PreparedData(
-        tokenizer=tokenizer,
-        train=EncodedCorpus.open(entry / "train"),
-        valid=EncodedCorpus.open(entry / "valid"),
-        test=EncodedCorpus.open(entry / "test") if texts["test"].src else None,
-        valid_text=texts["valid"],
-        test_text=texts["test"],
-        directory=entry,
-        fingerprint=fingerprint,
-    )
-
-
-def _encode_corpus(staging: Path, source: ParallelSource, tokenizer: Tokenizer, cfg: DataConfig, log: Log) -> Dict[str, Any]:
-    """Write train/, valid/ and test/ into `staging`; returns the counts for summary.json."""
-    dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
-    src_model, tgt_model = (str(path) for path in _model_files(tokenizer))
-    summary: Dict[str, Any] = {}
-
-    stats = ReadStats()
-    pairs = itertools.islice(source.pairs("train", stats), cfg.train_limit)
-    encoder = ChunkEncoder(src_model, tgt_model, tokenizer.eos_id, dtype.name, clean=to_plain(cfg.clean))
-    deduplicator = Deduplicator() if cfg.clean.deduplicate else None
-    writer = CorpusWriter(staging / "train", dtype)
-    rejected: Counter = Counter({reason: 0 for reason in REASONS})
-    read, next_progress, start = 0, PROGRESS_EVERY, time.perf_counter()
-    for chunk in encode_chunks(encoder, chunked(pairs, cfg.chunk_size), cfg.num_workers):
-        rejected.update(chunk.rejected)
-        read += len(chunk.src_lengths) + sum(chunk.rejected.values())
-        if deduplicator is not None:
-            keep = deduplicator.first_occurrences(chunk.hashes)
-            rejected["duplicate"] += int((~keep).sum())
-            chunk = _subset(chunk, keep)
-        writer.append(chunk.src_tokens, chunk.src_lengths, chunk.tgt_tokens, chunk.tgt_lengths)
-        if read >= next_progress:
-            log(f"data: train: {read:,} pairs read ({read / (time.perf_counter() - start):,.0f} pairs/s)")
-            next_progress += PROGRESS_EVERY
-    writer.close()
-    stats.report("train", log)
-    if writer.size == 0:
-        filtered = ", ".join(f"{reason} {count}" for reason, count in rejected.items() if count)
-        raise MtrainError(
-            f"data: the train split of {source.description} is empty after filtering ({read} pairs "
-            f"read; filtered: {filtered or 'none'}); relax data.clean.* (max_len, min_len, "
-            "max_len_ratio, drop_identical) or check the files"
-        )
-    summary["train"] = {
-        "read": read, "filtered": {k: v for k, v in rejected.items() if v}, "kept": writer.size,
-        "src_tokens": writer.num_tokens["src"], "tgt_tokens": writer.num_tokens["tgt"],
-        "invalid_utf8": stats.invalid_utf8,
-    }
-
-    # Validation and test sets are small; they are encoded as they are, in this process.
-    plain_encoder = ChunkEncoder(src_model, tgt_model, tokenizer.eos_id, dtype.name, clean=None)
-    for split in ("valid", "test"):
-        stats = ReadStats()
-        text = ParallelText()
-        for src, tgt in source.pairs(split, stats):
-            text.src.append(src)
-            text.tgt.append(tgt)
-        stats.report(split, log)
-        if not text.src and split == "test" and cfg.splits.test is None:
-            summary[split] = {"read": 0, "kept": 0, "src_tokens": 0, "tgt_tokens": 0, "invalid_utf8": 0}
-            continue  # data.splits.test=null: no test split, nothing to store
-        if not text.src:
-            raise MtrainError(f"data: the {split} split of {source.description} has no sentences")
-        writer = CorpusWriter(staging / split, dtype)
-        for start_index in range(0, len(text), cfg.chunk_size):
-            end = start_index + cfg.chunk_size
-            chunk = plain_encoder(list(zip(text.src[start_index:end], text.tgt[start_index:end])))
-            writer.append(chunk.src_tokens, chunk.src_lengths, chunk.tgt_tokens, chunk.tgt_lengths)
-        writer.close()
-        (staging / split / "text.json").write_text(
-            json.dumps({"src": text.src, "tgt": text.tgt}, ensure_ascii=False), encoding="utf-8"
-        )
-        summary[split] = {
-            "read": len(text), "kept": writer.size, "src_tokens": writer.num_tokens["src"],
-            "tgt_tokens": writer.num_tokens["tgt"], "invalid_utf8": stats.invalid_utf8,
-        }
-    return summary
 
 
 def _model_files(tokenizer: Tokenizer) -> tuple:
@@ -233,32 +245,3 @@ def _model_files(tokenizer: Tokenizer) -> tuple:
     if tokenizer.joint:
         return files[JOINT_MODEL], files[JOINT_MODEL]
     return files[SRC_MODEL], files[TGT_MODEL]
-
-
-def _subset(chunk: EncodedChunk, keep: np.ndarray) -> EncodedChunk:
-    """The pairs of `chunk` where `keep` is True."""
-    return EncodedChunk(
-        src_tokens=chunk.src_tokens[np.repeat(keep, chunk.src_lengths)],
-        src_lengths=chunk.src_lengths[keep],
-        tgt_tokens=chunk.tgt_tokens[np.repeat(keep, chunk.tgt_lengths)],
-        tgt_lengths=chunk.tgt_lengths[keep],
-        hashes=None,
-        rejected=chunk.rejected,
-    )
-
-
-def _log_summary(summary: Dict[str, Any], log: Log) -> None:
-    train = summary["train"]
-    filtered = sum(train["filtered"].values())
-    reasons = ", ".join(f"{reason} {count:,}" for reason, count in train["filtered"].items())
-    log(
-        f"data: train: {train['read']:,} pairs read, {filtered:,} filtered"
-        f"{f' ({reasons})' if reasons else ''}, {train['kept']:,} kept; "
-        f"tokens: src {train['src_tokens']:,}, tgt {train['tgt_tokens']:,}"
-    )
-    for split in ("valid", "test"):
-        counts = summary[split]
-        log(
-            f"data: {split}: {counts['kept']:,} pairs; "
-            f"tokens: src {counts['src_tokens']:,}, tgt {counts['tgt_tokens']:,}"
-        )

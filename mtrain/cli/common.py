@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtrain.config import APP_SCHEMAS, register_configs, to_typed
-from mtrain.config_checks import check_config, check_writable_dir, did_you_mean, schema_keys, takes_a_list
+from mtrain.config_checks import (check_config, check_writable_dir, did_you_mean, list_item_schema, schema_keys,
+                                  takes_a_list)
 from mtrain.errors import MtrainError
 from mtrain.hydra_internals import (ErrorKind, compose_jobs, has_primary_config, primary_configs, read_command_line,
                                     read_composition_error)
@@ -207,6 +209,9 @@ def composition_error_message(error: Exception, config_name: str) -> str:
     if read.kind is ErrorKind.UNKNOWN_KEY:
         schema = APP_SCHEMAS.get(config_name)
         keys = list(schema_keys(schema)) if schema is not None and not read.key.startswith("hydra.") else []
+        item = re.match(r"(.+)(\[\d+\]\.)", read.key)  # data.corpora[0].nmae: the item's keys
+        if item and list_item_schema(schema, item.group(1)) is not None:
+            keys = [f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(list_item_schema(schema, item.group(1)))]
         return f"{read.key}: unknown config key; check its spelling" + did_you_mean(read.key, keys)
     if read.kind is ErrorKind.NOT_A_CHOICE:
         return (f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}"

@@ -141,7 +141,8 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         del resume_state
     trainer, model = setup.trainer, setup.model
 
-    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": machine.precision}
+    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": machine.precision,
+                               "data": data.summary}  # per corpus: cleaning, train–test overlap, provenance
     try:
         try:
             metrics.update(trainer.fit())

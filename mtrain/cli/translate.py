@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import TranslateConfig
@@ -53,6 +54,15 @@ def run_translate(cfg: TranslateConfig) -> None:
              if tokenizer.source_prefix else "")
     report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision)
     log.info("translated %d lines", report.lines)
+    if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
+        from mtrain import installed_version
+        from mtrain.config import to_plain
+        from mtrain.data.provenance import write_provenance
+
+        settings = {**to_plain(cfg.decode), "engine": str(to_plain(cfg.engine)), "precision": engine.precision,
+                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights))}
+        write_provenance(Path(cfg.output), cfg.run, [member.checkpoint_path for member in engine.members],
+                         settings, cfg.input, installed_version())
 
 
 @mtrain_app("translate")

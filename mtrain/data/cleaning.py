@@ -8,6 +8,8 @@ is counted under the first reason (in `REASONS` order) that rejects it:
 - too_short:    either side has fewer than `min_len` subword tokens
 - too_long:     either side has more than `max_len` subword tokens
 - length_ratio: longer side / shorter side, in subword tokens, above `max_len_ratio`
+- eval_overlap: the source side is in the validation or test split of the same direction
+                (`data.clean.drop_eval_overlap`; mtrain.data.overlap)
 - duplicate:    the same (source, target) pair was kept before (`data.clean.deduplicate`)
 
 Token counts exclude the eos that the encoded corpus appends. Duplicates are found by a
@@ -26,7 +28,7 @@ import numpy as np
 from mtrain.config import CleanConfig, Normalization
 from mtrain.errors import MtrainError
 
-REASONS = ("empty", "identical", "too_short", "too_long", "length_ratio", "duplicate")
+REASONS = ("empty", "identical", "too_short", "too_long", "length_ratio", "eval_overlap", "duplicate")
 KEEP = 0  # reason code of a kept pair; reason REASONS[i] has code i + 1
 _CODE = {reason: code for code, reason in enumerate(REASONS, start=1)}
 
@@ -71,6 +73,11 @@ def classify_pairs(
     shorter = np.maximum(np.minimum(src_lengths, tgt_lengths), 1)
     reject("length_ratio", longer / shorter > cfg.max_len_ratio)
     return codes
+
+
+def reject_where(codes: np.ndarray, reason: str, condition: np.ndarray) -> None:
+    """Give the kept pairs where `condition` holds the code of `reason` (in place)."""
+    codes[(codes == KEEP) & condition] = _CODE[reason]
 
 
 def count_reasons(codes: np.ndarray) -> dict:

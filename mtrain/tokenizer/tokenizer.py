@@ -108,6 +108,10 @@ class Tokenizer:
         """Detokenized text; pad/bos/eos are dropped (unk renders as SentencePiece's ⁇)."""
         return self._tgt.decode([int(i) for i in ids if int(i) not in self._specials])
 
+    def piece_id(self, piece: str) -> int:
+        """The source-side id of one piece (a tag symbol such as `<2en>`); unk_id when absent."""
+        return self._src.piece_to_id(piece)
+
     def src_pieces(self, ids: Sequence[int]) -> List[str]:
         return [self._src.id_to_piece(int(i)) for i in ids]
 

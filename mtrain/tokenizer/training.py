@@ -9,6 +9,12 @@ The training text is streamed to a file in the cache's staging directory; Senten
 samples at most `tokenizer.max_sentences` lines of it (reservoir sampling, fixed seed), so
 memory stays bounded for WMT-size corpora.
 
+With `data.corpora` the tokenizer is trained on every corpus's training text (each capped
+by its own train_limit) and is joint over all their languages; the key covers every corpus's
+fingerprint and direction. Tags (`mtrain.data.tags.reserved_symbols`: `<2en>`, `<bt>`) are
+SentencePiece user-defined symbols, so each is one piece that plain text never produces; a
+symbol that occurs in the training text would be ambiguous and is refused, naming its key.
+
 A trained model file names no path: SentencePiece records where its training text and
 output were (`trainer_spec.input`, `model_prefix`), the staging directory of one build, and
 those are rewritten to bare file names. So the same tokenizer built on two machines, or in
@@ -21,7 +27,7 @@ import itertools
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -29,7 +35,9 @@ from sentencepiece import sentencepiece_model_pb2
 from mtrain.config import DataConfig, TokenizerConfig, TokenizerModel
 from mtrain.data.cache import build_entry, cache_root, fingerprint, is_complete
 from mtrain.data.cleaning import normalizer
+from mtrain.data.corpora import TrainingCorpus
 from mtrain.data.sources import ParallelSource, ReadStats, resolve_source
+from mtrain.data.tags import corpus_tag, reserved_symbols
 from mtrain.errors import MtrainError
 from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL, Tokenizer
 
@@ -56,14 +64,26 @@ def train_or_load_tokenizer(
     data: DataConfig,
     source: Optional[ParallelSource] = None,
     log: Callable[[str], Any] = print,
+    corpora: Sequence[TrainingCorpus] = (),
 ) -> Tokenizer:
-    """The tokenizer for `data` and `cfg`, from cache if possible."""
+    """The tokenizer for `data` and `cfg`, from cache if possible. `corpora`: the training
+    corpora of `data.corpora` (mtrain.data.corpora), each with its source resolved; without
+    them the tokenizer is trained on `source` (data's own corpus, resolved here if not given)."""
     check_tokenizer_config(cfg)
-    source = source or resolve_source(data)
-    languages = sorted([data.src, data.tgt]) if cfg.joint else [data.src, data.tgt]
+    symbols = reserved_symbols(data)
+    if not corpora:
+        source = source or resolve_source(data)
+        corpora = [TrainingCorpus("data", data.name, data, source)]
+        languages = sorted([data.src, data.tgt]) if cfg.joint else [data.src, data.tgt]
+        inputs: List[Any] = [source.fingerprint("train"), languages, data.train_limit]
+    else:
+        languages = sorted({lang for corpus in corpora for lang in corpus.direction}) if cfg.joint \
+            else [corpora[0].cfg.src, corpora[0].cfg.tgt]
+        inputs = [[(corpus.source.fingerprint("train"), corpus.direction, corpus.cfg.train_limit) for corpus in corpora],
+                  languages]
     key = fingerprint(
-        "tokenizer", CACHE_FORMAT, cfg, source.fingerprint("train"), languages,
-        data.train_limit, data.clean.normalize, data.invalid_utf8,
+        "tokenizer", CACHE_FORMAT, cfg, *inputs, data.clean.normalize, data.invalid_utf8,
+        *([symbols] if symbols else []),  # no tags: the key (and cache entry) of a plain corpus as before
     )
     entry = cache_root(data.cache_dir) / "tokenizers" / f"{data.name}-{'-'.join(languages)}-{key[:16]}"
     if is_complete(entry):
@@ -72,49 +92,73 @@ def train_or_load_tokenizer(
 
     start = time.perf_counter()
     with build_entry(entry, log) as staging:
-        texts = _write_training_text(staging, source, data, swap=languages[0] != data.src, joint=cfg.joint)
+        texts = _write_training_text(staging, corpora, data, symbols, joint=cfg.joint)
         for model_name, text_file in texts.items():
-            _train_model(cfg, text_file, staging / model_name)
+            _train_model(cfg, text_file, staging / model_name, symbols if model_name != TGT_MODEL else [])
             _forget_training_paths(staging / model_name, text_file)
             text_file.unlink()
     kind = "joint" if cfg.joint else "separate"
     log(
         f"tokenizer: trained {kind} {cfg.model_type} vocabulary of {cfg.vocab_size} in "
         f"{time.perf_counter() - start:.1f} s -> {entry}"
+        + (f" (reserved symbols: {' '.join(symbols)})" if symbols else "")
     )
     return Tokenizer.load(entry)
 
 
-def _write_training_text(staging: Path, source: ParallelSource, data: DataConfig, swap: bool, joint: bool) -> Dict[str, Path]:
-    """Stream the training sentences into text file(s); returns {model file name: text file}."""
+def _write_training_text(staging: Path, corpora: Sequence[TrainingCorpus], data: DataConfig, symbols: List[str],
+                         joint: bool) -> Dict[str, Path]:
+    """Stream the training sentences of every corpus into text file(s); returns {model file name: text file}.
+    Each pair is written in sorted language order (a joint vocabulary does not depend on the direction)."""
     normalize = normalizer(data.clean.normalize)
-    stats = ReadStats()
-    pairs = itertools.islice(source.pairs("train", stats), data.train_limit)
     if joint:
         texts = {JOINT_MODEL: staging / "joint.txt"}
-        with open(texts[JOINT_MODEL], "w", encoding="utf-8") as out:
-            for src, tgt in pairs:
-                first, second = (tgt, src) if swap else (src, tgt)
-                for sentence in (first, second):
-                    if sentence:
-                        out.write(normalize(sentence) + "\n")
     else:
         texts = {SRC_MODEL: staging / "src.txt", TGT_MODEL: staging / "tgt.txt"}
-        with open(texts[SRC_MODEL], "w", encoding="utf-8") as src_out, open(
-            texts[TGT_MODEL], "w", encoding="utf-8"
-        ) as tgt_out:
-            for src, tgt in pairs:
-                if src:
-                    src_out.write(normalize(src) + "\n")
-                if tgt:
-                    tgt_out.write(normalize(tgt) + "\n")
-    if stats.pairs == 0 or any(path.stat().st_size == 0 for path in texts.values()):
-        raise MtrainError(f"{source.description}: the train split has no text to train a tokenizer on")
+    handles = {name: open(path, "w", encoding="utf-8") for name, path in texts.items()}
+    pairs_read = 0
+    try:
+        for corpus in corpora:
+            stats = ReadStats()
+            swap = joint and corpus.cfg.src > corpus.cfg.tgt
+            for line, (src, tgt) in enumerate(
+                    itertools.islice(corpus.source.pairs("train", stats), corpus.cfg.train_limit), start=1):
+                first, second = (tgt, src) if swap else (src, tgt)
+                for position, sentence in enumerate((first, second)):
+                    if not sentence:
+                        continue
+                    if symbols and "<" in sentence:
+                        _refuse_a_symbol_in_text(sentence, symbols, data, corpus, line)
+                    out = handles[JOINT_MODEL] if joint else handles[SRC_MODEL if position == 0 else TGT_MODEL]
+                    out.write(normalize(sentence) + "\n")
+            pairs_read += stats.pairs
+    finally:
+        for handle in handles.values():
+            handle.close()
+    if pairs_read == 0 or any(path.stat().st_size == 0 for path in texts.values()):
+        where = corpora[0].source.description if len(corpora) == 1 else "the corpora of data.corpora"
+        raise MtrainError(f"{where}: the train split has no text to train a tokenizer on")
     return texts
 
 
-def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path) -> None:
+def _refuse_a_symbol_in_text(sentence: str, symbols: List[str], data: DataConfig, corpus: TrainingCorpus,
+                             line: int) -> None:
+    """A tag symbol that real text contains would be read as the tag: name the key that made it."""
+    for symbol in symbols:
+        if symbol in sentence:
+            keys = [f"data.corpora[{index}].tag" for index, entry in enumerate(data.corpora)
+                    if entry.tag and corpus_tag(entry.tag) == symbol]
+            key = keys[0] if keys else "data.lang_tags"
+            raise MtrainError(
+                f"{key}: the tag symbol {symbol} occurs in the training text of {corpus.key} (name "
+                f"{corpus.label}, pair {line}); choose a tag that real text never contains"
+            )
+
+
+def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path, symbols: Sequence[str] = ()) -> None:
     spm.set_random_generator_seed(SAMPLING_SEED)
+    # Passed only when there are tags, so a corpus without them trains exactly as before.
+    reserved = {"user_defined_symbols": list(symbols)} if symbols else {}
     try:
         spm.SentencePieceTrainer.train(
             input=str(text_file),
@@ -130,6 +174,7 @@ def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path) -> Non
             eos_id=cfg.eos_id,
             num_threads=cfg.num_threads,
             minloglevel=2,  # errors only: its progress log would drown ours
+            **reserved,
         )
     except RuntimeError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -102,7 +102,7 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
         model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
                             joint_vocab=tokenizer.joint)
         restrict_to_training_targets(model, cfg.model.output_vocab, data.train, tokenizer.special_ids,
-                                     copies=data.train_copies)
+                                     copies=[*data.train_copies, *(part.corpus for part in data.train_parts)])
     model = model.to(device)
     parts = build_parts(model, cfg.train, cfg.seed, data.train_copies or [data.train], tokenizer.special_ids,
                         device, machine.precision, dist)
