@@ -520,3 +520,68 @@ def test_the_preset_trains_the_four_directions_as_the_best_bilingual_preset_trai
     for section in ("model", "train", "decode"):  # the same model, budget and decoding
         assert multilingual[section] == bilingual[section], section
     assert (multilingual.tokenizer.vocab_size, bilingual.tokenizer.vocab_size) == (10000, 8000)
+
+
+# ------------------------------------------------------------------ a multilingual fit, end to end
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, corpus):
+    """`mtrain fit` of the four directions (a tiny model, 6 updates, validated twice); its config,
+    metrics and directory."""
+    from mtrain.cli.fit import run_fit
+    from tests.test_fit import compose_fit
+
+    work = tmp_path_factory.mktemp("multilingual_fit")
+    corpora = ",".join(f"{{name:multi30k,src:{src},tgt:{tgt}}}" for src, tgt in DIRECTIONS)
+    cfg = compose_fit([f"data.local_dir={corpus}", f"data.cache_dir={work / 'cache'}", "data.lang_tags=true",
+                       f"data.corpora=[{corpora}]", "tokenizer.vocab_size=400",
+                       *[f"model.{key}={value}" for key, value in MODEL.items()],
+                       "train.max_updates=6", "train.validate_every=3", "train.log_every=3", "train.max_tokens=1024",
+                       "train.num_threads=1", "train.valid_max_sentences=4",
+                       *[f"decode.{key}={value}" for key, value in DECODE.items()]])
+    metrics = run_fit(cfg, work / "run")
+    return cfg, metrics, work / "run"
+
+
+def test_a_multilingual_fit_validates_tests_and_decodes_each_direction(trained_run, tmp_path, monkeypatch):
+    from mtrain.batches import prepare_data
+    from mtrain.evaluate.references import read_run_split
+
+    cfg, metrics, run = trained_run
+    names = [f"{src}-{tgt}" for src, tgt in DIRECTIONS]
+    # Preparation's tags are those decoding puts in front of a source.
+    data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None)
+    languages = RunLanguages.of(cfg.data)
+    assert [direction.name for direction in data.directions] == names
+    for direction in data.directions:
+        assert direction.tag_ids == list(languages.tokenizer_for(data.tokenizer, direction.tgt).source_prefix)
+        assert direction.tag_ids == [data.tokenizer.symbol_id(f"<2{direction.tgt}>")]
+        assert int(direction.valid.src(0)[0]) == direction.tag_ids[0]
+    # Validation: each direction and the mean, best.pt on the mean.
+    valid = metrics["valid"]
+    assert valid["bleu"] == pytest.approx(sum(valid[f"{name}/bleu"] for name in names) / 4)
+    assert valid["best_bleu"] >= valid["bleu"] and valid["best_update"] in (3, 6)
+    from tests.test_fit import scalars
+
+    for name in names:  # TensorBoard: each direction's curve beside the mean's (the last validation: update 6)
+        assert scalars(run, f"valid/{name}/bleu")[6] == pytest.approx(valid[f"{name}/bleu"])
+    assert scalars(run, "valid/bleu")[6] == pytest.approx(valid["bleu"])
+    # The test decode: one report per direction, their mean in metrics.json.
+    test = metrics["test"]
+    assert list(test["directions"]) == names and test["update"] == valid["best_update"]
+    assert test["bleu"] == pytest.approx(sum(test["directions"][name]["bleu"] for name in names) / 4)
+    for name in names:
+        report = json.loads((run / "eval" / f"test.{name}.json").read_text(encoding="utf-8"))
+        assert report["language_pair"] == name
+        assert report["metrics"]["bleu"]["score"] == pytest.approx(test["directions"][name]["bleu"])
+        assert (run / "data" / f"valid.{name}.src").is_file()
+    assert not (run / "data" / "test.src").exists() and not (run / "eval" / "test.json").exists()
+    # Translate decodes into each language, its tag first in every source and never in the output.
+    for tgt in ("en", "de", "fr"):
+        seen = EncoderInputs(monkeypatch)
+        lines = translate_file(run, tmp_path, tgt_lang=tgt)
+        assert len(lines) == len(SENTENCES) and not any("<2" in line for line in lines)
+        assert seen.first_tokens() == {data.tokenizer.symbol_id(f"<2{tgt}>")}
+        monkeypatch.undo()
+    zero_shot = read_run_split(RunDir(run), cfg.data, "test", ("de", "fr"))
+    assert zero_shot.references[0] == (Path(cfg.data.local_dir) / "test_2016_flickr.fr").read_text(
+        encoding="utf-8").splitlines()

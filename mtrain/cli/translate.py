@@ -60,7 +60,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         from mtrain.data.provenance import write_provenance
 
         settings = {**to_plain(cfg.decode), "engine": str(to_plain(cfg.engine)), "precision": engine.precision,
-                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights))}
+                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights)), "tgt_lang": cfg.tgt_lang}
         write_provenance(Path(cfg.output), cfg.run, [member.checkpoint_path for member in engine.members],
                          settings, cfg.input, installed_version())
 

@@ -79,7 +79,7 @@ class Tokenizer:
     def symbol_id(self, symbol: str) -> int:
         """The source id of a reserved symbol (a SentencePiece user-defined symbol such as
         `<2en>`); MtrainError when the vocabulary does not hold it as one piece."""
-        piece_id = self._src.piece_to_id(symbol)
+        piece_id = self.piece_id(symbol)
         if self._src.id_to_piece(piece_id) != symbol:  # an unknown piece maps to unk
             source_model = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
             raise MtrainError(f"tokenizer: {symbol!r} is not a piece of {source_model}; the tokenizer was "
