@@ -8,8 +8,10 @@ Every name below is spelled here and nowhere else:
     .hydra/overrides.yaml    the command-line overrides (labels runs in sweep reports)
     tokenizer/               the SentencePiece model(s)
     data/{valid,test}.{src,ref}   the raw text the run validated and was tested on
+                             (a multilingual run: data/{valid,test}.<src>-<tgt>.{src,ref} per direction)
     checkpoints/             update_N.pt, last.pt, best.pt, average_lastN.pt
-    eval/                    reports of `mtrain eval` and fit's test decode
+    eval/                    reports of `mtrain eval` and fit's test decode (test.json; a
+                             multilingual run's per direction: test.de-en.json)
     tb/                      TensorBoard events
     train.log, metrics.json
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
@@ -165,9 +167,11 @@ class RunDir:
     def data_dir(self) -> Path:
         return self.path / "data"
 
-    def split_files(self, split: str) -> Tuple[Path, Path]:
-        """The run's own copy of a split's raw sources and references (one sentence a line)."""
-        return self.data_dir / f"{split}.src", self.data_dir / f"{split}.ref"
+    def split_files(self, split: str, direction: Optional[str] = None) -> Tuple[Path, Path]:
+        """The run's own copy of a split's raw sources and references (one sentence a line);
+        a multilingual run keeps one per `direction` (`de-en`)."""
+        name = split if direction is None else f"{split}.{direction}"
+        return self.data_dir / f"{name}.src", self.data_dir / f"{name}.ref"
 
     # ------------------------------------------------------------------ checkpoints
     @property

@@ -350,7 +350,7 @@ def app_client(translate, **limits):
 def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback():
     from mtrain.decode.hypothesis import Hypothesis
 
-    def slow(sentences, cfg):
+    def slow(sentences, cfg, tgt_lang=None):
         time.sleep(1.0)
         return [[Hypothesis(tokens=[], score=0.0, text=s.upper())] for s in sentences]
 
@@ -359,10 +359,10 @@ def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback()
         assert response.status_code == 504
         assert response.json()["error"].startswith("request_timeout_s: not translated within 0.2 s")
 
-    def broken(sentences, cfg):
+    def broken(sentences, cfg, tgt_lang=None):
         raise RuntimeError("a bug\nTraceback (most recent call last): ...")
 
-    def refused(sentences, cfg):
+    def refused(sentences, cfg, tgt_lang=None):
         raise MtrainError("model.max_positions: a source of 90 tokens exceeds the model's 64 positions")
 
     with app_client(broken) as client:

@@ -7,6 +7,7 @@
     mtrain eval run=RUN split=test per_sentence=true     also RUN/eval/test.sentences.tsv, worst lines in test.md
     mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
+    mtrain eval run=MULTILINGUAL src_lang=de tgt_lang=fr split=test   one direction (zero-shot too): eval/test.de-fr.*
 
 The command's body, mode by mode: the engine is opened by `mtrain.export.engine.open_engine`
 (as for `mtrain translate`), the split scored by `mtrain.evaluate.scoring.score_split`, its
@@ -19,14 +20,17 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import EvalConfig, to_plain
+from mtrain.config import EvalConfig, to_plain, with_values
 from mtrain.config_checks import check_writable_dir
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    from mtrain.decode.directions import RunLanguages
 
 log = logging.getLogger("mtrain")
 
@@ -70,8 +74,9 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     split: Optional[SplitText] = None
     if cfg.average_last > 0:
         sources_ckpts = last_checkpoints(run.path, cfg.average_last)
-        # A run trained without the split is refused before an average is written.
-        split = read_run_split(run, run_config(run.path).data, cfg.split)
+        # A run trained without the split, or a direction it cannot translate, is refused before an average is written.
+        data_cfg = run_config(run.path).data
+        split = read_run_split(run, data_cfg, cfg.split, scored_direction(cfg, _languages(data_cfg))[0])
         checkpoint = average_to_file(sources_ckpts, default_average_path(run.path, cfg.average_last, cfg.out))
         averaged_from = [str(path) for path in sources_ckpts]
         log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
@@ -81,9 +86,12 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights,
                          ensemble=cfg.ensemble)
     loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
-
+    direction, tgt_lang = scored_direction(cfg, engine.languages)
+    data_cfg = loaded.config.data
+    if direction is not None:  # a multilingual run's direction: its own report, its languages in it
+        data_cfg = with_values(data_cfg, src=direction[0], tgt=direction[1])
     if split is None:
-        split = read_run_split(run, loaded.config.data, cfg.split)
+        split = read_run_split(run, loaded.config.data, cfg.split, direction)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
@@ -97,10 +105,27 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
                                        for member in engine.members]
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
                    "engine": str(cfg.engine), "threads": threads}
-    translate = sentence_translator(engine.model, engine.tokenizer, cfg.decode, device, engine.precision)
-    return score_split(run, cfg.split, loaded.config.data, split, translate, checkpoint_info, decode_info,
+    translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device,
+                                    engine.precision)
+    return score_split(run, cfg.split, data_cfg, split, translate, checkpoint_info, decode_info,
                        metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir,
-                       cfg.per_sentence, cfg.worst_lines)
+                       cfg.per_sentence, cfg.worst_lines,
+                       report_name=None if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}")
+
+
+def _languages(data_cfg: Any) -> RunLanguages:
+    from mtrain.decode.directions import RunLanguages
+
+    return RunLanguages.of(data_cfg)
+
+
+def scored_direction(cfg: EvalConfig, languages: RunLanguages) -> Tuple[Optional[Tuple[str, str]], str]:
+    """The direction `src_lang`/`tgt_lang` name, when the report must name it (a run of several
+    directions, or a direction other than a bilingual run's own: None otherwise), and the
+    language decoded into. MtrainError for a direction the run cannot translate."""
+    direction = languages.direction(cfg.src_lang, cfg.tgt_lang)
+    named = languages.is_multilingual() or direction not in languages.directions()
+    return (direction if named else None), direction[1]
 
 
 def check_output_dirs(run: RunDir, cfg: EvalConfig) -> Path:
@@ -143,7 +168,8 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]
     elif cfg.run:
-        split = read_run_split(RunDir(cfg.run), run_config(Path(cfg.run)).data, cfg.split)
+        data_cfg = run_config(Path(cfg.run)).data
+        split = read_run_split(RunDir(cfg.run), data_cfg, cfg.split, scored_direction(cfg, _languages(data_cfg))[0])
         ref_names = [record["path"] for record in split.files if "reference" in record["role"]]
     else:
         raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")

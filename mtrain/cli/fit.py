@@ -19,7 +19,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -143,7 +143,8 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
     except StopRequested:
         raise _stopped(stop_signal, "the data preparation", "nothing was written into the run") from None
     for split in ("valid", "test") if data.test is not None else ("valid",):
-        check_references([getattr(data, f"{split}_text").tgt], f"data.splits.{split}={getattr(cfg.data.splits, split)}")
+        for direction in data.directions:
+            check_references([getattr(direction, f"{split}_text").tgt], _split_name(cfg, split, data, direction))
     if resume_state is not None:
         check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint),
                              resume_path)
@@ -180,13 +181,11 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
                 try:
                     with stop_signal.interruptible("test decode"):
                         metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device,
-                                                           machine.decode_precision)
+                                                           machine.decode_precision, _directions(data))
                 except StopRequested:
                     raise _stopped(stop_signal, "the test decode", "the checkpoints are kept; train.resume=true "
                                    "scores the test split") from None
-                log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in metrics["test"].items()
-                                                  if isinstance(v, float)))
-                trainer.metrics.scalars("test", metrics["test"], metrics["test"]["update"])
+                _log_test(trainer, metrics["test"])
                 test_peak = peak_host_memory_mb()
                 if test_peak is not None:
                     metrics["peak_rss_mb"]["test"] = round(test_peak)
@@ -198,7 +197,7 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
             log.info("disk use of the run: %.1f MB, of which checkpoints %.1f MB", metrics["disk_use_mb"]["total"],
                      metrics["disk_use_mb"]["checkpoints"])
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
-            log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None))
+            log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None, directions=_directions(data)))
     finally:
         if trainer.metrics is not None:
             trainer.metrics.close()
@@ -214,14 +213,33 @@ def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
     return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
 
 
-def next_steps(run: RunDir, has_test: bool = True) -> str:
+def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[Tuple[str, str]] = ()) -> str:
     """Where the run is and what to do with it next (printed when `mtrain fit` ends); without
-    a test split (data.splits.test=null) the score line names the validation split."""
+    a test split (data.splits.test=null) the score line names the validation split. A
+    multilingual run (several `directions`) names its first direction's languages."""
     path, split = run.path.resolve(), "test" if has_test else "valid"
+    if len(directions) > 1:
+        (src, tgt), report = directions[0], f"{split}.{directions[0][0]}-{directions[0][1]}"
+        return (f"run directory: {path}\n"
+                f"  translate:  mtrain translate run={path} tgt_lang={tgt} input=FILE output=FILE\n"
+                f"  score:      mtrain eval run={path} src_lang={src} tgt_lang={tgt} split={split}    "
+                f"(report: {run.eval_file(report, 'md').resolve()})\n"
+                f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
     return (f"run directory: {path}\n"
             f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
             f"  score:      mtrain eval run={path} split={split}    (report: {run.eval_file(split, 'md').resolve()})\n"
             f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
+
+
+def _directions(data: PreparedData) -> List[Tuple[str, str]]:
+    """The directions a run trains, as preparation found them (one for a bilingual run)."""
+    return [(direction.src, direction.tgt) for direction in data.directions]
+
+
+def _split_name(cfg: FitConfig, split: str, data: PreparedData, direction: Any) -> str:
+    """How errors name a split: `data.splits.valid=val`, with the direction when there are several."""
+    name = f"data.splits.{split}={getattr(cfg.data.splits, split)}"
+    return f"{name} ({direction.name})" if len(data.directions) > 1 else name
 
 
 def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
@@ -267,11 +285,13 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: O
         atomic_write_text(run.parent_file, OmegaConf.to_yaml(OmegaConf.create(lineage)))
     if any(path.parent.resolve() != run.tokenizer_dir.resolve() for path in data.tokenizer.files.values()):
         data.tokenizer.save(run.tokenizer_dir)  # (a resumed fine-tune encodes with the run's own copy)
+    several = len(data.directions) > 1  # a multilingual run keeps each direction's text
     for split in ("valid", "test") if data.test is not None else ("valid",):
-        text = getattr(data, f"{split}_text")
-        src_path, ref_path = run.split_files(split)
-        atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
-        atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
+        for direction in data.directions:
+            text = getattr(direction, f"{split}_text")
+            src_path, ref_path = run.split_files(split, direction.name if several else None)
+            atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
+            atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
 
 
 def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
@@ -280,37 +300,56 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
     `decode.valid_beam` says otherwise, in the machine's decoding precision). With
     train.ema_decay `model` is the weights' average and `trained` the trained weights, whose
-    loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains."""
+    loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains.
+
+    A multilingual run validates each direction (its first `train.valid_max_sentences`
+    sentences, decoded with its target language's tag) and reports their mean, which best.pt
+    follows, and each direction's perplexity and BLEU (`mean_over_directions`)."""
+    from mtrain.decode.directions import RunLanguages
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
-    from mtrain.train.validation import validation_loss
+    from mtrain.train.validation import mean_over_directions, validation_loss
 
     decode_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
-    translate = sentence_translator(model, data.tokenizer, decode_cfg, machine.device, machine.decode_precision)
+    languages = RunLanguages.of(cfg.data)
     limit = cfg.train.valid_max_sentences
-    sources, references = list(data.valid_text.src)[:limit], list(data.valid_text.tgt)[:limit]
-    name = f"data.splits.valid={cfg.data.splits.valid}"
+    sets = []  # per direction: its name, encoded split, translator, sources, references, and the split's name
+    for direction in data.directions:
+        tokenizer = languages.tokenizer_for(data.tokenizer, direction.tgt)
+        translate = sentence_translator(model, tokenizer, decode_cfg, machine.device, machine.decode_precision)
+        text = direction.valid_text
+        sets.append((direction.name, direction.valid, translate, list(text.src)[:limit], list(text.tgt)[:limit],
+                     _split_name(cfg, "valid", data, direction)))
+
+    def loss_of(weights: Any, corpus: Any) -> Dict[str, float]:
+        return validation_loss(weights, corpus, data.tokenizer.special_ids, cfg.train.max_tokens,
+                               cfg.train.label_smoothing, machine.device, machine.precision)
 
     def validate() -> Dict[str, float]:
-        results = validation_loss(model, data.valid, data.tokenizer.special_ids, cfg.train.max_tokens,
-                                  cfg.train.label_smoothing, machine.device, machine.precision)
-        if trained is not None and trained is not model:
-            raw = validation_loss(trained, data.valid, data.tokenizer.special_ids, cfg.train.max_tokens,
-                                  cfg.train.label_smoothing, machine.device, machine.precision)
-            results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
-        if cfg.train.valid_bleu:
-            results["bleu"] = translate_and_score(translate, sources, [references], name).scores["bleu"]["score"]
-        return results
+        per_direction = {}
+        for name, corpus, translate, sources, references, split_name in sets:
+            results = loss_of(model, corpus)
+            if trained is not None and trained is not model:
+                raw = loss_of(trained, corpus)
+                results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
+            if cfg.train.valid_bleu:
+                scored = translate_and_score(translate, sources, [references], split_name)
+                results["bleu"] = scored.scores["bleu"]["score"]
+            per_direction[name] = results
+        return mean_over_directions(per_direction)
 
     return validate
 
 
 def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
-                     precision: Precision) -> Dict[str, Any]:
-    """Decode the test split with the best checkpoint and score it as `mtrain eval` does."""
+                     precision: Precision, directions: Sequence[Tuple[str, str]] = ()) -> Dict[str, Any]:
+    """Decode the test split with the best checkpoint and score it as `mtrain eval` does.
+
+    A multilingual run (several `directions`) scores each direction, decoded with its target
+    language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
+    metric with every direction's result under `directions`."""
     import torch
 
-    from mtrain.evaluate.references import read_run_split
-    from mtrain.evaluate.scoring import score_split, sentence_translator
+    from mtrain.decode.directions import RunLanguages
     from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
     best_path = run.find_checkpoint("best")
@@ -320,20 +359,55 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
     best_update = int(best.get("update", 0))
     del best, state_dict
     model.eval()
-    translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None,
                        "weights": weights}
     decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch,
                    "threads": torch.get_num_threads()}  # train.num_threads (null: torch's default)
-    report = score_split(run, "test", cfg.data, read_run_split(run, cfg.data, "test"), translate,
-                         checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info)
-    result: Dict[str, Any] = {"checkpoint": best_path.name, "update": checkpoint_info["update"], "weights": weights,
-                              "beam": cfg.decode.beam, "sentences": report["sentences"],
-                              "decode_sentences_per_s": report["sentences_per_s"]}
+    languages = RunLanguages.of(cfg.data)
+    directions = list(directions) or languages.directions()[:1]
+    head: Dict[str, Any] = {"checkpoint": best_path.name, "update": best_update, "weights": weights,
+                            "beam": cfg.decode.beam}
+    if len(directions) == 1:
+        tokenizer = languages.tokenizer_for(tokenizer, directions[0][1])
+        return {**head, **_score_test_direction(cfg, run, model, tokenizer, device, precision, checkpoint_info,
+                                                decode_info, None)}
+    results = {f"{src}-{tgt}": _score_test_direction(cfg, run, model, languages.tokenizer_for(tokenizer, tgt),
+                                                     device, precision, checkpoint_info, decode_info, (src, tgt))
+               for src, tgt in directions}
+    means = {metric: sum(result[metric] for result in results.values()) / len(results)
+             for metric, value in next(iter(results.values())).items() if isinstance(value, float)
+             and not metric.endswith("_per_s")}
+    return {**head, "sentences": sum(result["sentences"] for result in results.values()), **means,
+            "directions": results}
+
+
+def _score_test_direction(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
+                          precision: Precision, checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any],
+                          direction: Optional[Tuple[str, str]]) -> Dict[str, Any]:
+    """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
+    and its scores for metrics.json."""
+    from mtrain.evaluate.references import read_run_split
+    from mtrain.evaluate.scoring import score_split, sentence_translator
+
+    translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
+    data_cfg = cfg.data if direction is None else with_values(cfg.data, src=direction[0], tgt=direction[1])
+    report = score_split(run, "test", data_cfg, read_run_split(run, cfg.data, "test", direction), translate,
+                         checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info,
+                         report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}")
+    result: Dict[str, Any] = {"sentences": report["sentences"], "decode_sentences_per_s": report["sentences_per_s"]}
     for metric, values in report["metrics"].items():
         result[metric] = float(values["score"])
         result[f"{metric}_signature"] = values["signature"]
     return result
+
+
+def _log_test(trainer: Any, test: Dict[str, Any]) -> None:
+    """The test scores in the log and TensorBoard (a multilingual run: the means, then each direction)."""
+    log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in test.items() if isinstance(v, float)))
+    trainer.metrics.scalars("test", test, test["update"])
+    for name, result in test.get("directions", {}).items():
+        log.info("test %s | %s", name, " | ".join(f"{k} {v:.2f}" for k, v in result.items() if isinstance(v, float)))
+        trainer.metrics.scalars(f"test/{name}", result, test["update"])
 
 
 def _check_is_directory(run_dir: Path) -> None:

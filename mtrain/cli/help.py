@@ -46,6 +46,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
             "cat test.de | mtrain translate run=runs/m30k decode.beam=1 > test.hyp",
             "mtrain translate run=runs/m30k input=test.de decode.nbest=5     # n-best TSV",
             "mtrain translate run=runs/m30k_ct2 engine=ctranslate2 input=test.de",
+            "mtrain translate run=runs/m30k_multi tgt_lang=fr input=test.de     # a multilingual run",
         ],
         "hidden": ["decode.valid_beam"],  # the beam of training's validation
     },
@@ -69,6 +70,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
             "mtrain eval run=runs/m30k split=test [average_last=3]",
             "mtrain eval hyp=test.hyp ref=test.en           (ref=[a.en,b.en] for several)",
             "mtrain eval runs=multirun/DATE/TIME baseline=0",
+            "mtrain eval run=runs/m30k_multi src_lang=de tgt_lang=fr split=test   # a direction of a multilingual run",
         ],
         "hidden": ["decode.valid_beam"],
     },

@@ -44,7 +44,19 @@ class TranslateRequest(BaseModel):
     text: List[str]
     beam: Optional[int] = None  # default: the server's decode.beam
     nbest: Optional[int] = None  # default: the server's decode.nbest
-    tgt_lang: Optional[str] = None  # null or the model's target language
+    tgt_lang: Optional[str] = None  # one of the model's target languages; null: its one (not for a multilingual model)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What a batch decodes with: requests share a batch when these are equal."""
+
+    decode: DecodeConfig
+    tgt_lang: Optional[str]  # resolved by check_target_language (None: the model does not say)
+
+
+def setting_key(setting: Setting) -> tuple:
+    return dataclasses.astuple(setting.decode), setting.tgt_lang
 
 
 class Rejected(Exception):
@@ -103,8 +115,11 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["batcher"] = Batcher(model.translate, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0,
-                                   key=dataclasses.astuple, name="mtrain-decoder")
+        def decode(sentences: List[str], setting: Setting) -> List[Any]:
+            return model.translate(sentences, setting.decode, setting.tgt_lang)
+
+        state["batcher"] = Batcher(decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key,
+                                   name="mtrain-decoder")
         yield
         # uvicorn has already answered every request in flight: what is left is queued work of none.
         state["batcher"].close(timeout=cfg.request_timeout_s)
@@ -141,6 +156,7 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             "threads": model.threads,
             "src_lang": model.src_lang,
             "tgt_lang": model.tgt_lang,
+            "target_languages": model.target_languages(),
             "decode": {"beam": cfg.decode.beam, "nbest": cfg.decode.nbest},
             "requests": stats.requests,
             "batches": stats.batches,
@@ -156,13 +172,13 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     @app.post("/translate")
     async def translate(request: TranslateRequest) -> dict:
         try:
-            check_target_language(request.tgt_lang, model.target_languages())
+            tgt_lang = check_target_language(request.tgt_lang, model.target_languages())
         except UnknownTargetLanguage as error:
             raise Rejected(422, str(error)) from None
         check_sizes(request.text, cfg)
         decode = request_decoding(request, cfg)
         try:
-            future = state["batcher"].submit(request.text, decode)
+            future = state["batcher"].submit(request.text, Setting(decode, tgt_lang))
         except BatcherClosed:
             raise Rejected(503, "the server is shutting down; retry on another instance") from None
         try:

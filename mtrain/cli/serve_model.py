@@ -8,21 +8,21 @@ translate` does: blank sentences stay empty, over-long ones are cut to `max_inpu
 batcher's worker thread only, the one thread that touches the engine.
 
 `check_target_language` is the one place a request's `tgt_lang` is judged against the
-languages the model translates into (one today: the run's `data.tgt`).
+languages the model translates into: a bilingual run's `data.tgt` (null: that one), a
+multilingual run's (data.lang_tags) target languages, one of which a request must name: null
+is refused, as guessing a language would answer in the wrong one. Each language has its
+tokenizer (its tag at the start of every source: mtrain.decode.directions), made once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
-from mtrain.decode.ct2_engine import METADATA_FILE, is_export_dir
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
 from mtrain.errors import MtrainError
@@ -47,39 +47,48 @@ class ServedModel:
     tgt_lang: Optional[str]
     input_limit: int  # source ids per sentence, eos included
     threads: int
+    # The tokenizer of each language a request may name (its tag first in every source);
+    # empty: the model does not say what it translates into (requests leave tgt_lang null).
+    tokenizers: Dict[str, Any] = field(default_factory=dict)
 
-    def translate(self, sentences: List[str], cfg: DecodeConfig) -> List[List[Hypothesis]]:
-        """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes them."""
-        sources = [self.encode(text) for text in sentences]
-        return translate_encoded(self.engine, self.tokenizer, sources, cfg, self.device, self.precision)
+    def translate(self, sentences: List[str], cfg: DecodeConfig,
+                  tgt_lang: Optional[str] = None) -> List[List[Hypothesis]]:
+        """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
+        them, into `tgt_lang` (as `check_target_language` resolved it)."""
+        tokenizer = self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
+        sources = [self.encode(text, tokenizer) for text in sentences]
+        return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision)
 
-    def encode(self, text: str) -> Optional[List[int]]:
+    def encode(self, text: str, tokenizer: Any = None) -> Optional[List[int]]:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""
         if not text.strip():
             return None
-        ids = self.tokenizer.encode_src(text)
+        tokenizer = tokenizer or self.tokenizer
+        ids = tokenizer.encode_src(text)
         if len(ids) + 1 > self.input_limit:
             log.warning("a sentence of %d subword tokens was truncated to the first %d (max_input_tokens=%d incl. eos)",
                         len(ids), self.input_limit - 1, self.input_limit)
             ids = ids[: self.input_limit - 1]
-        return ids + [self.tokenizer.eos_id]
+        return ids + [tokenizer.eos_id]
 
     def target_languages(self) -> List[str]:
-        """The languages a request may name in tgt_lang (besides null)."""
-        return [self.tgt_lang] if self.tgt_lang else []
+        """The languages a request may name in tgt_lang."""
+        return list(self.tokenizers)
 
 
-def check_target_language(requested: Optional[str], allowed: Sequence[str]) -> None:
-    """Refuse a `tgt_lang` the model does not translate into; null means the model's own.
-
-    A bilingual run allows its one target language; a multilingual run would list its
-    languages in `allowed` (and pick the target token from `requested`).
-    """
-    if requested is None or requested in allowed:
-        return
+def check_target_language(requested: Optional[str], allowed: Sequence[str]) -> Optional[str]:
+    """The language a request translates into: `requested`, one of `allowed`; null is the
+    model's one language (None when the model does not say), and refused when it translates
+    into several (a multilingual run)."""
     choices = ", ".join(repr(language) for language in allowed)
+    if requested is None:
+        if len(allowed) > 1:
+            raise UnknownTargetLanguage(f"tgt_lang: null, but this model translates into {choices}; name one")
+        return allowed[0] if allowed else None
+    if requested in allowed:
+        return requested
     raise UnknownTargetLanguage(f"tgt_lang: {requested!r} is not a language this model translates into "
-                                f"(allowed: {choices + ' or ' if choices else ''}null)")
+                                f"(allowed: {choices}{' or null' if len(allowed) <= 1 else ''})")
 
 
 def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> ServedModel:
@@ -100,20 +109,17 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
     model_limit = position_limit(opened.model)
     if model_limit is not None and model_limit < limit:
         limit = model_limit  # the encoder cannot embed more positions
-    src, tgt = _language_pair(cfg.run, opened.loaded)
+    languages = opened.languages
     engine = as_engine(opened.model, opened.tokenizer, device, opened.precision)  # once: bf16 casts the weights
-    return ServedModel(engine, opened.tokenizer, device, opened.precision, opened.description, str(cfg.engine),
-                       src, tgt, limit, threads)
-
-
-def _language_pair(run: str, loaded: Any) -> tuple[Optional[str], Optional[str]]:
-    """The run's data.src/data.tgt; for an export directory, its metadata's language_pair."""
-    if loaded is not None:
-        return str(loaded.config.data.src), str(loaded.config.data.tgt)
-    if is_export_dir(Path(run)):
-        pair = json.loads((Path(run) / METADATA_FILE).read_text(encoding="utf-8")).get("language_pair", "")
-        parts = str(pair).split("-")
-        if len(parts) == 2 and all(parts):
-            return parts[0], parts[1]
-        log.warning("%s: no language pair recorded (%r); requests must leave tgt_lang null", run, pair)
-    return None, None
+    if languages is None:
+        log.warning("%s: no language pair recorded; requests must leave tgt_lang null", cfg.run)
+        return ServedModel(engine, opened.tokenizer, device, opened.precision, opened.description, str(cfg.engine),
+                           None, None, limit, threads)
+    tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.target_languages()}
+    # A bilingual run's pair (health); a multilingual one has no single pair: each request names its target.
+    src, tgt = languages.directions()[0] if len(tokenizers) == 1 else (None, None)
+    if len(tokenizers) > 1:
+        log.info("multilingual: translates into %s (a request names one in tgt_lang)", ", ".join(tokenizers))
+    default = tokenizers[tgt] if tgt is not None else opened.tokenizer
+    return ServedModel(engine, default, device, opened.precision, opened.description, str(cfg.engine),
+                       src, tgt, limit, threads, tokenizers)

@@ -8,6 +8,7 @@
     mtrain translate run=EXPORTED_DIR input=test.de engine=ctranslate2   # from `mtrain export`
     mtrain translate run=RUN_A ensemble=[RUN_B,c.pt] input=test.de    # an ensemble of 3 (run= and the members)
     mtrain translate run=RUN_DIR            # at a terminal: type a line, get its translation
+    mtrain translate run=MULTILINGUAL_RUN tgt_lang=fr input=test.de   # a run with data.lang_tags: into French
 
 Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
 creates no Hydra output directory. The work is in `mtrain.decode.stream`. Ctrl-C stops it
@@ -45,9 +46,13 @@ def run_translate(cfg: TranslateConfig) -> None:
     # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
     engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights,
                          ensemble=cfg.ensemble)
-    log.info("translating with %s on %s, engine=%s, beam %d, %d CPU thread%s", engine.description, device,
-             cfg.engine, cfg.decode.beam, threads, "" if threads == 1 else "s")
-    report = translate_stream(engine.model, engine.tokenizer, cfg, device, engine.precision)
+    # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
+    tokenizer = engine.tokenizer_for(cfg.tgt_lang)
+    log.info("translating with %s on %s, engine=%s, beam %d, %d CPU thread%s%s", engine.description, device,
+             cfg.engine, cfg.decode.beam, threads, "" if threads == 1 else "s",
+             f", every source starting with {' '.join(tokenizer.src_pieces(tokenizer.source_prefix))}"
+             if tokenizer.source_prefix else "")
+    report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision)
     log.info("translated %d lines", report.lines)
     if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
         from mtrain import installed_version
@@ -55,7 +60,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         from mtrain.data.provenance import write_provenance
 
         settings = {**to_plain(cfg.decode), "engine": str(to_plain(cfg.engine)), "precision": engine.precision,
-                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights))}
+                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights)), "tgt_lang": cfg.tgt_lang}
         write_provenance(Path(cfg.output), cfg.run, [member.checkpoint_path for member in engine.members],
                          settings, cfg.input, installed_version())
 

@@ -23,7 +23,9 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
   limit+1 tokens and drop a final non-EOS token, so lengths never exceed mtrain's; which
   hypothesis wins *at the limit* may differ (mtrain ranks them by the EOS log-prob).
 - min_len: `min_decoding_length` (EOS banned before min_len output tokens, as in mtrain).
-- pad and bos are never produced (`suppress_sequences`), as in mtrain.
+- pad and bos are never produced (`suppress_sequences`), as in mtrain; nor are the tag symbols
+  of a multilingual run (`tokenizer.tag_ids`, mtrain.decode.directions). A tag is a token like
+  any other: the source arrives as pieces, `<2fr>` first.
   CTranslate2 bans tokens *before* its log-softmax (the other tokens share their tiny mass),
   mtrain after; scores differ by ~1e-5 per step, which can swap near-ties.
 - no_repeat_ngram: `no_repeat_ngram_size`, the same rule, but applied before the softmax:
@@ -44,6 +46,7 @@ from typing import Optional, Sequence
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.decode.directions import RunLanguages, single_direction
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 
@@ -62,15 +65,18 @@ COMPUTE_TYPES = {**{precision.value: precision.ct2_compute_type for precision in
 class CTranslate2Model:
     """A CTranslate2 translator and what decoding with mtrain's semantics needs from it."""
 
-    def __init__(self, translator, tokenizer, max_positions: int, description: str = "") -> None:
+    def __init__(self, translator, tokenizer, max_positions: int, description: str = "",
+                 languages: Optional[RunLanguages] = None) -> None:
+        """`tokenizer`: its `tag_ids` are never produced (`RunLanguages.reserving`)."""
         self.translator = translator
         self.tokenizer = tokenizer
+        self.languages = languages  # what the model translates into (None: unknown, an old export)
         self.max_positions = max_positions  # read by `position_limit` (input truncation)
         self.description = description
         pieces = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
         self._target_ids = {piece: i for i, piece in enumerate(pieces)}
         self._eos_piece = pieces[tokenizer.eos_id]
-        self._banned = [[pieces[tokenizer.pad_id]], [pieces[tokenizer.bos_id]]]
+        self._banned = [[pieces[i]] for i in (tokenizer.pad_id, tokenizer.bos_id, *tokenizer.tag_ids)]
 
     def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
                         attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
@@ -212,7 +218,11 @@ def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "au
     if not metadata_path.is_file():
         raise MtrainError(f"{model_dir}: no {METADATA_FILE}; is this a directory written by `mtrain export`?")
     metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
-    tokenizer = tokenizer or Tokenizer.load(model_dir)
+    languages = export_languages(metadata)
+    if tokenizer is None:
+        tokenizer = Tokenizer.load(model_dir)
+        if languages is not None:
+            tokenizer = languages.reserving(tokenizer)
     try:
         translator = ctranslate2.Translator(
             str(model_dir), device=device.type, device_index=device.index or 0,
@@ -222,7 +232,18 @@ def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "au
     except (RuntimeError, ValueError) as error:
         raise MtrainError(f"{model_dir}: CTranslate2 cannot load this model on {device} ({error})") from error
     description = f"{model_dir} ({metadata.get('quantization', 'float32')} weights, {translator.compute_type} compute)"
-    return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description)
+    return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description, languages)
+
+
+def export_languages(metadata: dict) -> Optional[RunLanguages]:
+    """What an export directory translates: its run's data config (`data`, recorded since
+    multilingual runs), else its `language_pair`; None when neither is recorded."""
+    if isinstance(metadata.get("data"), dict):
+        return RunLanguages.of(metadata["data"])
+    parts = str(metadata.get("language_pair", "")).split("-")
+    if len(parts) == 2 and all(parts):
+        return single_direction(parts[0], parts[1])
+    return None
 
 
 def is_export_dir(path: Path) -> bool:

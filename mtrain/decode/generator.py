@@ -5,8 +5,8 @@ Greedy decoding, beam search and sampling share this loop and the same step func
 the search algorithm that turns log-probabilities into choices (`search.py`,
 `sampling.py`). Per step, for all live hypotheses at once:
 
-1. logits from the step function -> log-softmax (fp32) -> step processors (pad/bos
-   banned, EOS banned before `min_len` and forced at `max_len`, no-repeat-ngram);
+1. logits from the step function -> log-softmax (fp32) -> step processors (pad/bos and
+   a multilingual run's tag symbols banned, EOS banned before `min_len` and forced at `max_len`, no-repeat-ngram);
 2. the algorithm's choices; an EOS choice among the first `width` becomes a finished
    hypothesis, scored `log_prob / length**alpha` with `length` = output tokens incl. EOS;
    the first `width` non-EOS choices are the next live set (missing ones are dead: -inf);
@@ -32,7 +32,7 @@ else is queued without waiting.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -85,6 +85,7 @@ def generate(
     pad_id: int,
     use_cache: bool = True,
     attention_layer: Optional[int | str] = None,
+    banned_ids: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -92,6 +93,8 @@ def generate(
     `use_cache=False` recomputes the whole prefix every step (reference and benchmark).
     `attention_layer` ("last", "all" or an index; cached decoder only) fills
     `Hypothesis.attention` with that layer's cross-attention averaged over heads.
+    `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
+    multilingual run: `Tokenizer.tag_ids`).
     """
     device = src_tokens.device
     search = build_search(cfg, device)
@@ -109,7 +112,7 @@ def generate(
     max_len = max_len.clamp(min=0)
     min_len = cfg.min_len
     no_repeat = NoRepeatNgram(cfg.no_repeat_ngram) if cfg.no_repeat_ngram > 0 else None
-    never_emitted = torch.tensor([pad_id, bos_id], device=device)
+    never_emitted = torch.tensor([pad_id, bos_id, *banned_ids], dtype=torch.long, device=device)
 
     memory = model.encode(src_tokens, src_padding_mask)  # (batch, src_len, d_model)
     # Every sentence gets `width` rows (the algorithm says which start alive); the step

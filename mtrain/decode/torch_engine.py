@@ -44,8 +44,9 @@ class TorchEngine:
     the prefix every step: reference and benchmark)."""
 
     def __init__(self, model: nn.Module, pad_id: int, bos_id: int, eos_id: int, device: torch.device | str,
-                 precision: Precision = Precision.fp32, use_cache: bool = True) -> None:
-        """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto."""
+                 precision: Precision = Precision.fp32, use_cache: bool = True, banned_ids: Sequence[int] = ()) -> None:
+        """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
+        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags)."""
         self.device = torch.device(device)
         self.precision = Precision(precision)
         if self.precision is Precision.auto:
@@ -53,6 +54,7 @@ class TorchEngine:
         self.model = with_linear_weights_in(model, self.precision.dtype) if self.precision.is_low else model
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.use_cache = use_cache
+        self.banned_ids = tuple(banned_ids)
 
     def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
                         attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
@@ -68,7 +70,7 @@ class TorchEngine:
                 return generate(
                     self.model, src_tokens, src_tokens.eq(self.pad_id), cfg,
                     bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id,
-                    use_cache=self.use_cache, attention_layer=attention_layer,
+                    use_cache=self.use_cache, attention_layer=attention_layer, banned_ids=self.banned_ids,
                 )
         finally:
             self.model.train(was_training)

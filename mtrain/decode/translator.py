@@ -42,10 +42,12 @@ class Engine(Protocol):
 def as_engine(model, tokenizer, device: torch.device | str, precision: Precision | str = Precision.fp32,
               use_cache: bool = True) -> Engine:
     """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
-    (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)."""
+    (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)
+    that never emits the tokenizer's tags (`Tokenizer.tag_ids`, mtrain.decode.directions)."""
     if isinstance(model, Engine):
         return model
-    return TorchEngine(model, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device, precision, use_cache)
+    return TorchEngine(model, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device, precision, use_cache,
+                       banned_ids=tokenizer.tag_ids)
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

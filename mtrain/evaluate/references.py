@@ -2,6 +2,12 @@
 
 A report names the exact files it scored against, with SHA-256 hashes, so a reader can
 check that two numbers were computed on the same test set.
+
+A multilingual run's split is one per direction: `read_run_split(..., direction=("de", "fr"))`
+reads the copy `mtrain fit` kept of a direction it trained (data/test.de-fr.{src,ref}); a
+direction it never trained (zero-shot: de->fr from a model trained on de<->en and fr<->en)
+is read from the run's corpus with those languages, as `mtrain fit` reads a direction's
+split: data.src/data.tgt replaced (Multi30k is aligned in German, English and French).
 """
 
 from __future__ import annotations
@@ -9,9 +15,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mtrain.config import DataConfig
+from mtrain.config import DataConfig, with_values
 from mtrain.data.local_files import count_lines
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
@@ -46,19 +52,25 @@ def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:
     return {"role": role, "path": origin, "sha256": digest, "lines": len(lines)}
 
 
-def read_run_split(run: RunDir, data_cfg: DataConfig, split: str) -> SplitText:
+def read_run_split(run: RunDir, data_cfg: DataConfig, split: str,
+                   direction: Optional[Tuple[str, str]] = None) -> SplitText:
     """A run's `valid` or `test` split: the copy `mtrain fit` kept in the run directory, so a
     score never depends on where the corpus is now (or on reaching the Hub again); runs
-    written before mtrain kept that copy read the split as their data config says."""
+    written before mtrain kept that copy read the split as their data config says.
+
+    `direction` (src, tgt): that direction's split, of a multilingual run (see the module
+    docstring); None: the run's one direction."""
     if split not in SPLITS:
         raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
     if getattr(data_cfg.splits, split) is None:
         raise MtrainError(f"run={run.path}: trained without a {split} split (data.splits.{split}=null); "
                           "score split=valid, or a file with hyp=... ref=...")
-    src_path, ref_path = run.split_files(split)
+    src_path, ref_path = run.split_files(split, None if direction is None else "-".join(direction))
     if src_path.is_file() and ref_path.is_file():
         return SplitText(read_lines(src_path, "source"), [read_lines(ref_path, "reference")],
                          [file_record(src_path, "source"), file_record(ref_path, "reference")])
+    if direction is not None:  # data's own split in those languages, as preparation reads a direction's
+        data_cfg = with_values(data_cfg, src=direction[0], tgt=direction[1], corpora=[])
     return read_split_text(data_cfg, split)
 
 

@@ -58,11 +58,13 @@ def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: Split
 
 def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[str],
                       log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                      sentences: Optional[Sequence[SentenceScore]] = None) -> Dict[str, Path]:
+                      sentences: Optional[Sequence[SentenceScore]] = None,
+                      name: Optional[str] = None) -> Dict[str, Path]:
     """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}` (or into
     `out_dir`), and `sentences` into `<split>.sentences.tsv`; log the scores, and what an
-    earlier report there said when it scored differently."""
-    split_key = report["split"]
+    earlier report there said when it scored differently. `name` replaces `<split>` (a
+    multilingual run's direction: `test.de-en`)."""
+    split_key = name or report["split"]
     out_dir = Path(out_dir) if out_dir is not None else run.eval_dir
     replaced = replaced_report_note(report_paths(out_dir, split_key)["json"], report)
     paths = write_report(out_dir, split_key, report, hypotheses, sentences)
@@ -132,7 +134,8 @@ def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequen
 
 def render_markdown(report: Dict[str, Any]) -> str:
     checkpoint = report["checkpoint"]
-    lines = [f"# Evaluation of {report['run']} on {report['split']} ({report.get('split_name', '')})", "",
+    lines = [f"# Evaluation of {report['run']} on {report['split']} ({report.get('split_name', '')}, "
+             f"{report.get('language_pair', '')})", "",
              metrics_table(report["metrics"]).to_markdown(), ""]
     lines += [f"    {values['text']}" for values in report["metrics"].values()] + [""]
     if checkpoint.get("averaged_from"):

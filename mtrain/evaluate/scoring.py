@@ -100,10 +100,13 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
                 tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
                 log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                per_sentence: bool = False, worst_lines: int = 10) -> Dict[str, Any]:
+                per_sentence: bool = False, worst_lines: int = 10,
+                report_name: Optional[str] = None) -> Dict[str, Any]:
     """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
     files in `out_dir`); the report. `per_sentence` also writes `<split>.sentences.tsv` there
-    (mtrain.evaluate.sentences), and the report lists its `worst_lines`.
+    (mtrain.evaluate.sentences), and the report lists its `worst_lines`. `report_name`
+    replaces `<split>` in those names (a multilingual run's direction: `test.de-en`); the
+    report's language pair is `data_cfg`'s (src/tgt: the direction decoded).
 
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
@@ -112,11 +115,12 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
                                  lowercase, chrf_word_order)
     report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,
                           lowercase, chrf_word_order)
+    name = report_name or split_key
     sentences = None
     if per_sentence:
         sentences = score_sentences(scored.hypotheses, split.references, split.sources, scored.model_scores,
                                     tokenize, lowercase, chrf_word_order)
-        tsv = sentences_path(Path(out_dir) if out_dir is not None else run.eval_dir, split_key)
+        tsv = sentences_path(Path(out_dir) if out_dir is not None else run.eval_dir, name)
         report["per_sentence"] = per_sentence_record(tsv, sentences, worst_lines)
-    save_split_report(run, report, scored.hypotheses, log, out_dir, sentences)
+    save_split_report(run, report, scored.hypotheses, log, out_dir, sentences, name)
     return report

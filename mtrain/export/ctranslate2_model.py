@@ -4,11 +4,13 @@
       model.bin, config.json           the TransformerSpec (ctranslate2_spec.py), saved by ctranslate2
       shared_vocabulary.json           SentencePiece pieces in id order (or source_/target_vocabulary.json)
       spm.model                        the run's SentencePiece model(s) (or src.model + tgt.model)
-      mtrain_export.json               where it came from, the special tokens, the position limit
+      mtrain_export.json               where it came from, the special tokens, the position limit,
+                                       the run's data config (its directions and language tags)
 
 The directory is self-contained: `mtrain translate run=out engine=ctranslate2` reads it, and so
 can any CTranslate2 user (`ctranslate2.Translator(out)` with the pieces of `spm.model`; the
-source must end with the eos piece `</s>`, as mtrain's sources do).
+source must end with the eos piece `</s>`, as mtrain's sources do, and a multilingual run's
+start with the target language's tag piece, e.g. `<2fr>`).
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ def run_metadata(loaded) -> dict:
         "update": loaded.update,
         "weights": loaded.weights,  # raw (trained) or ema (train.ema_decay's average)
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
+        # what it translates, and its tags (mtrain.decode.directions reads it back)
+        "data": to_plain(loaded.config.data),
         "model": to_plain(loaded.config.model),
         "mtrain_version": __version__,
     }

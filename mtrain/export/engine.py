@@ -8,6 +8,10 @@ tokenizer is checked against run='s before any model loads). engine=ctranslate2:
 CTranslate2 engine itself (`mtrain.decode.ct2_engine`) only loads directories that
 `mtrain export` wrote; converting a checkpoint is this package's job, which is why the
 opener lives here, above decoding and below the commands.
+
+The engine's tokenizer bans every tag symbol of the run from the output; `RunEngine.languages`
+says which languages the run translates into, and `RunEngine.tokenizer_for(tgt_lang)` is the
+tokenizer of one of them (its tag at the start of every source: mtrain.decode.directions).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import torch
 
 from mtrain.config import Engine
+from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
 from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
+from mtrain.decode.directions import RunLanguages
 from mtrain.decode.ensemble import EnsembleModel
 from mtrain.rundir import RunDir
 from mtrain.runtime import resolve_decode_precision
@@ -40,6 +46,18 @@ class RunEngine:
     description: str  # what decodes, for the log: the checkpoint(s), update(s), the engine's weights
     loaded: Optional[LoadedRun]  # run='s checkpoint and stored config; None for an export directory
     members: List[LoadedRun] = field(default_factory=list)  # every checkpoint that decodes, run='s first
+    # What the run translates into (None: an export directory that does not say)
+    languages: Optional[RunLanguages] = None
+
+    def tokenizer_for(self, tgt_lang: Optional[str], key: str = "tgt_lang") -> Any:
+        """The tokenizer that translates into `tgt_lang` (null: the run's one target language);
+        MtrainError naming `key` for a language the run does not translate into."""
+        if self.languages is None:
+            if tgt_lang is not None:
+                raise MtrainError(f"{key}={tgt_lang}: {self.description} does not record the languages it "
+                                  "translates; leave tgt_lang unset")
+            return self.tokenizer
+        return self.languages.tokenizer_for(self.tokenizer, self.languages.target(tgt_lang, key))
 
 
 def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, precision: str = "auto",
@@ -64,17 +82,25 @@ def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, pre
             raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
                               f"directory of `mtrain fit`; decode it with engine=ctranslate2")
         model = load_ctranslate2(Path(run), device, precision, num_threads)
-        return RunEngine(model, model.tokenizer, model.translator.compute_type, model.description, None)
+        return RunEngine(model, model.tokenizer, model.translator.compute_type, model.description, None,
+                         languages=model.languages)
     # A checkpoint to convert is read on the CPU: CTranslate2 loads the converted copy on `device`.
     loaded = load_run(run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"),
                       weights=weights)
+    languages = _languages_of(loaded)
+    tokenizer = languages.reserving(loaded.tokenizer)
     if engine == Engine.ctranslate2:
-        model = _converted(loaded, device, precision, num_threads)
-        return RunEngine(model, loaded.tokenizer, model.translator.compute_type, model.description, loaded, [loaded])
+        model = _converted(loaded, tokenizer, languages, device, precision, num_threads)
+        return RunEngine(model, tokenizer, model.translator.compute_type, model.description, loaded, [loaded],
+                         languages)
     resolved = resolve_decode_precision(precision, device)
-    return RunEngine(loaded.model, loaded.tokenizer, resolved,
+    return RunEngine(loaded.model, tokenizer, resolved,
                      f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}", loaded,
-                     [loaded])
+                     [loaded], languages)
+
+
+def _languages_of(loaded: LoadedRun) -> RunLanguages:
+    return RunLanguages.of(loaded.config.get("data"))
 
 
 def _weights_note(loaded: LoadedRun) -> str:
@@ -99,8 +125,24 @@ def _ensemble_engine(run: Union[str, Path], device: torch.device, precision: str
                    + ", ".join(f"{member.checkpoint_path} (update {member.update}{_weights_note(member)})"
                                for member in loaded)
                    + f", {resolved}")
+    languages = _shared_languages(loaded)
     model = EnsembleModel([member.model for member in loaded])
-    return RunEngine(model, loaded[0].tokenizer, resolved, description, loaded[0], loaded)
+    return RunEngine(model, languages.reserving(loaded[0].tokenizer), resolved, description, loaded[0], loaded,
+                     languages)
+
+
+def _shared_languages(members: Sequence[LoadedRun]) -> RunLanguages:
+    """run='s languages, once every member is checked to use the same tags: a member trained
+    without them (or with others) would read the tag as text, or miss it."""
+    first = _languages_of(members[0])
+    for member in members[1:]:
+        languages = _languages_of(member)
+        if (languages.lang_tags, reserved_symbols(languages.data)) != (first.lang_tags, reserved_symbols(first.data)):
+            raise MtrainError(f"ensemble: {member.checkpoint_path} was trained with the tags "
+                              f"{reserved_symbols(languages.data) or 'none'} (data.lang_tags={languages.lang_tags}), "
+                              f"run={members[0].checkpoint_path} with {reserved_symbols(first.data) or 'none'} "
+                              f"(data.lang_tags={first.lang_tags}): the members of an ensemble must share the tags")
+    return first
 
 
 def _tokenizer_of(run_dir: RunDir, name: str) -> Tokenizer:
@@ -156,15 +198,16 @@ def _check_recorded_tokenizer(path: Path, run_dir: RunDir, run_tokenizer: Tokeni
                           "the members of an ensemble must share one tokenizer")
 
 
-def _converted(loaded: LoadedRun, device: torch.device, precision: str,
-               num_threads: Optional[int]) -> CTranslate2Model:
+def _converted(loaded: LoadedRun, tokenizer: Tokenizer, languages: RunLanguages, device: torch.device,
+               precision: str, num_threads: Optional[int]) -> CTranslate2Model:
     """A loaded run converted in fp32 into a temporary directory and loaded from there
-    (CTranslate2 quantizes on load when `precision` asks)."""
+    (CTranslate2 quantizes on load when `precision` asks) with `tokenizer` (its tags banned)."""
     with tempfile.TemporaryDirectory(prefix="mtrain-ct2-") as scratch:
         model_dir = export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer,
                                        Path(scratch) / "model", metadata=run_metadata(loaded))
         # The weights are in memory once loaded; the run's tokenizer outlives the scratch copy.
-        model = load_ctranslate2(model_dir, device, precision, num_threads, loaded.tokenizer)
+        model = load_ctranslate2(model_dir, device, precision, num_threads, tokenizer)
+    model.languages = languages
     model.description = (f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}, converted), "
                          f"{model.translator.compute_type}")
     return model

@@ -8,11 +8,12 @@ A joint vocabulary is one file, `spm.model`; separate vocabularies are `src.mode
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import sentencepiece as spm
 
@@ -35,7 +36,16 @@ class SpecialIds:
 
 
 class Tokenizer:
-    """Source and target SentencePiece processors (the same one when the vocabulary is joint)."""
+    """Source and target SentencePiece processors (the same one when the vocabulary is joint).
+
+    A multilingual run's sources start with tag symbols (`<2fr>`: mtrain.data.tags);
+    `with_tags` gives the tokenizer of one direction, whose `encode_src` puts them there, the
+    one place translate, eval, serve and fit's validation encode a source."""
+
+    # Ids that start every source `encode_src` returns, and the ids of every tag symbol of the
+    # run, which decoding never emits (mtrain.decode.directions); () for a plain tokenizer.
+    source_prefix: Tuple[int, ...] = ()
+    tag_ids: Tuple[int, ...] = ()
 
     def __init__(self, files: Dict[str, Path]) -> None:
         """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}."""
@@ -62,8 +72,33 @@ class Tokenizer:
         self.fingerprint = digest.hexdigest()  # identifies the vocabulary in cache keys
 
     def encode_src(self, text: str) -> List[int]:
-        """Source ids without the eos that the encoded corpus appends."""
-        return self._src.encode(text)
+        """Source ids without the eos that the encoded corpus appends (after `source_prefix`)."""
+        ids = self._src.encode(text)
+        return [*self.source_prefix, *ids] if self.source_prefix else ids
+
+    def symbol_id(self, symbol: str) -> int:
+        """The source id of a reserved symbol (a SentencePiece user-defined symbol such as
+        `<2en>`); MtrainError when the vocabulary does not hold it as one piece."""
+        piece_id = self.piece_id(symbol)
+        if self._src.id_to_piece(piece_id) != symbol:  # an unknown piece maps to unk
+            source_model = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
+            raise MtrainError(f"tokenizer: {symbol!r} is not a piece of {source_model}; the tokenizer was "
+                              "trained without that tag")
+        return piece_id
+
+    def target_symbol_ids(self, symbols: Sequence[str]) -> List[int]:
+        """The target ids of those `symbols` the target vocabulary holds (a separate target
+        vocabulary holds no tags)."""
+        ids = [self._tgt.piece_to_id(symbol) for symbol in symbols]
+        return [i for i, symbol in zip(ids, symbols) if self._tgt.id_to_piece(i) == symbol]
+
+    def with_tags(self, source_prefix: Sequence[int], tag_ids: Sequence[int]) -> "Tokenizer":
+        """This tokenizer (sharing its models) with `source_prefix` at the start of every source
+        and `tag_ids` never emitted; the fingerprint stays the vocabulary's."""
+        tagged = copy.copy(self)
+        tagged.source_prefix = tuple(int(i) for i in source_prefix)
+        tagged.tag_ids = tuple(int(i) for i in tag_ids)
+        return tagged
 
     def encode_tgt(self, text: str) -> List[int]:
         """Target ids without bos/eos."""

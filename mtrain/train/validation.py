@@ -1,9 +1,10 @@
-"""Validation loss: the label-smoothed loss and perplexity of a held-out split."""
+"""Validation loss: the label-smoothed loss and perplexity of a held-out split; and the
+validation of a multilingual run, one per direction, folded into one (`mean_over_directions`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Mapping
 
 import torch
 
@@ -33,3 +34,29 @@ def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: 
     results = {"loss": loss_sum / max(tokens, 1), "nll_loss": nll_sum / max(tokens, 1)}
     results["ppl"] = math.exp(min(results["nll_loss"], 50.0))
     return results
+
+
+# Each direction's own scores in a multilingual validation (besides the means): few enough that
+# the log line stays readable with four directions.
+PER_DIRECTION = ("ppl", "bleu")
+
+
+def mean_over_directions(results: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
+    """One validation from each direction's (`{"de-en": {loss, ppl, bleu, ...}, ...}`): every
+    key the mean over the directions (a perplexity the geometric mean: exp of the mean log),
+    so that `bleu` -- what best.pt and patience follow -- is the mean BLEU; then each
+    direction's `PER_DIRECTION` scores as `<direction>/<key>` (TensorBoard's `valid/de-en/bleu`).
+    One direction: its results as they are."""
+    if len(results) == 1:
+        return dict(next(iter(results.values())))
+    first = next(iter(results.values()))
+    combined: Dict[str, float] = {}
+    for key in first:
+        values = [direction[key] for direction in results.values()]
+        if key.endswith("ppl"):
+            combined[key] = math.exp(sum(math.log(value) for value in values) / len(values))
+        else:
+            combined[key] = sum(values) / len(values)
+    for name, direction in results.items():
+        combined.update({f"{name}/{key}": direction[key] for key in PER_DIRECTION if key in direction})
+    return combined

@@ -1,0 +1,135 @@
+"""Which direction a decode translates: the languages a run translates into, and the tags that
+choose one.
+
+A run trained with `data.lang_tags` starts every source with the target language's tag
+(`<2fr>`, mtrain.data.tags); to translate into French, decoding puts `<2fr>` there too, and
+the model, which has seen that tag only before French targets, answers in French: one model,
+several directions (Johnson et al. 2017). `RunLanguages` answers, from a run's data config,
+which languages a request may name (`tgt_lang` of translate, eval and serve) and gives the
+tokenizer of a direction (`Tokenizer.with_tags`): its `encode_src` starts every source with
+the direction's tag ids, and every tag id of the run is banned from the output (the generator
+and the CTranslate2 engine read `tokenizer.tag_ids`), so a tag reaches the encoder and never
+the output. A run without lang_tags translates into its one target language, untagged.
+
+The source language needs no tag: a run with lang_tags translates from any language it has
+seen into any of its target languages, the directions it never trained included (zero-shot,
+e.g. de->fr from de->en, en->de, fr->en, en->fr).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+
+from mtrain.config import CorpusConfig, DataConfig
+from mtrain.data.tags import Direction, reserved_symbols, run_directions, source_tags
+from mtrain.errors import MtrainError
+from mtrain.tokenizer import Tokenizer
+
+
+def data_config(stored: Any) -> DataConfig:
+    """What a run's stored `data` section (a checkpoint's or config.yaml's: a node, a dict or a
+    DataConfig) says about its directions: src, tgt, lang_tags and each corpus's src, tgt and
+    tag; keys a run written before multilingual runs lacks take their defaults."""
+    if isinstance(stored, DataConfig):
+        return stored
+    stored = OmegaConf.to_container(stored, resolve=True) if OmegaConf.is_config(stored) else dict(stored or {})
+    defaults = DataConfig()
+    corpora = [CorpusConfig(src=corpus.get("src"), tgt=corpus.get("tgt"), tag=corpus.get("tag"))
+               for corpus in stored.get("corpora") or []]
+    return DataConfig(src=str(stored.get("src", defaults.src)), tgt=str(stored.get("tgt", defaults.tgt)),
+                      lang_tags=bool(stored.get("lang_tags", False)), corpora=corpora)
+
+
+@dataclass(frozen=True)
+class RunLanguages:
+    """The directions a run trained (from its data config) and what decoding each needs."""
+
+    data: DataConfig
+
+    @classmethod
+    def of(cls, stored: Any) -> "RunLanguages":
+        """From a run's stored `data` section (`data_config`)."""
+        return cls(data_config(stored))
+
+    @property
+    def lang_tags(self) -> bool:
+        return bool(self.data.lang_tags)
+
+    def directions(self) -> List[Direction]:
+        return run_directions(self.data)
+
+    def target_languages(self) -> List[str]:
+        """The languages `tgt_lang` may name, in the order the run's directions name them."""
+        languages: List[str] = []
+        for _, tgt in self.directions():
+            if tgt not in languages:
+                languages.append(tgt)
+        return languages
+
+    def target(self, requested: Optional[str], key: str = "tgt_lang") -> str:
+        """The language to translate into: `requested`, or (null) the run's one target
+        language; MtrainError naming `key` for a language the run does not translate into, or
+        for null when it translates into several."""
+        languages = self.target_languages()
+        listed = ", ".join(languages)
+        if requested is None:
+            if len(languages) == 1:
+                return languages[0]
+            raise MtrainError(f"{key}: this run translates into {listed} (data.lang_tags); choose one, e.g. "
+                              f"{key}={languages[0]}")
+        if requested not in languages:
+            trained = "" if self.lang_tags else " (it has no language tags: data.lang_tags=false)"
+            raise MtrainError(f"{key}={requested}: this run does not translate into {requested!r}{trained}; "
+                              f"choose one of: {listed}")
+        return requested
+
+    def direction(self, src: Optional[str], tgt: Optional[str]) -> Direction:
+        """The direction `mtrain eval src_lang= tgt_lang=` scores: one the run trained, or (with
+        lang_tags) any source language into one of its target languages (zero-shot). A null
+        side is the only one the run's directions allow; MtrainError otherwise."""
+        trained = self.directions()
+        names = ", ".join(f"{s}->{t}" for s, t in trained)
+        if src is None and tgt is None and len(trained) == 1:
+            return trained[0]
+        if tgt is None:
+            targets = [t for s, t in trained if s == src] if src is not None else []
+            if len(targets) != 1:
+                raise MtrainError(f"tgt_lang: this run trained {names}; name the direction to score, e.g. "
+                                  f"src_lang={trained[0][0]} tgt_lang={trained[0][1]}")
+            tgt = targets[0]
+        tgt = self.target(tgt)
+        if src is None:
+            sources = [s for s, t in trained if t == tgt]
+            if len(sources) != 1:
+                raise MtrainError(f"src_lang: this run trained {names}; name the source language, e.g. "
+                                  f"src_lang={sources[0]} tgt_lang={tgt}")
+            src = sources[0]
+        if src == tgt:
+            raise MtrainError(f"src_lang={src} tgt_lang={tgt}: the same language; choose two")
+        if (src, tgt) not in trained and not self.lang_tags:
+            raise MtrainError(f"src_lang={src} tgt_lang={tgt}: this run trained {names} without language tags "
+                              "(data.lang_tags=false), so it has no way to translate another direction")
+        return src, tgt
+
+    def is_multilingual(self) -> bool:
+        """Whether the run trained more than one direction (its reports name the direction)."""
+        return len(self.directions()) > 1
+
+    def tokenizer_for(self, tokenizer: Tokenizer, tgt: str) -> Tokenizer:
+        """`tokenizer` for translating into `tgt` (a language of `target_languages`): the tag
+        ids at the start of every source, every tag of the run banned from the output."""
+        prefix = [tokenizer.symbol_id(symbol) for symbol in source_tags(self.data, tgt)]
+        return tokenizer.with_tags(prefix, tokenizer.target_symbol_ids(reserved_symbols(self.data)))
+
+    def reserving(self, tokenizer: Tokenizer) -> Tokenizer:
+        """`tokenizer` with every tag of the run banned from the output and no source prefix:
+        what an engine is built with before a request names its direction."""
+        return tokenizer.with_tags((), tokenizer.target_symbol_ids(reserved_symbols(self.data)))
+
+
+def single_direction(src: str, tgt: str) -> RunLanguages:
+    """The languages of a run known only by its language pair (an old export directory)."""
+    return RunLanguages(DataConfig(src=src, tgt=tgt))
