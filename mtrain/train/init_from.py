@@ -29,7 +29,6 @@ its own record (`resumed_config`): the parent is never read again.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -38,6 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model
+from mtrain.data.provenance import file_sha256
 from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
@@ -160,14 +160,6 @@ def _check_tags(tokenizer: Tokenizer, data_cfg: Any, source: str) -> None:
 def _identity(path: Path) -> tuple:
     stat = path.stat()
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- the config
