@@ -8,8 +8,8 @@ the order a reader would expect; each stage lives in its own package:
 2. prepare the data (tokenizer and encoded corpora live in the cache, not the run; with
    init_from the parent's tokenizer encodes it);
 3. write the run's config, tokenizer and evaluation text; build the model and trainer;
-4. train (validation is `validation` below: loss, and BLEU through the evaluation path);
-5. score the test split through the same path as `mtrain eval`, write metrics.json.
+4. train (validation is `fit_scoring.validation`: loss, and BLEU through the evaluation path);
+5. score the test split through the same path as `mtrain eval` (`fit_scoring`), write metrics.json.
 """
 
 from __future__ import annotations
@@ -19,24 +19,21 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from mtrain.cli.common import mtrain_app
+from mtrain.cli.fit_scoring import directions_of, log_test, score_test_split, split_name, validation
 from mtrain.cli.run_log import RunLog
-from mtrain.config import Engine, FitConfig, Precision, to_plain, with_resolved_model, with_values
+from mtrain.config import FitConfig, with_resolved_model
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, RunLock, atomic_write_text
 
 if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --help` stays quick)
-    import torch
-
     from mtrain.batches import PreparedData
-    from mtrain.tokenizer import Tokenizer
     from mtrain.train.init_from import Lineage, Parent
-    from mtrain.train.setup import Machine
 
 log = logging.getLogger("mtrain")
 
@@ -144,7 +141,7 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         raise _stopped(stop_signal, "the data preparation", "nothing was written into the run") from None
     for split in ("valid", "test") if data.test is not None else ("valid",):
         for direction in data.directions:
-            check_references([getattr(direction, f"{split}_text").tgt], _split_name(cfg, split, data, direction))
+            check_references([getattr(direction, f"{split}_text").tgt], split_name(cfg, split, data, direction))
     if resume_state is not None:
         check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint),
                              resume_path)
@@ -181,11 +178,11 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
                 try:
                     with stop_signal.interruptible("test decode"):
                         metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device,
-                                                           machine.decode_precision, _directions(data))
+                                                           machine.decode_precision, directions_of(data))
                 except StopRequested:
                     raise _stopped(stop_signal, "the test decode", "the checkpoints are kept; train.resume=true "
                                    "scores the test split") from None
-                _log_test(trainer, metrics["test"])
+                log_test(trainer, metrics["test"])
                 test_peak = peak_host_memory_mb()
                 if test_peak is not None:
                     metrics["peak_rss_mb"]["test"] = round(test_peak)
@@ -197,7 +194,7 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
             log.info("disk use of the run: %.1f MB, of which checkpoints %.1f MB", metrics["disk_use_mb"]["total"],
                      metrics["disk_use_mb"]["checkpoints"])
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
-            log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None, directions=_directions(data)))
+            log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None, directions=directions_of(data)))
     finally:
         if trainer.metrics is not None:
             trainer.metrics.close()
@@ -229,17 +226,6 @@ def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[Tuple[st
             f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
             f"  score:      mtrain eval run={path} split={split}    (report: {run.eval_file(split, 'md').resolve()})\n"
             f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
-
-
-def _directions(data: PreparedData) -> List[Tuple[str, str]]:
-    """The directions a run trains, as preparation found them (one for a bilingual run)."""
-    return [(direction.src, direction.tgt) for direction in data.directions]
-
-
-def _split_name(cfg: FitConfig, split: str, data: PreparedData, direction: Any) -> str:
-    """How errors name a split: `data.splits.valid=val`, with the direction when there are several."""
-    name = f"data.splits.{split}={getattr(cfg.data.splits, split)}"
-    return f"{name} ({direction.name})" if len(data.directions) > 1 else name
 
 
 def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
@@ -292,122 +278,6 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: O
             src_path, ref_path = run.split_files(split, direction.name if several else None)
             atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
             atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
-
-
-def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
-               trained: Any = None) -> Callable[[], Dict[str, float]]:
-    """The trainer's validation: loss and perplexity (in the training precision), and BLEU
-    (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
-    `decode.valid_beam` says otherwise, in the machine's decoding precision). With
-    train.ema_decay `model` is the weights' average and `trained` the trained weights, whose
-    loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains.
-
-    A multilingual run validates each direction (its first `train.valid_max_sentences`
-    sentences, decoded with its target language's tag) and reports their mean, which best.pt
-    follows, and each direction's perplexity and BLEU (`mean_over_directions`)."""
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.evaluate.scoring import sentence_translator, translate_and_score
-    from mtrain.train.validation import mean_over_directions, validation_loss
-
-    decode_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
-    languages = RunLanguages.of(cfg.data)
-    limit = cfg.train.valid_max_sentences
-    sets = []  # per direction: its name, encoded split, translator, sources, references, and the split's name
-    for direction in data.directions:
-        tokenizer = languages.tokenizer_for(data.tokenizer, direction.tgt)
-        translate = sentence_translator(model, tokenizer, decode_cfg, machine.device, machine.decode_precision)
-        text = direction.valid_text
-        sets.append((direction.name, direction.valid, translate, list(text.src)[:limit], list(text.tgt)[:limit],
-                     _split_name(cfg, "valid", data, direction)))
-
-    def loss_of(weights: Any, corpus: Any) -> Dict[str, float]:
-        return validation_loss(weights, corpus, data.tokenizer.special_ids, cfg.train.max_tokens,
-                               cfg.train.label_smoothing, machine.device, machine.precision)
-
-    def validate() -> Dict[str, float]:
-        per_direction = {}
-        for name, corpus, translate, sources, references, split_name in sets:
-            results = loss_of(model, corpus)
-            if trained is not None and trained is not model:
-                raw = loss_of(trained, corpus)
-                results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
-            if cfg.train.valid_bleu:
-                scored = translate_and_score(translate, sources, [references], split_name)
-                results["bleu"] = scored.scores["bleu"]["score"]
-            per_direction[name] = results
-        return mean_over_directions(per_direction)
-
-    return validate
-
-
-def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
-                     precision: Precision, directions: Sequence[Tuple[str, str]] = ()) -> Dict[str, Any]:
-    """Decode the test split with the best checkpoint and score it as `mtrain eval` does.
-
-    A multilingual run (several `directions`) scores each direction, decoded with its target
-    language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
-    metric with every direction's result under `directions`."""
-    import torch
-
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
-
-    best_path = run.find_checkpoint("best")
-    best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read
-    state_dict, weights = decode_weights(best, best_path)  # with train.ema_decay: the average
-    model.load_state_dict(state_dict)
-    best_update = int(best.get("update", 0))
-    del best, state_dict
-    model.eval()
-    checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None,
-                       "weights": weights}
-    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch,
-                   "threads": torch.get_num_threads()}  # train.num_threads (null: torch's default)
-    languages = RunLanguages.of(cfg.data)
-    directions = list(directions) or languages.directions()[:1]
-    head: Dict[str, Any] = {"checkpoint": best_path.name, "update": best_update, "weights": weights,
-                            "beam": cfg.decode.beam}
-    if len(directions) == 1:
-        tokenizer = languages.tokenizer_for(tokenizer, directions[0][1])
-        return {**head, **_score_test_direction(cfg, run, model, tokenizer, device, precision, checkpoint_info,
-                                                decode_info, None)}
-    results = {f"{src}-{tgt}": _score_test_direction(cfg, run, model, languages.tokenizer_for(tokenizer, tgt),
-                                                     device, precision, checkpoint_info, decode_info, (src, tgt))
-               for src, tgt in directions}
-    means = {metric: sum(result[metric] for result in results.values()) / len(results)
-             for metric, value in next(iter(results.values())).items() if isinstance(value, float)
-             and not metric.endswith("_per_s")}
-    return {**head, "sentences": sum(result["sentences"] for result in results.values()), **means,
-            "directions": results}
-
-
-def _score_test_direction(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
-                          precision: Precision, checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any],
-                          direction: Optional[Tuple[str, str]]) -> Dict[str, Any]:
-    """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
-    and its scores for metrics.json."""
-    from mtrain.evaluate.references import read_run_split
-    from mtrain.evaluate.scoring import score_split, sentence_translator
-
-    translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
-    data_cfg = cfg.data if direction is None else with_values(cfg.data, src=direction[0], tgt=direction[1])
-    report = score_split(run, "test", data_cfg, read_run_split(run, cfg.data, "test", direction), translate,
-                         checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info,
-                         report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}")
-    result: Dict[str, Any] = {"sentences": report["sentences"], "decode_sentences_per_s": report["sentences_per_s"]}
-    for metric, values in report["metrics"].items():
-        result[metric] = float(values["score"])
-        result[f"{metric}_signature"] = values["signature"]
-    return result
-
-
-def _log_test(trainer: Any, test: Dict[str, Any]) -> None:
-    """The test scores in the log and TensorBoard (a multilingual run: the means, then each direction)."""
-    log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in test.items() if isinstance(v, float)))
-    trainer.metrics.scalars("test", test, test["update"])
-    for name, result in test.get("directions", {}).items():
-        log.info("test %s | %s", name, " | ".join(f"{k} {v:.2f}" for k, v in result.items() if isinstance(v, float)))
-        trainer.metrics.scalars(f"test/{name}", result, test["update"])
 
 
 def _check_is_directory(run_dir: Path) -> None:
