@@ -25,6 +25,12 @@ def data_dir() -> Path:
     return path
 
 
+def write_head(corpus_file: Path, out: Path, count: int) -> None:
+    """The first `count` lines of a gzip-compressed corpus file written to `out` (a test slice)."""
+    with gzip.open(corpus_file, "rt", encoding="utf-8") as lines:
+        out.write_text("".join(next(lines) for _ in range(count)), encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def multi30k_slice(tmp_path_factory, data_dir) -> Path:
     """A 2,000/100/100-pair slice of Multi30k de-en in the `{split}.{lang}` layout."""
@@ -32,9 +38,7 @@ def multi30k_slice(tmp_path_factory, data_dir) -> Path:
     sizes = {"train": 2000, "val": 100, "test_2016_flickr": 100}
     for split, n in sizes.items():
         for lang in ("de", "en"):
-            with gzip.open(data_dir / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (out / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+            write_head(data_dir / "multi30k" / f"{split}.{lang}.gz", out / f"{split}.{lang}", n)
     return out
 
 

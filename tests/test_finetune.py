@@ -6,7 +6,6 @@ pairs (IWSLT14 valid_detok_lc, validated on tst2013) are shared by the module's 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import shutil
@@ -25,6 +24,7 @@ from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import load_checkpoint, load_run
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
+from tests.conftest import write_head
 from tests.test_fit import compose_fit, mtrain, run_fit, scalars
 from tests.test_run_safety import one_error_line, snapshot
 
@@ -40,8 +40,7 @@ def ted(tmp_path_factory, data_dir) -> Path:
     out = tmp_path_factory.mktemp("ted")
     for lang in ("de", "en"):
         for name, split, count in (("valid_detok_lc", "train", 200), ("tst2013", "val", 30)):
-            with gzip.open(data_dir / "iwslt14_de_en" / f"{name}.{lang}.gz", "rt", encoding="utf-8") as lines:
-                (out / f"{split}.{lang}").write_text("".join(next(lines) for _ in range(count)), encoding="utf-8")
+            write_head(data_dir / "iwslt14_de_en" / f"{name}.{lang}.gz", out / f"{split}.{lang}", count)
     return out
 
 

@@ -11,7 +11,6 @@ would emit one if it could (the logits are forced where that matters).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from pathlib import Path
@@ -34,6 +33,7 @@ from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
+from tests.conftest import write_head
 
 TAGS = ["<2de>", "<2en>", "<2fr>"]
 DIRECTIONS = [("de", "en"), ("en", "de"), ("fr", "en"), ("en", "fr")]  # the preset's four
@@ -55,8 +55,7 @@ def corpus(tmp_path_factory, data_dir) -> Path:
     out = tmp_path_factory.mktemp("m30k_de_en_fr")
     for split, count in SPLITS.items():
         for lang in ("de", "en", "fr"):
-            with gzip.open(data_dir / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (out / f"{split}.{lang}").write_text("".join(next(f) for _ in range(count)), encoding="utf-8")
+            write_head(data_dir / "multi30k" / f"{split}.{lang}.gz", out / f"{split}.{lang}", count)
     return out
 
 
