@@ -15,6 +15,7 @@ stderr, exit status 2, no traceback). Covered elsewhere, not repeated here:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import random
@@ -157,7 +158,7 @@ def test_tabs_in_text_corpora_are_whitespace(tmp_path, cache, clean):
     assert prepared.valid_text.src[0] == tabbed["val"][0][0]  # references are scored as they are
 
 
-def test_lines_of_100000_characters(tmp_path, cache, long_valid_line):
+def test_lines_of_100000_characters(tmp_path, cache, clean, long_valid_line):
     train = with_line(SPLITS["train"], 5, src=LONG_LINE, tgt=LONG_LINE)
     prepared, summary, log = prepare(write_corpus(tmp_path / "long_train", dict(SPLITS, train=train)), cache)
     assert summary["train"]["filtered"] == {"too_long": 1} and len(prepared.train) == 149
@@ -173,6 +174,14 @@ def test_lines_of_100000_characters(tmp_path, cache, long_valid_line):
         check_eval_lengths(prepared, fit_config())
     assert re.match(r"data: pair 3 of the valid split \(data\.splits\.valid=val\) is \d+ subword tokens long "
                     r"but the model embeds at most 1024 positions \(model\.max_positions\)", one_line(error))
+
+    # A run of several directions checks each one's sets, not only the first's, and names it.
+    long_direction = dataclasses.replace(prepared.directions[0], src="fr", tgt="en")
+    short_direction = dataclasses.replace(long_direction, src="de", valid=clean.valid, test=clean.test)
+    two = dataclasses.replace(prepared, directions=[short_direction, long_direction])
+    with pytest.raises(MtrainError) as error:
+        check_eval_lengths(two, fit_config())
+    assert one_line(error).startswith("data: pair 3 of the valid split of fr-en (data.splits.valid=val)")
 
 
 def test_empty_line_on_one_side(tmp_path, cache):

@@ -162,16 +162,22 @@ def check_eval_lengths(data: PreparedData, cfg: FitConfig) -> None:
     if cfg.model.positions == Positions.none:  # no position table: any length embeds
         return
     limit = cfg.model.max_positions
-    for split in ("valid", "test"):
-        corpus = getattr(data, split)
-        if corpus is None:  # no test split
-            continue
-        positions = np.maximum(corpus.src_lengths, corpus.tgt_lengths + 1)  # src + eos; [bos] + tgt
-        index = int(np.argmax(positions))
-        if positions[index] > limit:
-            raise MtrainError(
-                f"data: pair {index + 1} of the {split} split (data.splits.{split}="
-                f"{getattr(cfg.data.splits, split)}) is {int(positions[index])} subword tokens long but the "
-                f"model embeds at most {limit} positions (model.max_positions); shorten or remove that "
-                "line, or raise model.max_positions"
-            )
+    # Every direction a multilingual run trains is validated and tested, so each is checked;
+    # a run of one direction keeps the message without a direction's name.
+    directions = data.directions or []
+    named = len(directions) > 1
+    sets = [(d.name, d.valid, d.test) for d in directions] or [(None, data.valid, data.test)]
+    for name, valid, test in sets:
+        for split, corpus in (("valid", valid), ("test", test)):
+            if corpus is None:  # no test split
+                continue
+            positions = np.maximum(corpus.src_lengths, corpus.tgt_lengths + 1)  # src + eos; [bos] + tgt
+            index = int(np.argmax(positions))
+            if positions[index] > limit:
+                where = f" of {name}" if named else ""
+                raise MtrainError(
+                    f"data: pair {index + 1} of the {split} split{where} (data.splits.{split}="
+                    f"{getattr(cfg.data.splits, split)}) is {int(positions[index])} subword tokens long but the "
+                    f"model embeds at most {limit} positions (model.max_positions); shorten or remove that "
+                    "line, or raise model.max_positions"
+                )
