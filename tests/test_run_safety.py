@@ -26,7 +26,9 @@ from mtrain.train.checkpoint_files import load_checkpoint
 from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
-FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1"]
+# No test decode (data.splits.test=null): these runs check locks, resumes and refusals.
+FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1",
+        "data.splits.test=null"]
 
 
 def snapshot(run_dir: Path) -> dict:
@@ -37,7 +39,7 @@ def snapshot(run_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, multi30k_slice):
-    """A run of 4 updates (checkpoints at 2 and 4, test scored); tests copy it before touching it."""
+    """A run of 4 updates (checkpoints at 2 and 4); tests copy it before touching it."""
     base = tmp_path_factory.mktemp("finished")
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={base / 'cache'}", *FAST,
               "train.max_updates=4", "train.validate_every=2"]
