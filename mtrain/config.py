@@ -299,6 +299,10 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
+    # An existing tokenizer instead of training one (fairseq's --srcdict, Marian's --vocabs): a run
+    # directory, its tokenizer/ or a cache entry. The settings below are then those of its files.
+    # With the tokenizer fixed, a corpus added to data.corpora is the only one encoded.
+    path: Optional[str] = None
     vocab_size: int = 8000
     model_type: TokenizerModel = TokenizerModel.unigram
     joint: bool = True  # one vocabulary for both languages

@@ -167,7 +167,13 @@ def _check_fit(cfg: DictConfig) -> None:
 
 def _check_init(cfg: DictConfig) -> None:
     """init_from names an existing run directory or checkpoint (what it holds is checked when the
-    run starts: mtrain.train.init_from); init_weights and init_keep_optimizer need it."""
+    run starts: mtrain.train.init_from); init_weights and init_keep_optimizer need it; a given
+    tokenizer.path exists and does not contradict the parent's tokenizer."""
+    path = cfg.tokenizer.path
+    # (a resumed run encodes with its own copy in the run directory: the origin may be gone)
+    if path is not None and not cfg.train.resume and not Path(str(path)).expanduser().is_dir():
+        raise MtrainError(f"tokenizer.path: {path!r}: no such directory (a run directory, its tokenizer/ or a "
+                          "cache entry)")
     if cfg.init_from is None:
         if cfg.init_keep_optimizer:
             raise MtrainError("init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
@@ -178,6 +184,9 @@ def _check_init(cfg: DictConfig) -> None:
         return
     if not str(cfg.init_from).strip() or not Path(str(cfg.init_from)).expanduser().exists():
         raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory or checkpoint file")
+    if path is not None:
+        raise MtrainError(f"tokenizer.path={path}: a fine-tune encodes with its parent's tokenizer (init_from="
+                          f"{cfg.init_from}); drop tokenizer.path")
 
 
 def _check_data(data: DictConfig) -> None:

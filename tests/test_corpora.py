@@ -100,6 +100,44 @@ def test_adding_a_corpus_encodes_only_the_new_one(corpus, tmp_path):
     assert third.tokenizer.fingerprint != first.tokenizer.fingerprint and "cache hit" not in log
 
 
+def test_a_given_tokenizer_path_fixes_the_vocabulary_so_only_an_added_corpus_is_encoded(corpus, tmp_path):
+    """tokenizer.path (fairseq's --srcdict): a run directory or a tokenizer folder; with it the
+    joint vocabulary is not retrained on the added corpus, so the first corpus's entry is reused."""
+    reverse = CorpusConfig(src="en", tgt="de")
+    first, _ = prepare(data_config(corpus, tmp_path, corpora=[CorpusConfig()]))
+    run_dir = tmp_path / "first_run"
+    first.tokenizer.save(run_dir / "tokenizer")  # as `mtrain fit` leaves it in a run directory
+    given = dataclasses.replace(TOKENIZER, path=str(run_dir), vocab_size=999)  # the files' settings rule
+    messages: list = []
+    second = prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), reverse]), given,
+                          log=messages.append)
+    log = "\n".join(messages)
+    assert "tokenizer.path; nothing trained" in log and "tokenizer: trained" not in log
+    assert second.tokenizer.fingerprint == first.tokenizer.fingerprint
+    assert log.count("cache hit, reusing the encoded corpus") == 1 and log.count("encoded in") == 1
+    assert second.train_parts[0].corpus.directory == first.train_parts[0].corpus.directory
+
+    with pytest.raises(MtrainError) as error:  # a folder that holds no tokenizer
+        prepare_data(data_config(corpus, tmp_path), dataclasses.replace(TOKENIZER, path=str(corpus)), log=print)
+    assert str(error.value).startswith(f"tokenizer.path={corpus}: {corpus}: no tokenizer here")
+    # A tag the given vocabulary lacks is refused, naming the corpus's key.
+    with pytest.raises(MtrainError, match=r"data.corpora\[1\].tag: the tokenizer has no piece <bt>"):
+        prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), CorpusConfig(tag="bt")]), given,
+                     log=print)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tokenizer.path": "/nonexistent/run"}, "tokenizer.path: '/nonexistent/run': no such directory"),
+    ({"tokenizer.path": ".", "init_from": "."}, "tokenizer.path=.: a fine-tune encodes with its parent's tokenizer"),
+])
+def test_a_tokenizer_path_that_cannot_be_used_is_refused_before_any_work(values, message):
+    from mtrain.config_checks import check_config
+
+    with pytest.raises(MtrainError) as error:
+        check_config(fit_config(**values))
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
 # ----------------------------------------------------------------------------- tags
 def test_tags_start_every_source_of_their_corpus_and_never_a_target(corpus, tmp_path):
     corpora = [CorpusConfig(src="de", tgt="en"), CorpusConfig(src="en", tgt="de"),

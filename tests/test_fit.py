@@ -122,6 +122,22 @@ def test_resume_continues_exactly(tmp_path, multi30k_slice):
     assert len(expected) < data.tokenizer.tgt_vocab_size
 
 
+def test_a_run_on_a_given_tokenizer_keeps_a_copy_and_resumes_without_the_original(tmp_path, multi30k_slice):
+    import shutil
+
+    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+              "train.valid_bleu=false", "data.train_limit=300", "data.splits.test=null"]
+    run_fit(compose_fit(common + ["train.max_updates=2"]), tmp_path / "first")
+    shutil.copytree(tmp_path / "first" / "tokenizer", tmp_path / "given")
+    given = common + [f"tokenizer.path={tmp_path / 'given'}", "tokenizer.vocab_size=999"]  # its files rule
+    run_fit(compose_fit(given + ["train.max_updates=2"]), tmp_path / "second")
+    for path in (tmp_path / "given").iterdir():
+        assert (tmp_path / "second" / "tokenizer" / path.name).read_bytes() == path.read_bytes()
+    shutil.rmtree(tmp_path / "given")  # the origin is gone: the run encodes with its own copy
+    metrics = run_fit(compose_fit(given + ["train.max_updates=4", "train.resume=true"]), tmp_path / "second")
+    assert metrics["updates"] == 4
+
+
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
               "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2"]

@@ -132,6 +132,8 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
     tokenizer = parent.tokenizer if parent is not None else None
     if resume_state is not None and resume_state.get("init"):
         lineage, tokenizer = resume_state["init"], Tokenizer.load(run.tokenizer_dir)
+    elif resume_state is not None and cfg.tokenizer.path is not None:  # its own copy: the origin may be gone
+        tokenizer = Tokenizer.load(run.tokenizer_dir)
     machine = resolve_machine(cfg, init_distributed(cfg.train.device))
     dist, device = machine.dist, machine.device
     try:

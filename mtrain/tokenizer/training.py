@@ -59,6 +59,19 @@ def check_tokenizer_config(cfg: TokenizerConfig) -> None:
         raise MtrainError(f"tokenizer.max_sentences={cfg.max_sentences}: expected a positive number")
 
 
+def load_given_tokenizer(path: str, log: Callable[[str], Any] = print) -> Tokenizer:
+    """`tokenizer.path`: a run directory (its tokenizer/), a tokenizer/ folder or a cache entry."""
+    directory = Path(path).expanduser()
+    if (directory / "tokenizer").is_dir():
+        directory = directory / "tokenizer"
+    try:
+        tokenizer = Tokenizer.load(directory)
+    except MtrainError as error:
+        raise MtrainError(f"tokenizer.path={path}: {error}") from None
+    log(f"tokenizer: the given one in {directory} (tokenizer.path; nothing trained)")
+    return tokenizer
+
+
 def train_or_load_tokenizer(
     cfg: TokenizerConfig,
     data: DataConfig,
@@ -69,6 +82,8 @@ def train_or_load_tokenizer(
     """The tokenizer for `data` and `cfg`, from cache if possible. `corpora`: the training
     corpora of `data.corpora` (mtrain.data.corpora), each with its source resolved; without
     them the tokenizer is trained on `source` (data's own corpus, resolved here if not given)."""
+    if cfg.path is not None:
+        return load_given_tokenizer(cfg.path, log)
     check_tokenizer_config(cfg)
     symbols = reserved_symbols(data)
     if not corpora:
