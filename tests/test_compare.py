@@ -252,3 +252,61 @@ def test_byte_identical_outputs_are_called_identical_not_given_a_p_value(sweep, 
     cli.main()
     printed = capsys.readouterr().out
     assert "identical to the baseline" in printed and "0.0010" not in printed
+
+
+def test_one_direction_of_multilingual_and_bilingual_runs_is_compared(tmp_path, monkeypatch, capsys):
+    """`mtrain eval runs=... src_lang=de tgt_lang=en`: a multilingual run's eval/test.de-en.*
+    against a bilingual de-en run's eval/test.*; a run of other directions is left out, saying so."""
+    from omegaconf import OmegaConf
+
+    from mtrain.cli import main as cli
+    from mtrain.config import CorpusConfig, FitConfig
+
+    rng = random.Random(5)
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(80)]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for lang in ("de", "en", "fr"):
+        (corpus / f"test.{lang}").write_text("\n".join(refs) + "\n", encoding="utf-8")
+
+    def run(name, report, noise, **data):
+        directory = tmp_path / name
+        (directory / "eval").mkdir(parents=True)
+        cfg = OmegaConf.structured(FitConfig)
+        cfg.data.local_dir = str(corpus)
+        cfg.data.splits.merge_with({"train": "test", "valid": "test", "test": "test"})
+        cfg.data.merge_with(data)
+        (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+        hyps = [" ".join(w if rng.random() > noise else rng.choice(WORDS) for w in ref.split()) for ref in refs]
+        (directory / "eval" / f"{report}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        (directory / "eval" / f"{report}.json").write_text(json.dumps({"metrics": {"bleu": {"score": 30.0 + noise}}}),
+                                                           encoding="utf-8")
+        return directory
+
+    bilingual = run("bilingual", "test", 0.3)
+    multi = run("multi", "test.de-en", 0.2, lang_tags=True,
+                corpora=[CorpusConfig(src="de", tgt="en"), CorpusConfig(src="en", tgt="de")])
+    (multi / "eval" / "test.en-de.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")  # another direction
+    en_fr = run("en_fr", "test", 0.1, src="en", tgt="fr")
+    runs = discover_runs(f"{bilingual},{multi},{en_fr}")
+
+    comparison = compare_runs(runs, None, metrics=["bleu"], num_samples=50, direction=("de", "en"))
+    assert comparison.reports == {"bilingual": "test", "multi": "test.de-en"}
+    assert set(comparison.paired) == {"bilingual", "multi"} and comparison.paired["multi"]["bleu"].p_value is not None
+    assert comparison.skipped == {"en_fr": "it does not translate de-en"}
+    table = comparison.table()
+    assert table.headers[3] == "test de-en BLEU" and [row[3] for row in table.rows][:2] == ["30.30", "30.20"]
+    # Without a direction the multilingual run has no test hypotheses of its own: left out.
+    assert "multi" in compare_runs(runs, None, metrics=["bleu"], num_samples=50).skipped
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={bilingual},{multi}", "src_lang=de", "tgt_lang=en",
+                                      "bootstrap_samples=50", "metrics=[bleu]"])
+    cli.main()
+    printed = capsys.readouterr().out
+    assert "test de-en BLEU" in printed and "Paired bootstrap" in printed
+    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={bilingual},{multi}", "src_lang=de"])
+    with pytest.raises(SystemExit) as exit_status:
+        cli.main()
+    assert exit_status.value.code == 2
+    assert "runs= with src_lang or tgt_lang compares one direction: give both" in capsys.readouterr().err

@@ -8,6 +8,7 @@
     mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
     mtrain eval run=MULTILINGUAL src_lang=de tgt_lang=fr split=test   one direction (zero-shot too): eval/test.de-fr.*
+    mtrain eval runs=MULTI,BILINGUAL src_lang=de tgt_lang=en  compare one direction (a multilingual run's, a bilingual run's)
 
 The command's body, mode by mode: the engine is opened by `mtrain.export.engine.open_engine`
 (as for `mtrain translate`), the split scored by `mtrain.evaluate.scoring.score_split`, its
@@ -191,15 +192,22 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
 
 def compare(cfg: EvalConfig) -> Dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
-    from mtrain.evaluate.compare import compare_runs, comparison_notes
+    from mtrain.evaluate.compare import compare_runs, comparison_notes, report_name
     from mtrain.evaluate.references import read_reference_files
-    from mtrain.evaluate.runs import default_baseline, discover_runs, failure_notes
+    from mtrain.evaluate.runs import discover_runs, failure_notes
 
+    if (cfg.src_lang is None) != (cfg.tgt_lang is None):
+        raise MtrainError("runs= with src_lang or tgt_lang compares one direction: give both "
+                          "(src_lang=de tgt_lang=en)")
+    direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None else None
     runs = discover_runs(cfg.runs)
     refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
-    comparison = compare_runs(runs, refs, cfg.baseline or default_baseline(runs, cfg.split), cfg.split,
+    split = str(to_plain(cfg.split))
+    baseline = cfg.baseline or next((run.name for run in runs if report_name(run, split, direction) is not None
+                                     and run.hyp_path(report_name(run, split, direction)).is_file()), None)
+    comparison = compare_runs(runs, refs, baseline, cfg.split,
                               list(cfg.metrics), cfg.bootstrap_samples, cfg.tokenize, cfg.lowercase,
-                              cfg.chrf_word_order)
+                              cfg.chrf_word_order, direction)
     print(comparison.table().to_text())
     for note in comparison_notes(comparison) + failure_notes(runs):
         print(note)

@@ -51,6 +51,10 @@ class Comparison:
     skipped: Dict[str, str] = field(default_factory=dict)  # run name -> why
     num_samples: int = 0
     bootstrap_note: Optional[str] = None  # why there is no bootstrap, when there is none
+    # One direction of multilingual runs (src, tgt), and the report each run keeps of it:
+    # `<split>.<src>-<tgt>` of a multilingual run, `<split>` of a run of that one direction.
+    direction: Optional[Tuple[str, str]] = None
+    reports: Dict[str, str] = field(default_factory=dict)  # run name -> report name
 
     def table(self) -> Table:
         return runs_table(self.runs, self.keys, self)
@@ -113,51 +117,83 @@ def compare_runs(
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
+    direction: Optional[Tuple[str, str]] = None,
 ) -> Comparison:
     """The comparison of `runs`, with the paired bootstrap when two runs have hypotheses.
 
-    `refs` (reference streams) default to the split of the runs' data config.
+    `refs` (reference streams) default to the split of the runs' data config. `direction`
+    (src, tgt): compare that direction, of multilingual runs and of runs trained on it alone.
     """
     if not runs:
         raise MtrainError("runs: no runs to compare")
     ordered = _baseline_first(runs, baseline)
+    reports = {run.name: report_name(run, split, direction) for run in ordered}
     comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
-                            baseline=ordered[0].name, num_samples=num_samples)
-    with_hyps = [run for run in ordered if run.hyp_path(split).is_file()]
+                            baseline=ordered[0].name, num_samples=num_samples, direction=direction,
+                            reports={name: report for name, report in reports.items() if report is not None})
+    shown = split if direction is None else f"{split} {direction[0]}-{direction[1]}"
+
+    def hyp_path(run: RunSummary) -> Optional[Path]:
+        report = reports[run.name]
+        return None if report is None else run.hyp_path(report)
+
+    with_hyps = [run for run in ordered if hyp_path(run) is not None and hyp_path(run).is_file()]
     comparison.skipped = {
-        run.name: "the job failed" if run.failure else f"no {run.hyp_path(split).relative_to(run.path)}"
+        run.name: "the job failed" if run.failure
+        else f"it does not translate {shown.split()[-1]}" if hyp_path(run) is None
+        else f"no {hyp_path(run).relative_to(run.path)}"
         for run in ordered if run not in with_hyps}
     if len(with_hyps) < 2:
-        comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {split} hypotheses"
+        comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {shown} hypotheses"
         return comparison
     if with_hyps[0] is not ordered[0]:
         raise MtrainError(
-            f"baseline {ordered[0].name}: has no {split} hypotheses ({ordered[0].hyp_path(split)}); "
+            f"baseline {ordered[0].name}: has no {shown} hypotheses ({hyp_path(ordered[0]) or 'no such direction'}); "
             f"run `mtrain eval run={ordered[0].path} split={split}` first or choose another baseline="
         )
     if refs is None:
-        refs, why = split_references(ordered, split)
+        refs, why = split_references(ordered, split, direction)
         if refs is None:
             comparison.bootstrap_note = f"no paired bootstrap: {why}"
             return comparison
     named_hyps = []
     for run in with_hyps:
-        hyps = read_lines(run.hyp_path(split), "hypotheses")
-        check_lengths(len(hyps), [len(stream) for stream in refs], str(run.hyp_path(split)))
+        hyps = read_lines(hyp_path(run), "hypotheses")
+        check_lengths(len(hyps), [len(stream) for stream in refs], str(hyp_path(run)))
         named_hyps.append((run.name, hyps))
     comparison.paired, comparison.signatures = paired_bootstrap(
         named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
     return comparison
 
 
+def report_name(run: RunSummary, split: str, direction: Optional[Tuple[str, str]]) -> Optional[str]:
+    """The name of the report (eval/<name>.json|hyp) `run` keeps of `split` in `direction`:
+    a multilingual run's `<split>.<src>-<tgt>`, a run that trains that one direction its
+    `<split>`; None when it translates other directions. Without a direction: `split`."""
+    if direction is None:
+        return split
+    named = f"{split}.{direction[0]}-{direction[1]}"
+    if named in run.evals or run.hyp_path(named).is_file():
+        return named
+    from mtrain.data.tags import run_directions
+
+    try:
+        directions = run_directions(run_config(run.path).data)
+    except MtrainError:
+        return None
+    return split if directions == [tuple(direction)] else None
+
+
 # The keys of a data config that decide which sentences a split holds.
 _SPLIT_KEYS = ("name", "src", "tgt", "local_dir", "format", "pattern", "hub.id", "hub.config")
 
 
-def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[Optional[List[List[str]]], Optional[str]]:
+def split_references(runs: Sequence[RunSummary], split: str = "test", direction: Optional[Tuple[str, str]] = None
+                     ) -> Tuple[Optional[List[List[str]]], Optional[str]]:
     """The references of `split` for comparing `runs`: the copy kept by the first run that
     names its data (older runs: read through its data config); `(None, why)` when unreadable
-    or the runs name different data."""
+    or the runs name different data. `direction`: that direction's split (the runs' data
+    sections may then name other languages: a multilingual run's and a bilingual run's)."""
     from omegaconf import OmegaConf
 
     from mtrain.evaluate.references import read_run_split
@@ -168,7 +204,7 @@ def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[O
             data = run_config(run.path).data
         except MtrainError:
             continue
-        keys = [f"splits.{split}"] + list(_SPLIT_KEYS)
+        keys = [f"splits.{split}"] + [key for key in _SPLIT_KEYS if direction is None or key not in ("src", "tgt")]
         described[run.name] = (data, tuple(str(OmegaConf.select(data, key)) for key in keys))
     if not described:
         return None, "no run has a config.yaml naming its data; pass the references with ref=FILE"
@@ -179,7 +215,7 @@ def split_references(runs: Sequence[RunSummary], split: str = "test") -> Tuple[O
     data = described[first][0]
     run_dir = next(run.path for run in runs if run.name == first)
     try:  # the run's own copy of the split, so a relative MTRAIN_DATA_DIR or the Hub is not needed again
-        return read_run_split(RunDir(run_dir), data, split).references, None
+        return read_run_split(RunDir(run_dir), data, split, direction).references, None
     except MtrainError as error:
         return None, f"the {split} references could not be read ({error}); pass them with ref=FILE"
 
@@ -206,7 +242,9 @@ def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
                comparison: Optional[Comparison] = None) -> Table:
     """One row per run: what differs, validation/test scores, how training went, and (when
     a comparison with bootstrap results is given) each metric's mean ± 95% CI and p-value."""
-    split = comparison.split if comparison else "test"
+    split = comparison_split = comparison.split if comparison else "test"
+    if comparison and comparison.direction:
+        split = f"{split} {comparison.direction[0]}-{comparison.direction[1]}"
     headers = ["run", "differs", "val BLEU", f"{split} BLEU", f"{split} chrF", "final loss",
                "diverged", "updates", "train time"]
     paired_metrics = list(next(iter(comparison.paired.values())).keys()) if comparison and comparison.paired else []
@@ -215,8 +253,10 @@ def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
     table = Table(headers)
     for run in runs:
         name = run.name + (" (baseline)" if comparison and comparison.paired and run.name == comparison.baseline else "")
-        cells = [name, describe(run, keys), run.score("valid", "bleu"), run.score(split, "bleu"),
-                 run.score(split, "chrf"), _number(run.metrics.get("final_train_loss"), 3),
+        report = comparison.reports.get(run.name) if comparison and comparison.direction else comparison_split
+        test_bleu, test_chrf = (run.score(report, "bleu"), run.score(report, "chrf")) if report else (None, None)
+        cells = [name, describe(run, keys), run.score("valid", "bleu"), test_bleu,
+                 test_chrf, _number(run.metrics.get("final_train_loss"), 3),
                  run.diverged, run.metrics.get("updates"), format_duration(run.metrics.get("train_time_s"))]
         for metric in paired_metrics:
             result = comparison.paired.get(run.name, {}).get(metric) if comparison else None
