@@ -192,9 +192,9 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
 
 def compare(cfg: EvalConfig) -> Dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
-    from mtrain.evaluate.compare import compare_runs, comparison_notes, report_name
+    from mtrain.evaluate.compare import compare_runs, comparison_notes
     from mtrain.evaluate.references import read_reference_files
-    from mtrain.evaluate.runs import discover_runs, failure_notes
+    from mtrain.evaluate.runs import default_baseline, discover_runs, failure_notes
 
     if (cfg.src_lang is None) != (cfg.tgt_lang is None):
         raise MtrainError("runs= with src_lang or tgt_lang compares one direction: give both "
@@ -202,9 +202,7 @@ def compare(cfg: EvalConfig) -> Dict[str, Any]:
     direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None else None
     runs = discover_runs(cfg.runs)
     refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
-    split = str(to_plain(cfg.split))
-    baseline = cfg.baseline or next((run.name for run in runs if report_name(run, split, direction) is not None
-                                     and run.hyp_path(report_name(run, split, direction)).is_file()), None)
+    baseline = cfg.baseline or default_baseline(runs, str(to_plain(cfg.split)), direction)
     comparison = compare_runs(runs, refs, baseline, cfg.split,
                               list(cfg.metrics), cfg.bootstrap_samples, cfg.tokenize, cfg.lowercase,
                               cfg.chrf_word_order, direction)

@@ -22,7 +22,7 @@ from sacrebleu.significance import PairedTest
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
-from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
+from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, report_name, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
 
 _DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
@@ -131,7 +131,8 @@ def compare_runs(
     comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
                             baseline=ordered[0].name, num_samples=num_samples, direction=direction,
                             reports={name: report for name, report in reports.items() if report is not None})
-    shown = split if direction is None else f"{split} {direction[0]}-{direction[1]}"
+    direction_name = None if direction is None else f"{direction[0]}-{direction[1]}"
+    shown = split if direction_name is None else f"{split} {direction_name}"
 
     def hyp_path(run: RunSummary) -> Optional[Path]:
         report = reports[run.name]
@@ -140,7 +141,7 @@ def compare_runs(
     with_hyps = [run for run in ordered if hyp_path(run) is not None and hyp_path(run).is_file()]
     comparison.skipped = {
         run.name: "the job failed" if run.failure
-        else f"it does not translate {shown.split()[-1]}" if hyp_path(run) is None
+        else f"it does not translate {direction_name}" if hyp_path(run) is None
         else f"no {hyp_path(run).relative_to(run.path)}"
         for run in ordered if run not in with_hyps}
     if len(with_hyps) < 2:
@@ -164,24 +165,6 @@ def compare_runs(
     comparison.paired, comparison.signatures = paired_bootstrap(
         named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
     return comparison
-
-
-def report_name(run: RunSummary, split: str, direction: Optional[Tuple[str, str]]) -> Optional[str]:
-    """The name of the report (eval/<name>.json|hyp) `run` keeps of `split` in `direction`:
-    a multilingual run's `<split>.<src>-<tgt>`, a run that trains that one direction its
-    `<split>`; None when it translates other directions. Without a direction: `split`."""
-    if direction is None:
-        return split
-    named = f"{split}.{direction[0]}-{direction[1]}"
-    if named in run.evals or run.hyp_path(named).is_file():
-        return named
-    from mtrain.data.tags import run_directions
-
-    try:
-        directions = run_directions(run_config(run.path).data)
-    except MtrainError:
-        return None
-    return split if directions == [tuple(direction)] else None
 
 
 # The keys of a data config that decide which sentences a split holds.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -151,9 +151,32 @@ def failure_notes(runs: Sequence[RunSummary]) -> List[str]:
     return [f"run {run.name} ({describe(run, keys)}) failed: {run.failure}" for run in runs if run.failure]
 
 
-def default_baseline(runs: Sequence[RunSummary], split: str = "test") -> Optional[str]:
-    """The first run that has `split` hypotheses (a failed job 0 has none)."""
-    return next((run.name for run in runs if run.hyp_path(split).is_file()), None)
+def default_baseline(runs: Sequence[RunSummary], split: str = "test",
+                     direction: Optional[Tuple[str, str]] = None) -> Optional[str]:
+    """The first run that has `split` hypotheses (a failed job 0 has none), of `direction` when given."""
+    for run in runs:
+        report = report_name(run, split, direction)
+        if report is not None and run.hyp_path(report).is_file():
+            return run.name
+    return None
+
+
+def report_name(run: RunSummary, split: str, direction: Optional[Tuple[str, str]]) -> Optional[str]:
+    """The name of the report (eval/<name>.json|hyp) `run` keeps of `split` in `direction`:
+    a multilingual run's `<split>.<src>-<tgt>`, a run that trains that one direction its
+    `<split>`; None when it translates other directions. Without a direction: `split`."""
+    if direction is None:
+        return split
+    named = f"{split}.{direction[0]}-{direction[1]}"
+    if named in run.evals or run.hyp_path(named).is_file():
+        return named
+    from mtrain.data.tags import run_directions
+
+    try:
+        directions = run_directions(run_config(run.path).data)
+    except MtrainError:
+        return None
+    return split if directions == [tuple(direction)] else None
 
 
 def differing_overrides(runs: Sequence[RunSummary]) -> List[str]:
