@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -168,6 +168,7 @@ class Engine(Choice):
 class DecodeWeights(Choice):
     """Which of a checkpoint's weights decode: auto is the EMA weights when the run kept them
     (train.ema_decay), else the trained ones; raw always the trained ones."""
+
     auto = "auto"
     ema = "ema"
     raw = "raw"
@@ -188,27 +189,25 @@ class SplitsConfig:
 
     train: str = "train"
     valid: str = "val"
-    test: Optional[str] = "test_2016_flickr"  # null: no test split (a smoke run, or no test set yet)
+    test: str | None = "test_2016_flickr"  # null: no test split (a smoke run, or no test set yet)
 
 
 @dataclass
 class HubConfig:
     """Where the corpus lives on the Hugging Face Hub (used when no local copy is found)."""
 
-    id: Optional[str] = None  # e.g. "wmt/wmt14"
-    config: Optional[str] = None  # e.g. "de-en"
+    id: str | None = None  # e.g. "wmt/wmt14"
+    config: str | None = None  # e.g. "de-en"
     # Branch, tag or commit; null: main. "refs/convert/parquet" reads the Hub's parquet export
     # (mtrain falls back to it by itself when main holds a loading script).
-    revision: Optional[str] = None
+    revision: str | None = None
     # Our split name (train/valid/test) -> the Hub's split name.
-    splits: Dict[str, str] = field(
-        default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
-    )
+    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"})
     # Column holding a {lang: text} dict (wmt14 style); when null, one column per
     # language named by `src_field`/`tgt_field` (defaulting to the language codes).
-    translation_field: Optional[str] = "translation"
-    src_field: Optional[str] = None
-    tgt_field: Optional[str] = None
+    translation_field: str | None = "translation"
+    src_field: str | None = None
+    tgt_field: str | None = None
 
 
 @dataclass
@@ -220,7 +219,7 @@ class CleanConfig:
     max_len_ratio: float = 3.0  # longer/shorter side, in subword tokens
     drop_identical: bool = False
     deduplicate: bool = False
-    normalize: Optional[Normalization] = None
+    normalize: Normalization | None = None
     # Drop training pairs whose source side also occurs in the validation or test split
     # (they are counted and logged either way; metrics.json records the counts).
     drop_eval_overlap: bool = False
@@ -245,21 +244,21 @@ class CorpusConfig:
     of the same name; the corpus is found as `data` is (local_dir, $MTRAIN_DATA_DIR/<name>, Hub)
     and only its training split is read: validation and test sets come from `data` itself."""
 
-    name: Optional[str] = None  # label in logs, metrics and the cache; and where to find it (as data.name)
-    src: Optional[str] = None
-    tgt: Optional[str] = None
-    local_dir: Optional[str] = None  # e.g. a folder holding `mtrain translate` output (back-translation)
-    format: Optional[DataFormat] = None
-    pattern: Optional[str] = None  # as data.pattern, e.g. "synthetic.{lang}"
-    split: Optional[str] = None  # the split read for training; null: data.splits.train
-    hub: Optional[HubConfig] = None
-    train_limit: Optional[int] = None
+    name: str | None = None  # label in logs, metrics and the cache; and where to find it (as data.name)
+    src: str | None = None
+    tgt: str | None = None
+    local_dir: str | None = None  # e.g. a folder holding `mtrain translate` output (back-translation)
+    format: DataFormat | None = None
+    pattern: str | None = None  # as data.pattern, e.g. "synthetic.{lang}"
+    split: str | None = None  # the split read for training; null: data.splits.train
+    hub: HubConfig | None = None
+    train_limit: int | None = None
     # Share of the training draw: each epoch draws weight * size^(1/data.sampling_temperature)
     # pairs in proportion (1 everywhere and temperature 1: the corpora concatenated).
     weight: float = 1.0
     # A reserved symbol <tag> starts every source sentence of this corpus, e.g. bt for
     # tagged back-translation (Caswell et al. 2019); null: no tag.
-    tag: Optional[str] = None
+    tag: str | None = None
 
 
 @dataclass
@@ -268,7 +267,7 @@ class DataConfig:
     src: str = "de"
     tgt: str = "en"
     # Resolution order: local_dir, then $MTRAIN_DATA_DIR/<name>, then the Hub.
-    local_dir: Optional[str] = None
+    local_dir: str | None = None
     format: DataFormat = DataFormat.text
     # File name per split and language; `.gz` is tried too. For tsv/jsonl the
     # {lang} placeholder is absent: "{split}.tsv".
@@ -278,17 +277,17 @@ class DataConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig)
     # Keep only the first N training pairs (quick experiments and tests).
-    train_limit: Optional[int] = None
+    train_limit: int | None = None
     # What to do with a line that is not valid UTF-8: skip the pair and count it, or fail.
     invalid_utf8: InvalidUtf8 = InvalidUtf8.skip
     # Encoded corpora and tokenizers are cached here, keyed by data+settings hashes.
-    cache_dir: Optional[str] = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
+    cache_dir: str | None = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
     num_workers: int = 1  # processes for encoding during preparation
     chunk_size: int = 100_000  # pairs per preparation chunk
     # Several training corpora, each with its own source, direction, weight and tag (see
     # CorpusConfig); empty: the one corpus above. Validation and test sets are data's own, one
     # pair of them per direction the corpora train.
-    corpora: List[CorpusConfig] = field(default_factory=list)
+    corpora: list[CorpusConfig] = field(default_factory=list)
     # fairseq's --sampling-temperature: corpus i is drawn in proportion to
     # weight_i * size_i^(1/T); 1: by size (times weight), larger: flatter, towards uniform.
     sampling_temperature: float = 1.0
@@ -302,7 +301,7 @@ class TokenizerConfig:
     # An existing tokenizer instead of training one (fairseq's --srcdict, Marian's --vocabs): a run
     # directory, its tokenizer/ or a cache entry. The settings below are then those of its files.
     # With the tokenizer fixed, a corpus added to data.corpora is the only one encoded.
-    path: Optional[str] = None
+    path: str | None = None
     vocab_size: int = 8000
     model_type: TokenizerModel = TokenizerModel.unigram
     joint: bool = True  # one vocabulary for both languages
@@ -323,7 +322,7 @@ class TokenizerConfig:
 class ModelConfig:
     encoder_layers: int = 3
     decoder_layers: int = 3
-    layers: Optional[int] = None  # sets both stacks when given (handy for sweeps)
+    layers: int | None = None  # sets both stacks when given (handy for sweeps)
     d_model: int = 256
     heads: int = 4
     ffn_dim: int = 1024
@@ -339,7 +338,7 @@ class ModelConfig:
     shared_norm: bool = False  # one norm shared by all sublayers of a layer (ablation)
     # A norm after the last layer of each stack; null: on with pre-norm, off with post-norm
     # (there the last sublayer already ends in a norm).
-    final_norm: Optional[bool] = None
+    final_norm: bool | None = None
     positions: Positions = Positions.sinusoidal
     max_positions: int = 1024
     # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.
@@ -367,7 +366,7 @@ class TrainConfig:
     max_tokens: int = 4096  # per batch: sentences x padded length of the longer side
     update_freq: int = 1  # gradient accumulation steps per update
     lr: float = 5e-4
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
     weight_decay: float = 0.0
     scheduler: Scheduler = Scheduler.inverse_sqrt
@@ -375,29 +374,29 @@ class TrainConfig:
     min_lr: float = 0.0
     # Horizon of cosine/linear decay, in updates. When null and train.max_time is set,
     # the decay follows elapsed training time instead (ends at the time budget).
-    decay_updates: Optional[int] = None
+    decay_updates: int | None = None
     clip_norm: float = 1.0  # 0 disables
     label_smoothing: float = 0.1
-    max_updates: Optional[int] = None
-    max_epochs: Optional[int] = None
-    max_time: Optional[str] = None  # "90s", "20m", "2h"
-    patience: Optional[int] = None  # validations without a val-BLEU gain before stopping
+    max_updates: int | None = None
+    max_epochs: int | None = None
+    max_time: str | None = None  # "90s", "20m", "2h"
+    patience: int | None = None  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: Optional[int] = None  # CPU intra-op threads (null: torch's default)
+    num_threads: int | None = None  # CPU intra-op threads (null: torch's default)
     validate_every: int = 1000
     # Also validate (and checkpoint) every this much training time ("2m"); null: by updates only.
-    validate_every_time: Optional[str] = None
+    validate_every_time: str | None = None
     valid_bleu: bool = True
-    valid_max_sentences: Optional[int] = None
+    valid_max_sentences: int | None = None
     log_every: int = 50
     keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.
-    save_every: Optional[str] = None
+    save_every: str | None = None
     resume: bool = False
     # With resume: continue from this checkpoint of the run (e.g. update_200) instead of last.
-    resume_from: Optional[str] = None
+    resume_from: str | None = None
     # torch.compile the model and its loss (dynamic shapes: one graph for every batch shape).
     # For GPUs: on a CPU the eager step is faster (0.80x of eager in fp32; docs/PERFORMANCE.md).
     compile: bool = False
@@ -408,16 +407,16 @@ class TrainConfig:
     # Warmup as a share of train.max_time ("9%") or a duration ("60s"), so the learning-rate
     # curve has the same shape on a slow machine as on a fast one. Used only when max_time is
     # set, and then instead of warmup_updates (see mtrain/train/schedule.py).
-    warmup_time: Optional[str] = None
+    warmup_time: str | None = None
     # Round training batches' src/tgt lengths up to a multiple of this (1: no rounding), which
     # bounds the number of batch shapes per epoch (torch.compile, allocator, oneDNN's buffers);
     # mtrain/batches/batching.py. null: 8 on CUDA, 4 for bf16 on a CPU (less memory, as fast),
     # 1 for fp32 on a CPU (there padding costs its FLOPs: -5%). docs/PERFORMANCE.md.
-    pad_to_multiple: Optional[int] = None
+    pad_to_multiple: int | None = None
     # Exponential moving average of the weights (fairseq --ema-decay, Marian
     # --exponential-smoothing), e.g. 0.999; null: none. When on, validation, best.pt and the
     # test decode use the averaged weights (mtrain/train/ema.py).
-    ema_decay: Optional[float] = None
+    ema_decay: float | None = None
     ema_start_update: int = 0  # before this update the average follows the weights exactly
 
 
@@ -453,81 +452,81 @@ class FitConfig:
     # Start a new run from another run's weights (a run directory: its best.pt; or a checkpoint
     # file) and reuse its tokenizer: fine-tuning, continued training, domain adaptation. Unlike
     # train.resume, the data, schedule and optimiser are this run's own.
-    init_from: Optional[str] = None
+    init_from: str | None = None
     init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
     init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)
 
 
 @dataclass
 class TranslateConfig:
-    run: Optional[str] = None  # a run directory written by `mtrain fit`
+    run: str | None = None  # a run directory written by `mtrain fit`
     checkpoint: str = "best"  # best | last | a path
-    input: Optional[str] = None  # null: stdin
-    output: Optional[str] = None  # null: stdout
+    input: str | None = None  # null: stdin
+    output: str | None = None  # null: stdout
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
-    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     max_input_tokens: int = 1024  # longer inputs are truncated with a warning
-    attention: Optional[str] = None  # directory for cross-attention heat maps
+    attention: str | None = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
     engine: Engine = Engine.torch
     # Run directories or checkpoint files decoded together (mean of their log-probabilities at
     # every step); empty: run= alone. They must share run='s tokenizer.
-    ensemble: List[str] = field(default_factory=list)
+    ensemble: list[str] = field(default_factory=list)
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
     # Translate and flush each line as soon as it is read; null: when stdin is a terminal.
-    interactive: Optional[bool] = None
+    interactive: bool | None = None
     # A multilingual run (lang_tags): the language to translate into; null: the run's own target language.
-    tgt_lang: Optional[str] = None
+    tgt_lang: str | None = None
 
 
 @dataclass
 class EvalConfig:
-    run: Optional[str] = None
-    runs: Optional[str] = None  # a sweep directory (or comma-separated run dirs) to compare
+    run: str | None = None
+    runs: str | None = None  # a sweep directory (or comma-separated run dirs) to compare
     split: EvalSplit = EvalSplit.test  # of the run's data config
-    hyp: Optional[str] = None
-    ref: List[str] = field(default_factory=list)
+    hyp: str | None = None
+    ref: list[str] = field(default_factory=list)
     checkpoint: str = "best"
     average_last: int = 0  # average the last N checkpoints before decoding
     # Where run= writes its report (<split>.json, .md, .hyp) and, with average_last, the averaged
     # checkpoint (average_lastN.pt); null: the run's eval/ and checkpoints/ (a read-only run needs out=)
-    out: Optional[str] = None
-    metrics: List[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
+    out: str | None = None
+    metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
     tokenize: str = "13a"
     lowercase: bool = False
     chrf_word_order: int = 0  # 2 gives chrF++
-    baseline: Optional[str] = None  # run to compare against with paired bootstrap
+    baseline: str | None = None  # run to compare against with paired bootstrap
     bootstrap_samples: int = 1000
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     precision: str = "auto"  # as translate's
-    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     engine: Engine = Engine.torch
-    ensemble: List[str] = field(default_factory=list)  # as translate's
+    ensemble: list[str] = field(default_factory=list)  # as translate's
     weights: DecodeWeights = DecodeWeights.auto
     # Per line: sentence-BLEU, chrF and the model's score, in <split>.sentences.tsv beside the report
     # (hyp=: <hyp file>.sentences.tsv beside it, or in out=; no model score)
     per_sentence: bool = False
     worst_lines: int = 10  # lines of lowest sentence-BLEU listed in the Markdown report
     # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
-    src_lang: Optional[str] = None
-    tgt_lang: Optional[str] = None
+    src_lang: str | None = None
+    tgt_lang: str | None = None
 
 
 @dataclass
 class ServeConfig:
     """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
 
-    run: Optional[str] = None  # a run directory of `mtrain fit`, or an `mtrain export` directory (engine=ctranslate2)
+    run: str | None = None  # a run directory of `mtrain fit`, or an `mtrain export` directory (engine=ctranslate2)
     checkpoint: str = "best"  # best | last | a path
-    ensemble: List[str] = field(default_factory=list)  # as translate's
+    ensemble: list[str] = field(default_factory=list)  # as translate's
     weights: DecodeWeights = DecodeWeights.auto  # as translate's
     engine: Engine = Engine.torch
     device: str = "auto"
     precision: str = "auto"  # as translate's
-    num_threads: Optional[int] = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the default of every request
     max_input_tokens: int = 1024  # longer sentences are truncated with a warning, as translate does
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.
@@ -547,29 +546,29 @@ class ServeConfig:
 
 @dataclass
 class AverageConfig:
-    run: Optional[str] = None  # average the last `last` update_<N>.pt checkpoints of this run
+    run: str | None = None  # average the last `last` update_<N>.pt checkpoints of this run
     last: int = 3  # what train.keep_last keeps by default
-    checkpoints: List[str] = field(default_factory=list)  # or exactly these files
-    out: Optional[str] = None  # default: <run>/checkpoints/average_last<N>.pt
+    checkpoints: list[str] = field(default_factory=list)  # or exactly these files
+    out: str | None = None  # default: <run>/checkpoints/average_last<N>.pt
 
 
 @dataclass
 class ReportConfig:
-    sweep: Optional[str] = None  # a sweep directory or comma-separated run dirs (`mtrain report DIR`)
-    out: Optional[str] = None  # default: <sweep>/report
+    sweep: str | None = None  # a sweep directory or comma-separated run dirs (`mtrain report DIR`)
+    out: str | None = None  # default: <sweep>/report
     # Paired bootstrap of every run's saved test hypotheses against a baseline (default: the
     # first run), as in `mtrain eval runs=...`; 0 resamples leaves the columns out.
-    baseline: Optional[str] = None
+    baseline: str | None = None
     bootstrap_samples: int = 1000
 
 
 @dataclass
 class ExportConfig:
-    run: Optional[str] = None  # a run directory written by `mtrain fit`
+    run: str | None = None  # a run directory written by `mtrain fit`
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
-    out: Optional[str] = None  # the model directory to write
-    quantization: Optional[str] = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    out: str | None = None  # the model directory to write
+    quantization: str | None = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
 

@@ -14,9 +14,10 @@ import dataclasses
 import difflib
 import os
 import typing
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,8 +38,8 @@ from mtrain.config import (
     ServeConfig,
     TranslateConfig,
 )
-from mtrain.errors import MtrainError
 from mtrain.durations import parse_budget_share, parse_duration
+from mtrain.errors import MtrainError
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -81,13 +82,15 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
     known = [field.name for field in dataclasses.fields(schema)]
     for key in cfg:
         if key not in known:
-            raise MtrainError(f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
-                              + did_you_mean(str(key), known, prefix))
+            raise MtrainError(
+                f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
+                + did_you_mean(str(key), known, prefix)
+            )
         if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
             check_known_keys(cfg[key], f"{prefix}{key}.")
 
 
-def did_you_mean(word: str, candidates: List[str], prefix: str = "") -> str:
+def did_you_mean(word: str, candidates: list[str], prefix: str = "") -> str:
     """' (did you mean <prefix><closest>?)', or '' when nothing is close."""
     close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
@@ -103,7 +106,7 @@ def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:
             yield from schema_keys(field_type, f"{key}.")
 
 
-def takes_a_list(schema: Optional[type], key: str) -> bool:
+def takes_a_list(schema: type | None, key: str) -> bool:
     """Whether the dotted `key` of a config dataclass is a list (True when it is not found:
     a list is then the likelier reading of `a,b`)."""
     field_type: Any = schema
@@ -116,7 +119,7 @@ def takes_a_list(schema: Optional[type], key: str) -> bool:
     return typing.get_origin(field_type) in (list, tuple) or field_type in (list, tuple)
 
 
-def list_item_schema(schema: Optional[type], key: str) -> Optional[type]:
+def list_item_schema(schema: type | None, key: str) -> type | None:
     """The config dataclass of the items of the list at dotted `key` (CorpusConfig for
     data.corpora of FitConfig); None when `key` is not a list of config dataclasses."""
     field_type: Any = schema
@@ -124,7 +127,7 @@ def list_item_schema(schema: Optional[type], key: str) -> Optional[type]:
         if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
             return None
         field_type = typing.get_type_hints(field_type)[name]
-    if typing.get_origin(field_type) in (list, List):
+    if typing.get_origin(field_type) in (list, list):
         item = typing.get_args(field_type)[0]
         return item if dataclasses.is_dataclass(item) else None
     return None
@@ -172,21 +175,28 @@ def _check_init(cfg: DictConfig) -> None:
     path = cfg.tokenizer.path
     # (a resumed run encodes with its own copy in the run directory: the origin may be gone)
     if path is not None and not cfg.train.resume and not Path(str(path)).expanduser().is_dir():
-        raise MtrainError(f"tokenizer.path: {path!r}: no such directory (a run directory, its tokenizer/ or a "
-                          "cache entry)")
+        raise MtrainError(
+            f"tokenizer.path: {path!r}: no such directory (a run directory, its tokenizer/ or a cache entry)"
+        )
     if cfg.init_from is None:
         if cfg.init_keep_optimizer:
-            raise MtrainError("init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
-                              "optimiser state to keep (a resume keeps its own: train.resume=true)")
+            raise MtrainError(
+                "init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
+                "optimiser state to keep (a resume keeps its own: train.resume=true)"
+            )
         if cfg.init_weights != DecodeWeights.auto:
-            raise MtrainError(f"init_weights: {cfg.init_weights} chooses the weights of init_from=RUN_DIR|CHECKPOINT, "
-                              "which is not set")
+            raise MtrainError(
+                f"init_weights: {cfg.init_weights} chooses the weights of init_from=RUN_DIR|CHECKPOINT, "
+                "which is not set"
+            )
         return
     if not str(cfg.init_from).strip() or not Path(str(cfg.init_from)).expanduser().exists():
         raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory or checkpoint file")
     if path is not None:
-        raise MtrainError(f"tokenizer.path={path}: a fine-tune encodes with its parent's tokenizer (init_from="
-                          f"{cfg.init_from}); drop tokenizer.path")
+        raise MtrainError(
+            f"tokenizer.path={path}: a fine-tune encodes with its parent's tokenizer (init_from="
+            f"{cfg.init_from}); drop tokenizer.path"
+        )
 
 
 def _check_data(data: DictConfig) -> None:
@@ -194,11 +204,14 @@ def _check_data(data: DictConfig) -> None:
     _at_least(data, "num_workers", 1, prefix="data")
     _at_least(data, "chunk_size", 1, prefix="data")
     if not data.sampling_temperature > 0:
-        raise MtrainError(f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
-                          "by size; larger: flatter, towards uniform)")
+        raise MtrainError(
+            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
+            "by size; larger: flatter, towards uniform)"
+        )
     if len(data.corpora) > 1 and data.subword_sampling.alpha > 0:
-        raise MtrainError("data.subword_sampling.alpha: subword sampling trains on one corpus; with several "
-                          "data.corpora set it to 0")
+        raise MtrainError(
+            "data.subword_sampling.alpha: subword sampling trains on one corpus; with several data.corpora set it to 0"
+        )
     _at_least(data.clean, "max_len", 1, prefix="data.clean")
     _at_least(data.clean, "min_len", 0, prefix="data.clean")
     if data.clean.min_len > data.clean.max_len:
@@ -214,8 +227,10 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
     """data.corpora, data.sampling_temperature, data.lang_tags and the tags against the
     tokenizer: a config node or the dataclasses (`prepare_data` checks library callers too)."""
     if not data.sampling_temperature > 0:
-        raise MtrainError(f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: draw in "
-                          "proportion to size times weight; larger: flatter)")
+        raise MtrainError(
+            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: draw in "
+            "proportion to size times weight; larger: flatter)"
+        )
     lang_symbols = {f"<2{corpus.tgt or data.tgt}>" for corpus in data.corpora} | {f"<2{data.tgt}>"}
     directions = []
     for index, corpus in enumerate(data.corpora):
@@ -226,32 +241,44 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
             raise MtrainError(f"{key}.train_limit: {corpus.train_limit} must be >= 1 (or null: data.train_limit)")
         src, tgt = corpus.src or data.src, corpus.tgt or data.tgt
         if src == tgt:
-            raise MtrainError(f"{key}.tgt: '{tgt}' is also its source language ({key}.src or data.src); "
-                              "a corpus translates between two languages")
+            raise MtrainError(
+                f"{key}.tgt: '{tgt}' is also its source language ({key}.src or data.src); "
+                "a corpus translates between two languages"
+            )
         if (src, tgt) not in directions:
             directions.append((src, tgt))
         if corpus.tag is not None:
             symbol = f"<{corpus.tag}>"
             if not corpus.tag or any(character.isspace() or character in "<>" for character in corpus.tag):
-                raise MtrainError(f"{key}.tag: {corpus.tag!r} must be a non-empty name without spaces or "
-                                  "angle brackets (e.g. bt: the symbol <bt>)")
+                raise MtrainError(
+                    f"{key}.tag: {corpus.tag!r} must be a non-empty name without spaces or "
+                    "angle brackets (e.g. bt: the symbol <bt>)"
+                )
             if symbol in SPECIAL_PIECES:
-                raise MtrainError(f"{key}.tag: {corpus.tag!r} makes {symbol}, a special piece of the tokenizer; "
-                                  "choose another name (e.g. bt)")
+                raise MtrainError(
+                    f"{key}.tag: {corpus.tag!r} makes {symbol}, a special piece of the tokenizer; "
+                    "choose another name (e.g. bt)"
+                )
             if data.lang_tags and symbol in lang_symbols:
-                raise MtrainError(f"{key}.tag: {symbol} is also a target-language tag (data.lang_tags=true); "
-                                  "choose another name")
+                raise MtrainError(
+                    f"{key}.tag: {symbol} is also a target-language tag (data.lang_tags=true); choose another name"
+                )
     if data.lang_tags and not tokenizer.joint:
-        raise MtrainError("data.lang_tags: the language tags need one vocabulary for all languages; set "
-                          "tokenizer.joint=true")
+        raise MtrainError(
+            "data.lang_tags: the language tags need one vocabulary for all languages; set tokenizer.joint=true"
+        )
     if len(directions) > 1 and not tokenizer.joint:
         names = ", ".join(f"{src}-{tgt}" for src, tgt in directions)
-        raise MtrainError(f"tokenizer.joint: false, but data.corpora trains {len(directions)} directions ({names}); "
-                          "several directions need tokenizer.joint=true")
+        raise MtrainError(
+            f"tokenizer.joint: false, but data.corpora trains {len(directions)} directions ({names}); "
+            "several directions need tokenizer.joint=true"
+        )
     tagged = data.lang_tags or any(corpus.tag for corpus in data.corpora)
     if data.subword_sampling.alpha > 0 and (len(data.corpora) > 1 or tagged):
-        raise MtrainError("data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
-                          "set it to 0 with several data.corpora, a corpus tag or data.lang_tags")
+        raise MtrainError(
+            "data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
+            "set it to 0 with several data.corpora, a corpus tag or data.lang_tags"
+        )
 
 
 def _check_tokenizer(tokenizer: DictConfig) -> None:
@@ -260,8 +287,13 @@ def _check_tokenizer(tokenizer: DictConfig) -> None:
     if not 0.0 < tokenizer.character_coverage <= 1.0:
         raise MtrainError(f"tokenizer.character_coverage: {tokenizer.character_coverage} must be in (0, 1]")
     special = {name: getattr(tokenizer, name) for name in ("unk_id", "pad_id", "bos_id", "eos_id")}
-    _at_least(tokenizer, "vocab_size", len(special) + 1, prefix="tokenizer",
-              why="(room for unk, pad, bos, eos and at least one piece)")
+    _at_least(
+        tokenizer,
+        "vocab_size",
+        len(special) + 1,
+        prefix="tokenizer",
+        why="(room for unk, pad, bos, eos and at least one piece)",
+    )
     for name, value in special.items():
         if not 0 <= value < tokenizer.vocab_size:
             raise MtrainError(f"tokenizer.{name}: {value} must be in [0, tokenizer.vocab_size={tokenizer.vocab_size})")
@@ -270,11 +302,26 @@ def _check_tokenizer(tokenizer: DictConfig) -> None:
 
 
 def _check_train(train: DictConfig) -> None:
-    for key in ("max_tokens", "update_freq", "validate_every", "log_every", "keep_last", "max_bad_updates",
-                "max_oom_batches", "instrument_every"):
+    for key in (
+        "max_tokens",
+        "update_freq",
+        "validate_every",
+        "log_every",
+        "keep_last",
+        "max_bad_updates",
+        "max_oom_batches",
+        "instrument_every",
+    ):
         _at_least(train, key, 1, prefix="train")
-    for key in ("decay_updates", "max_updates", "max_epochs", "patience", "num_threads", "valid_max_sentences",
-                "pad_to_multiple"):
+    for key in (
+        "decay_updates",
+        "max_updates",
+        "max_epochs",
+        "patience",
+        "num_threads",
+        "valid_max_sentences",
+        "pad_to_multiple",
+    ):
         _optional_at_least(train, key, 1, prefix="train")
     for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr", "ema_start_update"):
         _at_least(train, key, 0, prefix="train")
@@ -302,12 +349,20 @@ def _check_train(train: DictConfig) -> None:
     except MtrainError:
         share = -1.0
     if share is not None and not 0.0 <= share < 1.0:
-        raise MtrainError(f"train.warmup_time: {train.warmup_time!r} must be a share of train.max_time from 0% to "
-                          f"below 100% (e.g. 9%) or a duration shorter than train.max_time={train.max_time}")
-    if train.scheduler in (Scheduler.cosine, Scheduler.linear) and train.decay_updates is None and train.max_time is None \
-            and train.max_updates is None:
-        raise MtrainError(f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
-                          "train.max_updates or train.max_time")
+        raise MtrainError(
+            f"train.warmup_time: {train.warmup_time!r} must be a share of train.max_time from 0% to "
+            f"below 100% (e.g. 9%) or a duration shorter than train.max_time={train.max_time}"
+        )
+    if (
+        train.scheduler in (Scheduler.cosine, Scheduler.linear)
+        and train.decay_updates is None
+        and train.max_time is None
+        and train.max_updates is None
+    ):
+        raise MtrainError(
+            f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
+            "train.max_updates or train.max_time"
+        )
 
 
 def _check_decode(decode: DictConfig, prefix: str) -> None:
@@ -319,8 +374,10 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         raise MtrainError(f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)")
     if decode.sampling == Sampling.none:
         if decode.nbest > decode.beam:
-            raise MtrainError(f"{prefix}.nbest: {decode.nbest} is above {prefix}.beam={decode.beam} (beam search "
-                              f"keeps only `beam` hypotheses); raise {prefix}.beam")
+            raise MtrainError(
+                f"{prefix}.nbest: {decode.nbest} is above {prefix}.beam={decode.beam} (beam search "
+                f"keeps only `beam` hypotheses); raise {prefix}.beam"
+            )
         return
     if not decode.temperature > 0:
         raise MtrainError(f"{prefix}.temperature: {decode.temperature} must be > 0")
@@ -335,8 +392,10 @@ def _check_decoding_precision(cfg: DictConfig) -> None:
     takes its compute types, checked by mtrain.decode.ct2_engine)."""
     allowed = [member.value for member in Precision]
     if cfg.engine == Engine.torch and cfg.precision not in allowed:
-        raise MtrainError(f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
-                          + did_you_mean(str(cfg.precision), allowed))
+        raise MtrainError(
+            f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
+            + did_you_mean(str(cfg.precision), allowed)
+        )
 
 
 def _check_ensemble(cfg: DictConfig) -> None:
@@ -349,11 +408,15 @@ def _check_ensemble(cfg: DictConfig) -> None:
     if OmegaConf.get_type(cfg) is not EvalConfig:
         return
     if cfg.runs or cfg.hyp or not cfg.run:
-        raise MtrainError("ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
-                          "(drop ensemble=, or evaluate a run with run=RUN)")
+        raise MtrainError(
+            "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
+            "(drop ensemble=, or evaluate a run with run=RUN)"
+        )
     if cfg.out is None:
-        raise MtrainError(f"ensemble: the report of an ensemble is not run={cfg.run}'s own; "
-                          "give out=DIR to write it (and any average_last checkpoint) there")
+        raise MtrainError(
+            f"ensemble: the report of an ensemble is not run={cfg.run}'s own; "
+            "give out=DIR to write it (and any average_last checkpoint) there"
+        )
 
 
 def _check_translate(cfg: DictConfig) -> None:
@@ -378,8 +441,10 @@ def _check_serve(cfg: DictConfig) -> None:
         raise MtrainError(f"request_timeout_s: {cfg.request_timeout_s} must be > 0")
     for key in ("beam", "nbest"):
         if cfg.decode[key] > cfg.max_beam:
-            raise MtrainError(f"max_beam: {cfg.max_beam} is below decode.{key}={cfg.decode[key]}, the default of "
-                              f"every request; raise max_beam or lower decode.{key}")
+            raise MtrainError(
+                f"max_beam: {cfg.max_beam} is below decode.{key}={cfg.decode[key]}, the default of "
+                f"every request; raise max_beam or lower decode.{key}"
+            )
 
 
 # ----------------------------------------------------------------------------- paths
@@ -398,18 +463,22 @@ def _check_eval_out(cfg: DictConfig) -> None:
     """`out=` is where `run=` writes, and `hyp= per_sentence=true` its TSV: the other modes
     write nothing, so it would be ignored. `runs=` has no per-sentence scores."""
     if cfg.per_sentence and cfg.runs:
-        raise MtrainError("per_sentence: scores the lines of one run (run=) or file (hyp=), not a comparison "
-                          "(runs=); evaluate each run with run=RUN per_sentence=true")
+        raise MtrainError(
+            "per_sentence: scores the lines of one run (run=) or file (hyp=), not a comparison "
+            "(runs=); evaluate each run with run=RUN per_sentence=true"
+        )
     if cfg.out is None:
         return
     if cfg.runs or (cfg.hyp and not cfg.per_sentence) or not (cfg.run or cfg.hyp):
-        raise MtrainError("out: is where `mtrain eval run=RUN` writes its report (and hyp= per_sentence=true its "
-                          "sentence scores); hyp= alone and runs= write none (drop out=, or evaluate a run with "
-                          "run=RUN)")
+        raise MtrainError(
+            "out: is where `mtrain eval run=RUN` writes its report (and hyp= per_sentence=true its "
+            "sentence scores); hyp= alone and runs= write none (drop out=, or evaluate a run with "
+            "run=RUN)"
+        )
     check_writable_dir(Path(cfg.out), "out")
 
 
-def check_writable_dir(path: Path, key: str, advice: Optional[str] = None) -> None:
+def check_writable_dir(path: Path, key: str, advice: str | None = None) -> None:
     """A directory `path` exists and is writable, or can be created; else MtrainError naming
     `key`, with `advice` (default: choose another with key=PATH)."""
     advice = advice or f"choose another with {key}=PATH"
@@ -467,11 +536,13 @@ def _check_choices(section: Any, schema: type, prefix: str) -> None:
         value = getattr(section, name)
         if choice is not None and value is not None and value not in {member.value for member in choice}:
             allowed = "|".join(member.value for member in choice)
-            raise MtrainError(f"{prefix}.{name}: {value!r} is not one of {allowed}"
-                              + did_you_mean(str(value), [member.value for member in choice]))
+            raise MtrainError(
+                f"{prefix}.{name}: {value!r} is not one of {allowed}"
+                + did_you_mean(str(value), [member.value for member in choice])
+            )
 
 
-def _choice_type(field_type: Any) -> Optional[type]:
+def _choice_type(field_type: Any) -> type | None:
     for candidate in (field_type, *typing.get_args(field_type)):  # Optional[X] is Union[X, None]
         if isinstance(candidate, type) and issubclass(candidate, Enum):
             return candidate

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from mtrain.errors import MtrainError
 
@@ -11,7 +10,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
-def parse_duration(text: Optional[str], key: str = "train.max_time") -> Optional[float]:
+def parse_duration(text: str | None, key: str = "train.max_time") -> float | None:
     """'90s', '20m', '2h', '1.5h' or a bare number of seconds -> seconds (None stays None)."""
     if text is None or str(text).strip() == "":
         return None
@@ -21,7 +20,7 @@ def parse_duration(text: Optional[str], key: str = "train.max_time") -> Optional
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
-def parse_budget_share(text: Optional[str], budget: Optional[str], key: str = "train.warmup_time") -> Optional[float]:
+def parse_budget_share(text: str | None, budget: str | None, key: str = "train.warmup_time") -> float | None:
     """A share of the time budget `budget` written as "N%" or as a duration ("60s"), as a
     fraction (0.09); None when either is unset. The range is checked by mtrain.config_checks."""
     if text is None or str(text).strip() == "" or budget is None:

@@ -13,9 +13,9 @@ differently.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,14 +26,14 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 class CommandLine:
     """A command line as Hydra's own argument parser reads it."""
 
-    overrides: List[str]
+    overrides: list[str]
     multirun: bool  # -m / --multirun
     prints_config: bool  # --cfg job|hydra|all: Hydra prints the config and runs nothing
     # A flag that composes nothing of ours (--help, --hydra-help, --info, --shell-completion)
     # or takes the config from elsewhere (--config-name/-path/-dir, --experimental-rerun).
     hydra_only: bool
     # --config-name NAME without --config-path/--config-dir: a primary config of ours (`has_primary_config`)
-    config_name: Optional[str] = None
+    config_name: str | None = None
 
 
 def read_command_line(argv: Sequence[str]) -> CommandLine:
@@ -41,17 +41,28 @@ def read_command_line(argv: Sequence[str]) -> CommandLine:
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(list(argv))
-    hydra_only = bool(args.help or args.hydra_help or args.info or args.shell_completion or args.config_name
-                      or args.config_path or args.config_dir or args.experimental_rerun)
+    hydra_only = bool(
+        args.help
+        or args.hydra_help
+        or args.info
+        or args.shell_completion
+        or args.config_name
+        or args.config_path
+        or args.config_dir
+        or args.experimental_rerun
+    )
     ours = args.config_name if args.config_name and not (args.config_path or args.config_dir) else None
     return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only, ours)
 
 
-def primary_configs(config_dir: str) -> List[str]:
+def primary_configs(config_dir: str) -> list[str]:
     """The names `--config-name` may take with `config_dir` (the commands' configs; the
     schemas Hydra's ConfigStore holds are left out)."""
-    return [name for name in _repository(config_dir).get_group_options("")
-            if not name.endswith("_schema") and not name.startswith("_")]
+    return [
+        name
+        for name in _repository(config_dir).get_group_options("")
+        if not name.endswith("_schema") and not name.startswith("_")
+    ]
 
 
 def has_primary_config(config_dir: str, config_name: str) -> bool:
@@ -67,8 +78,9 @@ def _repository(config_dir: str):  # -> hydra._internal.config_repository.Config
     return ConfigRepository(create_automatic_config_search_path(None, None, config_dir))
 
 
-def compose_jobs(config_dir: str, config_name: str, overrides: Sequence[str],
-                 multirun: bool) -> List[Tuple[str, DictConfig]]:
+def compose_jobs(
+    config_dir: str, config_name: str, overrides: Sequence[str], multirun: bool
+) -> list[tuple[str, DictConfig]]:
     """(label, config with its `hydra` section) of each job the command line runs, composed by
     Hydra's own loader: one unlabelled job for a run; for a sweep, the sweep's base config
     (unlabelled) and every job of Hydra's basic sweeper, labelled with its overrides (a sweep
@@ -87,9 +99,11 @@ def compose_jobs(config_dir: str, config_name: str, overrides: Sequence[str],
     search_path = create_automatic_config_search_path(None, None, config_dir)
     composer = Hydra.create_main_hydra2(task_name=config_name, config_search_path=search_path)
     try:
-        def compose(job_overrides: List[str], mode: RunMode) -> DictConfig:
-            cfg = composer.compose_config(config_name, job_overrides, run_mode=mode, from_shell=True,
-                                          with_log_configuration=False)
+
+        def compose(job_overrides: list[str], mode: RunMode) -> DictConfig:
+            cfg = composer.compose_config(
+                config_name, job_overrides, run_mode=mode, from_shell=True, with_log_configuration=False
+            )
             HydraConfig.instance().set_config(cfg)  # for ${hydra:...} in hydra.run.dir
             return cfg
 
@@ -130,7 +144,7 @@ class CompositionError:
     # the character that needs quotes (NEEDS_QUOTES; "" where the caret could not be read)
     key: str = ""  # the config key (the group for MISSING_PRESET; the override for NOT_AN_OVERRIDE)
     value: str = ""  # the value given (the preset's name for MISSING_PRESET)
-    allowed: Tuple[str, ...] = ()  # the group's presets, or the choice's values
+    allowed: tuple[str, ...] = ()  # the group's presets, or the choice's values
 
 
 def read_composition_error(error: Exception) -> CompositionError:
@@ -156,16 +170,18 @@ def read_composition_error(error: Exception) -> CompositionError:
             character = override[column] if 0 <= column < len(override) else ""
             return CompositionError(ErrorKind.NEEDS_QUOTES, character, key, value)
         if lexer:
-            return CompositionError(ErrorKind.NOT_AN_OVERRIDE, "a character outside Hydra's override grammar",
-                                    lexer.group(2))
+            return CompositionError(
+                ErrorKind.NOT_AN_OVERRIDE, "a character outside Hydra's override grammar", lexer.group(2)
+            )
         found = re.match(r"Error parsing override '(.*)'", first)
-        return CompositionError(ErrorKind.NOT_AN_OVERRIDE, lines[1] if len(lines) > 1 else "",
-                                found.group(1) if found else first)
+        return CompositionError(
+            ErrorKind.NOT_AN_OVERRIDE, lines[1] if len(lines) > 1 else "", found.group(1) if found else first
+        )
     ambiguous = re.match(r"Ambiguous value for argument '([^=]+)=(.*)'", first)
     if ambiguous:
         return CompositionError(ErrorKind.SEVERAL_VALUES, first, *ambiguous.groups())
     cause = error.__cause__
-    full_key: Optional[str] = getattr(cause, "full_key", None)
+    full_key: str | None = getattr(cause, "full_key", None)
     if not full_key:
         return CompositionError(ErrorKind.UNREAD, first)
     reason = str(cause).splitlines()[0]
@@ -177,15 +193,14 @@ def read_composition_error(error: Exception) -> CompositionError:
         return CompositionError(ErrorKind.UNKNOWN_KEY, reason, key)
     choices = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
     if choices:
-        return CompositionError(ErrorKind.NOT_A_CHOICE, reason, full_key, choices.group(1),
-                                tuple(choices.group(2).split(", ")))
+        return CompositionError(
+            ErrorKind.NOT_A_CHOICE, reason, full_key, choices.group(1), tuple(choices.group(2).split(", "))
+        )
     converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", reason)
     if converted:
         # `allowed` holds the one type the value should have had (Float, Integer, Boolean...).
-        return CompositionError(ErrorKind.NOT_CONVERTIBLE, reason, full_key, converted.group(1),
-                                (converted.group(2),))
+        return CompositionError(ErrorKind.NOT_CONVERTIBLE, reason, full_key, converted.group(1), (converted.group(2),))
     return CompositionError(ErrorKind.OTHER_VALUE, reason, full_key)
-
 
 
 def _key_inside_value(key: str, inner: str, text: str) -> str:
@@ -200,10 +215,10 @@ def _key_inside_value(key: str, inner: str, text: str) -> str:
         return key
     try:
         value = OverridesParser.create().parse_overrides([f"{key}={found.group(1)}"])[0].value()
-    except Exception:  # noqa: BLE001 - any parse failure: fall back to the override's key
+    except Exception:
         return key
 
-    def holds(item: object, path: List[str]) -> bool:
+    def holds(item: object, path: list[str]) -> bool:
         for name in path:
             if not isinstance(item, dict) or name not in item:
                 return False

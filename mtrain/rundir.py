@@ -28,8 +28,9 @@ import re
 import secrets
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Optional, Tuple, Union
+from typing import IO
 
 from mtrain.errors import MtrainError
 
@@ -37,7 +38,7 @@ _UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
 TMP_SUFFIX = ".tmp"
 
 
-def atomic_write(path: Union[str, Path], write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
 
     A crash at any moment leaves either the old file or the new one, never a mix; an error
@@ -61,7 +62,7 @@ def atomic_write(path: Union[str, Path], write: Callable[[IO[bytes]], None]) -> 
         raise
 
 
-def _create_temporary_file(path: Path) -> Tuple[int, str]:
+def _create_temporary_file(path: Path) -> tuple[int, str]:
     """A new, uniquely named file beside `path`, open for writing, with the mode a plain write
     would leave: that of `path` when it exists, else 0666 less the umask (the kernel applies
     it). `tempfile.mkstemp` makes 0600 files, and the mode survives the rename: every run file
@@ -83,7 +84,7 @@ def _create_temporary_file(path: Path) -> Tuple[int, str]:
         return fd, tmp_name
 
 
-def atomic_write_text(path: Union[str, Path], text: str) -> None:
+def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write` of UTF-8 text."""
     data = text.encode("utf-8")
     atomic_write(path, lambda handle: handle.write(data))
@@ -105,7 +106,7 @@ def _fsync_directory(directory: Path) -> None:
 class RunDir:
     """The paths of one run directory (nothing is created until something is written)."""
 
-    def __init__(self, path: Union[str, Path]):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
 
     def __repr__(self) -> str:
@@ -167,7 +168,7 @@ class RunDir:
     def data_dir(self) -> Path:
         return self.path / "data"
 
-    def split_files(self, split: str, direction: Optional[str] = None) -> Tuple[Path, Path]:
+    def split_files(self, split: str, direction: str | None = None) -> tuple[Path, Path]:
         """The run's own copy of a split's raw sources and references (one sentence a line);
         a multilingual run keeps one per `direction` (`de-en`)."""
         name = split if direction is None else f"{split}.{direction}"
@@ -185,7 +186,7 @@ class RunDir:
     def update_checkpoint(self, update: int) -> Path:
         return self.checkpoint(f"update_{update}")
 
-    def update_checkpoints(self) -> List[Path]:
+    def update_checkpoints(self) -> list[Path]:
         """The `update_<N>.pt` checkpoints, oldest first."""
         if not self.checkpoint_dir.is_dir():
             return []
@@ -220,26 +221,34 @@ class RunDir:
             "is this a run directory written by `mtrain fit`?"
         )
 
-    def stale_temporary_files(self) -> List[Path]:
+    def stale_temporary_files(self) -> list[Path]:
         """Temporary files of interrupted atomic writes (safe to delete: never renamed)."""
-        found: List[Path] = []
+        found: list[Path] = []
         for directory in (self.path, self.checkpoint_dir, self.eval_dir, self.data_dir):
             if directory.is_dir():
                 found += [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)]
         return found
 
-    def disk_use_mb(self) -> Dict[str, float]:
+    def disk_use_mb(self) -> dict[str, float]:
         """How much the run's files take (MB of their sizes): `total`, and `checkpoints` of it."""
+
         def megabytes(directory: Path) -> float:
-            files = [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()] if directory.is_dir() else []
+            files = (
+                [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()] if directory.is_dir() else []
+            )
             return round(sum(p.stat().st_size for p in files) / 1e6, 1)
 
         return {"total": megabytes(self.path), "checkpoints": megabytes(self.checkpoint_dir)}
 
     def looks_like_run(self) -> bool:
         """Whether `mtrain fit` wrote this directory (any of its marks)."""
-        return (self.overrides_file.is_file() or self.metrics_file.is_file() or self.checkpoint_dir.is_dir()
-                or self.config_file.is_file() or self.failed_file.is_file())
+        return (
+            self.overrides_file.is_file()
+            or self.metrics_file.is_file()
+            or self.checkpoint_dir.is_dir()
+            or self.config_file.is_file()
+            or self.failed_file.is_file()
+        )
 
 
 class RunLock:
@@ -254,7 +263,7 @@ class RunLock:
 
     def __init__(self, run: RunDir) -> None:
         self.run = run
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     def acquire(self) -> None:
         """Hold the lock, or raise MtrainError naming the process that holds it (nothing
@@ -269,8 +278,10 @@ class RunLock:
             except BlockingIOError:
                 holder = os.read(fd, 256).decode("utf-8", "replace").split()
                 os.close(fd)
-                raise MtrainError(f"{self.run.path} is in use by {_describe_holder(holder)}; wait for it to "
-                                  "end, or choose another hydra.run.dir") from None
+                raise MtrainError(
+                    f"{self.run.path} is in use by {_describe_holder(holder)}; wait for it to "
+                    "end, or choose another hydra.run.dir"
+                ) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -282,7 +293,7 @@ class RunLock:
                 break
             os.close(fd)  # its holder removed it as we opened it: lock the new one
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode("utf-8"))
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         self._fd = fd
 
     def release(self) -> None:
@@ -296,7 +307,7 @@ class RunLock:
         os.close(self._fd)
         self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self.acquire()
         return self
 
@@ -304,7 +315,7 @@ class RunLock:
         self.release()
 
 
-def _describe_holder(holder: List[str]) -> str:
+def _describe_holder(holder: list[str]) -> str:
     if not holder:
         return "another process"  # it is writing its pid this very moment
     pid, host = holder[0], holder[1] if len(holder) > 1 else ""

@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import functools
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -59,7 +59,7 @@ def cpu_has_bf16_matmul() -> bool:
     return bool(hardware) and not aten_capped and not onednn_capped
 
 
-def as_precision(name: "Precision | str") -> Precision:
+def as_precision(name: Precision | str) -> Precision:
     """A precision name as the enum; an unknown name is an MtrainError listing the choices."""
     try:
         return Precision(name)
@@ -74,7 +74,7 @@ def check_precision(precision: Precision, device: torch.device) -> None:
         raise MtrainError("precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU")
 
 
-def resolve_precision(name: "Precision | str", device: torch.device) -> Precision:
+def resolve_precision(name: Precision | str, device: torch.device) -> Precision:
     """Training's precision: auto -> bf16 where the hardware trains it fast, else fp32.
 
     On this project's CPUs bf16 autocast trains ~2x faster per minute than fp32 at the
@@ -89,7 +89,7 @@ def resolve_precision(name: "Precision | str", device: torch.device) -> Precisio
     return Precision.bf16 if cpu_has_bf16_matmul() else Precision.fp32
 
 
-def resolve_decode_precision(name: "Precision | str", device: torch.device) -> Precision:
+def resolve_decode_precision(name: Precision | str, device: torch.device) -> Precision:
     """Decoding's precision: auto -> what decoded faster where it was measured
     (scripts/bench_decode.py, Multi30k test_2016_flickr, 1,000 sentences, a 3+3 layer d_model 256 run):
 
@@ -124,13 +124,13 @@ def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractC
     return torch.autocast(device_type=device.type, dtype=Precision(precision).dtype)
 
 
-def set_threads(num_threads: Optional[int]) -> None:
+def set_threads(num_threads: int | None) -> None:
     if num_threads:
         torch.set_num_threads(num_threads)
 
 
-@functools.lru_cache(maxsize=None)
-def _malloc_trim() -> Optional[Callable[[int], int]]:
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
     try:
         return ctypes.CDLL(None).malloc_trim
@@ -155,7 +155,7 @@ def release_free_host_memory() -> bool:
     return True
 
 
-def peak_host_memory_mb(reset: bool = False) -> Optional[float]:
+def peak_host_memory_mb(reset: bool = False) -> float | None:
     """The process's peak resident memory in MB (Linux: VmHWM) since it started or since the
     last `reset=True`, which starts a new peak from the current resident size; None where the
     system does not say. Where the kernel refuses the reset, peaks stay cumulative: a later

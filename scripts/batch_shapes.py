@@ -18,9 +18,9 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.batches import prepare_data  # noqa: E402
-from mtrain.batches.batching import TokenBatchSampler, round_up  # noqa: E402
+from mtrain.batches import prepare_data
+from mtrain.batches.batching import TokenBatchSampler, round_up
+from mtrain.cli.common import CONFIG_DIR
 
 
 def main() -> None:
@@ -35,8 +35,9 @@ def main() -> None:
     real = int(train.src_lengths.sum() + train.tgt_lengths.sum() + len(train.tgt_lengths))
     print(f"{'multiple':>8} {'batches':>8} {'shapes':>7} {'padding':>8}")
     for multiple in (int(m) for m in args.multiples.split(",")):
-        sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, cfg.train.max_tokens, cfg.seed,
-                                    pad_to_multiple=multiple)
+        sampler = TokenBatchSampler(
+            train.src_lengths, train.tgt_lengths, cfg.train.max_tokens, cfg.seed, pad_to_multiple=multiple
+        )
         shapes, padded = set(), 0
         for batch in sampler.batches(args.epoch):
             src_len = round_up(int(train.src_lengths[batch].max()), multiple)

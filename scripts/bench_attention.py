@@ -76,8 +76,13 @@ class Setting:
         start, start_cpu = time.perf_counter(), time.process_time()
         with autocast:
             logits = self.model(src, src_padding_mask, tgt_input)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt_output.reshape(-1),
-                               ignore_index=PAD, reduction="sum", label_smoothing=0.1)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            tgt_output.reshape(-1),
+            ignore_index=PAD,
+            reduction="sum",
+            label_smoothing=0.1,
+        )
         loss.backward()
         self.best = min(self.best, time.perf_counter() - start)
         self.best_cpu = min(self.best_cpu, time.process_time() - start_cpu)
@@ -99,19 +104,25 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     batch = make_batch(args.tokens, torch.Generator().manual_seed(0))
     target_tokens = int((batch[3] != PAD).sum())
-    settings = [Setting(impl, precision, dropout, False)
-                for impl, precision, dropout in itertools.product(("sdpa", "math"), ("fp32", "bf16"), (0.1, 0.0))]
+    settings = [
+        Setting(impl, precision, dropout, False)
+        for impl, precision, dropout in itertools.product(("sdpa", "math"), ("fp32", "bf16"), (0.1, 0.0))
+    ]
     settings += [Setting("math", precision, 0.1, True) for precision in ("fp32", "bf16")]
     for _ in range(args.rounds + 1):
         for setting in settings:
             setting.step(batch)
-    print(f"batch: {batch[0].shape[0]} sentences, src_len {batch[0].shape[1]}, {target_tokens} target "
-          f"tokens; {args.threads} threads; best of {args.rounds} rounds after a warm-up")
+    print(
+        f"batch: {batch[0].shape[0]} sentences, src_len {batch[0].shape[1]}, {target_tokens} target "
+        f"tokens; {args.threads} threads; best of {args.rounds} rounds after a warm-up"
+    )
     print("| attention | precision | dropout | ms/step | target tok/s | CPU ms/step |")
     print("|---|---|---|---:|---:|---:|")
     for s in settings:
-        print(f"| {s.impl} | {s.precision} | {s.label()} | {s.best * 1000:.0f} | "
-              f"{target_tokens / s.best:,.0f} | {s.best_cpu * 1000:.0f} |")
+        print(
+            f"| {s.impl} | {s.precision} | {s.label()} | {s.best * 1000:.0f} | "
+            f"{target_tokens / s.best:,.0f} | {s.best_cpu * 1000:.0f} |"
+        )
 
 
 if __name__ == "__main__":

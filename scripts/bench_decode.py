@@ -47,8 +47,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mtrain.config import DecodeConfig, ModelConfig  # noqa: E402
-from mtrain.decode.translator import translate_encoded  # noqa: E402
+from mtrain.config import DecodeConfig, ModelConfig
+from mtrain.decode.translator import translate_encoded
 
 MODES = {"greedy": 1, "beam5": 5}
 BENCH_MODEL = ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, ffn_dim=1024, dropout=0.0)
@@ -60,7 +60,7 @@ def data_dir() -> Path:
 
 def read_lines(path: Path, limit: int) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for _, line in zip(range(limit), f)]
+        return [line.rstrip("\n") for _, line in zip(range(limit), f, strict=False)]
 
 
 def benchmark_tokenizer(cache: Path):
@@ -77,8 +77,16 @@ def benchmark_tokenizer(cache: Path):
             for lang in ("de", "en"):
                 out.writelines(line + "\n" for line in read_lines(data_dir() / f"train.{lang}.gz", 10**9))
         with open(os.devnull, "w") as quiet:
-            spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(cache / "spm"), vocab_size=8000,
-                                           unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet)
+            spm.SentencePieceTrainer.train(
+                input=str(text),
+                model_prefix=str(cache / "spm"),
+                vocab_size=8000,
+                unk_id=0,
+                pad_id=1,
+                bos_id=2,
+                eos_id=3,
+                logstream=quiet,
+            )
         text.unlink()
     return Tokenizer({"spm.model": model_file})
 
@@ -93,8 +101,9 @@ def load(args, device: torch.device):
 
     tokenizer = benchmark_tokenizer(Path(args.tokenizer_cache).expanduser())
     torch.manual_seed(0)
-    model = build_model(BENCH_MODEL, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint)
+    model = build_model(
+        BENCH_MODEL, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    )
     return model.to(device).eval(), tokenizer, "random benchmark-size model (outputs run to max length)"
 
 
@@ -137,9 +146,14 @@ def measure(model, tokenizer, sources, refs, beam, use_cache, precision, device,
             torch.cuda.synchronize()
         seconds = min(seconds, time.perf_counter() - start)
     tokens = sum(len(h[0].tokens) + 1 for h in hyps)
-    result = {"outputs": [h[0].tokens for h in hyps], "sentences": len(sources), "seconds": round(seconds, 2),
-              "sentences_per_s": round(len(sources) / seconds, 1), "tokens_per_s": round(tokens / seconds, 1),
-              "mean_output_tokens": round(tokens / len(sources), 1)}
+    result = {
+        "outputs": [h[0].tokens for h in hyps],
+        "sentences": len(sources),
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(sources) / seconds, 1),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "mean_output_tokens": round(tokens / len(sources), 1),
+    }
     if refs is not None:
         result["bleu"] = round(bleu([h[0].text for h in hyps], refs), 2)
     return result
@@ -154,8 +168,11 @@ def main() -> None:
     parser.add_argument("--cache", default="on,off", help="on, off or on,off")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--devices", default="cpu,cuda", help="cuda is skipped when there is none")
-    parser.add_argument("--ct2", default="float32,int8",
-                        help="CTranslate2 compute types on the CPU, same model and sentences ('' to skip)")
+    parser.add_argument(
+        "--ct2",
+        default="float32,int8",
+        help="CTranslate2 compute types on the CPU, same model and sentences ('' to skip)",
+    )
     parser.add_argument("--max-tokens", type=int, default=DecodeConfig.max_tokens, help="source tokens per batch")
     parser.add_argument("--repeat", type=int, default=1, help="runs per setting; the fastest counts")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
@@ -179,18 +196,32 @@ def main() -> None:
         print("|---|---|---|---|---|---:|---:|---:|---:|---:|", flush=True)
         engines = [("torch", model, precision) for precision in args.precisions.split(",")]
         if device.type == "cpu" and args.ct2:
-            engines += [("ctranslate2", load_ctranslate2(args, model, tokenizer, compute_type), compute_type)
-                        for compute_type in args.ct2.split(",")]
+            engines += [
+                ("ctranslate2", load_ctranslate2(args, model, tokenizer, compute_type), compute_type)
+                for compute_type in args.ct2.split(",")
+            ]
         for mode in args.modes.split(","):
             for engine, engine_model, precision in engines:
-                for cache in (args.cache.split(",") if engine == "torch" else ["on"]):
-                    r = measure(engine_model, tokenizer, sources, refs, MODES[mode], cache == "on", precision,
-                                device, args.max_tokens, args.repeat)
+                for cache in args.cache.split(",") if engine == "torch" else ["on"]:
+                    r = measure(
+                        engine_model,
+                        tokenizer,
+                        sources,
+                        refs,
+                        MODES[mode],
+                        cache == "on",
+                        precision,
+                        device,
+                        args.max_tokens,
+                        args.repeat,
+                    )
                     r.update(device=device_name, engine=engine, mode=mode, cache=cache, precision=precision)
                     results.append(r)
-                    print(f"| {device_name} | {engine} | {mode} | {cache} | {precision} | {r['sentences_per_s']} | "
-                          f"{r['tokens_per_s']} | {r['seconds']} | {r['mean_output_tokens']} | {r.get('bleu', '-')} |",
-                          flush=True)
+                    print(
+                        f"| {device_name} | {engine} | {mode} | {cache} | {precision} | {r['sentences_per_s']} | "
+                        f"{r['tokens_per_s']} | {r['seconds']} | {r['mean_output_tokens']} | {r.get('bleu', '-')} |",
+                        flush=True,
+                    )
     print_ctranslate2_comparison(results)
     for r in results:
         r.pop("outputs")
@@ -202,8 +233,11 @@ def print_ctranslate2_comparison(results: list[dict]) -> None:
     """Per mode: CTranslate2's speed over mtrain's fastest cached CPU setting, and how many
     outputs CTranslate2 fp32 shares with mtrain's fp32 cached decoder."""
     for mode in dict.fromkeys(r["mode"] for r in results):
-        row = {(r["engine"], r["precision"]): r for r in results
-               if r["mode"] == mode and r["device"] == "cpu" and r["cache"] == "on"}
+        row = {
+            (r["engine"], r["precision"]): r
+            for r in results
+            if r["mode"] == mode and r["device"] == "cpu" and r["cache"] == "on"
+        }
         mtrain_rows = [r for (engine, _), r in row.items() if engine == "torch"]
         ct2_rows = [r for (engine, _), r in row.items() if engine == "ctranslate2"]
         if not mtrain_rows or not ct2_rows:
@@ -212,9 +246,11 @@ def print_ctranslate2_comparison(results: list[dict]) -> None:
         ratios = ", ".join(f"{r['precision']} {r['tokens_per_s'] / fastest['tokens_per_s']:.2f}x" for r in ct2_rows)
         line = f"{mode}: CTranslate2 / mtrain {fastest['precision']} (cached) tokens/s: {ratios}"
         if ("torch", "fp32") in row and ("ctranslate2", "float32") in row:
-            pairs = zip(row["torch", "fp32"]["outputs"], row["ctranslate2", "float32"]["outputs"])
+            pairs = zip(row["torch", "fp32"]["outputs"], row["ctranslate2", "float32"]["outputs"], strict=True)
             same = sum(a == b for a, b in pairs)
-            line += f"; CTranslate2 float32 output = mtrain fp32 on {same}/{len(row['torch', 'fp32']['outputs'])} sentences"
+            line += (
+                f"; CTranslate2 float32 output = mtrain fp32 on {same}/{len(row['torch', 'fp32']['outputs'])} sentences"
+            )
         print(line, flush=True)
 
 

@@ -22,24 +22,34 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def kept_checkpoints(run: Path) -> List[Path]:
+def kept_checkpoints(run: Path) -> list[Path]:
     """The run's update_N.pt checkpoints, newest first."""
-    found = [(int(m.group(1)), path) for path in (run / "checkpoints").glob("update_*.pt")
-             if (m := re.fullmatch(r"update_(\d+)\.pt", path.name))]
+    found = [
+        (int(m.group(1)), path)
+        for path in (run / "checkpoints").glob("update_*.pt")
+        if (m := re.fullmatch(r"update_(\d+)\.pt", path.name))
+    ]
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def evaluate(name: str, run: Path, checkpoint: str, members: List[str], out: Path, extra: List[str]) -> dict:
+def evaluate(name: str, run: Path, checkpoint: str, members: list[str], out: Path, extra: list[str]) -> dict:
     """One `mtrain eval` of run's `checkpoint` with `members` as the rest of the ensemble."""
     report_dir = out / name
-    command = [sys.executable, "-m", "mtrain.cli.evaluate", f"run={run}", "split=test", f"checkpoint={checkpoint}",
-               f"out={report_dir}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "mtrain.cli.evaluate",
+        f"run={run}",
+        "split=test",
+        f"checkpoint={checkpoint}",
+        f"out={report_dir}",
+        *extra,
+    ]
     if members:
         command.append("ensemble=[" + ",".join(members) + "]")
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=3600)
@@ -48,7 +58,7 @@ def evaluate(name: str, run: Path, checkpoint: str, members: List[str], out: Pat
     return json.loads((report_dir / "test.json").read_text(encoding="utf-8"))
 
 
-def rows(runs: List[Path]) -> List[Tuple[str, Path, str, List[str]]]:
+def rows(runs: list[Path]) -> list[tuple[str, Path, str, list[str]]]:
     """(name, run, checkpoint, other members) of every row, as the module docstring lists them."""
     first = runs[0]
     table = [(f"{run.name} best", run, "best", []) for run in runs]
@@ -57,19 +67,29 @@ def rows(runs: List[Path]) -> List[Tuple[str, Path, str, List[str]]]:
         if len(kept) >= count:
             table.append((f"{first.name} last {count} ckpts", first, str(kept[0]), [str(p) for p in kept[1:count]]))
     if len(runs) > 1:
-        table.append((" + ".join(f"{run.name} best" for run in runs), first, "best",
-                      [str(run / "checkpoints" / "best.pt") for run in runs[1:]]))
+        table.append(
+            (
+                " + ".join(f"{run.name} best" for run in runs),
+                first,
+                "best",
+                [str(run / "checkpoints" / "best.pt") for run in runs[1:]],
+            )
+        )
     return table
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories of `mtrain fit` (the first one's checkpoints are ensembled)")
-    parser.add_argument("--out", type=Path, default=None, help="where the eval reports go (default: a temporary folder)")
+    parser.add_argument(
+        "runs", nargs="+", type=Path, help="run directories of `mtrain fit` (the first one's checkpoints are ensembled)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where the eval reports go (default: a temporary folder)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     # after --: more keys for every `mtrain eval` (precision=fp32 ...)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_ensemble_"))
     print(f"{'models':42s} {'BLEU':>6s} {'chrF':>6s} {'sent/s':>7s} {'speed':>6s}  members")
     baseline = None
@@ -78,8 +98,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         speed = report["sentences_per_s"]
         baseline = baseline or speed
         metrics = report["metrics"]
-        print(f"{name:42s} {metrics['bleu']['score']:6.2f} {metrics['chrf']['score']:6.2f} {speed:7.1f} "
-              f"{speed / baseline:5.2f}x  {1 + len(members)}", flush=True)
+        print(
+            f"{name:42s} {metrics['bleu']['score']:6.2f} {metrics['chrf']['score']:6.2f} {speed:7.1f} "
+            f"{speed / baseline:5.2f}x  {1 + len(members)}",
+            flush=True,
+        )
     print(f"reports: {out}")
 
 

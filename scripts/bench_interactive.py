@@ -67,14 +67,27 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=50)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="num_threads= of mtrain translate")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="more overrides for mtrain translate (e.g. precision=fp32)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more overrides for mtrain translate (e.g. precision=fp32)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the model, or a line")
     args = parser.parse_args()
 
     sentences = read_sentences(args.input or default_input(), args.sentences)
-    command = [sys.executable, "-m", "mtrain", "translate", f"run={args.run}", f"decode.beam={args.beam}",
-               f"num_threads={args.threads}", *args.set]
+    command = [
+        sys.executable,
+        "-m",
+        "mtrain",
+        "translate",
+        f"run={args.run}",
+        f"decode.beam={args.beam}",
+        f"num_threads={args.threads}",
+        *args.set,
+    ]
     master, slave = os.openpty()
     attributes = termios.tcgetattr(slave)
     attributes[3] &= ~termios.ECHO  # what is typed is not echoed back to be drained
@@ -123,8 +136,10 @@ def main() -> None:
     print(f"run: {args.run}  ({engine})")
     print(f"ready after {load_s:.2f} s (process start to the engine opened: imports and model load)")
     print(f"{len(ms)} lines typed, each after the previous translation arrived; latency in ms:")
-    print(f"  p50 {np.percentile(ms, 50):.1f}  p90 {np.percentile(ms, 90):.1f}  max {ms.max():.1f}  "
-          f"(first line {ms[0]:.1f}; without it: p50 {np.percentile(ms[1:], 50) if len(ms) > 1 else ms[0]:.1f})")
+    print(
+        f"  p50 {np.percentile(ms, 50):.1f}  p90 {np.percentile(ms, 90):.1f}  max {ms.max():.1f}  "
+        f"(first line {ms[0]:.1f}; without it: p50 {np.percentile(ms[1:], 50) if len(ms) > 1 else ms[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.config import DataConfig, TokenizerConfig  # noqa: E402
-from mtrain.batches.prepare import prepare_data  # noqa: E402
-from mtrain.tokenizer import train_or_load_tokenizer  # noqa: E402
+from mtrain.batches.prepare import prepare_data
+from mtrain.config import DataConfig, TokenizerConfig
+from mtrain.tokenizer import train_or_load_tokenizer
 
 
 def perturb(words: list, rng: random.Random) -> list:
@@ -109,8 +109,12 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=100_000)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-sentences", type=int, default=2_000_000)
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data",
-                        help="directory holding multi30k/ (default ../shared/data)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "data",
+        help="directory holding multi30k/ (default ../shared/data)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep the corpus and cache here")
     args = parser.parse_args()
 
@@ -121,8 +125,9 @@ def main() -> None:
     size_mb = sum(p.stat().st_size for p in corpus.iterdir()) / 1e6
     print(f"corpus: {args.pairs:,} pairs, {size_mb:,.0f} MB, built in {time.perf_counter() - start:.1f} s")
 
-    data = DataConfig(local_dir=str(corpus), cache_dir=str(workdir / "cache"),
-                      num_workers=args.workers, chunk_size=args.chunk_size)
+    data = DataConfig(
+        local_dir=str(corpus), cache_dir=str(workdir / "cache"), num_workers=args.workers, chunk_size=args.chunk_size
+    )
     data.clean.deduplicate = True
     data.clean.drop_identical = True
     tokenizer_cfg = TokenizerConfig(vocab_size=args.vocab_size, max_sentences=args.max_sentences)
@@ -149,8 +154,10 @@ def main() -> None:
     print(f"total                  {total:.1f} s = {args.pairs / total:,.0f} pairs/s")
     print(f"peak RSS main process  {main_peak:,.0f} MiB")
     print(f"peak RSS one worker    {child_peak:,.0f} MiB")
-    print(f"peak RSS process tree  {tokenizer_peak_kib / 1024:,.0f} MiB while training the tokenizer, "
-          f"{sampler.peak_kib / 1024:,.0f} MiB while encoding (sampled every 0.2 s)")
+    print(
+        f"peak RSS process tree  {tokenizer_peak_kib / 1024:,.0f} MiB while training the tokenizer, "
+        f"{sampler.peak_kib / 1024:,.0f} MiB while encoding (sampled every 0.2 s)"
+    )
     if args.workdir is None:
         shutil.rmtree(workdir)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -37,13 +37,23 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=3960, help="output rows (Multi30k target side: 3,960)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                        help="bf16: the products as bf16 autocast runs them (oneDNN on a CPU with bf16 instructions)")
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the products as bf16 autocast runs them (oneDNN on a CPU with bf16 instructions)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     d, rows = args.d_model, args.rows
-    shapes = {"W_Q/W_K/W_V": (d, 3 * d), "W_O": (d, d), "cross W_K/W_V": (d, 2 * d),
-              "FFN up": (d, args.ffn), "FFN down": (args.ffn, d), "output": (d, args.vocab)}
+    shapes = {
+        "W_Q/W_K/W_V": (d, 3 * d),
+        "W_O": (d, d),
+        "cross W_K/W_V": (d, 2 * d),
+        "FFN up": (d, args.ffn),
+        "FFN down": (args.ffn, d),
+        "output": (d, args.vocab),
+    }
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"# {args.dtype}, {rows} rows, {args.threads} threads, GFLOP/s")
     print(f"{'product':14s} {'in':>5s} {'out':>5s} {'forward':>8s} {'d input':>8s} {'d weight':>8s}")
@@ -51,8 +61,14 @@ def main() -> None:
         x, weight = torch.randn(rows, fan_in, dtype=dtype), torch.randn(fan_out, fan_in, dtype=dtype)
         bias, grad = torch.randn(fan_out, dtype=dtype), torch.randn(rows, fan_out, dtype=dtype)
         flops = 2.0 * rows * fan_in * fan_out
-        rates = [gflops(product, flops, args.repeats) for product in (
-            lambda: torch.addmm(bias, x, weight.t()), lambda: grad.mm(weight), lambda: grad.t().mm(x))]
+        rates = [
+            gflops(product, flops, args.repeats)
+            for product in (
+                lambda x=x, weight=weight, bias=bias: torch.addmm(bias, x, weight.t()),
+                lambda grad=grad, weight=weight: grad.mm(weight),
+                lambda grad=grad, x=x: grad.t().mm(x),
+            )
+        ]
         print(f"{name:14s} {fan_in:5d} {fan_out:5d} " + " ".join(f"{rate:8.1f}" for rate in rates))
     a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     print(f"# 1024x1024x1024 probe: {gflops(lambda: a.mm(b), 2.0 * 1024**3, args.repeats):.1f} GFLOP/s")

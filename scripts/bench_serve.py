@@ -61,7 +61,7 @@ def default_input() -> Path:
 def read_sentences(path: Path, limit: int) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for _, line in zip(range(limit), f)]
+        return [line.rstrip("\n") for _, line in zip(range(limit), f, strict=False)]
 
 
 def mtrain_command(command: str, run: str, args: argparse.Namespace) -> list[str]:
@@ -140,8 +140,13 @@ def load(url: str, sentences: list[str], clients: int, time_limit: float) -> dic
     done = len(latencies)
     ordered = sorted(latencies) or [float("nan")]
     return {
-        "clients": clients, "done": done, "errors": errors, "outputs": outputs, "wall": wall,
-        "sentences_per_s": done / wall, "p50_ms": 1000 * statistics.median(ordered),
+        "clients": clients,
+        "done": done,
+        "errors": errors,
+        "outputs": outputs,
+        "wall": wall,
+        "sentences_per_s": done / wall,
+        "p50_ms": 1000 * statistics.median(ordered),
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
         "batches": after["batches"] - before["batches"],
     }
@@ -150,8 +155,9 @@ def load(url: str, sentences: list[str], clients: int, time_limit: float) -> dic
 def translate_file(command: list[str], source: Path, output: Path) -> float:
     """Seconds the whole `mtrain translate input=source output=output` took."""
     start = time.perf_counter()
-    result = subprocess.run(command + [f"input={source}", f"output={output}"], env=ENV, capture_output=True,
-                            timeout=3600)
+    result = subprocess.run(
+        command + [f"input={source}", f"output={output}"], env=ENV, capture_output=True, timeout=3600
+    )
     if result.returncode != 0:
         sys.exit(f"bench_serve: mtrain translate failed:\n{result.stderr.decode(errors='replace')}")
     return time.perf_counter() - start
@@ -170,7 +176,7 @@ def main() -> None:
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)  # after --: KEY=VALUE for both commands
     args = parser.parse_args(argv[:split])
-    args.overrides = argv[split + 1:]
+    args.overrides = argv[split + 1 :]
 
     sentences = read_sentences(args.input, args.sentences)
     scratch = Path(tempfile.mkdtemp(prefix="bench_serve-"))
@@ -180,8 +186,11 @@ def main() -> None:
 
         httpx.post(f"{server.url}/translate", json={"text": sentences[:1]}, timeout=120)  # warm-up
         health = httpx.get(f"{server.url}/health", timeout=30).json()
-        print(f"model: {health['model']} ({health['engine']} on {health['device']}, {health['threads']} thread(s), "
-              f"beam {health['decode']['beam']}); {len(sentences)} sentences from {args.input}", flush=True)
+        print(
+            f"model: {health['model']} ({health['engine']} on {health['device']}, {health['threads']} thread(s), "
+            f"beam {health['decode']['beam']}); {len(sentences)} sentences from {args.input}",
+            flush=True,
+        )
         rows = []
         for clients in (int(c) for c in args.concurrency.split(",")):
             rows.append(load(server.url, sentences, clients, args.time_limit))
@@ -200,32 +209,51 @@ def main() -> None:
     expected = output.read_text(encoding="utf-8").split("\n")[: len(sentences)]
 
     print()
-    print(f"| {'client(s)':>9} | {'sentences':>9} | {'sent/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
-          f"{'batches':>7} | {'= translate':>11} | errors |")
+    print(
+        f"| {'client(s)':>9} | {'sentences':>9} | {'sent/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
+        f"{'batches':>7} | {'= translate':>11} | errors |"
+    )
     print("|" + "|".join("-" * (width + 2) for width in (9, 9, 7, 7, 7, 7, 11, 6)) + "|")
     mismatched, first_mismatch = 0, None
     for row in rows:
-        compared = [(i, got, want) for i, (got, want) in enumerate(zip(row["outputs"], expected)) if got is not None]
+        compared = [
+            (i, got, want)
+            for i, (got, want) in enumerate(zip(row["outputs"], expected, strict=True))
+            if got is not None
+        ]
         same = sum(got == want for _, got, want in compared)
         mismatched += len(compared) - same
-        first_mismatch = first_mismatch or next(((row["clients"], i, got, want) for i, got, want in compared
-                                                 if got != want), None)
-        print(f"| {row['clients']:>9} | {row['done']:>9} | {row['sentences_per_s']:>7.1f} | {row['p50_ms']:>7.1f} | "
-              f"{row['p99_ms']:>7.1f} | {row['batches']:>7} | {f'{same}/{len(compared)}':>11} | "
-              f"{len(row['errors']):>6} |")
+        first_mismatch = first_mismatch or next(
+            ((row["clients"], i, got, want) for i, got, want in compared if got != want), None
+        )
+        print(
+            f"| {row['clients']:>9} | {row['done']:>9} | {row['sentences_per_s']:>7.1f} | {row['p50_ms']:>7.1f} | "
+            f"{row['p99_ms']:>7.1f} | {row['batches']:>7} | {f'{same}/{len(compared)}':>11} | "
+            f"{len(row['errors']):>6} |"
+        )
     decode_only = max(seconds - start_up, 1e-9)
-    print(f"\nmtrain translate, {len(sentences)} sentences from a file: {len(sentences) / seconds:.1f} sent/s for the "
-          f"whole command ({seconds:.1f} s), {len(sentences) / decode_only:.1f} sent/s without its start-up "
-          f"({start_up:.1f} s for one line)")
+    print(
+        f"\nmtrain translate, {len(sentences)} sentences from a file: {len(sentences) / seconds:.1f} sent/s for the "
+        f"whole command ({seconds:.1f} s), {len(sentences) / decode_only:.1f} sent/s without its start-up "
+        f"({start_up:.1f} s for one line)"
+    )
     errors = [error for row in rows for error in row["errors"]]
     if errors:
         print(f"first error: {errors[0]}")
-    print("outputs: " + ("the server's equal translate's" if not mismatched
-                         else f"{mismatched} served translations differ from translate's"))
+    print(
+        "outputs: "
+        + (
+            "the server's equal translate's"
+            if not mismatched
+            else f"{mismatched} served translations differ from translate's"
+        )
+    )
     if first_mismatch:
         clients, index, got, want = first_mismatch
-        print(f"first difference ({clients} clients), line {index + 1}: {sentences[index]!r}\n"
-              f"  served:    {got!r}\n  translate: {want!r}")
+        print(
+            f"first difference ({clients} clients), line {index + 1}: {sentences[index]!r}\n"
+            f"  served:    {got!r}\n  translate: {want!r}"
+        )
     sys.exit(1 if mismatched or errors else 0)
 
 

@@ -24,10 +24,10 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.runtime import peak_host_memory_mb, resolve_device, resolve_precision  # noqa: E402
-from mtrain.train.setup import prepare_fit_data, resolve_machine, setup_fit  # noqa: E402
-from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops  # noqa: E402
+from mtrain.cli.common import CONFIG_DIR
+from mtrain.runtime import peak_host_memory_mb, resolve_device, resolve_precision
+from mtrain.train.setup import prepare_fit_data, resolve_machine, setup_fit
+from mtrain.train.throughput import measured_cpu_matmul_flops, model_flops_utilization, peak_flops
 
 
 def peak_memory_mb(device: torch.device, reset: bool = False) -> float:
@@ -103,11 +103,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--trim-every", type=int, default=None,
-                        help="updates between returns of freed host memory to the OS (0: never; "
-                             "default: the trainer's, every 10 on a CPU)")
-    parser.add_argument("--ema-decays", default=None,
-                        help="comma-separated train.ema_decay values measured back to back (none: off)")
+    parser.add_argument(
+        "--trim-every",
+        type=int,
+        default=None,
+        help="updates between returns of freed host memory to the OS (0: never; "
+        "default: the trainer's, every 10 on a CPU)",
+    )
+    parser.add_argument(
+        "--ema-decays", default=None, help="comma-separated train.ema_decay values measured back to back (none: off)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole list, interleaved (noisy machines)")
     args = parser.parse_args()
 
@@ -118,15 +123,29 @@ def main() -> None:
         cfg = compose(config_name="fit", overrides=overrides)
     data = prepare_fit_data(cfg, resolve_machine(cfg), progress=lambda *_: None)
     device = resolve_device(args.device)
-    print(f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
-          f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
-          f"{args.updates} timed updates after {args.warmup} warm-up")
-    print(f"{'precision':>9} {'ema':>6} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} "
-          f"{'peak MB':>8}")
-    decays = [None] if args.ema_decays is None else [
-        None if value.strip().lower() in ("none", "null", "off") else float(value) for value in args.ema_decays.split(",")]
-    runs = [(round_, name, decay) for round_ in range(args.rounds) for name in args.precisions.split(",")
-            for decay in decays]
+    print(
+        f"# {device} | {torch.get_num_threads()} threads | model {cfg.model.encoder_layers}+"
+        f"{cfg.model.decoder_layers} d{cfg.model.d_model} | max_tokens {cfg.train.max_tokens} | "
+        f"{args.updates} timed updates after {args.warmup} warm-up"
+    )
+    print(
+        f"{'precision':>9} {'ema':>6} {'tgt tok/s':>10} {'src+tgt/s':>10} {'upd/s':>7} {'GFLOP/s':>8} {'MFU':>7} "
+        f"{'peak MB':>8}"
+    )
+    decays = (
+        [None]
+        if args.ema_decays is None
+        else [
+            None if value.strip().lower() in ("none", "null", "off") else float(value)
+            for value in args.ema_decays.split(",")
+        ]
+    )
+    runs = [
+        (round_, name, decay)
+        for round_ in range(args.rounds)
+        for name in args.precisions.split(",")
+        for decay in decays
+    ]
     for round_, name, decay in runs:
         precision = resolve_precision(name, device)
         cfg.train.precision = precision.value
@@ -134,16 +153,24 @@ def main() -> None:
             cfg.train.ema_decay = decay
         r = measure(cfg, data, args.updates, args.warmup, args.trim_every)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['precision']:>9} {str(cfg.train.ema_decay or '-'):>6} {r['tgt_tok_s']:>10.0f} "
-              f"{r['src_tgt_tok_s']:>10.0f} {r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} "
-              f"{r['peak_mb']:>8.0f}", flush=True)
+        print(
+            f"{r['precision']:>9} {cfg.train.ema_decay or '-'!s:>6} {r['tgt_tok_s']:>10.0f} "
+            f"{r['src_tgt_tok_s']:>10.0f} {r['updates_s']:>7.2f} {r['model_gflops']:>8.1f} {mfu:>7} "
+            f"{r['peak_mb']:>8.0f}",
+            flush=True,
+        )
         if r["ema_ms"] is not None:
-            print(f"# the average alone: {r['ema_ms']:.2f} ms per update ({r['ema_ms'] * r['updates_s'] / 10:.2f}% "
-                  "of this row's update time)", flush=True)
+            print(
+                f"# the average alone: {r['ema_ms']:.2f} ms per update ({r['ema_ms'] * r['updates_s'] / 10:.2f}% "
+                "of this row's update time)",
+                flush=True,
+            )
         if device.type == "cpu" and round_ == 0 and decay == decays[0]:
             # A CPU has no datasheet peak (no MFU); a large matmul's rate is the yardstick.
-            print(f"# {precision} 1024x1024 matmul probe: {measured_cpu_matmul_flops(precision) / 1e9:.1f} GFLOP/s",
-                  flush=True)
+            print(
+                f"# {precision} 1024x1024 matmul probe: {measured_cpu_matmul_flops(precision) / 1e9:.1f} GFLOP/s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

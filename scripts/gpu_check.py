@@ -49,7 +49,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -57,14 +56,14 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.batches.corpus import EncodedCorpus  # noqa: E402
-from mtrain.batches.prepare import PreparedData  # noqa: E402
-from mtrain.data.sources import ParallelText  # noqa: E402
-from mtrain.runtime import resolve_device  # noqa: E402
-from mtrain.tokenizer import SpecialIds  # noqa: E402
-from mtrain.train.throughput import model_flops_utilization, peak_flops  # noqa: E402
-from mtrain.train.setup import setup_fit  # noqa: E402
+from mtrain.batches.corpus import EncodedCorpus
+from mtrain.batches.prepare import PreparedData
+from mtrain.cli.common import CONFIG_DIR
+from mtrain.data.sources import ParallelText
+from mtrain.runtime import resolve_device
+from mtrain.tokenizer import SpecialIds
+from mtrain.train.setup import setup_fit
+from mtrain.train.throughput import model_flops_utilization, peak_flops
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 MODES = {"bf16": ("bf16", False), "bf16+compile": ("bf16", True), "fp32": ("fp32", False)}
@@ -73,8 +72,8 @@ TRACK_WINDOW = 10  # updates averaged at the end of the tracking runs
 
 @dataclass
 class Settings:
-    models: List[str]
-    modes: List[str]
+    models: list[str]
+    modes: list[str]
     vocab: int
     sentences: int
     max_tokens: int
@@ -86,24 +85,53 @@ class Settings:
     tolerance: float
     budget: float
     compile_backend: str
-    model_overrides: List[str] = field(default_factory=list)
+    model_overrides: list[str] = field(default_factory=list)
 
 
 def full_settings(args: argparse.Namespace) -> Settings:
-    return Settings(models=args.models.split(","), modes=args.modes.split(","), vocab=32_768, sentences=60_000,
-                    max_tokens=args.max_tokens, updates=args.updates, warmup=5, compile_warmup=15,
-                    seconds=args.seconds, track_updates=args.track_updates, tolerance=args.tolerance,
-                    budget=args.budget, compile_backend="inductor")
+    return Settings(
+        models=args.models.split(","),
+        modes=args.modes.split(","),
+        vocab=32_768,
+        sentences=60_000,
+        max_tokens=args.max_tokens,
+        updates=args.updates,
+        warmup=5,
+        compile_warmup=15,
+        seconds=args.seconds,
+        track_updates=args.track_updates,
+        tolerance=args.tolerance,
+        budget=args.budget,
+        compile_backend="inductor",
+    )
 
 
 def smoke_settings(args: argparse.Namespace) -> Settings:
     """Tiny models and budgets: every code path of the full check, on a CPU, in seconds."""
-    tiny = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
-            "model.ffn_dim=64", "model.dropout=0.0"]
-    return Settings(models=args.models.split(","), modes=args.modes.split(","), vocab=256, sentences=400,
-                    max_tokens=600, updates=3, warmup=1, compile_warmup=1, seconds=10.0,
-                    track_updates=min(args.track_updates, 12),
-                    tolerance=args.tolerance, budget=args.budget, compile_backend="eager", model_overrides=tiny)
+    tiny = [
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.d_model=32",
+        "model.heads=2",
+        "model.ffn_dim=64",
+        "model.dropout=0.0",
+    ]
+    return Settings(
+        models=args.models.split(","),
+        modes=args.modes.split(","),
+        vocab=256,
+        sentences=400,
+        max_tokens=600,
+        updates=3,
+        warmup=1,
+        compile_warmup=1,
+        seconds=10.0,
+        track_updates=min(args.track_updates, 12),
+        tolerance=args.tolerance,
+        budget=args.budget,
+        compile_backend="eager",
+        model_overrides=tiny,
+    )
 
 
 # ---------------------------------------------------------------------- data
@@ -121,11 +149,26 @@ def synthetic_data(settings: Settings, seed: int = 0) -> PreparedData:
     src_tokens[np.arange(int(lengths.sum())) + np.repeat(np.arange(len(lengths)), lengths)] = words
     corpus = EncodedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets)
     # What the setup reads of a tokenizer: one joint vocabulary of `settings.vocab` pieces.
-    vocabulary = SimpleNamespace(unk_id=UNK, pad_id=PAD, bos_id=BOS, eos_id=EOS,
-                                 special_ids=SpecialIds(unk=UNK, pad=PAD, bos=BOS, eos=EOS), joint=True,
-                                 src_vocab_size=settings.vocab, tgt_vocab_size=settings.vocab, fingerprint="synthetic")
-    return PreparedData(tokenizer=vocabulary, train=corpus, valid=corpus, test=corpus,  # type: ignore[arg-type]
-                        valid_text=ParallelText(), test_text=ParallelText(), directory=Path("."))
+    vocabulary = SimpleNamespace(
+        unk_id=UNK,
+        pad_id=PAD,
+        bos_id=BOS,
+        eos_id=EOS,
+        special_ids=SpecialIds(unk=UNK, pad=PAD, bos=BOS, eos=EOS),
+        joint=True,
+        src_vocab_size=settings.vocab,
+        tgt_vocab_size=settings.vocab,
+        fingerprint="synthetic",
+    )
+    return PreparedData(
+        tokenizer=vocabulary,
+        train=corpus,
+        valid=corpus,
+        test=corpus,  # type: ignore[arg-type]
+        valid_text=ParallelText(),
+        test_text=ParallelText(),
+        directory=Path("."),
+    )
 
 
 # ---------------------------------------------------------------------- runs
@@ -138,18 +181,24 @@ class Run:
     warmup_seconds: float = 0.0
     tgt_tokens_per_s: float = 0.0
     src_tgt_tokens_per_s: float = 0.0
-    mfu: Optional[float] = None
-    peak_memory_gib: Optional[float] = None
-    losses: List[float] = field(default_factory=list)
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+    losses: list[float] = field(default_factory=list)
     first_update_seconds: float = 0.0  # with compile: the compile time (plus one update)
-    recompiles: Optional[int] = None  # graphs compiled in the whole row (compile rows)
-    profile: Optional[dict] = None
-    skipped: Optional[str] = None
+    recompiles: int | None = None  # graphs compiled in the whole row (compile rows)
+    profile: dict | None = None
+    skipped: str | None = None
 
 
-def fit_config(model: str, settings: Settings, compiled: bool, extra: List[str]):
-    overrides = [f"model={model}", *settings.model_overrides, f"train.max_tokens={settings.max_tokens}",
-                 "train.update_freq=1", f"train.compile={str(compiled).lower()}", *extra]
+def fit_config(model: str, settings: Settings, compiled: bool, extra: list[str]):
+    overrides = [
+        f"model={model}",
+        *settings.model_overrides,
+        f"train.max_tokens={settings.max_tokens}",
+        "train.update_freq=1",
+        f"train.compile={str(compiled).lower()}",
+        *extra,
+    ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name="fit", overrides=overrides)
 
@@ -180,13 +229,22 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the process's peak RSS
 
 
-def train(model_name: str, mode: str, settings: Settings, data: PreparedData, device: torch.device,
-          run_dir: Path, updates: int, warmup: int, seconds: float, extra: List[str] = (),
-          profile_updates: int = 0) -> Run:
+def train(
+    model_name: str,
+    mode: str,
+    settings: Settings,
+    data: PreparedData,
+    device: torch.device,
+    run_dir: Path,
+    updates: int,
+    warmup: int,
+    seconds: float,
+    extra: list[str] = (),
+    profile_updates: int = 0,
+) -> Run:
     """`warmup` untimed updates, then up to `updates` timed ones (or `seconds`), as `mtrain fit` runs them."""
     precision, compiled = MODES[mode]
-    cfg = fit_config(model_name, settings, compiled, [f"train.device={device}", f"train.precision={precision}",
-                                                      *extra])
+    cfg = fit_config(model_name, settings, compiled, [f"train.device={device}", f"train.precision={precision}", *extra])
     with compile_backend(settings.compile_backend):
         setup = setup_fit(cfg, data=data)
     trainer, model = setup.trainer, setup.model
@@ -228,14 +286,14 @@ def train(model_name: str, mode: str, settings: Settings, data: PreparedData, de
         if profile_updates:
             run.profile = profile(update, device, profile_updates)
     finally:
-        del trainer, model, setup
+        del model, setup  # `trainer` stays bound: update() closes over it
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return run
 
 
-def compiled_graphs() -> Optional[int]:
+def compiled_graphs() -> int | None:
     """Graphs torch.compile built in this process (1 = no recompile), when dynamo says."""
     try:
         from torch._dynamo.utils import counters
@@ -244,8 +302,13 @@ def compiled_graphs() -> Optional[int]:
     return int(counters["stats"].get("unique_graphs", 0)) or None
 
 
-SYNC_CALLS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-              "cudaEventSynchronize", "cudaMemcpy")  # cudaMemcpy (not ...Async) waits too
+SYNC_CALLS = (
+    "aten::_local_scalar_dense",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+)  # cudaMemcpy (not ...Async) waits too
 
 
 def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
@@ -268,11 +331,17 @@ def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
         kernels = [event for event in events if event.self_device_time_total > 0]
         kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
         busy = sum(event.self_device_time_total for event in kernels) / 1e6  # microseconds -> s
-        time_of = lambda event: event.self_device_time_total / 1e3  # noqa: E731
+
+        def time_of(event) -> float:
+            return event.self_device_time_total / 1e3
+
     else:
         kernels = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)
         busy = None  # no device: the CPU is the device, always busy
-        time_of = lambda event: event.self_cpu_time_total / 1e3  # noqa: E731
+
+        def time_of(event) -> float:
+            return event.self_cpu_time_total / 1e3
+
     total = sum(time_of(event) for event in kernels) or 1.0
     return {
         "updates": updates,
@@ -280,43 +349,76 @@ def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
         "device_busy_ms_per_update": None if busy is None else 1e3 * busy / updates,
         "device_busy_share": None if busy is None else busy / wall,
         "syncs_per_update": syncs / updates,
-        "top": [{"name": event.key, "ms_per_update": time_of(event) / updates, "share": time_of(event) / total,
-                 "calls_per_update": event.count / updates} for event in kernels[:top]],
+        "top": [
+            {
+                "name": event.key,
+                "ms_per_update": time_of(event) / updates,
+                "share": time_of(event) / total,
+                "calls_per_update": event.count / updates,
+            }
+            for event in kernels[:top]
+        ],
     }
 
 
 def profile_report(run: Run) -> str:
     """The profile as Markdown: a summary line and a table of the top kernels."""
     prof = run.profile
-    busy = ("n/a (CPU)" if prof["device_busy_share"] is None else
-            f"{prof['device_busy_ms_per_update']:.1f} ms ({100 * prof['device_busy_share']:.0f}% of the wall time)")
-    lines = [f"\nprofile of {run.model} {run.mode}, {prof['updates']} updates: wall {prof['wall_ms_per_update']:.1f} "
-             f"ms/update, device busy {busy}, "
-             + (f"host-device syncs {prof['syncs_per_update']:.1f}/update\n" if prof["device_busy_share"] is not None
-                else f"scalar reads {prof['syncs_per_update']:.1f}/update (a CPU waits for nothing: on a GPU these "
-                     "would be syncs, bar the fused optimizer's own)\n"),
-             "| kernel / operator | ms/update | share | calls/update |", "|---|---:|---:|---:|"]
+    busy = (
+        "n/a (CPU)"
+        if prof["device_busy_share"] is None
+        else f"{prof['device_busy_ms_per_update']:.1f} ms ({100 * prof['device_busy_share']:.0f}% of the wall time)"
+    )
+    lines = [
+        f"\nprofile of {run.model} {run.mode}, {prof['updates']} updates: wall {prof['wall_ms_per_update']:.1f} "
+        f"ms/update, device busy {busy}, "
+        + (
+            f"host-device syncs {prof['syncs_per_update']:.1f}/update\n"
+            if prof["device_busy_share"] is not None
+            else f"scalar reads {prof['syncs_per_update']:.1f}/update (a CPU waits for nothing: on a GPU these "
+            "would be syncs, bar the fused optimizer's own)\n"
+        ),
+        "| kernel / operator | ms/update | share | calls/update |",
+        "|---|---:|---:|---:|",
+    ]
     for row in prof["top"]:
-        lines.append(f"| {row['name'][:70]} | {row['ms_per_update']:.2f} | {100 * row['share']:.1f}% | "
-                     f"{row['calls_per_update']:.0f} |")
+        lines.append(
+            f"| {row['name'][:70]} | {row['ms_per_update']:.2f} | {100 * row['share']:.1f}% | "
+            f"{row['calls_per_update']:.0f} |"
+        )
     return "\n".join(lines)
 
 
 def tracking_check(settings: Settings, data: PreparedData, device: torch.device, run_dir: Path) -> dict:
     """fp32 and bf16 from the same weights on the same batches: do the loss curves agree?"""
-    extra = ["model.dropout=0.0", "model.attention_dropout=0.0", "model.activation_dropout=0.0",
-             "train.warmup_updates=10", "train.lr=5e-4"]
+    extra = [
+        "model.dropout=0.0",
+        "model.attention_dropout=0.0",
+        "model.activation_dropout=0.0",
+        "train.warmup_updates=10",
+        "train.lr=5e-4",
+    ]
     curves = {}
     for mode in ("fp32", "bf16"):
-        run = train(settings.models[0], mode, settings, data, device, run_dir, settings.track_updates, 0,
-                    float("inf"), extra)
+        run = train(
+            settings.models[0], mode, settings, data, device, run_dir, settings.track_updates, 0, float("inf"), extra
+        )
         curves[mode] = run.losses
     window = min(TRACK_WINDOW, settings.track_updates)
     final = {mode: float(np.mean(curve[-window:])) for mode, curve in curves.items()}
     gap = abs(final["bf16"] - final["fp32"]) / final["fp32"]
-    return {"model": settings.models[0], "updates": settings.track_updates, "first_loss": curves["fp32"][0],
-            "window": window, "final_fp32": final["fp32"], "final_bf16": final["bf16"], "relative_gap": gap,
-            "tolerance": settings.tolerance, "passed": bool(gap <= settings.tolerance), "curves": curves}
+    return {
+        "model": settings.models[0],
+        "updates": settings.track_updates,
+        "first_loss": curves["fp32"][0],
+        "window": window,
+        "final_fp32": final["fp32"],
+        "final_bf16": final["bf16"],
+        "relative_gap": gap,
+        "tolerance": settings.tolerance,
+        "passed": bool(gap <= settings.tolerance),
+        "curves": curves,
+    }
 
 
 # ---------------------------------------------------------------------- report
@@ -331,22 +433,26 @@ def describe(device: torch.device) -> str:
 
 def table_header(device: torch.device) -> str:
     memory = "peak GiB" if device.type == "cuda" else "peak RSS GiB"
-    return (f"| model | mode | tgt tok/s | src+tgt tok/s | MFU | {memory} | timed updates | warm-up s "
-            "| first update s (compile) | graphs | loss |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    return (
+        f"| model | mode | tgt tok/s | src+tgt tok/s | MFU | {memory} | timed updates | warm-up s "
+        "| first update s (compile) | graphs | loss |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
 
 
 def table_row(run: Run) -> str:
     if run.skipped:
         return f"| {run.model} | {run.mode} | skipped: {run.skipped} | | | | | | | | |"
     mfu = f"{100 * run.mfu:.1f}%" if run.mfu is not None else "n/a"
-    return (f"| {run.model} | {run.mode} | {run.tgt_tokens_per_s:,.0f} | {run.src_tgt_tokens_per_s:,.0f} | {mfu} | "
-            f"{run.peak_memory_gib:.2f} | {run.updates} ({run.seconds:.1f} s) | {run.warmup_seconds:.1f} | "
-            f"{run.first_update_seconds:.1f} | {run.recompiles if run.recompiles is not None else ''} | "
-            f"{run.losses[-1]:.3f} |")
+    return (
+        f"| {run.model} | {run.mode} | {run.tgt_tokens_per_s:,.0f} | {run.src_tgt_tokens_per_s:,.0f} | {mfu} | "
+        f"{run.peak_memory_gib:.2f} | {run.updates} ({run.seconds:.1f} s) | {run.warmup_seconds:.1f} | "
+        f"{run.first_update_seconds:.1f} | {run.recompiles if run.recompiles is not None else ''} | "
+        f"{run.losses[-1]:.3f} |"
+    )
 
 
-def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny models on any device (CPU is fine)")
     parser.add_argument("--device", default="auto")
@@ -357,12 +463,23 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per model and mode (at most)")
     parser.add_argument("--track-updates", type=int, default=100)
     parser.add_argument("--tolerance", type=float, default=0.02, help="bf16 vs fp32 final loss, relative")
-    parser.add_argument("--budget", type=float, default=230.0,
-                        help="seconds for the whole check: a row gets at most what is left, later rows are skipped")
-    parser.add_argument("--row-timeout", type=float, default=45.0,
-                        help="seconds a row may take (compile rows: twice that), the tracking check 90")
-    parser.add_argument("--profile", action="store_true",
-                        help="profile transformer_big bf16 (smoke: the first model): kernels, busy time, syncs")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=230.0,
+        help="seconds for the whole check: a row gets at most what is left, later rows are skipped",
+    )
+    parser.add_argument(
+        "--row-timeout",
+        type=float,
+        default=45.0,
+        help="seconds a row may take (compile rows: twice that), the tracking check 90",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile transformer_big bf16 (smoke: the first model): kernels, busy time, syncs",
+    )
     parser.add_argument("--profile-updates", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # "track" or "MODEL:MODE[:profile]": one row, JSON out
@@ -383,8 +500,18 @@ def child(args: argparse.Namespace, settings: Settings, device: torch.device) ->
         else:
             model_name, mode, *flags = args.child.split(":")
             warmup = settings.compile_warmup if MODES[mode][1] else settings.warmup
-            run = train(model_name, mode, settings, data, device, run_dir, settings.updates, warmup,
-                        settings.seconds, profile_updates=args.profile_updates if "profile" in flags else 0)
+            run = train(
+                model_name,
+                mode,
+                settings,
+                data,
+                device,
+                run_dir,
+                settings.updates,
+                warmup,
+                settings.seconds,
+                profile_updates=args.profile_updates if "profile" in flags else 0,
+            )
             result = asdict(run)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -392,21 +519,21 @@ def child(args: argparse.Namespace, settings: Settings, device: torch.device) ->
     return 0
 
 
-def in_child(argv: List[str], what: str, limit: float) -> tuple:
+def in_child(argv: list[str], what: str, limit: float) -> tuple:
     """Run `what` in a child process with a time limit: (result dict or None, why not)."""
     command = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", what]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {limit:.3g} s"
-    results = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [line[len("RESULT ") :] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not results:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"failed (exit {done.returncode}): {last[:160]}"
     return json.loads(results[-1]), None
 
 
-def child_argv(argv: Optional[List[str]]) -> List[str]:
+def child_argv(argv: list[str] | None) -> list[str]:
     """This invocation's options that a child needs (not --json, --profile or --child)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     kept, skip = [], False
@@ -423,13 +550,15 @@ def child_argv(argv: Optional[List[str]]) -> List[str]:
     return kept
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
     device = resolve_device(args.device)
     if device.type != "cuda" and not args.smoke:
-        print("gpu_check: no CUDA device here; run it on a GPU machine, or use --smoke to check the script",
-              file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device here; run it on a GPU machine, or use --smoke to check the script",
+            file=sys.stderr,
+        )
         return 2
     settings = smoke_settings(args) if args.smoke else full_settings(args)
     if device.type == "cpu":
@@ -442,23 +571,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     print(f"# mtrain GPU check{' (smoke: tiny models)' if args.smoke else ''} | {date}")
     print(f"# {describe(device)}")
-    print(f"# synthetic corpus: {settings.sentences:,} pairs, mean length {data.train.tgt_lengths.mean():.1f} "
-          f"tokens, vocabulary {settings.vocab:,}; max_tokens {settings.max_tokens:,} per update; each row in "
-          f"its own process, {args.row_timeout:.0f} s limit ({2 * args.row_timeout:.0f} s with compile)", flush=True)
+    print(
+        f"# synthetic corpus: {settings.sentences:,} pairs, mean length {data.train.tgt_lengths.mean():.1f} "
+        f"tokens, vocabulary {settings.vocab:,}; max_tokens {settings.max_tokens:,} per update; each row in "
+        f"its own process, {args.row_timeout:.0f} s limit ({2 * args.row_timeout:.0f} s with compile)",
+        flush=True,
+    )
     track, why = in_child(forwarded, "track", 2 * args.row_timeout)
     if track is None:
         print(f"\nbf16 vs fp32: not measured: {why}\n", flush=True)
     else:
         verdict = "PASS" if track["passed"] else "FAIL"
-        print(f"\nbf16 vs fp32 ({track['model']}, same init and batches, dropout off, {track['updates']} updates): "
-              f"loss {track['first_loss']:.3f} -> fp32 {track['final_fp32']:.4f}, bf16 {track['final_bf16']:.4f} "
-              f"(mean of the last {track['window']}); gap {100 * track['relative_gap']:.2f}% "
-              f"<= {100 * track['tolerance']:.0f}%: {verdict}\n", flush=True)
+        print(
+            f"\nbf16 vs fp32 ({track['model']}, same init and batches, dropout off, {track['updates']} updates): "
+            f"loss {track['first_loss']:.3f} -> fp32 {track['final_fp32']:.4f}, bf16 {track['final_bf16']:.4f} "
+            f"(mean of the last {track['window']}); gap {100 * track['relative_gap']:.2f}% "
+            f"<= {100 * track['tolerance']:.0f}%: {verdict}\n",
+            flush=True,
+        )
 
     # Rows are printed as they come, so a run cut short still leaves its figures.
     print(table_header(device), flush=True)
     profiled_model = settings.models[0] if args.smoke else "transformer_big"
-    runs: List[Run] = []
+    runs: list[Run] = []
     for model_name in settings.models:
         for mode in settings.modes:
             left = settings.budget - (time.perf_counter() - began)
@@ -477,9 +612,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(profile_report(run), flush=True)
     print(f"\n# total {time.perf_counter() - began:.0f} s")
     if args.json:
-        result = {"date": date, "device": describe(device), "smoke": args.smoke,
-                  "settings": asdict(settings), "tracking": track,
-                  "runs": [{**asdict(run), "losses": run.losses[-1:]} for run in runs]}
+        result = {
+            "date": date,
+            "device": describe(device),
+            "smoke": args.smoke,
+            "settings": asdict(settings),
+            "tracking": track,
+            "runs": [{**asdict(run), "losses": run.losses[-1:]} for run in runs],
+        }
         args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
     return 0 if track is not None and track["passed"] else 1
 

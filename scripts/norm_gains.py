@@ -20,16 +20,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.errors import MtrainError  # noqa: E402
-from mtrain.rundir import RunDir  # noqa: E402
-from mtrain.train.checkpoint_files import load_checkpoint  # noqa: E402
+from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir
+from mtrain.train.checkpoint_files import load_checkpoint
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories")
     parser.add_argument("--checkpoint", default="last", help="last | best | update_N.pt")
-    parser.add_argument("--layers", default="decoder.1", help="comma-separated layer prefixes, e.g. encoder.0,decoder.1")
+    parser.add_argument(
+        "--layers", default="decoder.1", help="comma-separated layer prefixes, e.g. encoder.0,decoder.1"
+    )
     args = parser.parse_args()
 
     print("| run | layer | gain mean per norm | gain std per norm | correlation between norms |")
@@ -40,15 +42,19 @@ def main() -> None:
         except MtrainError as error:
             sys.exit(f"norm_gains: {error}")
         for layer in [name.strip() for name in args.layers.split(",") if name.strip()]:
-            gains = {name[len(layer) + 1:-len("_norm.weight")]: tensor.float()
-                     for name, tensor in state.items()
-                     if name.startswith(layer + ".") and name.endswith("_norm.weight")}
+            gains = {
+                name[len(layer) + 1 : -len("_norm.weight")]: tensor.float()
+                for name, tensor in state.items()
+                if name.startswith(layer + ".") and name.endswith("_norm.weight")
+            }
             if not gains:
                 sys.exit(f"norm_gains: {run}: no norms under {layer}")
             means = ", ".join(f"{name} {gain.mean():.3f}" for name, gain in gains.items())
             stds = ", ".join(f"{name} {gain.std():.3f}" for name, gain in gains.items())
-            pairs = ", ".join(f"{a}/{b} {torch.corrcoef(torch.stack([gains[a], gains[b]]))[0, 1]:.2f}"
-                              for a, b in itertools.combinations(gains, 2))
+            pairs = ", ".join(
+                f"{a}/{b} {torch.corrcoef(torch.stack([gains[a], gains[b]]))[0, 1]:.2f}"
+                for a, b in itertools.combinations(gains, 2)
+            )
             print(f"| {Path(run).name} | {layer} | {means} | {stds} | {pairs} |")
 
 

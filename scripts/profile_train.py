@@ -11,8 +11,8 @@ few warm-up updates, so that what lies outside the matrix products is visible.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.cli.common import CONFIG_DIR  # noqa: E402  (registers the config schemas)
-from mtrain.train.setup import setup_fit  # noqa: E402
+from mtrain.cli.common import CONFIG_DIR
+from mtrain.train.setup import setup_fit
 
 
 def main() -> None:
@@ -33,8 +33,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rows", type=int, default=30, help="operators to print")
-    parser.add_argument("--copies", action="store_true",
-                        help="also: where the aten::copy_ calls come from (their three nearest callers)")
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="also: where the aten::copy_ calls come from (their three nearest callers)",
+    )
     args = parser.parse_args()
 
     overrides = [*args.overrides, "train.device=cpu", f"train.precision={args.precision}"]
@@ -55,13 +58,17 @@ def main() -> None:
         tokens = sum(update() for _ in range(args.updates))
     events = profiler.key_averages()
     total = sum(event.self_cpu_time_total for event in events)
-    print(f"# {precision}, {torch.get_num_threads()} threads, {args.updates} updates, {tokens} tgt tokens, "
-          f"{tokens / (total / 1e6):.0f} tgt tok/s under the profiler")
+    print(
+        f"# {precision}, {torch.get_num_threads()} threads, {args.updates} updates, {tokens} tgt tokens, "
+        f"{tokens / (total / 1e6):.0f} tgt tok/s under the profiler"
+    )
     print(f"# {sum(event.count for event in events) / args.updates:.1f} operators dispatched per update")
     print(f"{'operator':<48} {'self %':>7} {'self ms/upd':>11} {'calls/upd':>9}")
-    for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.rows]:
-        print(f"{event.key[:48]:<48} {100 * event.self_cpu_time_total / total:>6.1f}% "
-              f"{event.self_cpu_time_total / 1e3 / args.updates:>11.1f} {event.count / args.updates:>9.1f}")
+    for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.rows]:
+        print(
+            f"{event.key[:48]:<48} {100 * event.self_cpu_time_total / total:>6.1f}% "
+            f"{event.self_cpu_time_total / 1e3 / args.updates:>11.1f} {event.count / args.updates:>9.1f}"
+        )
     if args.copies:
         print_copy_callers(profiler, args.updates, args.rows)
 

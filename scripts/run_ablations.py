@@ -30,14 +30,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.evaluate.runs import load_run_summary  # noqa: E402
+from mtrain.evaluate.runs import load_run_summary
 
 BASE = "experiment=ablation_base"  # the benchmark model, instruments on
 DEEP = "experiment=ablation_norm_position"  # 6+6 layers, no warmup
@@ -57,8 +57,9 @@ RUNS: Sequence[Run] = (
     Run("cross_q_identity", (BASE, "model.cross_q_proj=false")),
     Run("cross_k_identity", (BASE, "model.cross_k_proj=false")),
     Run("cross_v_identity", (BASE, "model.cross_v_proj=false")),
-    Run("cross_qkv_identity", (BASE, "model.cross_q_proj=false", "model.cross_k_proj=false",
-                               "model.cross_v_proj=false")),
+    Run(
+        "cross_qkv_identity", (BASE, "model.cross_q_proj=false", "model.cross_k_proj=false", "model.cross_v_proj=false")
+    ),
     Run("order_cross_self_ffn", (BASE, "model.decoder_order=cross_self_ffn")),
     Run("order_self_ffn_cross", (BASE, "model.decoder_order=self_ffn_cross")),
     Run("detach_memory", (BASE, "model.detach_memory=true")),
@@ -68,8 +69,7 @@ RUNS: Sequence[Run] = (
     Run("deep_post_warmup", (DEEP, "model.norm_position=post", "train.warmup_updates=100"), deep=True),
     # ... and a gentler recipe still (a third of the learning rate, half the budget as warmup):
     # does this Post-LN stack train at all?
-    Run("deep_post_gentle", (DEEP, "model.norm_position=post", "train.lr=5e-4", "train.warmup_updates=300"),
-        deep=True),
+    Run("deep_post_gentle", (DEEP, "model.norm_position=post", "train.lr=5e-4", "train.warmup_updates=300"), deep=True),
     Run("post_norm", (BASE, "model.norm_position=post")),
     Run("positions_learned", (BASE, "model.positions=learned")),
     Run("positions_rope", (BASE, "model.positions=rope")),
@@ -83,12 +83,11 @@ RUNS: Sequence[Run] = (
 )
 
 # Claim -> its runs, the reference first. In the order of docs/ABLATIONS.md.
-CLAIMS: Dict[str, List[str]] = {
+CLAIMS: dict[str, list[str]] = {
     "norm_position": ["deep_pre", "deep_post", "deep_post_warmup", "deep_post_gentle"],
     "residual": ["standard", "residual_normalized", "post_norm"],
     "shared_norm": ["standard", "shared_norm"],
-    "cross_projections": ["standard", "cross_q_identity", "cross_k_identity", "cross_v_identity",
-                          "cross_qkv_identity"],
+    "cross_projections": ["standard", "cross_q_identity", "cross_k_identity", "cross_v_identity", "cross_qkv_identity"],
     "decoder_order": ["standard", "order_cross_self_ffn", "order_self_ffn_cross"],
     "detach_memory": ["standard", "detach_memory"],
     "final_norm": ["standard", "final_norm_off"],
@@ -111,7 +110,7 @@ def with_seed(run: Run, seed: int) -> Run:
     return replace(run, name=seeded_name(run.name, seed), overrides=run.overrides + (f"seed={seed}",))
 
 
-def budget_overrides(run: Run, args: argparse.Namespace) -> List[str]:
+def budget_overrides(run: Run, args: argparse.Namespace) -> list[str]:
     out = [f"train.num_threads={args.threads}"]
     if args.updates:
         out += ["train.max_time=null", f"train.max_updates={args.updates}"]
@@ -121,10 +120,18 @@ def budget_overrides(run: Run, args: argparse.Namespace) -> List[str]:
     return out
 
 
-def command(run: Run, args: argparse.Namespace) -> List[str]:
+def command(run: Run, args: argparse.Namespace) -> list[str]:
     run_dir = Path(args.out) / "runs" / run.name
-    return [sys.executable, "-m", "mtrain", "fit", *run.overrides, *budget_overrides(run, args),
-            *args.extra, f"hydra.run.dir={run_dir}"]
+    return [
+        sys.executable,
+        "-m",
+        "mtrain",
+        "fit",
+        *run.overrides,
+        *budget_overrides(run, args),
+        *args.extra,
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def train(run: Run, args: argparse.Namespace) -> str:
@@ -148,12 +155,13 @@ def report(claim: str, names: Sequence[str], seed: int, args: argparse.Namespace
     if len(present) < 2 or present[0] != paths[0]:
         return f"{out.name}: no report, the reference or every other run is missing"
     runs = ",".join(str(path) for path in present)
-    code = subprocess.call([sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"],
-                           stdout=subprocess.DEVNULL)
+    code = subprocess.call(
+        [sys.executable, "-m", "mtrain", "report", f"sweep={runs}", f"out={out}"], stdout=subprocess.DEVNULL
+    )
     return f"{out.name}: {out / 'report.md'}" if code == 0 else f"{out.name}: report failed (exit {code})"
 
 
-def test_bleu(args: argparse.Namespace, name: str) -> Optional[float]:
+def test_bleu(args: argparse.Namespace, name: str) -> float | None:
     """A run's test BLEU, read as `mtrain report` reads it (None when it has not finished)."""
     path = Path(args.out) / "runs" / name
     return load_run_summary(path).score("test") if path.is_dir() else None
@@ -165,22 +173,36 @@ def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespac
     The gap averages per-seed differences over the seeds both runs have, so a run trained
     with fewer seeds is compared like with like.
     """
-    lines = [f"# Ablation bench summary ({args.out})", "",
-             "Test BLEU (sacreBLEU 13a) per seed; Δ: the mean per-seed difference to the claim's first run,",
-             "over the seeds both have (n).", ""]
+    lines = [
+        f"# Ablation bench summary ({args.out})",
+        "",
+        "Test BLEU (sacreBLEU 13a) per seed; Δ: the mean per-seed difference to the claim's first run,",
+        "over the seeds both have (n).",
+        "",
+    ]
     for claim in claims:
         names = CLAIMS[claim]
-        lines += [f"## {claim}", "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ | n |",
-                  "|---|" + "---|" * (len(seeds) + 3)]
+        lines += [
+            f"## {claim}",
+            "",
+            "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ | n |",
+            "|---|" + "---|" * (len(seeds) + 3),
+        ]
         reference = [test_bleu(args, seeded_name(names[0], seed)) for seed in seeds]
         for name in names:
             scores = [test_bleu(args, seeded_name(name, seed)) for seed in seeds]
             known = [score for score in scores if score is not None]
             mean = f"{sum(known) / len(known):.2f}" if known else "-"
-            gaps = [score - ref for score, ref in zip(scores, reference) if score is not None and ref is not None]
+            gaps = [
+                score - ref
+                for score, ref in zip(scores, reference, strict=True)
+                if score is not None and ref is not None
+            ]
             delta = f"{sum(gaps) / len(gaps):+.2f}" if gaps and name != names[0] else "-"
             cells = ["-" if score is None else f"{score:.2f}" for score in scores]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} | {delta} | {len(gaps) if delta != '-' else '-'} |")
+            lines.append(
+                f"| {name} | " + " | ".join(cells) + f" | {mean} | {delta} | {len(gaps) if delta != '-' else '-'} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -189,18 +211,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="ablations", help="bench directory (runs/, logs/, reports/)")
     parser.add_argument("--only", default=None, help=f"comma-separated claims; all: {','.join(CLAIMS)}")
-    parser.add_argument("--updates", type=int, default=None,
-                        help="updates per run (default: the presets' 20-minute time budget)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="warmup updates with --updates (not for the no-warmup norm_position runs)")
+    parser.add_argument(
+        "--updates", type=int, default=None, help="updates per run (default: the presets' 20-minute time budget)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warmup updates with --updates (not for the no-warmup norm_position runs)",
+    )
     parser.add_argument("--validate-every", type=int, default=None, help="default with --updates: updates/4")
-    parser.add_argument("--runs", default=None, help="comma-separated run names: train only these (of the claims chosen)")
+    parser.add_argument(
+        "--runs", default=None, help="comma-separated run names: train only these (of the claims chosen)"
+    )
     parser.add_argument("--seeds", default="1", help="comma-separated seeds; each run is trained with each")
     parser.add_argument("--lanes", type=int, default=2, help="runs side by side")
     parser.add_argument("--threads", type=int, default=1, help="threads per run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    parser.add_argument("--report-only", action="store_true",
-                        help="train nothing: reports and summary of the finished runs")
+    parser.add_argument(
+        "--report-only", action="store_true", help="train nothing: reports and summary of the finished runs"
+    )
     parser.add_argument("extra", nargs="*", help="more overrides for every run (e.g. data.train_limit=2000)")
     args = parser.parse_args()
 
@@ -213,8 +243,10 @@ def main() -> None:
     if args.runs is not None:
         chosen = {name.strip() for name in args.runs.split(",") if name.strip()}
         if chosen - wanted:
-            parser.error(f"--runs: {', '.join(sorted(chosen - wanted))} not in the claims chosen; "
-                         f"known: {', '.join(run.name for run in RUNS)}")
+            parser.error(
+                f"--runs: {', '.join(sorted(chosen - wanted))} not in the claims chosen; "
+                f"known: {', '.join(run.name for run in RUNS)}"
+            )
         wanted = chosen
     # All of seed 1 first: a bench stopped early has whole claims.
     runs = [with_seed(run, seed) for seed in seeds for run in RUNS if run.name in wanted]

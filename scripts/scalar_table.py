@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.evaluate.curves import read_scalars, scalar_tags  # noqa: E402
+from mtrain.evaluate.curves import read_scalars, scalar_tags
 
 
 def value_at(curve, step: int):
@@ -41,8 +41,9 @@ def main() -> None:
     for run in runs:
         if not run.is_dir():
             sys.exit(f"scalar_table: {run}: no such run directory")
-    tags = sorted({tag for run in runs for tag in scalar_tags(run)
-                   if any(fnmatch.fnmatchcase(tag, p) for p in patterns)})
+    tags = sorted(
+        {tag for run in runs for tag in scalar_tags(run) if any(fnmatch.fnmatchcase(tag, p) for p in patterns)}
+    )
     if not tags:
         sys.exit(f"scalar_table: no tag matches {args.tags!r} in {', '.join(args.runs)}")
     curves = {run: read_scalars(run, tags) for run in runs}  # each run's events read once
@@ -54,8 +55,11 @@ def main() -> None:
             cells = []
             for step in steps:
                 hit = value_at(curves[run][tag], step)
-                cells.append("-" if hit is None else f"{hit[1]:.{args.digits}g}" + ("" if hit[0] == step else f" (@{hit[0]})"))
+                cells.append(
+                    "-" if hit is None else f"{hit[1]:.{args.digits}g}" + ("" if hit[0] == step else f" (@{hit[0]})")
+                )
             print(f"| {tag.removeprefix('instruments/')} | {run.name} | " + " | ".join(cells) + " |")
+
 
 if __name__ == "__main__":
     main()

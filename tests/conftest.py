@@ -46,4 +46,4 @@ def multi30k_slice(tmp_path_factory, data_dir) -> Path:
 def _few_threads():
     # Tests share 2 cores; more threads than that only adds contention.
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    yield
+    return

@@ -77,10 +77,10 @@ def test_written_checkpoint_loads_with_weights_only(run_dir, tmp_path):
 
 
 def test_bad_inputs(run_dir, tmp_path):
+    only_two = tmp_path / "two"
+    for update in (1, 2):
+        save_checkpoint(only_two / "checkpoints" / f"update_{update}.pt", fake_state(update, 1.0))
     with pytest.raises(MtrainError, match=r"3 checkpoints asked for but only 2.*keep_last>=3"):
-        only_two = tmp_path / "two"
-        for update in (1, 2):
-            save_checkpoint(only_two / "checkpoints" / f"update_{update}.pt", fake_state(update, 1.0))
         last_checkpoints(only_two, 3)
     empty = tmp_path / "empty_run"
     (empty / "checkpoints").mkdir(parents=True)
@@ -140,10 +140,13 @@ def test_checkpoints_of_one_run_average_without_a_warning(tmp_path, caplog):
     assert not caplog.records
 
 
-@pytest.mark.parametrize("other, why", [
-    (dict(seed=2), "seed 1 vs 2"),
-    (dict(corpus="corpus-b"), "training data"),
-])
+@pytest.mark.parametrize(
+    "other, why",
+    [
+        (dict(seed=2), "seed 1 vs 2"),
+        (dict(corpus="corpus-b"), "training data"),
+    ],
+)
 def test_checkpoints_of_different_runs_average_with_a_warning_naming_them(tmp_path, caplog, other, why):
     paths = write_checkpoints(tmp_path, first_run=state_of_run(100), second_run=state_of_run(200, **other))
     with caplog.at_level(logging.WARNING, logger="mtrain"):
@@ -158,13 +161,17 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, monkeypatch
     from mtrain.cli import main as cli
 
     paths = write_checkpoints(tmp_path, first_run=state_of_run(100), second_run=state_of_run(200, tokenizer="spm-b"))
-    with pytest.raises(MtrainError, match=r"second_run.*update_200\.pt: its tokenizer differs from "
-                                          r".*first_run.*update_100\.pt's"):
+    with pytest.raises(
+        MtrainError,
+        match=r"second_run.*update_200\.pt: its tokenizer differs from "
+        r".*first_run.*update_100\.pt's",
+    ):
         average_checkpoints(paths)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["mtrain", "average", f"checkpoints=[{paths[0]},{paths[1]}]",
-                                      f"out={tmp_path / 'avg.pt'}"])
+    monkeypatch.setattr(
+        sys, "argv", ["mtrain", "average", f"checkpoints=[{paths[0]},{paths[1]}]", f"out={tmp_path / 'avg.pt'}"]
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2

@@ -32,17 +32,36 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from mtrain.batches import prepare_data
 from mtrain.cli.common import CONFIG_DIR
-from mtrain.train.setup import check_eval_lengths
 from mtrain.config import DataConfig, FitConfig, ModelConfig, Positions, TokenizerConfig, to_plain
 from mtrain.config_checks import check_known_keys
-from mtrain.batches import prepare_data
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.train.checkpoint_files import load_checkpoint, load_run, save_checkpoint
+from mtrain.train.setup import check_eval_lengths
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "der die das ein Hund Katze läuft schnell über Straße the a dog cat runs fast over street".split()
+WORDS = [
+    "der",
+    "die",
+    "das",
+    "ein",
+    "Hund",
+    "Katze",
+    "läuft",
+    "schnell",
+    "über",
+    "Straße",
+    "the",
+    "a",
+    "dog",
+    "cat",
+    "runs",
+    "fast",
+    "over",
+    "street",
+]
 TOKENIZER = TokenizerConfig(vocab_size=40)
 TINY_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32, max_positions=64)
 LONG_LINE = "Hund " * 20_000  # 100,000 characters
@@ -94,8 +113,10 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 
 
 def same_train_arrays(a, b) -> bool:
-    return all(np.array_equal(getattr(a.train, name), getattr(b.train, name))
-               for name in ("src_tokens", "src_lengths", "tgt_tokens", "tgt_lengths"))
+    return all(
+        np.array_equal(getattr(a.train, name), getattr(b.train, name))
+        for name in ("src_tokens", "src_lengths", "tgt_tokens", "tgt_lengths")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +136,9 @@ def clean(tmp_path_factory, cache):
 @pytest.fixture(scope="module")
 def long_valid_line(tmp_path_factory) -> Path:
     """A corpus whose 3rd validation source is 100,000 characters long (shared with the CLI test)."""
-    return write_corpus(tmp_path_factory.mktemp("corpora") / "long_valid",
-                        dict(SPLITS, val=with_line(SPLITS["val"], 2, src=LONG_LINE)))
+    return write_corpus(
+        tmp_path_factory.mktemp("corpora") / "long_valid", dict(SPLITS, val=with_line(SPLITS["val"], 2, src=LONG_LINE))
+    )
 
 
 # ------------------------------------------------------------------ corpora
@@ -151,8 +173,10 @@ def test_invalid_utf8_pairs_are_skipped_counted_and_recorded(tmp_path, cache):
 
 
 def test_tabs_in_text_corpora_are_whitespace(tmp_path, cache, clean):
-    tabbed = {split: [(src.replace(" ", "\t"), tgt.replace(" ", " \t ")) for src, tgt in pairs]
-              for split, pairs in SPLITS.items()}
+    tabbed = {
+        split: [(src.replace(" ", "\t"), tgt.replace(" ", " \t ")) for src, tgt in pairs]
+        for split, pairs in SPLITS.items()
+    }
     prepared, _, _ = prepare(write_corpus(tmp_path / "tabs", tabbed), cache)
     assert same_train_arrays(prepared, clean)  # SentencePiece normalises a tab to a space
     assert prepared.valid_text.src[0] == tabbed["val"][0][0]  # references are scored as they are
@@ -166,14 +190,18 @@ def test_lines_of_100000_characters(tmp_path, cache, clean, long_valid_line):
 
     # Validation and test pairs are never filtered: fit refuses them before training.
     prepared, _, _ = prepare(long_valid_line, cache)
+
     def fit_config(**model):
         return FitConfig(data=config(long_valid_line, cache), model=ModelConfig(**model))
 
     check_eval_lengths(prepared, fit_config(positions=Positions.none))  # no position table: any length embeds
     with pytest.raises(MtrainError) as error:
         check_eval_lengths(prepared, fit_config())
-    assert re.match(r"data: pair 3 of the valid split \(data\.splits\.valid=val\) is \d+ subword tokens long "
-                    r"but the model embeds at most 1024 positions \(model\.max_positions\)", one_line(error))
+    assert re.match(
+        r"data: pair 3 of the valid split \(data\.splits\.valid=val\) is \d+ subword tokens long "
+        r"but the model embeds at most 1024 positions \(model\.max_positions\)",
+        one_line(error),
+    )
 
     # A run of several directions checks each one's sets, not only the first's, and names it.
     long_direction = dataclasses.replace(prepared.directions[0], src="fr", tgt="en")
@@ -208,8 +236,13 @@ def run_dir(tmp_path_factory, clean) -> Path:
     directory = tmp_path_factory.mktemp("run")
     clean.tokenizer.save(directory / "tokenizer")
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**TINY_MODEL), clean.tokenizer.src_vocab_size, clean.tokenizer.tgt_vocab_size,
-                        clean.tokenizer.pad_id, joint_vocab=clean.tokenizer.joint)
+    model = build_model(
+        ModelConfig(**TINY_MODEL),
+        clean.tokenizer.src_vocab_size,
+        clean.tokenizer.tgt_vocab_size,
+        clean.tokenizer.pad_id,
+        joint_vocab=clean.tokenizer.joint,
+    )
     config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**TINY_MODEL))))
     save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 3})
     return directory
@@ -231,8 +264,9 @@ def flip_a_weight_byte(path: Path) -> None:
     with zipfile.ZipFile(path) as archive:
         record = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda i: i.file_size)
     data = bytearray(path.read_bytes())
-    name_and_extra = int.from_bytes(data[record.header_offset + 26:record.header_offset + 28], "little") + \
-        int.from_bytes(data[record.header_offset + 28:record.header_offset + 30], "little")
+    name_and_extra = int.from_bytes(
+        data[record.header_offset + 26 : record.header_offset + 28], "little"
+    ) + int.from_bytes(data[record.header_offset + 28 : record.header_offset + 30], "little")
     data[record.header_offset + 30 + name_and_extra + record.file_size // 2] ^= 0xFF
     path.write_bytes(bytes(data))
 
@@ -247,12 +281,15 @@ def test_a_flipped_bit_inside_a_tensor_is_caught(tmp_path, run_dir):
     assert "fails its CRC-32 check" in one_line(error)
 
 
-@pytest.mark.parametrize("content, expected", [
-    (b"", "not a loadable mtrain checkpoint"),
-    (b"model: weights\n", "not a loadable mtrain checkpoint"),
-    ([1, 2, 3], "not an mtrain checkpoint"),
-    ({"model": [1, 2]}, "not an mtrain checkpoint"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"", "not a loadable mtrain checkpoint"),
+        (b"model: weights\n", "not a loadable mtrain checkpoint"),
+        ([1, 2, 3], "not an mtrain checkpoint"),
+        ({"model": [1, 2]}, "not an mtrain checkpoint"),
+    ],
+)
 def test_empty_or_foreign_checkpoint_files_are_refused(tmp_path, content, expected):
     path = tmp_path / "c.pt"
     if isinstance(content, bytes):
@@ -268,13 +305,20 @@ def _set_model_key(key, value):
     return lambda state: state["config"]["model"].__setitem__(key, value)
 
 
-@pytest.mark.parametrize("change, expected", [
-    (_set_model_key("fancy_switch", True), "stored config key model.fancy_switch does not fit this mtrain version"),
-    (_set_model_key("d_model", "big"), "stored config key model.d_model does not fit"),
-    (_set_model_key("heads", 3), "model config stored in the checkpoint is invalid: model.heads: 3 does not divide"),
-    (_set_model_key("d_model", 32), "size mismatch for"),
-    (lambda state: state.pop("config"), "the checkpoint holds no model config"),
-], ids=["unknown key", "wrong type", "invalid value", "other shapes", "no config"])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (_set_model_key("fancy_switch", True), "stored config key model.fancy_switch does not fit this mtrain version"),
+        (_set_model_key("d_model", "big"), "stored config key model.d_model does not fit"),
+        (
+            _set_model_key("heads", 3),
+            "model config stored in the checkpoint is invalid: model.heads: 3 does not divide",
+        ),
+        (_set_model_key("d_model", 32), "size mismatch for"),
+        (lambda state: state.pop("config"), "the checkpoint holds no model config"),
+    ],
+    ids=["unknown key", "wrong type", "invalid value", "other shapes", "no config"],
+)
 def test_checkpoint_from_an_incompatible_config_is_refused(tmp_path, run_dir, change, expected):
     with pytest.raises(MtrainError) as error:
         load_run(changed_run(run_dir, tmp_path, change))
@@ -312,8 +356,9 @@ def test_appended_unknown_config_key_is_refused():
 def mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
@@ -324,10 +369,18 @@ def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) ->
 
 
 def test_fit_refuses_an_over_long_validation_line_before_training(tmp_path, cache, long_valid_line):
-    result = mtrain("fit", f"data.local_dir={long_valid_line}", f"data.cache_dir={cache}", "data.splits.test=test",
-                    "data.clean.max_len_ratio=100.0",
-                    f"tokenizer.vocab_size={TOKENIZER.vocab_size}", *(f"model.{key}={value}" for key, value in TINY_MODEL.items()),
-                    "train.num_threads=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    result = mtrain(
+        "fit",
+        f"data.local_dir={long_valid_line}",
+        f"data.cache_dir={cache}",
+        "data.splits.test=test",
+        "data.clean.max_len_ratio=100.0",
+        f"tokenizer.vocab_size={TOKENIZER.vocab_size}",
+        *(f"model.{key}={value}" for key, value in TINY_MODEL.items()),
+        "train.num_threads=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
     assert_one_line_error(result, "data: pair 3 of the valid split")
     run_dir = tmp_path / "run"
     assert not run_dir.exists() or not list(run_dir.iterdir())  # Hydra made it; nothing in it, train.log neither
@@ -343,8 +396,11 @@ def test_an_unquoted_non_ascii_path_says_that_quoting_works(tmp_path):
     run_dir = tmp_path / "rün"
     result = mtrain("translate", f"run={run_dir}", cwd=tmp_path)
     quoted_value = "run=\"'" + str(run_dir) + "'\""  # what the user types: run="'...'"
-    assert_one_line_error(result, f"run: '{run_dir}' has a character ('\u00fc') that an override takes only quoted; "
-                                  f"quote the value: {quoted_value}")
+    assert_one_line_error(
+        result,
+        f"run: '{run_dir}' has a character ('\u00fc') that an override takes only quoted; "
+        f"quote the value: {quoted_value}",
+    )
     quoted = mtrain("translate", f"run='{run_dir}'", cwd=tmp_path)  # as the shell passes run="'...'"
     assert_one_line_error(quoted, f"run={run_dir}: no such run directory")
 
@@ -362,9 +418,18 @@ def test_translate_with_a_corrupted_checkpoint_or_an_appended_typo(tmp_path, run
 
 # ------------------------------------------------------------------ safety
 BUILTINS_THAT_RUN_CODE = {"eval", "exec", "compile", "__import__"}
-LOADERS_THAT_RUN_CODE = {("pickle", "load"), ("pickle", "loads"), ("marshal", "loads"), ("dill", "load"),
-                         ("dill", "loads"), ("cloudpickle", "load"), ("joblib", "load"), ("yaml", "load"),
-                         ("yaml", "unsafe_load"), ("yaml", "full_load")}
+LOADERS_THAT_RUN_CODE = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("marshal", "loads"),
+    ("dill", "load"),
+    ("dill", "loads"),
+    ("cloudpickle", "load"),
+    ("joblib", "load"),
+    ("yaml", "load"),
+    ("yaml", "unsafe_load"),
+    ("yaml", "full_load"),
+}
 
 
 def _dotted(node: ast.AST) -> str:
@@ -380,9 +445,12 @@ def unsafe_calls(source: str, filename: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source, filename)):
         where = f"{filename}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.ImportFrom) and node.module in ("torch", "pickle", "hydra.utils"):
-            if any(alias.name in ("load", "loads", "instantiate") for alias in node.names):
-                found.append(f"{where}: from {node.module} import a loader")
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module in ("torch", "pickle", "hydra.utils")
+            and any(alias.name in ("load", "loads", "instantiate") for alias in node.names)
+        ):
+            found.append(f"{where}: from {node.module} import a loader")
         if not isinstance(node, ast.Call):
             continue
         name = _dotted(node.func)
@@ -391,8 +459,11 @@ def unsafe_calls(source: str, filename: str) -> list[str]:
             weights_only = keywords.get("weights_only")
             if not (isinstance(weights_only, ast.Constant) and weights_only.value is True):
                 found.append(f"{where}: torch.load without weights_only=True")
-        elif name in BUILTINS_THAT_RUN_CODE or name.endswith("instantiate") \
-                or tuple(name.split(".")[-2:]) in LOADERS_THAT_RUN_CODE:
+        elif (
+            name in BUILTINS_THAT_RUN_CODE
+            or name.endswith("instantiate")
+            or tuple(name.split(".")[-2:]) in LOADERS_THAT_RUN_CODE
+        ):
             found.append(f"{where}: {name}(...)")
         for flag in ("trust_remote_code", "allow_pickle"):
             value = keywords.get(flag)
@@ -402,9 +473,11 @@ def unsafe_calls(source: str, filename: str) -> list[str]:
 
 
 def test_the_unsafe_call_check_notices_what_it_forbids():
-    sample = ("import torch, pickle\ntorch.load(p)\ntorch.load(p, weights_only=False)\npickle.loads(b)\n"
-              "eval(s)\nhydra.utils.instantiate(cfg)\ndatasets.load_dataset(x, trust_remote_code=True)\n"
-              "torch.load(p, weights_only=True)\nre.compile(r'x')\nmodel.eval()\n")
+    sample = (
+        "import torch, pickle\ntorch.load(p)\ntorch.load(p, weights_only=False)\npickle.loads(b)\n"
+        "eval(s)\nhydra.utils.instantiate(cfg)\ndatasets.load_dataset(x, trust_remote_code=True)\n"
+        "torch.load(p, weights_only=True)\nre.compile(r'x')\nmodel.eval()\n"
+    )
     assert len(unsafe_calls(sample, "sample.py")) == 6
 
 
@@ -413,7 +486,10 @@ def test_nothing_runs_code_from_checkpoints_data_or_configs():
     hydra.utils.instantiate, and no config names a class (`_target_`) to build."""
     files = sorted((REPO / "mtrain").rglob("*.py")) + sorted((REPO / "scripts").rglob("*.py"))
     assert len(files) > 30
-    found = [problem for path in files
-             for problem in unsafe_calls(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
+    found = [
+        problem
+        for path in files
+        for problem in unsafe_calls(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+    ]
     assert not found, "\n".join(found)
     assert not [p for p in (REPO / "configs").rglob("*.yaml") if "_target_" in p.read_text(encoding="utf-8")]

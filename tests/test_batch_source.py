@@ -23,8 +23,17 @@ def _synthetic_corpus(sentences=300, seed=0):
 
 
 def _source(corpora, prefetch=False, update_freq=1, max_epochs=None, pad_to_multiple=1):
-    return BatchSource(corpora, IDS, torch.device("cpu"), max_tokens=200, update_freq=update_freq,
-                       max_epochs=max_epochs, seed=1, pad_to_multiple=pad_to_multiple, prefetch=prefetch)
+    return BatchSource(
+        corpora,
+        IDS,
+        torch.device("cpu"),
+        max_tokens=200,
+        update_freq=update_freq,
+        max_epochs=max_epochs,
+        seed=1,
+        pad_to_multiple=pad_to_multiple,
+        prefetch=prefetch,
+    )
 
 
 def _as_lists(batches):
@@ -48,8 +57,9 @@ def test_prefetched_batches_are_the_batches_the_trainer_would_have_collated():
 
 def _corpus(length: int, sentences: int = 120) -> EncodedCorpus:
     """Every sentence `length` tokens of one id per corpus: the batch says which corpus it came from."""
-    return EncodedCorpus.from_sequences([[length + 10] * (length - 1) + [3]] * sentences,
-                                        [[length + 10] * length] * sentences)
+    return EncodedCorpus.from_sequences(
+        [[length + 10] * (length - 1) + [3]] * sentences, [[length + 10] * length] * sentences
+    )
 
 
 def test_epoch_e_trains_on_copy_e_minus_1_mod_copies():

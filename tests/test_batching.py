@@ -96,7 +96,10 @@ def test_an_over_long_sentence_gets_a_batch_of_its_own():
 
 def test_epochs_shuffle_differently_but_deterministically():
     corpus = random_corpus(2000, seed=3)
-    make = lambda seed: TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=400, seed=seed)
+
+    def make(seed: int) -> TokenBatchSampler:
+        return TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=400, seed=seed)
+
     first, again = make(1).batches(1), make(1).batches(1)
     assert [b.tolist() for b in first] == [b.tolist() for b in again]
     second_epoch = make(1).batches(2)
@@ -141,6 +144,7 @@ def test_width_first_order_pads_less_than_source_first():
 def _source_first_batches(src, tgt, max_tokens):
     """The sampler's batches before: cut from the order sorted by source, then target length."""
     from mtrain.batches.batching import _budget_bounds
+
     order = np.lexsort([tgt, src])
     return np.split(order, _budget_bounds(np.maximum(src, tgt + 1)[order], max_tokens)[1:-1])
 
@@ -150,7 +154,9 @@ def test_ddp_ranks_get_disjoint_batches_of_equal_count():
     world = 3
     for epoch in (1, 2):
         per_rank = [
-            TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 400, seed=9, num_replicas=world, rank=r).batches(epoch)
+            TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 400, seed=9, num_replicas=world, rank=r).batches(
+                epoch
+            )
             for r in range(world)
         ]
         assert len({len(batches) for batches in per_rank}) == 1
@@ -200,8 +206,8 @@ def test_pad_to_multiple_rounds_lengths_and_keeps_contents():
     for name in ("src_tokens", "tgt_input", "tgt_output"):
         wide, narrow = getattr(padded, name), getattr(plain, name)
         assert wide.shape[1] % 8 == 0 and wide.shape[1] - narrow.shape[1] < 8
-        assert torch.equal(wide[:, :narrow.shape[1]], narrow) and (wide[:, narrow.shape[1]:] == PAD).all()
-    assert padded.src_padding_mask[:, plain.src_tokens.shape[1]:].all()
+        assert torch.equal(wide[:, : narrow.shape[1]], narrow) and (wide[:, narrow.shape[1] :] == PAD).all()
+    assert padded.src_padding_mask[:, plain.src_tokens.shape[1] :].all()
     assert (padded.num_src_tokens, padded.num_tgt_tokens) == (plain.num_src_tokens, plain.num_tgt_tokens)
 
 
@@ -211,8 +217,9 @@ def test_bucketed_epochs_have_few_shapes_whatever_the_corpus_size():
     for n in (3000, 20000):
         corpus = random_corpus(n, seed=8, max_len=40)
         for multiple in (1, 8):
-            sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens=1024, seed=1,
-                                        pad_to_multiple=multiple)
+            sampler = TokenBatchSampler(
+                corpus.src_lengths, corpus.tgt_lengths, max_tokens=1024, seed=1, pad_to_multiple=multiple
+            )
             batches = sampler.batches(1)
             assert sorted(np.concatenate(batches).tolist()) == list(range(n))
             for b in batches[:50]:  # the budget holds for the padded tensors

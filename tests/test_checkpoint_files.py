@@ -78,8 +78,13 @@ def test_checkpointer_keeps_the_optimiser_state_only_in_last(tmp_path):
     checkpointer = Checkpointer(run, keep_last=2, save_every_seconds=None)
     moments = {"state": {0: {"exp_avg": torch.ones(100_000), "exp_avg_sq": torch.ones(100_000)}}, "param_groups": []}
     for update in (1, 2, 3):
-        state = {"model": {"w": torch.full((100_000,), float(update))}, "optimizer": moments, "scaler": {},
-                 "update": update, "trainer": {"update": update}}
+        state = {
+            "model": {"w": torch.full((100_000,), float(update))},
+            "optimizer": moments,
+            "scaler": {},
+            "update": update,
+            "trainer": {"update": update},
+        }
         checkpointer.save(state, update, best=update == 2)
     last, best = load_checkpoint(run.checkpoint("last")), load_checkpoint(run.checkpoint("best"))
     assert last["update"] == 3 and torch.equal(last["optimizer"]["state"][0]["exp_avg"], torch.ones(100_000))

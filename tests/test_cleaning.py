@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, TokenizerConfig
 from mtrain.data.cleaning import (
     KEEP,
@@ -18,7 +19,6 @@ from mtrain.data.cleaning import (
     normalizer,
     pair_hashes,
 )
-from mtrain.batches.prepare import prepare_data
 from mtrain.errors import MtrainError
 
 
@@ -46,12 +46,19 @@ def test_each_filter_rejects_exactly_its_pairs():
         ("x", "y", 2, 4, KEEP),  # a ratio of exactly 2.0 passes
         ("x", "y", 6, 3, KEEP),
     ]
-    src, tgt, src_len, tgt_len, expected = zip(*pairs)
+    src, tgt, src_len, tgt_len, expected = zip(*pairs, strict=True)
     codes = classify_pairs(list(src), list(tgt), np.array(src_len), np.array(tgt_len), clean())
     assert codes.tolist() == list(expected)
     counts = count_reasons(codes)
-    assert counts == {"empty": 2, "identical": 1, "too_short": 1, "too_long": 2, "length_ratio": 1, "eval_overlap": 0,
-                      "duplicate": 0}
+    assert counts == {
+        "empty": 2,
+        "identical": 1,
+        "too_short": 1,
+        "too_long": 2,
+        "length_ratio": 1,
+        "eval_overlap": 0,
+        "duplicate": 0,
+    }
 
 
 def test_identical_pairs_are_kept_unless_asked():
@@ -90,7 +97,7 @@ def crafted_corpus(tmp_path, multi30k_slice):
     """300 real pairs plus pairs each filter must remove, and a valid split with odd pairs."""
     de = (multi30k_slice / "train.de").read_text(encoding="utf-8").splitlines()[:300]
     en = (multi30k_slice / "train.en").read_text(encoding="utf-8").splitlines()[:300]
-    pairs = list(zip(de, en))
+    pairs = list(zip(de, en, strict=True))
     injected = {
         "empty": [("", en[0]), (de[1], "")],
         "identical": [("Tom Hanks", "Tom Hanks"), ("OK.", "OK.")],
@@ -117,7 +124,7 @@ def crafted_corpus(tmp_path, multi30k_slice):
 
 
 def test_prepare_filters_training_pairs_by_reason(crafted_corpus, tmp_path):
-    directory, pairs, injected, expected_duplicates = crafted_corpus
+    directory, pairs, _injected, expected_duplicates = crafted_corpus
     data = DataConfig(local_dir=str(directory), cache_dir=str(tmp_path / "cache"), chunk_size=50)
     data.splits.test = "test"
     data.clean.max_len = 200

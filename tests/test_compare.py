@@ -19,27 +19,64 @@ from mtrain.evaluate.runs import describe, differing_overrides, discover_runs
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 SAMPLES = 300
 
-WORDS = ("the a man woman child dog cat ball park street red blue green big small is are plays runs "
-         "sits walks holds looks at on in with near two three people").split()
+WORDS = [
+    "the",
+    "a",
+    "man",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "ball",
+    "park",
+    "street",
+    "red",
+    "blue",
+    "green",
+    "big",
+    "small",
+    "is",
+    "are",
+    "plays",
+    "runs",
+    "sits",
+    "walks",
+    "holds",
+    "looks",
+    "at",
+    "on",
+    "in",
+    "with",
+    "near",
+    "two",
+    "three",
+    "people",
+]
 
 
 def make_sweep(root: Path, runs: dict) -> Path:
     """A fake Hydra multirun dir: {name: (overrides, noise rate of its test hypotheses)}."""
     rng = random.Random(3)
-    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
-            for _ in range(120)]
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(120)]
     (root / "test.en").write_text("\n".join(refs) + "\n", encoding="utf-8")
     sweep = root / "sweep"
     for index, (name, (overrides, noise)) in enumerate(runs.items()):
         run = sweep / name
         (run / ".hydra").mkdir(parents=True)
         (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides), encoding="utf-8")
-        (run / "metrics.json").write_text(json.dumps({
-            "valid": {"best_bleu": 20.0 + index, "best_update": 100},
-            "test": {"bleu": 25.0 + index, "chrf": 50.0 + index},
-            "updates": 100 * (index + 1), "train_time_s": 90.0, "diverged": False,
-            "final_train_loss": 3.5 - index / 10,
-        }), encoding="utf-8")
+        (run / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "valid": {"best_bleu": 20.0 + index, "best_update": 100},
+                    "test": {"bleu": 25.0 + index, "chrf": 50.0 + index},
+                    "updates": 100 * (index + 1),
+                    "train_time_s": 90.0,
+                    "diverged": False,
+                    "final_train_loss": 3.5 - index / 10,
+                }
+            ),
+            encoding="utf-8",
+        )
         if noise is not None:
             (run / "eval").mkdir()
             hyps = [" ".join(w if rng.random() > noise else rng.choice(WORDS) for w in ref.split()) for ref in refs]
@@ -50,17 +87,35 @@ def make_sweep(root: Path, runs: dict) -> Path:
 
 @pytest.fixture
 def sweep(tmp_path) -> Path:
-    return make_sweep(tmp_path, {
-        "0": (["model.norm_position=pre", "train.max_updates=100"], 0.2),
-        "1": (["model.norm_position=post", "train.max_updates=100"], 0.3),
-        "2": (["model.norm_position=post", "+model.layers=6", "train.max_updates=100"], None),
-    })
+    return make_sweep(
+        tmp_path,
+        {
+            "0": (["model.norm_position=pre", "train.max_updates=100"], 0.2),
+            "1": (["model.norm_position=post", "train.max_updates=100"], 0.3),
+            "2": (["model.norm_position=post", "+model.layers=6", "train.max_updates=100"], None),
+        },
+    )
 
 
 def sacrebleu_paired(ref: Path, baseline: Path, system: Path, metrics=("bleu", "chrf")) -> dict:
     """{metric: [(score, mean, ci, p), per system]} parsed from `sacrebleu --paired-bs` (text)."""
-    command = [SACREBLEU, str(ref), "-i", str(baseline), str(system), "-m", *metrics, "--paired-bs",
-               "--paired-bs-n", str(SAMPLES), "-w", "4", "--no-color", "-f", "text"]
+    command = [
+        SACREBLEU,
+        str(ref),
+        "-i",
+        str(baseline),
+        str(system),
+        "-m",
+        *metrics,
+        "--paired-bs",
+        "--paired-bs-n",
+        str(SAMPLES),
+        "-w",
+        "4",
+        "--no-color",
+        "-f",
+        "text",
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     cells = re.findall(r"(\d+\.\d+) \((\d+\.\d+) ± (\d+\.\d+)\)", output)
     p_values = [float(p) for p in re.findall(r"\(p = (\d+\.\d+)\)", output)]
@@ -70,7 +125,7 @@ def sacrebleu_paired(ref: Path, baseline: Path, system: Path, metrics=("bleu", "
     for index, (score, mean, ci) in enumerate(cells):
         metric = metrics[index % len(metrics)]
         per_metric[metric].append((float(score), float(mean), float(ci)))
-    return {"cells": per_metric, "p": dict(zip(metrics, p_values)), "signatures": signatures}
+    return {"cells": per_metric, "p": dict(zip(metrics, p_values, strict=True)), "signatures": signatures}
 
 
 def test_discovery_orders_runs_numerically_and_finds_what_differs(tmp_path):
@@ -102,10 +157,13 @@ def test_paired_bootstrap_equals_sacrebleu_command_line(sweep, tmp_path):
     assert all(len(cells) == 2 for cells in expected["cells"].values()) and len(expected["p"]) == 2
 
     results, signatures = paired_bootstrap(
-        [("0", read_lines(baseline)), ("1", read_lines(system))], [read_lines(ref)],
-        metrics=["bleu", "chrf"], num_samples=SAMPLES)
+        [("0", read_lines(baseline)), ("1", read_lines(system))],
+        [read_lines(ref)],
+        metrics=["bleu", "chrf"],
+        num_samples=SAMPLES,
+    )
     for metric, display in (("bleu", "BLEU"), ("chrf", "chrF2")):
-        for (name, result), cli_cells in zip(results.items(), expected["cells"][metric]):
+        for (name, result), cli_cells in zip(results.items(), expected["cells"][metric], strict=True):
             ours = (round(result[metric].score, 4), round(result[metric].mean, 4), round(result[metric].ci, 4))
             assert ours == cli_cells, (metric, name)
         assert results["0"][metric].p_value is None
@@ -122,8 +180,17 @@ def test_comparison_table_with_baseline_choice(sweep, tmp_path):
     assert comparison.keys == ["model.norm_position", "model.layers"]
     assert set(comparison.paired) == {"1", "0"} and "2" in comparison.skipped
     table = comparison.table()
-    assert table.headers[:9] == ["run", "differs", "val BLEU", "test BLEU", "test chrF", "final loss",
-                                 "diverged", "updates", "train time"]
+    assert table.headers[:9] == [
+        "run",
+        "differs",
+        "val BLEU",
+        "test BLEU",
+        "test chrF",
+        "final loss",
+        "diverged",
+        "updates",
+        "train time",
+    ]
     assert table.headers[9:] == ["BLEU μ ± 95% CI", "p (BLEU)"]
     first, second, third = table.rows
     assert first[0] == "1 (baseline)" and first[1] == "model.norm_position=post" and first[10] == "-"
@@ -148,13 +215,23 @@ def test_eval_app_compares_runs(sweep, tmp_path, monkeypatch, capsys):
     from mtrain.cli import main as cli
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={sweep / '0'},{sweep / '1'}",
-                                      f"ref={tmp_path / 'test.en'}", f"bootstrap_samples={SAMPLES}",
-                                      "metrics=[bleu]"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "mtrain",
+            "eval",
+            f"runs={sweep / '0'},{sweep / '1'}",
+            f"ref={tmp_path / 'test.en'}",
+            f"bootstrap_samples={SAMPLES}",
+            "metrics=[bleu]",
+        ],
+    )
     cli.main()
     printed = capsys.readouterr().out
-    expected = sacrebleu_paired(tmp_path / "test.en", sweep / "0" / "eval" / "test.hyp",
-                                sweep / "1" / "eval" / "test.hyp", metrics=("bleu",))
+    expected = sacrebleu_paired(
+        tmp_path / "test.en", sweep / "0" / "eval" / "test.hyp", sweep / "1" / "eval" / "test.hyp", metrics=("bleu",)
+    )
     assert len(expected["cells"]["bleu"]) == 2
     (_, mean, ci) = expected["cells"]["bleu"][1]
     assert f"{mean:.2f} ± {ci:.2f}" in printed
@@ -243,12 +320,23 @@ def test_byte_identical_outputs_are_called_identical_not_given_a_p_value(sweep, 
     table = comparison.table()
     assert table.rows[1][0] == "1" and table.rows[1][10] == table.rows[1][12] == "identical to the baseline"
     assert "identical to the baseline" in table.to_markdown()
-    assert any("run 1: its test hypotheses are identical to the baseline 0's" in note
-               for note in comparison_notes(comparison))
+    assert any(
+        "run 1: its test hypotheses are identical to the baseline 0's" in note for note in comparison_notes(comparison)
+    )
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={sweep / '0'},{sweep / '1'}",
-                                      f"ref={tmp_path / 'test.en'}", "bootstrap_samples=50", "metrics=[bleu]"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "mtrain",
+            "eval",
+            f"runs={sweep / '0'},{sweep / '1'}",
+            f"ref={tmp_path / 'test.en'}",
+            "bootstrap_samples=50",
+            "metrics=[bleu]",
+        ],
+    )
     cli.main()
     printed = capsys.readouterr().out
     assert "identical to the baseline" in printed and "0.0010" not in printed
@@ -279,13 +367,19 @@ def test_one_direction_of_multilingual_and_bilingual_runs_is_compared(tmp_path, 
         (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
         hyps = [" ".join(w if rng.random() > noise else rng.choice(WORDS) for w in ref.split()) for ref in refs]
         (directory / "eval" / f"{report}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-        (directory / "eval" / f"{report}.json").write_text(json.dumps({"metrics": {"bleu": {"score": 30.0 + noise}}}),
-                                                           encoding="utf-8")
+        (directory / "eval" / f"{report}.json").write_text(
+            json.dumps({"metrics": {"bleu": {"score": 30.0 + noise}}}), encoding="utf-8"
+        )
         return directory
 
     bilingual = run("bilingual", "test", 0.3)
-    multi = run("multi", "test.de-en", 0.2, lang_tags=True,
-                corpora=[CorpusConfig(src="de", tgt="en"), CorpusConfig(src="en", tgt="de")])
+    multi = run(
+        "multi",
+        "test.de-en",
+        0.2,
+        lang_tags=True,
+        corpora=[CorpusConfig(src="de", tgt="en"), CorpusConfig(src="en", tgt="de")],
+    )
     (multi / "eval" / "test.en-de.hyp").write_text("\n".join(refs) + "\n", encoding="utf-8")  # another direction
     en_fr = run("en_fr", "test", 0.1, src="en", tgt="fr")
     runs = discover_runs(f"{bilingual},{multi},{en_fr}")
@@ -300,8 +394,19 @@ def test_one_direction_of_multilingual_and_bilingual_runs_is_compared(tmp_path, 
     assert "multi" in compare_runs(runs, None, metrics=["bleu"], num_samples=50).skipped
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"runs={bilingual},{multi}", "src_lang=de", "tgt_lang=en",
-                                      "bootstrap_samples=50", "metrics=[bleu]"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "mtrain",
+            "eval",
+            f"runs={bilingual},{multi}",
+            "src_lang=de",
+            "tgt_lang=en",
+            "bootstrap_samples=50",
+            "metrics=[bleu]",
+        ],
+    )
     cli.main()
     printed = capsys.readouterr().out
     assert "test de-en BLEU" in printed and "Paired bootstrap" in printed

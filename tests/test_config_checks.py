@@ -93,7 +93,11 @@ BAD_OVERRIDES = [
     (["decode.sampling=top_p"], "decode.sampling: 'top_p' is not one of none|topk|topp", "(did you mean topp?)"),
     (["train.precision=bf61"], "train.precision:", "(did you mean bf16?)"),
     (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
-    (["experiment=multi30k_cp"], "experiment: no preset named 'multi30k_cp'", "(did you mean experiment=multi30k_cpu?)"),
+    (
+        ["experiment=multi30k_cp"],
+        "experiment: no preset named 'multi30k_cp'",
+        "(did you mean experiment=multi30k_cpu?)",
+    ),
     (["train.max_tokens=1,2"], "train.max_tokens: '1,2' is several values", "-m"),
     (["train.max_tokens=fast"], "train.max_tokens: 'fast' is not an integer", ""),
     (["data.src=de,fr"], "data.src: 'de,fr' is several values: add -m to sweep over them (data.src takes one)", ""),
@@ -142,8 +146,9 @@ def test_several_values_for_a_list_key_suggest_the_list(capsys):
 
 def test_good_configs_pass_and_write_nothing(tmp_path, capsys):
     assert run_check("fit", ["experiment=multi30k_cpu", f"hydra.run.dir={tmp_path / 'run'}"], capsys) == (0, [])
-    assert run_check("fit", ["-m", "experiment=ablation_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                     capsys) == (0, [])
+    assert run_check(
+        "fit", ["-m", "experiment=ablation_activation", f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys
+    ) == (0, [])
     assert run_check("translate", ["run=somewhere", "decode=sample", "decode.nbest=4"], capsys) == (0, [])
     assert run_check("eval", ["hyp=h.txt", "ref=[r.txt]"], capsys) == (0, [])
     assert list(tmp_path.iterdir()) == []
@@ -170,12 +175,14 @@ def test_a_run_directory_that_cannot_be_made(tmp_path, capsys):
 
 
 def test_translate_values(tmp_path, capsys):
-    for argv, start in (([f"output={tmp_path / 'missing' / 'out.txt'}"], "output:"),
-                        ([f"output={tmp_path}"], "output:"),
-                        (["decode.beam=0"], "decode.beam:"),
-                        (["precision=int8"], "precision: 'int8' is not one of auto|fp32|bf16|fp16 with engine=torch"),
-                        (["attention_layer=first"], "attention_layer:"),
-                        (["engine=onnx"], "engine: 'onnx' is not one of torch|ctranslate2")):
+    for argv, start in (
+        ([f"output={tmp_path / 'missing' / 'out.txt'}"], "output:"),
+        ([f"output={tmp_path}"], "output:"),
+        (["decode.beam=0"], "decode.beam:"),
+        (["precision=int8"], "precision: 'int8' is not one of auto|fp32|bf16|fp16 with engine=torch"),
+        (["attention_layer=first"], "attention_layer:"),
+        (["engine=onnx"], "engine: 'onnx' is not one of torch|ctranslate2"),
+    ):
         status, lines = run_check("translate", ["run=somewhere", *argv], capsys)
         assert_refused(status, lines, start)
     assert run_check("translate", ["run=x", "engine=ctranslate2", "precision=int8"], capsys) == (0, [])
@@ -190,8 +197,9 @@ def test_eval_out_is_for_run_and_must_be_a_writable_directory(tmp_path, capsys):
         assert_refused(status, lines, "out: is where `mtrain eval run=RUN` writes its report")
     assert run_check("eval", ["run=somewhere", f"out={tmp_path / 'reports'}"], capsys) == (0, [])
     # hyp= writes the per-sentence TSV there.
-    assert run_check("eval", ["hyp=h.txt", "ref=[r.txt]", "per_sentence=true", f"out={tmp_path / 'reports'}"],
-                     capsys) == (0, [])
+    assert run_check(
+        "eval", ["hyp=h.txt", "ref=[r.txt]", "per_sentence=true", f"out={tmp_path / 'reports'}"], capsys
+    ) == (0, [])
     assert not (tmp_path / "reports").exists()  # checked, not made
 
 
@@ -224,13 +232,18 @@ def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*command, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("argv, start", [
-    (["fit", "decode.beam=0"], "decode.beam: 0 must be >= 1"),
-    (["fit", "train.max_tokes=1"], "train.max_tokes: unknown config key; check its spelling (did you mean "
-                                   "train.max_tokens?)"),
-    (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
-    (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
-])
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        (["fit", "decode.beam=0"], "decode.beam: 0 must be >= 1"),
+        (
+            ["fit", "train.max_tokes=1"],
+            "train.max_tokes: unknown config key; check its spelling (did you mean train.max_tokens?)",
+        ),
+        (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
+        (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
+    ],
+)
 def test_the_command_prints_one_line_and_exits_2(argv, start, tmp_path):
     result = _mtrain(*argv, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -263,8 +276,13 @@ def test_resolved_model_makes_the_derived_values_explicit_without_changing_its_i
     assert (composed.model.encoder_layers, composed.model.final_norm) == (3, None)  # the user's config as composed
 
 
-SECTIONS = {"data": DataConfig, "tokenizer": TokenizerConfig, "model": ModelConfig, "train": TrainConfig,
-            "decode": DecodeConfig}
+SECTIONS = {
+    "data": DataConfig,
+    "tokenizer": TokenizerConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+}
 
 
 def _restated_defaults(values: dict, schema: type, prefix: str, inherited: dict | None = None) -> list[str]:
@@ -314,6 +332,8 @@ def test_yaml_files_state_only_what_differs_from_the_schema():
         values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         inherited = _inherited(path.stem)
         for group, schema in SECTIONS.items():
-            restated += [f"{path.name}: {key}" for key in _restated_defaults(values.get(group) or {}, schema,
-                                                                             f"{group}.", inherited.get(group))]
+            restated += [
+                f"{path.name}: {key}"
+                for key in _restated_defaults(values.get(group) or {}, schema, f"{group}.", inherited.get(group))
+            ]
     assert not restated, restated

@@ -10,7 +10,6 @@ CTranslate2 spec from the exporter.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -27,11 +26,21 @@ TINY_MODEL = ["model.layers=1", "model.d_model=16", "model.heads=2", "model.ffn_
 # The defaults, and every choice the model's construction branches on set to another value.
 VARIANTS = {
     "defaults": [],
-    "switched": ["model.positions=rope", "model.activation=swiglu", "model.norm_type=rmsnorm",
-                 "model.norm_position=post", "model.decoder_order=cross_self_ffn", "model.output_vocab=target",
-                 "model.attention_impl=math"],
-    "learned_normalized": ["model.positions=learned", "model.activation=gelu",
-                           "model.residual_input=normalized", "model.tie_embeddings=false"],
+    "switched": [
+        "model.positions=rope",
+        "model.activation=swiglu",
+        "model.norm_type=rmsnorm",
+        "model.norm_position=post",
+        "model.decoder_order=cross_self_ffn",
+        "model.output_vocab=target",
+        "model.attention_impl=math",
+    ],
+    "learned_normalized": [
+        "model.positions=learned",
+        "model.activation=gelu",
+        "model.residual_input=normalized",
+        "model.tie_embeddings=false",
+    ],
 }
 VOCAB, PAD = 30, 1
 
@@ -50,11 +59,21 @@ def test_the_typed_config_is_dataclasses_with_enum_members():
 
 
 def test_prepare_data_gives_the_same_cache_entries_for_both(multi30k_slice, tmp_path):
-    node = composed([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path}", "data.train_limit=500",
-                     "data.clean.normalize=NFKC", "data.subword_sampling.alpha=0.1",
-                     "data.subword_sampling.copies=1", "tokenizer.vocab_size=400"])
+    node = composed(
+        [
+            f"data.local_dir={multi30k_slice}",
+            f"data.cache_dir={tmp_path}",
+            "data.train_limit=500",
+            "data.clean.normalize=NFKC",
+            "data.subword_sampling.alpha=0.1",
+            "data.subword_sampling.copies=1",
+            "tokenizer.vocab_size=400",
+        ]
+    )
     typed = OmegaConf.to_object(node)
-    silent = lambda _message: None  # noqa: E731
+
+    def silent(_message: str) -> None:
+        pass
 
     from_dataclasses = prepare_data(typed.data, typed.tokenizer, log=silent)
     messages: list[str] = []

@@ -27,9 +27,11 @@ from mtrain.data.provenance import provenance_path, write_provenance
 from mtrain.errors import MtrainError
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = {"de": "der Hund die Katze läuft schnell über Straße ein Haus".split(),
-         "en": "the dog a cat runs fast over street one house".split(),
-         "fr": "le chien la chatte court vite sur rue une maison".split()}
+WORDS = {
+    "de": ["der", "Hund", "die", "Katze", "läuft", "schnell", "über", "Straße", "ein", "Haus"],
+    "en": ["the", "dog", "a", "cat", "runs", "fast", "over", "street", "one", "house"],
+    "fr": ["le", "chien", "la", "chatte", "court", "vite", "sur", "rue", "une", "maison"],
+}
 TOKENIZER = TokenizerConfig(vocab_size=40)
 SIZES = {"train": 120, "val": 12, "test": 12}
 
@@ -52,7 +54,7 @@ def corpus(tmp_path_factory) -> Path:
     rows = meanings(SIZES["train"] + SIZES["val"] + SIZES["test"], 0)
     unique = list({tuple(row): row for row in rows}.values())
     cut = [SIZES["train"], SIZES["train"] + SIZES["val"]]
-    splits = {"train": unique[:cut[0]], "val": unique[cut[0]:cut[1]], "test": unique[cut[1]:]}
+    splits = {"train": unique[: cut[0]], "val": unique[cut[0] : cut[1]], "test": unique[cut[1] :]}
     for name, split_rows in splits.items():
         write_split(directory, name, split_rows)
     return directory
@@ -109,8 +111,7 @@ def test_a_given_tokenizer_path_fixes_the_vocabulary_so_only_an_added_corpus_is_
     first.tokenizer.save(run_dir / "tokenizer")  # as `mtrain fit` leaves it in a run directory
     given = dataclasses.replace(TOKENIZER, path=str(run_dir), vocab_size=999)  # the files' settings rule
     messages: list = []
-    second = prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), reverse]), given,
-                          log=messages.append)
+    second = prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), reverse]), given, log=messages.append)
     log = "\n".join(messages)
     assert "tokenizer.path; nothing trained" in log and "tokenizer: trained" not in log
     assert second.tokenizer.fingerprint == first.tokenizer.fingerprint
@@ -122,14 +123,19 @@ def test_a_given_tokenizer_path_fixes_the_vocabulary_so_only_an_added_corpus_is_
     assert str(error.value).startswith(f"tokenizer.path={corpus}: {corpus}: no tokenizer here")
     # A tag the given vocabulary lacks is refused, naming the corpus's key.
     with pytest.raises(MtrainError, match=r"data.corpora\[1\].tag: the tokenizer has no piece <bt>"):
-        prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), CorpusConfig(tag="bt")]), given,
-                     log=print)
+        prepare_data(data_config(corpus, tmp_path, corpora=[CorpusConfig(), CorpusConfig(tag="bt")]), given, log=print)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"tokenizer.path": "/nonexistent/run"}, "tokenizer.path: '/nonexistent/run': no such directory"),
-    ({"tokenizer.path": ".", "init_from": "."}, "tokenizer.path=.: a fine-tune encodes with its parent's tokenizer"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"tokenizer.path": "/nonexistent/run"}, "tokenizer.path: '/nonexistent/run': no such directory"),
+        (
+            {"tokenizer.path": ".", "init_from": "."},
+            "tokenizer.path=.: a fine-tune encodes with its parent's tokenizer",
+        ),
+    ],
+)
 def test_a_tokenizer_path_that_cannot_be_used_is_refused_before_any_work(values, message):
     from mtrain.config_checks import check_config
 
@@ -140,8 +146,11 @@ def test_a_tokenizer_path_that_cannot_be_used_is_refused_before_any_work(values,
 
 # ----------------------------------------------------------------------------- tags
 def test_tags_start_every_source_of_their_corpus_and_never_a_target(corpus, tmp_path):
-    corpora = [CorpusConfig(src="de", tgt="en"), CorpusConfig(src="en", tgt="de"),
-               CorpusConfig(src="fr", tgt="en", tag="bt", weight=0.5)]
+    corpora = [
+        CorpusConfig(src="de", tgt="en"),
+        CorpusConfig(src="en", tgt="de"),
+        CorpusConfig(src="fr", tgt="en", tag="bt", weight=0.5),
+    ]
     data, _ = prepare(data_config(corpus, tmp_path, corpora=corpora, lang_tags=True))
     tok = data.tokenizer
     ids = {symbol: tok.piece_id(symbol) for symbol in ("<2en>", "<2de>", "<bt>")}
@@ -152,7 +161,7 @@ def test_tags_start_every_source_of_their_corpus_and_never_a_target(corpus, tmp_
         assert len(part.corpus) == SIZES["train"]
         for i in range(len(part.corpus)):
             source = part.corpus.src(i).tolist()
-            assert source[:len(prefix)] == prefix and not set(ids.values()) & set(source[len(prefix):])
+            assert source[: len(prefix)] == prefix and not set(ids.values()) & set(source[len(prefix) :])
             assert source[-1] == tok.eos_id
         assert not set(ids.values()) & set(np.unique(np.asarray(part.corpus.tgt_tokens)).tolist())
     assert (data.train_parts[2].weight, data.train_parts[2].tag) == (0.5, "bt")
@@ -177,17 +186,20 @@ def test_overlap_is_counted_exactly_and_dropped_on_request(corpus, tmp_path):
     for name in ("val", "test"):
         for lang in ("de", "en"):
             (directory / f"{name}.{lang}").write_text((corpus / f"{name}.{lang}").read_text("utf-8"), "utf-8")
-    train = list(zip(lines(corpus / "train.de")[:40], lines(corpus / "train.en")[:40]))
-    val = list(zip(lines(corpus / "val.de"), lines(corpus / "val.en")))
-    test = list(zip(lines(corpus / "test.de"), lines(corpus / "test.en")))
+    train = list(zip(lines(corpus / "train.de")[:40], lines(corpus / "train.en")[:40], strict=True))
+    val = list(zip(lines(corpus / "val.de"), lines(corpus / "val.en"), strict=True))
+    test = list(zip(lines(corpus / "test.de"), lines(corpus / "test.en"), strict=True))
     # 3 sources of val (one with its reference), 2 of test (one with its reference), a val pair twice
     leaks = [val[0], (val[1][0], "a cat"), (val[2][0], "the dog"), test[0], (test[1][0], "one house"), val[0]]
     for side, lang in enumerate(("de", "en")):
         (directory / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in train + leaks), "utf-8")
     data, log = prepare(data_config(directory, tmp_path / "cache", name="leaky"))
     overlap = data.summary["corpora"][0]["eval_overlap"]
-    assert overlap == {"valid": {"source": 4, "pair": 2}, "test": {"source": 2, "pair": 1},
-                       "any": {"source": 6, "pair": 3}}
+    assert overlap == {
+        "valid": {"source": 4, "pair": 2},
+        "test": {"source": 2, "pair": 1},
+        "any": {"source": 6, "pair": 3},
+    }
     assert "6 of 46 kept pairs have their source in valid and test of de-en, 3 the whole pair" in log
     dropping = data_config(directory, tmp_path / "cache", name="leaky")
     dropping.clean.drop_eval_overlap = True
@@ -207,8 +219,14 @@ def test_a_corpus_written_by_translate_records_which_model_made_it(corpus, tmp_p
     checkpoint = tmp_path / "reverse" / "checkpoints" / "best.pt"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"weights")
-    write_provenance(synthetic / "train.de", str(tmp_path / "reverse"), [checkpoint], {"beam": 1, "sampling": "topk"},
-                     str(synthetic / "train.en"), "test")
+    write_provenance(
+        synthetic / "train.de",
+        str(tmp_path / "reverse"),
+        [checkpoint],
+        {"beam": 1, "sampling": "topk"},
+        str(synthetic / "train.en"),
+        "test",
+    )
     assert provenance_path(synthetic / "train.de").is_file()
     corpora = [CorpusConfig(), CorpusConfig(name="bt", local_dir=str(synthetic), tag="bt")]
     data, log = prepare(data_config(corpus, tmp_path / "cache", corpora=corpora))
@@ -230,18 +248,27 @@ def fit_config(**data_values) -> OmegaConf:
     return OmegaConf.merge(OmegaConf.structured(FitConfig), overrides)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"data.corpora": [{"weight": 0}]}, "data.corpora[0].weight: 0.0 must be > 0"),
-    ({"data.sampling_temperature": 0.0}, "data.sampling_temperature: 0.0 must be > 0"),
-    ({"data.corpora": [{}, {"src": "en", "tgt": "en"}]}, "data.corpora[1].tgt: 'en' is also its source language"),
-    ({"data.corpora": [{"tag": "s"}]}, "data.corpora[0].tag: 's' makes <s>, a special piece"),
-    ({"data.corpora": [{"tag": "/s"}]}, "data.corpora[0].tag: '/s' makes </s>"),
-    ({"data.corpora": [{"tag": "b t"}]}, "data.corpora[0].tag: 'b t' must be a non-empty name without spaces"),
-    ({"data.corpora": [{"tag": "2en"}], "data.lang_tags": True}, "data.corpora[0].tag: <2en> is also a target-language"),
-    ({"data.lang_tags": True, "tokenizer.joint": False}, "data.lang_tags: the language tags need one vocabulary"),
-    ({"data.corpora": [{}, {"src": "en", "tgt": "de"}], "tokenizer.joint": False}, "tokenizer.joint: false, but"),
-    ({"data.corpora": [{}, {}], "data.subword_sampling.alpha": 0.5}, "data.subword_sampling.alpha: subword sampling"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"data.corpora": [{"weight": 0}]}, "data.corpora[0].weight: 0.0 must be > 0"),
+        ({"data.sampling_temperature": 0.0}, "data.sampling_temperature: 0.0 must be > 0"),
+        ({"data.corpora": [{}, {"src": "en", "tgt": "en"}]}, "data.corpora[1].tgt: 'en' is also its source language"),
+        ({"data.corpora": [{"tag": "s"}]}, "data.corpora[0].tag: 's' makes <s>, a special piece"),
+        ({"data.corpora": [{"tag": "/s"}]}, "data.corpora[0].tag: '/s' makes </s>"),
+        ({"data.corpora": [{"tag": "b t"}]}, "data.corpora[0].tag: 'b t' must be a non-empty name without spaces"),
+        (
+            {"data.corpora": [{"tag": "2en"}], "data.lang_tags": True},
+            "data.corpora[0].tag: <2en> is also a target-language",
+        ),
+        ({"data.lang_tags": True, "tokenizer.joint": False}, "data.lang_tags: the language tags need one vocabulary"),
+        ({"data.corpora": [{}, {"src": "en", "tgt": "de"}], "tokenizer.joint": False}, "tokenizer.joint: false, but"),
+        (
+            {"data.corpora": [{}, {}], "data.subword_sampling.alpha": 0.5},
+            "data.subword_sampling.alpha: subword sampling",
+        ),
+    ],
+)
 def test_bad_corpora_settings_are_refused_naming_the_key(values, message):
     cfg = fit_config(**values)
     with pytest.raises(MtrainError) as error:
@@ -256,8 +283,11 @@ def test_a_tag_that_real_text_contains_is_refused(corpus, tmp_path):
         text = (corpus / f"train.{lang}").read_text("utf-8")
         (tagged / f"train.{lang}").write_text(("ein <bt> Haus\n" if lang == "de" else "a house\n") + text, "utf-8")
     corpora = [CorpusConfig(), CorpusConfig(name="other", local_dir=str(tagged), tag="bt")]
-    with pytest.raises(MtrainError, match=r"^data\.corpora\[1\]\.tag: the tag symbol <bt> occurs in the training "
-                                          r"text of data\.corpora\[1\] \(name other, pair 1\)"):
+    with pytest.raises(
+        MtrainError,
+        match=r"^data\.corpora\[1\]\.tag: the tag symbol <bt> occurs in the training "
+        r"text of data\.corpora\[1\] \(name other, pair 1\)",
+    ):
         prepare(data_config(corpus, tmp_path / "cache", corpora=corpora))
 
 
@@ -277,18 +307,25 @@ def test_a_direction_without_validation_data_names_the_language(corpus, tmp_path
 
 def mtrain_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_command_refuses_a_misspelt_corpus_key_and_an_unreadable_corpus(tmp_path):
     misspelt = mtrain_command("fit", "data.corpora=[{nmae: x}]", cwd=tmp_path)
     assert misspelt.returncode == 2 and misspelt.stderr.strip().count("\n") == 0
-    assert misspelt.stderr.strip() == ("mtrain: error: data.corpora[0].nmae: unknown config key; check its spelling "
-                                       "(did you mean data.corpora[0].name?)")
+    assert misspelt.stderr.strip() == (
+        "mtrain: error: data.corpora[0].nmae: unknown config key; check its spelling "
+        "(did you mean data.corpora[0].name?)"
+    )
     missing = tmp_path / "nowhere"
-    unreadable = mtrain_command("prepare", f"data.corpora=[{{name: bt, local_dir: '{missing}'}}]",
-                                f"data.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
+    unreadable = mtrain_command(
+        "prepare",
+        f"data.corpora=[{{name: bt, local_dir: '{missing}'}}]",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        cwd=tmp_path,
+    )
     assert unreadable.returncode == 2 and unreadable.stderr.strip().count("\n") == 0, unreadable.stderr
     assert unreadable.stderr.startswith(f"mtrain: error: data.corpora[0].local_dir={missing}: cannot read")
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
@@ -297,10 +334,20 @@ def test_the_command_refuses_a_misspelt_corpus_key_and_an_unreadable_corpus(tmp_
 def test_per_corpus_config_takes_data_values_where_unset():
     from mtrain.data.corpora import corpus_config
 
-    data = DataConfig(name="multi30k", local_dir="/d", train_limit=7,
-                      corpora=[CorpusConfig(), CorpusConfig(name="bt", split="mono", train_limit=3, src="en", tgt="de")])
+    data = DataConfig(
+        name="multi30k",
+        local_dir="/d",
+        train_limit=7,
+        corpora=[CorpusConfig(), CorpusConfig(name="bt", split="mono", train_limit=3, src="en", tgt="de")],
+    )
     same, other = corpus_config(data, 0), corpus_config(data, 1)
-    assert (same.name, same.local_dir, same.train_limit, same.splits.train, same.src) == ("multi30k", "/d", 7, "train", "de")
+    assert (same.name, same.local_dir, same.train_limit, same.splits.train, same.src) == (
+        "multi30k",
+        "/d",
+        7,
+        "train",
+        "de",
+    )
     assert (other.name, other.local_dir, other.train_limit, other.splits.train) == ("bt", None, 3, "mono")
     assert (other.src, other.tgt, other.splits.valid, other.splits.test) == ("en", "de", None, None)
     assert dataclasses.asdict(same.clean) == dataclasses.asdict(data.clean)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from mtrain.config import DataConfig, TokenizerConfig
 from mtrain.batches.batching import TokenBatchSampler, collate
-from mtrain.data.cache import COMPLETE_MARKER
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
 from mtrain.batches.prepare import prepare_data
+from mtrain.config import DataConfig, TokenizerConfig
+from mtrain.data.cache import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 3
@@ -35,7 +35,7 @@ def write_in_chunks(directory: Path, src, tgt, dtype, chunk: int = 97) -> None:
     for start in range(0, len(src), chunk):
         parts = []
         for side in (src, tgt):
-            block = side[start:start + chunk]
+            block = side[start : start + chunk]
             parts += [np.array([t for s in block for t in s], dtype=np.int64), np.array([len(s) for s in block])]
         writer.append(*parts)
     writer.close()
@@ -114,7 +114,10 @@ def test_a_killed_preparation_is_detected_and_rebuilt(multi30k_slice, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [sys.executable, "-c", KILL_AFTER_FIRST_CHUNK, str(multi30k_slice), str(cache)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == -9, run.stderr
     leftovers = list((cache / "corpora").iterdir())
@@ -128,7 +131,9 @@ def test_a_killed_preparation_is_detected_and_rebuilt(multi30k_slice, tmp_path):
     assert not leftovers[0].exists()
     assert len(prepared.train) == 2000 and (prepared.directory / COMPLETE_MARKER).exists()
 
-    fresh = prepare_data(slice_config(multi30k_slice, tmp_path / "fresh"), TokenizerConfig(vocab_size=500), log=lambda m: None)
+    fresh = prepare_data(
+        slice_config(multi30k_slice, tmp_path / "fresh"), TokenizerConfig(vocab_size=500), log=lambda m: None
+    )
     assert_same_corpus(prepared.train, fresh.train)
 
 

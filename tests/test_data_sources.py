@@ -62,8 +62,10 @@ def test_tsv_and_jsonl_formats(tmp_path):
     directory.mkdir()
     for split in ("train", "val", "test"):
         (directory / f"{split}.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in PAIRS) + "\n", encoding="utf-8")
-        lines = [json.dumps({"de": PAIRS[0][0], "en": PAIRS[0][1], "id": 1}),
-                 json.dumps({"translation": {"de": PAIRS[1][0], "en": PAIRS[1][1]}})]
+        lines = [
+            json.dumps({"de": PAIRS[0][0], "en": PAIRS[0][1], "id": 1}),
+            json.dumps({"translation": {"de": PAIRS[1][0], "en": PAIRS[1][1]}}),
+        ]
         (directory / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert read(config(directory, format="tsv", pattern="{split}.tsv"))[0] == PAIRS
     assert read(config(directory, format="jsonl", pattern="{split}.jsonl"))[0] == PAIRS[:2]
@@ -206,7 +208,9 @@ def test_hub_translation_dicts_and_per_language_columns(tmp_path, no_data_dir):
 
 
 def test_hub_field_mapping_errors_list_the_columns(tmp_path, no_data_dir):
-    dataset = write_parquet_dataset(tmp_path / "ds", {"translation": [{"de": d, "en": e} for d, e in PAIRS], "id": [1, 2, 3]})
+    dataset = write_parquet_dataset(
+        tmp_path / "ds", {"translation": [{"de": d, "en": e} for d, e in PAIRS], "id": [1, 2, 3]}
+    )
     with pytest.raises(MtrainError, match=r"translation_field='pairs' is not a column.*\['translation', 'id'\]"):
         list(resolve_source(hub_config(dataset, translation_field="pairs")).pairs("train", ReadStats()))
     with pytest.raises(MtrainError, match=r"no column 'de' \(data\.hub\.src_field\).*\['translation', 'id'\]"):
@@ -240,8 +244,9 @@ def write_parquet_export(directory: Path, config: str, splits: dict) -> Path:
 
 def test_a_script_dataset_is_read_from_its_parquet_export(tmp_path, no_data_dir, caplog):
     # As on the Hub: a loading script, which `datasets` >= 4 refuses, beside the export.
-    dataset = write_parquet_export(tmp_path / "iwslt_like", "iwslt2017-de-en",
-                                   {"train": PAIRS, "validation": PAIRS[:2], "partial-test": PAIRS[2:]})
+    dataset = write_parquet_export(
+        tmp_path / "iwslt_like", "iwslt2017-de-en", {"train": PAIRS, "validation": PAIRS[:2], "partial-test": PAIRS[2:]}
+    )
     (dataset / "iwslt_like.py").write_text("import datasets\n", encoding="utf-8")
     cfg = hub_config(dataset, config="iwslt2017-de-en")
     with caplog.at_level("WARNING", logger="mtrain"):
@@ -282,6 +287,7 @@ def test_unreachable_hub_names_the_dataset_and_the_local_alternatives(monkeypatc
 def test_a_language_the_local_copy_lacks_fails_at_once_instead_of_asking_the_hub(tmp_path, monkeypatch):
     """`data.src=xx` with the corpus in $MTRAIN_DATA_DIR in de/en only: a mistyped code, said
     in one line before the Hub is tried (offline it retried for half a minute)."""
+
     def hub_asked(*args, **kwargs):
         raise AssertionError("the Hub was asked")
 
@@ -291,8 +297,11 @@ def test_a_language_the_local_copy_lacks_fails_at_once_instead_of_asking_the_hub
     cfg = DataConfig(name="mycorpus", src="xx")
     cfg.splits.test = "test"
     cfg.hub.id = "someone/mycorpus"
-    with pytest.raises(MtrainError, match=r"^data.src=xx: the local copy of data=mycorpus .* has the languages "
-                                          r"de, en only; check the language code"):
+    with pytest.raises(
+        MtrainError,
+        match=r"^data.src=xx: the local copy of data=mycorpus .* has the languages "
+        r"de, en only; check the language code",
+    ):
         resolve_source(cfg)
     # A split missing in every language is no language mistake: the Hub is next, as before.
     (tmp_path / "store" / "mycorpus" / "test.de").unlink()
@@ -306,9 +315,6 @@ def test_a_library_warning_reaches_the_console_once(monkeypatch):
     to the root logger's (Hydra's): each Hub retry was printed twice."""
     import io
     import logging
-
-    import datasets  # noqa: F401  (installs the libraries' own handlers)
-    import huggingface_hub  # noqa: F401
 
     from mtrain.data.hub import OWN_CONSOLE_LOGGERS, print_library_warnings_once
 

@@ -12,21 +12,42 @@ import torch
 
 from tests.test_fit import TINY
 
-COMMON = [*TINY, "train.valid_bleu=false", "data.train_limit=800", "model.dropout=0.0",
-          "train.device=cpu", "train.precision=fp32", "train.num_threads=1", "train.validate_every=4",
-          "train.log_every=1"]
+COMMON = [
+    *TINY,
+    "train.valid_bleu=false",
+    "data.train_limit=800",
+    "model.dropout=0.0",
+    "train.device=cpu",
+    "train.precision=fp32",
+    "train.num_threads=1",
+    "train.validate_every=4",
+    "train.log_every=1",
+]
 
 
 def run(args, env_extra=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env_extra or {}))
     result = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, "\n".join(line for line in result.stderr.splitlines() if "rror" in line or "mtrain" in line)[-6000:]
+    assert result.returncode == 0, "\n".join(
+        line for line in result.stderr.splitlines() if "rror" in line or "mtrain" in line
+    )[-6000:]
     return result
 
 
 def torchrun(nproc, overrides):
-    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "mtrain", "fit", *overrides])
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "mtrain",
+            "fit",
+            *overrides,
+        ]
+    )
 
 
 def single(overrides):
@@ -48,13 +69,15 @@ def test_two_gloo_ranks_match_one_process_with_accumulation(tmp_path, multi30k_s
     for name in one:
         # Only the order of floating-point sums differs (all-reduce vs accumulation).
         assert torch.allclose(one[name], two[name], rtol=1e-4, atol=1e-5), name
-    one_ema, two_ema = (torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["ema"]
-                        for name in ("one", "two"))
+    one_ema, two_ema = (
+        torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["ema"] for name in ("one", "two")
+    )
     assert all(torch.allclose(one_ema[name], two_ema[name], rtol=1e-4, atol=1e-5) for name in one_ema)
     # Only rank 0 writes: one event file, one set of checkpoints.
     assert len(list((tmp_path / "two" / "tb").glob("events.*"))) == 1
-    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").glob("*.pt")) == \
-        sorted(p.name for p in (tmp_path / "one" / "checkpoints").glob("*.pt"))
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").glob("*.pt")) == sorted(
+        p.name for p in (tmp_path / "one" / "checkpoints").glob("*.pt")
+    )
 
 
 @pytest.mark.slow

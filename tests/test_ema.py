@@ -21,8 +21,9 @@ from tests.test_fit import TINY, check_resume_is_exact, compose_fit, mtrain
 
 def tiny_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32),
-                       40, 40, 1, joint_vocab=True)
+    return build_model(
+        ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32), 40, 40, 1, joint_vocab=True
+    )
 
 
 def reference_average(snapshots, decay, start_update=0):
@@ -31,7 +32,7 @@ def reference_average(snapshots, decay, start_update=0):
     for update, weights in enumerate(snapshots[1:], start=1):
         k = update - 1 - start_update
         d = 0.0 if k < 0 else min(decay, (1 + k) / (10 + k))
-        average = [torch.lerp(a, w, 1.0 - d) for a, w in zip(average, weights)]
+        average = [torch.lerp(a, w, 1.0 - d) for a, w in zip(average, weights, strict=True)]
     return average
 
 
@@ -57,7 +58,7 @@ def test_the_average_after_n_updates_equals_the_formula_exactly(start_update):
         snapshots.append([p.detach().clone() for p in model.parameters()])
     expected = reference_average(snapshots, 0.9, start_update)
     got = list(ema.module.parameters())
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     # and it is the weighted mean the recursion stands for (float64, up to rounding)
     weights, mean = [], None
     for n in range(30, -1, -1):  # weight of snapshot n: (1 - d_n) * prod_{m > n} d_m
@@ -73,8 +74,15 @@ def test_the_average_after_n_updates_equals_the_formula_exactly(start_update):
 
 
 def fit_overrides(slice_dir, tmp_path, *extra):
-    return [f"data.local_dir={slice_dir}", f"data.cache_dir={tmp_path / 'cache'}", *TINY, "train.log_every=1",
-            "train.valid_bleu=false", "data.train_limit=600", *extra]
+    return [
+        f"data.local_dir={slice_dir}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.log_every=1",
+        "train.valid_bleu=false",
+        "data.train_limit=600",
+        *extra,
+    ]
 
 
 def test_training_updates_the_average_of_the_trained_weights(tmp_path, multi30k_slice):
@@ -86,8 +94,8 @@ def test_training_updates_the_average_of_the_trained_weights(tmp_path, multi30k_
         assert setup.trainer.run_update() is not None
         snapshots.append([p.detach().clone() for p in model.parameters()])
     expected = reference_average(snapshots, 0.95)
-    assert all(torch.equal(a, b) for a, b in zip(ema.module.parameters(), expected))
-    assert not all(torch.equal(a, b) for a, b in zip(ema.module.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(ema.module.parameters(), expected, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(ema.module.parameters(), model.parameters(), strict=True))
 
 
 def test_the_average_leaves_training_as_it_was(tmp_path, multi30k_slice):
@@ -95,12 +103,13 @@ def test_the_average_leaves_training_as_it_was(tmp_path, multi30k_slice):
     the run without it (what docs/PERFORMANCE.md's comparison relies on)."""
     finals = []
     for decay in ("null", "0.9"):
-        setup = setup_fit(compose_fit(fit_overrides(multi30k_slice, tmp_path, f"train.ema_decay={decay}",
-                                                    "train.max_updates=6")))
+        setup = setup_fit(
+            compose_fit(fit_overrides(multi30k_slice, tmp_path, f"train.ema_decay={decay}", "train.max_updates=6"))
+        )
         for _ in range(6):
             setup.trainer.run_update()
         finals.append([p.detach().clone() for p in setup.model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*finals))
+    assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
 
 
 def test_a_resumed_run_has_the_same_average_bit_for_bit(tmp_path, multi30k_slice):
@@ -121,8 +130,14 @@ def test_a_resumed_run_has_the_same_average_bit_for_bit(tmp_path, multi30k_slice
 @pytest.fixture(scope="module")
 def ema_run(tmp_path_factory, multi30k_slice):
     tmp_path = tmp_path_factory.mktemp("ema")
-    run_fit(compose_fit(fit_overrides(multi30k_slice, tmp_path, "train.ema_decay=0.9", "train.max_updates=10",
-                                      "train.validate_every=5")), tmp_path / "run")
+    run_fit(
+        compose_fit(
+            fit_overrides(
+                multi30k_slice, tmp_path, "train.ema_decay=0.9", "train.max_updates=10", "train.validate_every=5"
+            )
+        ),
+        tmp_path / "run",
+    )
     return tmp_path / "run"
 
 

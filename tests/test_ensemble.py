@@ -40,7 +40,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +49,19 @@ def trained():
     1+1 layers d_model 48 rope with the vocabulary padded to 16 rows (EOS at varied steps)."""
     torch.set_num_threads(1)
     a = train_to_copy(tiny_model(seed=11), steps=100)
-    b = train_to_copy(tiny_model(seed=12, positions="rope", encoder_layers=1, decoder_layers=1, d_model=48,
-                                 vocab_multiple=16, max_positions=96), steps=150, seed=1)
+    b = train_to_copy(
+        tiny_model(
+            seed=12,
+            positions="rope",
+            encoder_layers=1,
+            decoder_layers=1,
+            d_model=48,
+            vocab_multiple=16,
+            max_positions=96,
+        ),
+        steps=150,
+        seed=1,
+    )
     return a, b
 
 
@@ -129,9 +140,24 @@ def test_full_width_beam_over_an_ensemble_equals_exhaustive_search(alpha):
     vocab, max_len = 9, 3  # 155 possible outputs
     first = search_model(vocab, seed=1)
     torch.manual_seed(3)  # another variant: rope, 1 decoder layer, post-norm, another padding of the vocabulary
-    second = build_model(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=24, heads=2, ffn_dim=32, dropout=0.0,
-                                     vocab_multiple=1, positions="rope", norm_position="post", max_positions=32),
-                         vocab, vocab, PAD, joint_vocab=True).eval()
+    second = build_model(
+        ModelConfig(
+            encoder_layers=1,
+            decoder_layers=1,
+            d_model=24,
+            heads=2,
+            ffn_dim=32,
+            dropout=0.0,
+            vocab_multiple=1,
+            positions="rope",
+            norm_position="post",
+            max_positions=32,
+        ),
+        vocab,
+        vocab,
+        PAD,
+        joint_vocab=True,
+    ).eval()
     with torch.no_grad():
         second.output_proj.weight.mul_(3.0)
     ensemble = EnsembleModel([first, second])
@@ -141,8 +167,15 @@ def test_full_width_beam_over_an_ensemble_equals_exhaustive_search(alpha):
         src = torch.cat([torch.randint(4, vocab, (1, 4)), torch.tensor([[EOS]])], dim=1)
         best_tokens, best_score, all_scores = exhaustive_best(ensemble, src, max_len, alpha, vocab)
         differs_from_first.append(best_tokens != exhaustive_best(first, src, max_len, alpha, vocab)[0])
-        cfg = DecodeConfig(beam=len(all_scores), nbest=1, max_len_a=0.0, max_len_b=max_len, min_len=1,
-                           length_penalty=alpha, early_stopping=False)
+        cfg = DecodeConfig(
+            beam=len(all_scores),
+            nbest=1,
+            max_len_a=0.0,
+            max_len_b=max_len,
+            min_len=1,
+            length_penalty=alpha,
+            early_stopping=False,
+        )
         hyp = generate(ensemble, src, src.eq(PAD), cfg, BOS, EOS, PAD)[0][0]
         assert hyp.tokens == best_tokens
         assert hyp.score == pytest.approx(best_score, abs=1e-5)
@@ -168,7 +201,10 @@ def test_attention_is_the_members_mean_and_needs_equal_depths_for_all(trained):
     states = [m.start_decoding(m.encode(src, mask), mask) for m in (a, b)]
     with torch.inference_mode():
         for token in [BOS] + best.tokens:
-            weights = [m.decode_step(torch.tensor([token]), s, need_attention=True)[1][0] for m, s in zip((a, b), states)]
+            weights = [
+                m.decode_step(torch.tensor([token]), s, need_attention=True)[1][0]
+                for m, s in zip((a, b), states, strict=True)
+            ]
             rows.append((weights[0] + weights[1]) / 2)
     torch.testing.assert_close(best.attention, torch.stack(rows), atol=1e-5, rtol=0)
     with pytest.raises(MtrainError, match="attention_layer=all: .*different decoder depths.*attention_layer=last"):
@@ -196,12 +232,20 @@ def train_tokenizer(directory: Path, data_dir: Path, first_line: int) -> Tokeniz
     lines = []
     for lang in ("de", "en"):
         with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines += [line for i, line in zip(range(first_line + 400), f) if i >= first_line]
+            lines += [line for i, line in zip(range(first_line + 400), f, strict=False) if i >= first_line]
     directory.mkdir(parents=True)
     (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
     with open(os.devnull, "w") as quiet:
-        spm.SentencePieceTrainer.train(input=str(directory / "train.txt"), model_prefix=str(directory / "spm"),
-                                       vocab_size=300, unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet)
+        spm.SentencePieceTrainer.train(
+            input=str(directory / "train.txt"),
+            model_prefix=str(directory / "spm"),
+            vocab_size=300,
+            unk_id=0,
+            pad_id=1,
+            bos_id=2,
+            eos_id=3,
+            logstream=quiet,
+        )
     return Tokenizer({"spm.model": directory / "spm.model"})
 
 
@@ -210,13 +254,21 @@ def write_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int, **m
     tokenizer's fingerprint), data/test.{src,ref}."""
     model_cfg = ModelConfig(**{**MODEL, **model})
     torch.manual_seed(seed)
-    network = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                          joint_vocab=tokenizer.joint)
+    network = build_model(
+        model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    )
     run = RunDir(directory)
     tokenizer.save(run.tokenizer_dir)
     config = to_plain(OmegaConf.structured(FitConfig(model=model_cfg)))
-    save_checkpoint(run.checkpoint("best"), {"model": network.state_dict(), "config": config, "update": update,
-                                             "data_fingerprints": data_fingerprints("corpus", tokenizer.fingerprint)})
+    save_checkpoint(
+        run.checkpoint("best"),
+        {
+            "model": network.state_dict(),
+            "config": config,
+            "update": update,
+            "data_fingerprints": data_fingerprints("corpus", tokenizer.fingerprint),
+        },
+    )
     src, ref = run.split_files("test")
     src.parent.mkdir(parents=True, exist_ok=True)
     src.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
@@ -231,9 +283,11 @@ def runs(tmp_path_factory, data_dir):
     shared = train_tokenizer(root / "spm_shared", data_dir, 0)
     other = train_tokenizer(root / "spm_other", data_dir, 5000)
     assert shared.fingerprint != other.fingerprint
-    return {"a": write_run(root / "a", shared, seed=0, update=7),
-            "b": write_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
-            "c": write_run(root / "c", other, seed=2, update=5)}
+    return {
+        "a": write_run(root / "a", shared, seed=0, update=7),
+        "b": write_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
+        "c": write_run(root / "c", other, seed=2, update=5),
+    }
 
 
 DECODE = DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3)
@@ -243,10 +297,16 @@ def test_open_engine_decodes_run_and_members_together(runs, tmp_path):
     a, b = runs["a"], runs["b"]
     loose = tmp_path / "copied.pt"  # a checkpoint outside any run: run='s tokenizer, by its recorded fingerprint
     loose.write_bytes((b / "checkpoints" / "best.pt").read_bytes())
-    opened = open_engine(a, Engine.torch, CPU, "fp32", ensemble=[str(b), str(a / "checkpoints" / "best.pt"), str(loose)])
+    opened = open_engine(
+        a, Engine.torch, CPU, "fp32", ensemble=[str(b), str(a / "checkpoints" / "best.pt"), str(loose)]
+    )
     assert isinstance(opened.model, EnsembleModel) and len(opened.model.members) == 4
-    assert [m.checkpoint_path for m in opened.members] == [a / "checkpoints" / "best.pt", b / "checkpoints" / "best.pt",
-                                                          a / "checkpoints" / "best.pt", loose]
+    assert [m.checkpoint_path for m in opened.members] == [
+        a / "checkpoints" / "best.pt",
+        b / "checkpoints" / "best.pt",
+        a / "checkpoints" / "best.pt",
+        loose,
+    ]
     assert opened.loaded is opened.members[0] and opened.precision == "fp32"
     assert opened.description.startswith("an ensemble of 4: ")
     for member in opened.members:
@@ -276,7 +336,9 @@ def test_a_member_with_another_tokenizer_is_refused_before_any_model_loads(runs,
     save_checkpoint(unrecorded, {"model": {}, "config": {"model": {}}})
     with pytest.raises(MtrainError, match=rf"ensemble: {unrecorded}: is not in a run's checkpoints/ and records no"):
         open_engine(a, Engine.torch, CPU, "fp32", ensemble=[str(unrecorded)])
-    with pytest.raises(MtrainError, match=rf"^ensemble: '{tmp_path / 'nope'}': no such run directory or checkpoint file$"):
+    with pytest.raises(
+        MtrainError, match=rf"^ensemble: '{tmp_path / 'nope'}': no such run directory or checkpoint file$"
+    ):
         open_engine(a, Engine.torch, CPU, "fp32", ensemble=[str(tmp_path / "nope")])
     with pytest.raises(MtrainError, match="^ensemble: engine=ctranslate2 decodes one model"):
         open_engine(a, Engine.ctranslate2, CPU, "fp32", ensemble=[str(runs["b"])])
@@ -286,12 +348,26 @@ def test_eval_of_an_ensemble_reports_its_members(runs, tmp_path):
     from mtrain.cli.evaluate import evaluate_run
 
     a, b = runs["a"], runs["b"]
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), {
-        "run": str(a), "ensemble": [str(b)], "out": str(tmp_path / "report"), "device": "cpu", "precision": "fp32",
-        "metrics": ["bleu"], "decode": {"beam": 2, "max_len_a": 0.5, "max_len_b": 3}}))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(EvalConfig),
+            {
+                "run": str(a),
+                "ensemble": [str(b)],
+                "out": str(tmp_path / "report"),
+                "device": "cpu",
+                "precision": "fp32",
+                "metrics": ["bleu"],
+                "decode": {"beam": 2, "max_len_a": 0.5, "max_len_b": 3},
+            },
+        )
+    )
     lines = []
     report = evaluate_run(cfg, log=lines.append)
-    members = [{"path": str(a / "checkpoints" / "best.pt"), "update": 7}, {"path": str(b / "checkpoints" / "best.pt"), "update": 9}]
+    members = [
+        {"path": str(a / "checkpoints" / "best.pt"), "update": 7},
+        {"path": str(b / "checkpoints" / "best.pt"), "update": 9},
+    ]
     assert report["checkpoint"]["ensemble"] == members
     assert json.loads((tmp_path / "report" / "test.json").read_text())["checkpoint"]["ensemble"] == members
     markdown = (tmp_path / "report" / "test.md").read_text()
@@ -315,37 +391,70 @@ def test_eval_average_last_with_an_ensemble_averages_run_s_checkpoints_only(runs
     OmegaConf.save(OmegaConf.create(best["config"]), run.config_file)
     for update in (3, 7):
         save_checkpoint(run.checkpoint(f"update_{update}"), {**best, "update": update})
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), {
-        "run": str(a), "ensemble": [str(runs["b"])], "out": str(tmp_path / "report"), "average_last": 2,
-        "device": "cpu", "precision": "fp32", "metrics": ["bleu"], "decode": {"beam": 1, "max_len_b": 2}}))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(EvalConfig),
+            {
+                "run": str(a),
+                "ensemble": [str(runs["b"])],
+                "out": str(tmp_path / "report"),
+                "average_last": 2,
+                "device": "cpu",
+                "precision": "fp32",
+                "metrics": ["bleu"],
+                "decode": {"beam": 1, "max_len_b": 2},
+            },
+        )
+    )
     report = evaluate_run(cfg, log=lambda line: None)
     average = tmp_path / "report" / "average_last2.pt"
     assert report["checkpoint"]["averaged_from"] == [str(run.checkpoint("update_3")), str(run.checkpoint("update_7"))]
-    assert [m["path"] for m in report["checkpoint"]["ensemble"]] == [str(average), str(runs["b"] / "checkpoints" / "best.pt")]
+    assert [m["path"] for m in report["checkpoint"]["ensemble"]] == [
+        str(average),
+        str(runs["b"] / "checkpoints" / "best.pt"),
+    ]
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"engine": "ctranslate2"}, "ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch"),
-    ({"out": None}, "ensemble: the report of an ensemble is not run=R's own; give out=DIR to write it"),
-    ({"run": None, "hyp": "h.txt", "out": None}, "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            {"engine": "ctranslate2"},
+            "ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch",
+        ),
+        ({"out": None}, "ensemble: the report of an ensemble is not run=R's own; give out=DIR to write it"),
+        (
+            {"run": None, "hyp": "h.txt", "out": None},
+            "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing",
+        ),
+    ],
+)
 def test_the_config_checks_refuse_an_ensemble_where_it_cannot_decode_or_report(overrides, message, tmp_path):
     from mtrain.config import TranslateConfig
     from mtrain.config_checks import check_config
 
-    cfg = OmegaConf.merge(OmegaConf.structured(EvalConfig),
-                          {"run": "R", "ensemble": ["B"], "out": str(tmp_path), **overrides})
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(EvalConfig), {"run": "R", "ensemble": ["B"], "out": str(tmp_path), **overrides}
+    )
     with pytest.raises(MtrainError, match=f"^{message}"):
         check_config(cfg)
     if "engine" in overrides:
         with pytest.raises(MtrainError, match=f"^{message}$"):
-            check_config(OmegaConf.merge(OmegaConf.structured(TranslateConfig), {"run": "R", "ensemble": ["B"], **overrides}))
+            check_config(
+                OmegaConf.merge(OmegaConf.structured(TranslateConfig), {"run": "R", "ensemble": ["B"], **overrides})
+            )
 
 
 # ------------------------------------------------------------------ the commands
 def mtrain(*args: str, cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args],
+        input=stdin,
+        capture_output=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
 
 
 @pytest.mark.slow
@@ -354,18 +463,30 @@ def test_translate_command_with_an_ensemble(runs, tmp_path):
     source = tmp_path / "in.de"
     source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
     # `ensemble=B,FILE` as users type it (the command makes it the list [B,FILE]).
-    result = mtrain("translate", f"run={a}", f"ensemble={b},{a / 'checkpoints' / 'best.pt'}", f"input={source}",
-                    f"output={tmp_path / 'out.en'}", "decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3",
-                    "num_threads=1", "precision=fp32", cwd=tmp_path)
+    result = mtrain(
+        "translate",
+        f"run={a}",
+        f"ensemble={b},{a / 'checkpoints' / 'best.pt'}",
+        f"input={source}",
+        f"output={tmp_path / 'out.en'}",
+        "decode.beam=2",
+        "decode.max_len_a=0.5",
+        "decode.max_len_b=3",
+        "num_threads=1",
+        "precision=fp32",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr.decode()
     opened = open_engine(a, Engine.torch, CPU, "fp32", ensemble=[str(b), str(a)])
     expected = translate_sentences(opened.model, opened.tokenizer, SENTENCES, DECODE, "cpu")
     assert (tmp_path / "out.en").read_text(encoding="utf-8").splitlines() == [s[0].text for s in expected]
     # output= gets its provenance record: every member's checkpoint with its sha256, the decode settings
     record = json.loads((tmp_path / "out.en.mtrain.json").read_text(encoding="utf-8"))
-    assert [item["path"] for item in record["checkpoints"]] == [str(a / "checkpoints" / "best.pt"),
-                                                                  str(b / "checkpoints" / "best.pt"),
-                                                                  str(a / "checkpoints" / "best.pt")]
+    assert [item["path"] for item in record["checkpoints"]] == [
+        str(a / "checkpoints" / "best.pt"),
+        str(b / "checkpoints" / "best.pt"),
+        str(a / "checkpoints" / "best.pt"),
+    ]
     assert record["decode"]["beam"] == 2 and record["input"] == str(source) and len(record["input_sha256"]) == 64
     log = result.stderr.decode()
     assert "translating with an ensemble of 3: " in log and f"{b / 'checkpoints' / 'best.pt'} (update 9)" in log

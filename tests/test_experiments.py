@@ -96,10 +96,19 @@ def test_preset_composes_and_validates(preset):
 
 
 def test_every_claim_has_a_preset():
-    assert {"ablation_norm_position", "ablation_residual", "ablation_shared_norm",
-            "ablation_cross_projections", "ablation_decoder_order", "ablation_detach_memory",
-            "ablation_norm_type", "ablation_activation", "ablation_positions",
-            "ablation_scale_embeddings", "ablation_tie_embeddings"} <= set(ABLATIONS)
+    assert {
+        "ablation_norm_position",
+        "ablation_residual",
+        "ablation_shared_norm",
+        "ablation_cross_projections",
+        "ablation_decoder_order",
+        "ablation_detach_memory",
+        "ablation_norm_type",
+        "ablation_activation",
+        "ablation_positions",
+        "ablation_scale_embeddings",
+        "ablation_tie_embeddings",
+    } <= set(ABLATIONS)
 
 
 @pytest.mark.parametrize("preset", ABLATIONS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -14,15 +15,49 @@ ctranslate2 = pytest.importorskip(
     "ctranslate2", reason="ctranslate2 is not installed: the CTranslate2 export is optional (pip install 'mtrain[ct2]')"
 )
 
-from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain  # noqa: E402
-from mtrain.decode.ct2_engine import load_ctranslate2  # noqa: E402
-from mtrain.decode.translator import translate_encoded, translate_sentences  # noqa: E402
-from mtrain.errors import MtrainError  # noqa: E402
-from mtrain.export import check_exportable, export_ctranslate2, export_run  # noqa: E402
-from mtrain.model import build_model  # noqa: E402
+from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain
+from mtrain.decode.ct2_engine import load_ctranslate2
+from mtrain.decode.translator import translate_encoded, translate_sentences
+from mtrain.errors import MtrainError
+from mtrain.export import check_exportable, export_ctranslate2, export_run
+from mtrain.model import build_model
 
-WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
-         "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()
+WORDS = [
+    "ein",
+    "mann",
+    "eine",
+    "frau",
+    "ein",
+    "kind",
+    "hund",
+    "katze",
+    "ball",
+    "park",
+    "strasse",
+    "rot",
+    "blau",
+    "gross",
+    "klein",
+    "spielt",
+    "läuft",
+    "sitzt",
+    "auf",
+    "in",
+    "mit",
+    "two",
+    "men",
+    "a",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "plays",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "with",
+]
 MODEL = dict(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0, max_positions=64)
 CPU = torch.device("cpu")
 
@@ -30,7 +65,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +117,13 @@ def model(tokenizer):
     have clear winners and both engines must agree token for token."""
     torch.set_num_threads(1)  # module fixtures run before the per-test thread setting
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint)
+    model = build_model(
+        ModelConfig(**MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -105,8 +145,9 @@ def run_dir(tmp_path_factory, fit_config, tokenizer, model) -> Path:
     run = tmp_path_factory.mktemp("run")
     tokenizer.save(run / "tokenizer")
     (run / "config.yaml").write_text(OmegaConf.to_yaml(fit_config), encoding="utf-8")
-    save_checkpoint(run / "checkpoints" / "best.pt",
-                    {"model": model.state_dict(), "config": to_plain(fit_config), "update": 200})
+    save_checkpoint(
+        run / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": to_plain(fit_config), "update": 200}
+    )
     return run
 
 
@@ -120,25 +161,29 @@ def sources(tokenizer, corpus) -> list:
     """Held-out random sequences and the corpus' test sentences, as encoded sources (ids + eos)."""
     generator = torch.Generator().manual_seed(99)
     src, mask, _, _ = copy_batch(generator, tokenizer.src_vocab_size, n=10)
-    copies = [row[~row_mask].tolist() for row, row_mask in zip(src, mask)]
+    copies = [row[~row_mask].tolist() for row, row_mask in zip(src, mask, strict=True)]
     sentences = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
     return copies + [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in sentences] + [None]
 
 
 # ------------------------------------------------------------------ translations
-@pytest.mark.parametrize("settings", [
-    dict(beam=1),
-    dict(beam=4),
-    dict(beam=4, nbest=3, length_penalty=0.6),
-    dict(beam=3, length_penalty=0.0),
-], ids=["greedy", "beam4", "nbest3-alpha0.6", "alpha0"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(beam=1),
+        dict(beam=4),
+        dict(beam=4, nbest=3, length_penalty=0.6),
+        dict(beam=3, length_penalty=0.0),
+    ],
+    ids=["greedy", "beam4", "nbest3-alpha0.6", "alpha0"],
+)
 def test_exported_model_translates_like_mtrain(exported, model, tokenizer, sources, settings):
     cfg = DecodeConfig(**settings)
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     expected = translate_encoded(model, tokenizer, sources, cfg, CPU)
     got = translate_encoded(engine, tokenizer, sources, cfg, CPU)
     assert len(got) == len(expected)
-    for want, have in zip(expected, got):
+    for want, have in zip(expected, got, strict=True):
         assert_same_nbest(have, want, cfg.length_penalty)
 
 
@@ -164,13 +209,13 @@ def assert_same_nbest(have: list, want: list, alpha: float) -> None:
     missing from the other list and ties its last score (a cut-off).
     """
     assert len(have) == len(want)
-    for h, w in zip(have, want):
+    for h, w in zip(have, want, strict=True):
         assert h.score == pytest.approx(w.score, abs=max(score_tolerance(h, alpha), score_tolerance(w, alpha)))
     for h, w in ((h, w) for h in have for w in want if h.tokens == w.tokens):
         assert h.text == w.text
         assert h.score == pytest.approx(w.score, abs=score_tolerance(w, alpha))
         assert h.log_prob == pytest.approx(w.log_prob, abs=3e-3 * (len(w.tokens) + 1))
-    for h, w in zip(have, want):
+    for h, w in zip(have, want, strict=True):
         if h.tokens != w.tokens:
             assert_tied(h, w, want, alpha)  # CTranslate2's hypothesis among mtrain's
             assert_tied(w, h, have, alpha)  # and mtrain's among CTranslate2's
@@ -185,7 +230,8 @@ def assert_tied(hyp, displaced, others: list, alpha: float) -> None:
     gap = abs(anchor.score - mate.score)
     assert gap <= score_tolerance(anchor, alpha) + score_tolerance(mate, alpha), (
         f"{hyp.tokens} ranks where {displaced.tokens} does in the other engine, but their scores are "
-        f"{gap:.2e} apart: not a near-tie")
+        f"{gap:.2e} apart: not a near-tie"
+    )
 
 
 def test_attention_of_the_last_layer_matches(exported, model, tokenizer, sources):
@@ -193,7 +239,7 @@ def test_attention_of_the_last_layer_matches(exported, model, tokenizer, sources
     cfg = DecodeConfig(beam=4)
     expected = translate_encoded(model, tokenizer, sources, cfg, CPU, attention_layer="last")
     got = translate_encoded(engine, tokenizer, sources, cfg, CPU, attention_layer="last")
-    for ids, want, have in zip(sources, expected, got):
+    for ids, want, have in zip(sources, expected, got, strict=True):
         if ids is not None:  # (output tokens + EOS, src_len), averaged over heads
             assert torch.allclose(have[0].attention, want[0].attention, atol=1e-4)
 
@@ -201,7 +247,7 @@ def test_attention_of_the_last_layer_matches(exported, model, tokenizer, sources
 def test_no_repeat_ngram_holds_in_ctranslate2(exported, tokenizer, sources):
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     for hyps in translate_encoded(engine, tokenizer, sources, DecodeConfig(beam=3, no_repeat_ngram=2), CPU):
-        bigrams = list(zip(hyps[0].tokens, hyps[0].tokens[1:]))
+        bigrams = list(itertools.pairwise(hyps[0].tokens))
         assert len(bigrams) == len(set(bigrams))
 
 
@@ -209,26 +255,36 @@ def test_length_limits_follow_mtrain(exported, model, tokenizer, sources):
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     # The limit cuts the copies: greedy keeps the first max_len tokens, as mtrain's forced EOS does.
     short = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=3)
-    assert ([h[0].tokens for h in translate_encoded(engine, tokenizer, sources, short, CPU)]
-            == [h[0].tokens for h in translate_encoded(model, tokenizer, sources, short, CPU)])
+    assert [h[0].tokens for h in translate_encoded(engine, tokenizer, sources, short, CPU)] == [
+        h[0].tokens for h in translate_encoded(model, tokenizer, sources, short, CPU)
+    ]
     # Per sentence: a * src_len + b, with src_len counting the eos.
     scaled = DecodeConfig(beam=4, max_len_a=0.5, max_len_b=0)
-    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, scaled, CPU)):
+    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, scaled, CPU), strict=True):
         assert len(hyps[0].tokens) <= (int(0.5 * len(ids)) if ids else 0)
     at_least = DecodeConfig(beam=4, min_len=14, max_len_b=20)
-    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, at_least, CPU)):
+    for ids, hyps in zip(sources, translate_encoded(engine, tokenizer, sources, at_least, CPU), strict=True):
         assert ids is None or len(hyps[0].tokens) >= 14
 
 
 # ------------------------------------------------------------------ the converter, switch by switch
 VARIANTS = {
-    "default": {}, "gelu": dict(activation="gelu"), "swiglu": dict(activation="swiglu"),
-    "learned": dict(positions="learned"), "no-positions": dict(positions="none"), "rope": dict(positions="rope"),
-    "rmsnorm": dict(norm_type="rmsnorm"), "post-norm": dict(norm_position="post"),
-    "post-norm-final": dict(norm_position="post", final_norm=True), "no-final-norm": dict(final_norm=False),
-    "shared-norm": dict(shared_norm=True), "unscaled": dict(scale_embeddings=False),
-    "untied": dict(tie_embeddings=False), "identity-qk": dict(cross_q_proj=False, cross_k_proj=False),
-    "identity-v": dict(cross_v_proj=False), "padded-vocab": dict(vocab_multiple=48),
+    "default": {},
+    "gelu": dict(activation="gelu"),
+    "swiglu": dict(activation="swiglu"),
+    "learned": dict(positions="learned"),
+    "no-positions": dict(positions="none"),
+    "rope": dict(positions="rope"),
+    "rmsnorm": dict(norm_type="rmsnorm"),
+    "post-norm": dict(norm_position="post"),
+    "post-norm-final": dict(norm_position="post", final_norm=True),
+    "no-final-norm": dict(final_norm=False),
+    "shared-norm": dict(shared_norm=True),
+    "unscaled": dict(scale_embeddings=False),
+    "untied": dict(tie_embeddings=False),
+    "identity-qk": dict(cross_q_proj=False, cross_k_proj=False),
+    "identity-v": dict(cross_v_proj=False),
+    "padded-vocab": dict(vocab_multiple=48),
 }
 
 
@@ -237,8 +293,9 @@ def test_every_supported_switch_gives_the_same_log_probs(variant, tokenizer, tmp
     """CTranslate2's scores of target sentences equal mtrain's log-softmax, token by token."""
     cfg = ModelConfig(**{**MODEL, **variant})
     torch.manual_seed(1)
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint).eval()
+    model = build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    ).eval()
     with torch.no_grad():  # norms and biases away from their initial 1 and 0
         for name, parameter in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -277,19 +334,23 @@ def test_export_directory_holds_the_real_vocabulary_and_tokenizer(exported, toke
 
 def test_padded_vocabulary_rows_are_cut(tokenizer, tmp_path):
     cfg = ModelConfig(**{**MODEL, "vocab_multiple": 48})
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint)
+    model = build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    )
     assert model.output_proj.weight.shape[0] > tokenizer.tgt_vocab_size
     directory = export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
-    assert len(json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))) == tokenizer.tgt_vocab_size
+    assert (
+        len(json.loads((directory / "shared_vocabulary.json").read_text(encoding="utf-8"))) == tokenizer.tgt_vocab_size
+    )
 
 
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("order", ["cross_self_ffn", "self_ffn_cross"])
 def test_unsupported_decoder_order_is_refused_naming_it(order, tokenizer, tmp_path):
     cfg = ModelConfig(**{**MODEL, "decoder_order": order})
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint)
+    model = build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    )
     with pytest.raises(MtrainError, match=f"model.decoder_order={order}: CTranslate2's decoder layer"):
         export_ctranslate2(model.state_dict(), cfg, tokenizer, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()
@@ -347,8 +408,20 @@ def test_export_and_translate_commands(run_dir, model, tokenizer, corpus, tmp_pa
     expected = [h[0].text for h in translate_sentences(model, tokenizer, sentences, DecodeConfig(beam=4), CPU)]
     for run, extra in ((out, []), (run_dir, []), (tmp_path / "int8", []), (run_dir, ["precision=int8"])):
         output = tmp_path / "out.en"
-        run_translate(compose("translate", [f"run={run}", "engine=ctranslate2", f"input={source}",
-                                            f"output={output}", "decode.beam=4", "num_threads=1", *extra]))
+        run_translate(
+            compose(
+                "translate",
+                [
+                    f"run={run}",
+                    "engine=ctranslate2",
+                    f"input={source}",
+                    f"output={output}",
+                    "decode.beam=4",
+                    "num_threads=1",
+                    *extra,
+                ],
+            )
+        )
         lines = output.read_text(encoding="utf-8").splitlines()
         if "int8" in str(run) or extra:
             assert len(lines) == len(expected)  # quantized: close, not necessarily identical
@@ -359,14 +432,19 @@ def test_export_and_translate_commands(run_dir, model, tokenizer, corpus, tmp_pa
 def test_eval_with_ctranslate2_reports_the_same_translations(run_dir):
     from mtrain.cli.evaluate import evaluate_run
 
-    reports = {engine: evaluate_run(compose("eval", [f"run={run_dir}", "split=test", f"engine={engine}",
-                                                     "decode.beam=4", "num_threads=1", "device=cpu"]),
-                                    log=lambda *_: None)
-               for engine in ("torch", "ctranslate2")}
+    reports = {
+        engine: evaluate_run(
+            compose(
+                "eval",
+                [f"run={run_dir}", "split=test", f"engine={engine}", "decode.beam=4", "num_threads=1", "device=cpu"],
+            ),
+            log=lambda *_: None,
+        )
+        for engine in ("torch", "ctranslate2")
+    }
     assert reports["ctranslate2"]["decode"]["engine"] == "ctranslate2"
     assert reports["ctranslate2"]["decode"]["precision"] == "float32"
     assert reports["ctranslate2"]["metrics"]["bleu"]["score"] == reports["torch"]["metrics"]["bleu"]["score"]
-
 
 
 def test_a_restricted_output_vocabulary_exports_as_a_bias_and_scores_the_same(tokenizer, tmp_path):
@@ -374,8 +452,9 @@ def test_a_restricted_output_vocabulary_exports_as_a_bias_and_scores_the_same(to
     probability 0 as mtrain does, and the same log-probabilities to the others."""
     cfg = ModelConfig(**{**MODEL, "output_vocab": "target"})
     torch.manual_seed(1)
-    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                        joint_vocab=tokenizer.joint).eval()
+    model = build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    ).eval()
     target = "two dogs in the park on a ball"
     tgt = tokenizer.encode_tgt(target)
     allowed = sorted({*tgt, tokenizer.eos_id, tokenizer.unk_id, *range(20, 40)})

@@ -29,8 +29,15 @@ from tests.test_fit import compose_fit, mtrain, run_fit, scalars
 from tests.test_run_safety import one_error_line, snapshot
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn_dim=64", "tokenizer.vocab_size=400"]
-QUICK = ["train.max_tokens=1024", "train.lr=3e-3", "train.warmup_updates=2", "train.num_threads=2",
-         "train.valid_bleu=false", "train.log_every=1", "data.splits.test=null"]
+QUICK = [
+    "train.max_tokens=1024",
+    "train.lr=3e-3",
+    "train.warmup_updates=2",
+    "train.num_threads=2",
+    "train.valid_bleu=false",
+    "train.log_every=1",
+    "data.splits.test=null",
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +55,31 @@ def ted(tmp_path_factory, data_dir) -> Path:
 def parent(tmp_path_factory, multi30k_slice) -> Path:
     """2 updates on 300 Multi30k pairs, with an EMA and model.output_vocab=target."""
     base = tmp_path_factory.mktemp("parent")
-    overrides = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={base / 'cache'}", *TINY_MODEL, *QUICK,
-                 "data.train_limit=300", "train.max_updates=2", "train.validate_every=2", "train.ema_decay=0.9",
-                 "model.output_vocab=target"]
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={base / 'cache'}",
+        *TINY_MODEL,
+        *QUICK,
+        "data.train_limit=300",
+        "train.max_updates=2",
+        "train.validate_every=2",
+        "train.ema_decay=0.9",
+        "model.output_vocab=target",
+    ]
     run_fit(compose_fit(overrides), base / "run")
     return base / "run"
 
 
 def child_overrides(parent: Path, ted: Path, cache: Path, *more: str) -> list:
-    return [f"init_from={parent}", f"data.local_dir={ted}", f"data.cache_dir={cache}", *QUICK,
-            "train.validate_every=2", "train.max_updates=4", *more]
+    return [
+        f"init_from={parent}",
+        f"data.local_dir={ted}",
+        f"data.cache_dir={cache}",
+        *QUICK,
+        "train.validate_every=2",
+        "train.max_updates=4",
+        *more,
+    ]
 
 
 def fine_tune(overrides: list, run_dir: Path) -> dict:
@@ -104,15 +126,18 @@ def test_the_parent_weights_load_bit_exactly_and_the_softmax_keeps_its_pieces(pa
     union = np.union1d(np.union1d(parent_pieces, new_pieces), [data.tokenizer.eos_id, data.tokenizer.unk_id])
     assert torch.nonzero(loaded["output_allowed"]).flatten().tolist() == union.tolist()
     assert len(union) > len(parent_pieces)  # the new domain's pieces join...
-    assert len(union) > len(np.union1d(new_pieces, [data.tokenizer.eos_id, data.tokenizer.unk_id]))  # ...the parent's stay
+    assert len(union) > len(
+        np.union1d(new_pieces, [data.tokenizer.eos_id, data.tokenizer.unk_id])
+    )  # ...the parent's stay
     # a fresh optimiser without init_keep_optimizer
     assert not setup.trainer.optimizer.state
 
 
 def test_init_keep_optimizer_takes_adam_s_moments_from_last_pt_under_the_new_settings(parent, ted, tmp_path):
     last = RunDir(parent).checkpoint("last")
-    overrides = child_overrides(last, ted, tmp_path / "cache", "init_keep_optimizer=true", "train.lr=1e-4",
-                                "train.betas=[0.8,0.9]")
+    overrides = child_overrides(
+        last, ted, tmp_path / "cache", "init_keep_optimizer=true", "train.lr=1e-4", "train.betas=[0.8,0.9]"
+    )
     setup, _ = built(overrides, last, keep_optimizer=True)
     saved = load_checkpoint(last)["optimizer"]
     optimizer = setup.trainer.optimizer
@@ -138,7 +163,11 @@ def test_a_fine_tune_reuses_the_parent_tokenizer_and_model_and_records_its_paren
     best = parent_run.checkpoint("best")
     lineage = yaml.safe_load(run.parent_file.read_text())
     assert lineage["sha256"] == hashlib.sha256(best.read_bytes()).hexdigest()
-    assert (lineage["checkpoint"], lineage["from"], lineage["update"]) == (str(best.resolve()), str(parent.resolve()), 2)
+    assert (lineage["checkpoint"], lineage["from"], lineage["update"]) == (
+        str(best.resolve()),
+        str(parent.resolve()),
+        2,
+    )
     assert (lineage["weights"], lineage["keep_optimizer"]) == ("ema", False)
     assert lineage["config"] == load_checkpoint(best)["config"]
     assert json.loads(run.metrics_file.read_text())["init"] == lineage
@@ -146,12 +175,14 @@ def test_a_fine_tune_reuses_the_parent_tokenizer_and_model_and_records_its_paren
     # translate/eval/export open it as any run
     loaded = load_run(run_dir)
     assert loaded.config.init_from == str(parent) and loaded.config.model.d_model == 32
-    assert all(torch.equal(value, load_checkpoint(run.checkpoint("best"))["model"][key])
-               for key, value in loaded.model.state_dict().items())
+    assert all(
+        torch.equal(value, load_checkpoint(run.checkpoint("best"))["model"][key])
+        for key, value in loaded.model.state_dict().items()
+    )
 
 
 def test_a_resumed_fine_tune_continues_its_own_run_exactly_without_its_parent(parent, ted, child, tmp_path):
-    overrides, straight, _ = child
+    _overrides, straight, _ = child
     moved_parent = tmp_path / "parent"
     shutil.copytree(parent, moved_parent)
     interrupted = tmp_path / "run"
@@ -184,18 +215,22 @@ def not_a_run(parent: Path, tmp_path: Path) -> Path:
     return parent / "tokenizer"
 
 
-@pytest.mark.parametrize("make_parent, more, message", [
-    (not_a_run, [], "no checkpoints in"),
-    (not_a_checkpoint, [], "not a loadable mtrain checkpoint"),
-    (without_tokenizer, [], "the parent run has no tokenizer/"),
-    (None, ["model.d_model=64"], "model.d_model=64: the weights of init_from="),
-    (None, ["model.heads=4"], "have model.heads=2"),
-    (None, ["tokenizer.vocab_size=500"], "tokenizer.vocab_size=500: init_from="),
-    (None, ["init_keep_optimizer=true"], "best.pt holds no optimiser state"),
-    (None, ["data.lang_tags=true"], "has no piece <2en>"),
-])
-def test_a_bad_parent_or_misfit_is_refused_before_anything_is_written(parent, ted, tmp_path, make_parent, more,
-                                                                      message):
+@pytest.mark.parametrize(
+    "make_parent, more, message",
+    [
+        (not_a_run, [], "no checkpoints in"),
+        (not_a_checkpoint, [], "not a loadable mtrain checkpoint"),
+        (without_tokenizer, [], "the parent run has no tokenizer/"),
+        (None, ["model.d_model=64"], "model.d_model=64: the weights of init_from="),
+        (None, ["model.heads=4"], "have model.heads=2"),
+        (None, ["tokenizer.vocab_size=500"], "tokenizer.vocab_size=500: init_from="),
+        (None, ["init_keep_optimizer=true"], "best.pt holds no optimiser state"),
+        (None, ["data.lang_tags=true"], "has no piece <2en>"),
+    ],
+)
+def test_a_bad_parent_or_misfit_is_refused_before_anything_is_written(
+    parent, ted, tmp_path, make_parent, more, message
+):
     source = make_parent(parent, tmp_path) if make_parent else parent
     before = snapshot(parent)
     run_dir = tmp_path / "new"
@@ -238,16 +273,24 @@ def test_a_fine_tune_stopped_before_its_first_checkpoint_is_not_resumed_from_scr
 
 
 def test_init_keys_are_checked_before_the_run():
-    for overrides, message in ((["init_from=/no/such/run"], "init_from: '/no/such/run': no such run directory"),
-                               (["init_keep_optimizer=true"], "init_keep_optimizer: true needs init_from"),
-                               (["init_weights=ema"], "init_weights: ema chooses the weights of init_from")):
+    for overrides, message in (
+        (["init_from=/no/such/run"], "init_from: '/no/such/run': no such run directory"),
+        (["init_keep_optimizer=true"], "init_keep_optimizer: true needs init_from"),
+        (["init_weights=ema"], "init_weights: ema chooses the weights of init_from"),
+    ):
         with pytest.raises(MtrainError, match=message):
             check_config(compose_fit(overrides))
 
 
 def test_explicit_keys_read_the_command_line():
-    line = ["model.dropout=0.3", "+model.attention_dropout=0.1", "~model.x", "data.src=de", "model=transformer_base",
-            "tokenizer.vocab_size=8"]
+    line = [
+        "model.dropout=0.3",
+        "+model.attention_dropout=0.1",
+        "~model.x",
+        "data.src=de",
+        "model=transformer_base",
+        "tokenizer.vocab_size=8",
+    ]
     assert explicit_keys(line, "model") == ["dropout", "attention_dropout", "x", ""]
     assert explicit_keys(line, "tokenizer") == ["vocab_size"]
     assert "dropout" in FREE_MODEL_KEYS and "d_model" not in FREE_MODEL_KEYS

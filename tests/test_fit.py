@@ -27,10 +27,20 @@ REPO = Path(__file__).resolve().parents[1]
 # per new shape), and these tests check the pipeline, not the precision. The bf16 path has its
 # own tests (test_loss, test_generator, test_torch_engine, test_host_memory, test_gpu_check).
 TINY = [
-    "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=64", "model.heads=2",
-    "model.ffn_dim=128", "tokenizer.vocab_size=600", "train.max_tokens=1024", "train.lr=3e-3",
-    "train.warmup_updates=20", "train.num_threads=2", "train.precision=fp32", "decode.beam=2",
-    "decode.max_len_b=5", "decode.max_len_a=1.2",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "model.d_model=64",
+    "model.heads=2",
+    "model.ffn_dim=128",
+    "tokenizer.vocab_size=600",
+    "train.max_tokens=1024",
+    "train.lr=3e-3",
+    "train.warmup_updates=20",
+    "train.num_threads=2",
+    "train.precision=fp32",
+    "decode.beam=2",
+    "decode.max_len_b=5",
+    "decode.max_len_a=1.2",
 ]
 
 
@@ -41,8 +51,9 @@ def compose_fit(overrides):
 
 def mtrain(*args, cwd=None, env=None, timeout=300):
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def scalars(run_dir: Path, tag: str) -> dict:
@@ -55,33 +66,52 @@ def scalars(run_dir: Path, tag: str) -> dict:
 def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
     run_dir = tmp_path / "run"
     result = mtrain(
-        "fit", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-        "train.max_updates=60", "train.validate_every=30", "train.log_every=10", f"hydra.run.dir={run_dir}",
+        "fit",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.max_updates=60",
+        "train.validate_every=30",
+        "train.log_every=10",
+        f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    for artifact in ("config.yaml", ".hydra/config.yaml", ".hydra/overrides.yaml", "tokenizer",
-                     "checkpoints/last.pt", "checkpoints/best.pt", "checkpoints/update_60.pt",
-                     "train.log", "metrics.json", "eval/test.hyp"):
+    for artifact in (
+        "config.yaml",
+        ".hydra/config.yaml",
+        ".hydra/overrides.yaml",
+        "tokenizer",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "checkpoints/update_60.pt",
+        "train.log",
+        "metrics.json",
+        "eval/test.hyp",
+    ):
         assert (run_dir / artifact).exists(), artifact
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["updates"] == 60
     # Only last.pt carries the optimiser's state (what a resume needs); the others hold the weights.
-    checkpoints = {name: torch.load(run_dir / "checkpoints" / f"{name}.pt", weights_only=True)
-                   for name in ("last", "best", "update_60")}
+    checkpoints = {
+        name: torch.load(run_dir / "checkpoints" / f"{name}.pt", weights_only=True)
+        for name in ("last", "best", "update_60")
+    }
     assert "optimizer" in checkpoints["last"]
     assert "optimizer" not in checkpoints["best"] and "optimizer" not in checkpoints["update_60"]
-    assert all(torch.equal(checkpoints["last"]["model"][k], checkpoints["update_60"]["model"][k])
-               for k in checkpoints["last"]["model"])
+    assert all(
+        torch.equal(checkpoints["last"]["model"][k], checkpoints["update_60"]["model"][k])
+        for k in checkpoints["last"]["model"]
+    )
     sizes = {name: (run_dir / "checkpoints" / f"{name}.pt").stat().st_size for name in checkpoints}
     assert sizes["update_60"] < 0.5 * sizes["last"]
     assert metrics["disk_use_mb"]["checkpoints"] == pytest.approx(
-        sum(p.stat().st_size for p in (run_dir / "checkpoints").iterdir()) / 1e6, abs=0.1)
+        sum(p.stat().st_size for p in (run_dir / "checkpoints").iterdir()) / 1e6, abs=0.1
+    )
     assert metrics["disk_use_mb"]["total"] >= metrics["disk_use_mb"]["checkpoints"]
     assert 0.0 <= metrics["test"]["bleu"] <= 100.0
     assert metrics["test"]["bleu_signature"].startswith("nrefs:1")
     assert len((run_dir / "eval" / "test.hyp").read_text().splitlines()) == 100
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tgt_tokens_per_s",
-                "valid/loss", "valid/bleu"):
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tgt_tokens_per_s", "valid/loss", "valid/bleu"):
         assert scalars(run_dir, tag), tag
     train_log = (run_dir / "train.log").read_text()
     assert "valid | update 60" in train_log and "test |" in train_log
@@ -107,9 +137,17 @@ def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
 def test_resume_continues_exactly(tmp_path, multi30k_slice):
     # output_vocab=target (the presets' softmax); the default full softmax resumes exactly in
     # test_faults (ten kills), test_ema and test_subword_sampling.
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-              "train.log_every=1", "train.valid_bleu=false", "train.validate_every=6", "data.train_limit=600",
-              "model.output_vocab=target", "data.splits.test=null"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.log_every=1",
+        "train.valid_bleu=false",
+        "train.validate_every=6",
+        "data.train_limit=600",
+        "model.output_vocab=target",
+        "data.splits.test=null",
+    ]
     straight, interrupted, _ = check_resume_is_exact(common, tmp_path)
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -129,8 +167,14 @@ def test_resume_continues_exactly(tmp_path, multi30k_slice):
 def test_a_run_on_a_given_tokenizer_keeps_a_copy_and_resumes_without_the_original(tmp_path, multi30k_slice):
     import shutil
 
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-              "train.valid_bleu=false", "data.train_limit=300", "data.splits.test=null"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "data.splits.test=null",
+    ]
     run_fit(compose_fit(common + ["train.max_updates=2"]), tmp_path / "first")
     shutil.copytree(tmp_path / "first" / "tokenizer", tmp_path / "given")
     given = common + [f"tokenizer.path={tmp_path / 'given'}", "tokenizer.vocab_size=999"]  # its files rule
@@ -143,8 +187,14 @@ def test_a_run_on_a_given_tokenizer_keeps_a_copy_and_resumes_without_the_origina
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-              "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "train.max_updates=2",
+    ]
     run_fit(compose_fit(common), tmp_path / "run")
     before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
     with pytest.raises(MtrainError, match="train.resume=true"):
@@ -153,8 +203,14 @@ def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
 
 
 def test_resume_with_incompatible_config_is_refused(tmp_path, multi30k_slice):
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-              "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "train.max_updates=2",
+    ]
     run_fit(compose_fit(common), tmp_path / "run")
     with pytest.raises(MtrainError, match="model.d_model=64"):
         run_fit(compose_fit(common + ["model.d_model=32", "train.resume=true"]), tmp_path / "run")
@@ -197,8 +253,16 @@ def test_missing_data_lists_what_was_tried(tmp_path):
 def test_multirun_sweep_runs_each_value(tmp_path, multi30k_slice):
     sweep_dir = tmp_path / "sweep"
     result = mtrain(
-        "fit", "-m", "model.layers=1,2", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}",
-        *TINY, "train.max_updates=3", "train.valid_bleu=false", "data.train_limit=300", "data.splits.test=null",
+        "fit",
+        "-m",
+        "model.layers=1,2",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.max_updates=3",
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "data.splits.test=null",
         f"hydra.sweep.dir={sweep_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -212,14 +276,23 @@ def test_multirun_sweep_runs_each_value(tmp_path, multi30k_slice):
 def test_a_sweep_with_a_failing_job_runs_the_others_exits_non_zero_and_reports_it(tmp_path, multi30k_slice):
     sweep_dir = tmp_path / "sweep"
     result = mtrain(
-        "fit", "-m", "model.max_positions=256,16,128", f"data.local_dir={multi30k_slice}",
-        f"data.cache_dir={tmp_path / 'cache'}", *TINY, "train.max_updates=2", "train.valid_bleu=false",
-        "data.train_limit=300", "data.splits.test=null", f"hydra.sweep.dir={sweep_dir}",
+        "fit",
+        "-m",
+        "model.max_positions=256,16,128",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.max_updates=2",
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "data.splits.test=null",
+        f"hydra.sweep.dir={sweep_dir}",
     )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1].startswith(
-        "mtrain: error: 1 of 3 sweep jobs failed: job 1 (model.max_positions=16);")
+        "mtrain: error: 1 of 3 sweep jobs failed: job 1 (model.max_positions=16);"
+    )
     assert (sweep_dir / "0" / "metrics.json").exists() and (sweep_dir / "2" / "metrics.json").exists()
     reason = json.loads((sweep_dir / "1" / "failed.json").read_text())["error"]
     assert "model.max_positions" in reason
@@ -237,9 +310,20 @@ def test_a_sweep_with_a_failing_job_runs_the_others_exits_non_zero_and_reports_i
 def test_fit_without_a_test_split(tmp_path, multi30k_slice):
     """data.splits.test=null: a smoke run spends nothing on a test decode, and says so."""
     run_dir = tmp_path / "run"
-    metrics = run_fit(compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-                                   "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=2",
-                                   "data.splits.test=null"]), run_dir)
+    metrics = run_fit(
+        compose_fit(
+            [
+                f"data.local_dir={multi30k_slice}",
+                f"data.cache_dir={tmp_path / 'cache'}",
+                *TINY,
+                "train.valid_bleu=false",
+                "data.train_limit=300",
+                "train.max_updates=2",
+                "data.splits.test=null",
+            ]
+        ),
+        run_dir,
+    )
     assert metrics["finished"] and "test" not in metrics
     assert (run_dir / "data" / "valid.ref").is_file() and not (run_dir / "data" / "test.ref").exists()
     assert not (run_dir / "eval").exists()
@@ -256,9 +340,21 @@ def test_fit_shows_progress_at_once_and_says_where_the_run_is(tmp_path, multi30k
 
     caplog.set_level(logging.INFO, logger="mtrain")
     run_dir = tmp_path / "run"
-    run_fit(compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-                         "train.valid_bleu=false", "data.train_limit=300", "train.max_updates=3",
-                         "train.log_every=50", "data.splits.test=null"]), run_dir)
+    run_fit(
+        compose_fit(
+            [
+                f"data.local_dir={multi30k_slice}",
+                f"data.cache_dir={tmp_path / 'cache'}",
+                *TINY,
+                "train.valid_bleu=false",
+                "data.train_limit=300",
+                "train.max_updates=3",
+                "train.log_every=50",
+                "data.splits.test=null",
+            ]
+        ),
+        run_dir,
+    )
     text = caplog.text
     assert "train | update 1 " in text  # the first update, long before log_every=50
     assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1 ")  # said at the start

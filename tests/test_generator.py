@@ -18,13 +18,23 @@ VOCAB = 40
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 def tiny_model(seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    cfg = ModelConfig(**{"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 4, "ffn_dim": 64,
-                         "dropout": 0.0, "max_positions": 128, **overrides})
+    cfg = ModelConfig(
+        **{
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "d_model": 32,
+            "heads": 4,
+            "ffn_dim": 64,
+            "dropout": 0.0,
+            "max_positions": 128,
+            **overrides,
+        }
+    )
     model = build_model(cfg, VOCAB, VOCAB, PAD, joint_vocab=True).eval()
     with torch.no_grad():
         model.output_proj.weight.mul_(3.0)  # peakier than at init, so EOS comes at varied steps
@@ -82,14 +92,16 @@ def test_cache_gives_the_same_tokens_and_scores_as_recomputation(beam, nbest, mo
     cfg = DecodeConfig(beam=beam, nbest=nbest, max_len_a=1.0, max_len_b=4, no_repeat_ngram=3)
     cached = generate(model, src, mask, cfg, BOS, EOS, PAD, use_cache=True)
     recomputed = generate(model, src, mask, cfg, BOS, EOS, PAD, use_cache=False)
-    for a, b in zip(cached, recomputed):
+    for a, b in zip(cached, recomputed, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert abs(x.score - y.score) <= 1e-5 and abs(x.log_prob - y.log_prob) <= 1e-5
     if model_kind == "trained":  # hypotheses ended at different steps, before max length
         lengths = {len(h.tokens) for sentence in cached for h in sentence}
         assert len(lengths) >= 3
-        assert any(len(h.tokens) < int((~m).sum()) + 4 for sentence, m in zip(cached, mask) for h in sentence)
+        assert any(
+            len(h.tokens) < int((~m).sum()) + 4 for sentence, m in zip(cached, mask, strict=True) for h in sentence
+        )
 
 
 def greedy_by_hand(model, src, mask):
@@ -123,7 +135,7 @@ def test_greedy_and_beam_one_equal_greedy_by_hand(monkeypatch, copy_model):
     greedy = decode(model, src, mask, beam=1, max_len_a=1.0, max_len_b=4)
     monkeypatch.setattr(generator_module, "build_search", lambda cfg, device: BeamSearch(1))
     beam_one = decode(model, src, mask, beam=1, max_len_a=1.0, max_len_b=4)
-    for (tokens, score), g, b in zip(expected, greedy, beam_one):
+    for (tokens, score), g, b in zip(expected, greedy, beam_one, strict=True):
         assert g[0].tokens == tokens == b[0].tokens
         assert g[0].score == pytest.approx(score, abs=1e-5) and b[0].score == pytest.approx(score, abs=1e-5)
 
@@ -144,7 +156,7 @@ def test_lengths_nbest_order_and_scores(copy_model):
     model = copy_model
     src, mask = source_batch([3, 7, 5])
     hyps = decode(model, src, mask, beam=6, nbest=4, max_len_a=0.5, max_len_b=2, min_len=2, length_penalty=1.0)
-    for sentence, length in zip(hyps, [3, 7, 5]):
+    for sentence, length in zip(hyps, [3, 7, 5], strict=True):
         assert len(sentence) == 4
         assert [h.score for h in sentence] == sorted((h.score for h in sentence), reverse=True)
         assert len({tuple(h.tokens) for h in sentence}) == 4
@@ -177,7 +189,7 @@ def test_attention_rows_per_output_token(layer, shape):
     model = tiny_model(seed=7)
     src, mask = source_batch([5, 8], seed=4)
     hyps = generate(model, src, mask, DecodeConfig(beam=3, nbest=2), BOS, EOS, PAD, attention_layer=layer)
-    for sentence, length in zip(hyps, [5, 8]):
+    for sentence, length in zip(hyps, [5, 8], strict=True):
         for h in sentence:
             assert h.attention.shape == (len(h.tokens) + 1, *shape, length)
             torch.testing.assert_close(h.attention.sum(-1), torch.ones(h.attention.shape[:-1]), atol=1e-4, rtol=0)
@@ -206,8 +218,10 @@ def test_a_restricted_output_vocabulary_is_all_the_decoder_emits(beam):
     allowed = [EOS, *range(10, VOCAB, 3)]
     model.restrict_output(allowed)
     src, mask = source_batch([5, 7, 9], seed=6)
-    outputs = [decode(model, src, mask, beam=beam, nbest=beam),
-               decode(model, src, mask, beam=beam, nbest=beam, use_cache=False)]
+    outputs = [
+        decode(model, src, mask, beam=beam, nbest=beam),
+        decode(model, src, mask, beam=beam, nbest=beam, use_cache=False),
+    ]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outputs.append(decode(model, src, mask, beam=beam, nbest=beam))
     emitted = {token for hyps in outputs for sentence in hyps for h in sentence for token in h.tokens}
@@ -233,8 +247,11 @@ def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_mo
     events: list[str] = []
     for name in HOST_SYNCS:
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k))
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k),
+        )
     decode_step = copy_model.decode_step
     monkeypatch.setattr(copy_model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
     src, mask = source_batch([9, 5, 7, 3, 6], seed=2)

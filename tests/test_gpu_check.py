@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}  # CPU even on a GPU machine
-    return subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
 
 
 def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
@@ -44,11 +45,22 @@ def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
 
 def test_every_row_has_its_own_time_limit(tmp_path):
     """A row that does not finish (a compile that never ends) is reported, and the next runs."""
-    result = gpu_check("--smoke", "--models", "transformer_base", "--modes", "fp32,bf16+compile",
-                       "--row-timeout", "0.5", "--json", str(tmp_path / "check.json"))
+    result = gpu_check(
+        "--smoke",
+        "--models",
+        "transformer_base",
+        "--modes",
+        "fp32,bf16+compile",
+        "--row-timeout",
+        "0.5",
+        "--json",
+        str(tmp_path / "check.json"),
+    )
     report = json.loads((tmp_path / "check.json").read_text())
     assert result.returncode == 1 and report["tracking"] is None  # bf16 tracking was not measured
     assert "bf16 vs fp32: not measured: timed out after 1 s" in result.stdout
     assert [(run["mode"], run["skipped"]) for run in report["runs"]] == [
-        ("fp32", "timed out after 0.5 s"), ("bf16+compile", "timed out after 1 s")]
+        ("fp32", "timed out after 0.5 s"),
+        ("bf16+compile", "timed out after 1 s"),
+    ]
     assert "| transformer_base | bf16+compile | skipped: timed out after 1 s" in result.stdout

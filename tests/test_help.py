@@ -6,7 +6,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Optional
 
 from mtrain.cli.help import command_help, field_descriptions
 
@@ -28,7 +27,7 @@ def test_fit_help_lists_groups_presets_and_every_key_with_type_default_and_descr
     assert "model  (now: transformer_small)" in text and "transformer_big" in text and "multi30k_cpu" in text
     lines = text.splitlines()
     at = next(index for index, line in enumerate(lines) if line.strip().startswith("model.layers "))
-    assert "int|null = null" in lines[at] and "sets both stacks" in " ".join(lines[at:at + 2])  # beside or below
+    assert "int|null = null" in lines[at] and "sets both stacks" in " ".join(lines[at : at + 2])  # beside or below
     assert "data.clean.max_len_ratio" in text and "train.betas" in text and "list[float] = [0.9, 0.98]" in text
     assert "examples:" in text and "--hydra-help" in text
 
@@ -52,8 +51,10 @@ def test_translate_help_lists_only_translate_keys():
 
 
 def test_help_imports_neither_torch_nor_the_command():
-    probe = ("import sys; from mtrain.cli.help import command_help; command_help('fit'); command_help('export'); "
-             "print(sorted(m for m in sys.modules if m == 'torch' or m == 'mtrain.cli.fit'))")
+    probe = (
+        "import sys; from mtrain.cli.help import command_help; command_help('fit'); command_help('export'); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m == 'mtrain.cli.fit'))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -64,7 +65,7 @@ class Example:
     plain: int = 1
     # What the block above a field says,
     # on two lines.
-    described: Optional[str] = "a # inside a string"  # and its own comment
+    described: str | None = "a # inside a string"  # and its own comment
     trailing: float = 0.5  # only a trailing comment
 
 

@@ -58,9 +58,19 @@ def test_cpu_training_trims_at_its_interval_and_releases_the_optimiser_state(tmp
         releases.append((len(self.optimizer.state), all(p.grad is None for p in self.model.parameters())))
 
     monkeypatch.setattr(trainer_module.Trainer, "release_training_memory", release)
-    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-                       "train.valid_bleu=false", "data.train_limit=600", "train.max_updates=25",
-                       "train.validate_every=1000", "train.save_every=null", "train.device=cpu"])
+    cfg = compose_fit(
+        [
+            f"data.local_dir={multi30k_slice}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *TINY,
+            "train.valid_bleu=false",
+            "data.train_limit=600",
+            "train.max_updates=25",
+            "train.validate_every=1000",
+            "train.save_every=null",
+            "train.device=cpu",
+        ]
+    )
     metrics = run_fit(cfg, tmp_path / "run")
     assert metrics["updates"] == 25
     interval = host_memory_module.HOST_MEMORY_TRIM_EVERY
@@ -94,8 +104,14 @@ def test_bf16_products_keep_a_bounded_cache_of_shapes():
 
     def growth(extra_env):
         env = {key: value for key, value in os.environ.items() if key != "LRU_CACHE_CAPACITY"}
-        result = subprocess.run([sys.executable, "-c", _BF16_PRODUCTS_OF_400_SHAPES], env={**env, **extra_env},
-                                capture_output=True, text=True, check=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", _BF16_PRODUCTS_OF_400_SHAPES],
+            env={**env, **extra_env},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
         return float(result.stdout.split()[-1])
 
     bounded, torch_default = growth({}), growth({"LRU_CACHE_CAPACITY": "1024"})
@@ -127,8 +143,10 @@ def test_read_only_checkpoint_loads_leave_the_optimiser_state_on_disk(tmp_path):
     del moments
     mapped = load_checkpoint(path, mmap=True)
     assert torch.equal(mapped["model"]["weight"], weight)  # read: in memory, so the measure sees file pages
-    present = {"mapped weight": _present_fraction(mapped["model"]["weight"]),
-               "mapped moments": _present_fraction(mapped["optimizer"]["exp_avg"])}
+    present = {
+        "mapped weight": _present_fraction(mapped["model"]["weight"]),
+        "mapped moments": _present_fraction(mapped["optimizer"]["exp_avg"]),
+    }
     read = load_checkpoint(path)
     present["read moments"] = _present_fraction(read["optimizer"]["exp_avg"])
     assert read["optimizer"]["exp_avg"].sum() == 4 << 20

@@ -30,6 +30,7 @@ def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypat
             if trainer is not None:
                 calls.append((where["phase"], trainer.state.update, name))
             return original(self, *args, **kwargs)
+
         return method
 
     for name in SYNCING:
@@ -45,6 +46,7 @@ def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypat
                 return original(self, *args, **kwargs)
             finally:
                 where["phase"] = previous
+
         return method
 
     monkeypatch.setattr(UpdateStep, "__call__", in_phase("update", UpdateStep.__call__))
@@ -52,10 +54,21 @@ def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypat
     monkeypatch.setattr(Trainer, "fit", in_phase("loop", Trainer.fit))
     monkeypatch.setattr(Trainer, "validate_and_save", in_phase("final validation", Trainer.validate_and_save))
 
-    cfg = compose_fit([f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *TINY,
-                       "train.valid_bleu=false", "data.train_limit=600", "train.max_updates=12",
-                       "train.log_every=4", "train.validate_every=1000", "train.save_every=null",
-                       f"train.ema_decay={ema_decay}", "data.splits.test=null"])
+    cfg = compose_fit(
+        [
+            f"data.local_dir={multi30k_slice}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *TINY,
+            "train.valid_bleu=false",
+            "data.train_limit=600",
+            "train.max_updates=12",
+            "train.log_every=4",
+            "train.validate_every=1000",
+            "train.save_every=null",
+            f"train.ema_decay={ema_decay}",
+            "data.splits.test=null",
+        ]
+    )
     metrics = run_fit(cfg, tmp_path / "run")
     assert metrics["updates"] == 12
 

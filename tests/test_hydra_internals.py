@@ -27,23 +27,33 @@ from mtrain.hydra_internals import (
 # ----------------------------------------------------------------------------- the command line
 def test_the_command_line_as_hydras_parser_reads_it():
     assert read_command_line(["train.lr=1", "model=transformer_base"]) == CommandLine(
-        ["train.lr=1", "model=transformer_base"], multirun=False, prints_config=False, hydra_only=False)
+        ["train.lr=1", "model=transformer_base"], multirun=False, prints_config=False, hydra_only=False
+    )
     assert read_command_line(["-m", "train.lr=1,2"]) == CommandLine(["train.lr=1,2"], True, False, False)
     assert read_command_line(["--multirun", "train.lr=1,2"]).multirun
     assert read_command_line(["--cfg", "job", "train.lr=1"]) == CommandLine(["train.lr=1"], False, True, False)
 
 
-@pytest.mark.parametrize("flags", [
-    ["--help"], ["--hydra-help"], ["--info", "config"], ["-sc", "install=bash"], ["--config-name", "other"],
-    ["--config-path", "elsewhere"], ["--config-dir", "/tmp"], ["--experimental-rerun", "config.pickle"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--help"],
+        ["--hydra-help"],
+        ["--info", "config"],
+        ["-sc", "install=bash"],
+        ["--config-name", "other"],
+        ["--config-path", "elsewhere"],
+        ["--config-dir", "/tmp"],
+        ["--experimental-rerun", "config.pickle"],
+    ],
+)
 def test_flags_that_compose_nothing_of_ours_are_left_to_hydra(flags):
     assert read_command_line([*flags, "train.lr=1"]).hydra_only
 
 
 # ----------------------------------------------------------------------------- composition
 def test_a_run_is_one_job_with_its_hydra_section():
-    (label, cfg), = compose_jobs(CONFIG_DIR, "fit", ["train.lr=0.25", "hydra.run.dir=/tmp/r"], multirun=False)
+    ((label, cfg),) = compose_jobs(CONFIG_DIR, "fit", ["train.lr=0.25", "hydra.run.dir=/tmp/r"], multirun=False)
     assert label == ""
     assert OmegaConf.get_type(cfg) is FitConfig
     assert cfg.train.lr == 0.25
@@ -53,10 +63,19 @@ def test_a_run_is_one_job_with_its_hydra_section():
 def test_a_sweep_is_its_base_config_and_every_job_of_the_basic_sweeper():
     jobs = compose_jobs(CONFIG_DIR, "fit", ["model.dropout=0.1,0.3", "train.lr=1e-3,2e-3"], multirun=True)
     labels = [label for label, _ in jobs]  # each job's overrides, as Hydra writes the values
-    assert labels == ["", "model.dropout=0.1 train.lr=0.001", "model.dropout=0.1 train.lr=0.002",
-                      "model.dropout=0.3 train.lr=0.001", "model.dropout=0.3 train.lr=0.002"]
+    assert labels == [
+        "",
+        "model.dropout=0.1 train.lr=0.001",
+        "model.dropout=0.1 train.lr=0.002",
+        "model.dropout=0.3 train.lr=0.001",
+        "model.dropout=0.3 train.lr=0.002",
+    ]
     assert [(cfg.model.dropout, cfg.train.lr) for _, cfg in jobs[1:]] == [
-        (0.1, 1e-3), (0.1, 2e-3), (0.3, 1e-3), (0.3, 2e-3)]
+        (0.1, 1e-3),
+        (0.1, 2e-3),
+        (0.3, 1e-3),
+        (0.3, 2e-3),
+    ]
     # compose_jobs expands a sweep only for Hydra's basic sweeper, known by this name.
     assert OmegaConf.select(jobs[0][1], "hydra.sweeper._target_") == BASIC_SWEEPER
 
@@ -97,15 +116,28 @@ def test_an_unknown_key_is_named():
 def test_a_value_outside_a_choice_names_the_choices():
     read = composition_error(["model.activation=rleu"])
     assert (read.kind, read.key, read.value, read.allowed) == (
-        ErrorKind.NOT_A_CHOICE, "model.activation", "rleu", ("relu", "gelu", "swiglu"))
+        ErrorKind.NOT_A_CHOICE,
+        "model.activation",
+        "rleu",
+        ("relu", "gelu", "swiglu"),
+    )
 
 
 def test_a_value_of_the_wrong_type_names_the_type():
     read = composition_error(["train.lr=fast"])
-    assert (read.kind, read.key, read.value, read.allowed) == (ErrorKind.NOT_CONVERTIBLE, "train.lr", "fast", ("Float",))
+    assert (read.kind, read.key, read.value, read.allowed) == (
+        ErrorKind.NOT_CONVERTIBLE,
+        "train.lr",
+        "fast",
+        ("Float",),
+    )
     read = composition_error(["train.max_tokens=many"])
     assert (read.kind, read.key, read.value, read.allowed) == (
-        ErrorKind.NOT_CONVERTIBLE, "train.max_tokens", "many", ("Integer",))
+        ErrorKind.NOT_CONVERTIBLE,
+        "train.max_tokens",
+        "many",
+        ("Integer",),
+    )
 
 
 def test_a_bad_boolean_is_another_error_about_its_key():
@@ -128,8 +160,12 @@ def test_a_word_that_is_no_override():
 def test_a_character_the_grammar_reads_only_quoted_is_named():
     read = composition_error(["hydra.run.dir=/tmp/r\u00fcns"])
     assert (read.kind, read.key, read.value, read.detail) == (
-        ErrorKind.NEEDS_QUOTES, "hydra.run.dir", "/tmp/r\u00fcns", "\u00fc")
-    (_, cfg), = compose_jobs(CONFIG_DIR, "fit", ["hydra.run.dir='/tmp/r\u00fcns'"], multirun=False)
+        ErrorKind.NEEDS_QUOTES,
+        "hydra.run.dir",
+        "/tmp/r\u00fcns",
+        "\u00fc",
+    )
+    ((_, cfg),) = compose_jobs(CONFIG_DIR, "fit", ["hydra.run.dir='/tmp/r\u00fcns'"], multirun=False)
     assert cfg.hydra.run.dir == "/tmp/r\u00fcns"  # quoted, it is a value
 
 

@@ -28,15 +28,22 @@ def expected_tags() -> set[str]:
                 if sublayer != "ffn":
                     activations.add(f"{stack}.{i}.{sublayer}.entropy")
     return {f"instruments/grad_norm/{name}" for name in grad_norm} | {
-        f"instruments/activations/{name}" for name in activations}
+        f"instruments/activations/{name}" for name in activations
+    }
 
 
 @pytest.fixture(scope="module")
 def fit(tmp_path_factory, multi30k_slice):
     """run_fit(extra overrides) -> {tag: {step: value}}; the runs share one data cache."""
     root = tmp_path_factory.mktemp("instruments")
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={root / 'cache'}", *TINY,
-              "data.train_limit=300", "train.valid_bleu=false", "train.num_threads=1"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={root / 'cache'}",
+        *TINY,
+        "data.train_limit=300",
+        "train.valid_bleu=false",
+        "train.num_threads=1",
+    ]
 
     def run(name: str, overrides: list[str]) -> dict[str, dict[int, float]]:
         run_dir = root / name
@@ -56,8 +63,13 @@ def test_instruments_write_their_tags_every_n_updates(fit):
     for tag, values in instruments.items():
         assert set(values) == {2, 4}, tag
         assert all(math.isfinite(v) for v in values.values()), tag
-    for name in ("encoder.embeddings", "encoder.0", "encoder.1", "decoder.0.cross_attn.k_proj",
-                 "decoder.1.cross_attn.v_proj"):
+    for name in (
+        "encoder.embeddings",
+        "encoder.0",
+        "encoder.1",
+        "decoder.0.cross_attn.k_proj",
+        "decoder.1.cross_attn.v_proj",
+    ):
         assert all(v > 0 for v in instruments[f"instruments/grad_norm/{name}"].values()), name
     for tag in instruments:
         if tag.endswith(".entropy"):
@@ -66,8 +78,16 @@ def test_instruments_write_their_tags_every_n_updates(fit):
 
 def test_detached_memory_gives_the_encoder_exactly_zero_gradient(fit):
     # Untied embeddings: a tied source embedding is also the decoder's and would still learn.
-    scalars = fit("detached", ["model.detach_memory=true", "model.tie_embeddings=false",
-                               "train.instruments=true", "train.instrument_every=2", "train.max_updates=2"])
+    scalars = fit(
+        "detached",
+        [
+            "model.detach_memory=true",
+            "model.tie_embeddings=false",
+            "train.instruments=true",
+            "train.instrument_every=2",
+            "train.max_updates=2",
+        ],
+    )
     encoder = ["encoder.embeddings", "encoder_norm"] + [f"encoder.{i}" for i in range(LAYERS)]
     for name in encoder:
         assert scalars[f"instruments/grad_norm/{name}"] == {2: 0.0}, name

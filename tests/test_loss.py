@@ -67,7 +67,7 @@ def test_bf16_autocast_runs_the_products_in_bf16_and_tracks_fp32():
     hidden, weight, targets = _inputs(vocab=300, d=32)
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, nll = output_loss(h, w, targets, PAD, 0.1)
+        loss, _nll = output_loss(h, w, targets, PAD, 0.1)
     loss.backward()
     h_ref, w_ref = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     expected_loss, _ = reference_loss(h_ref, w_ref, targets, PAD, 0.1)
@@ -81,7 +81,7 @@ def test_bf16_autocast_runs_the_products_in_bf16_and_tracks_fp32():
 def test_without_gradients_only_the_loss_is_computed():
     hidden, weight, targets = _inputs()
     with torch.no_grad():
-        loss, nll = output_loss(hidden, weight, targets, PAD, 0.1)
+        loss, _nll = output_loss(hidden, weight, targets, PAD, 0.1)
     assert torch.allclose(loss, reference_loss(hidden, weight, targets, PAD, 0.1)[0], rtol=1e-5)
 
 
@@ -89,15 +89,16 @@ def test_model_loss_equals_cross_entropy_of_its_logits_and_ignores_padded_vocabu
     """TranslationLoss (decoder states + fused loss) = cross-entropy of model(...)'s logits,
     whose padded vocabulary rows are -inf; the smoothing mass never reaches those rows."""
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
-                      vocab_multiple=8)
+    cfg = ModelConfig(
+        d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1, dropout=0.0, vocab_multiple=8
+    )
     model = build_model(cfg, 37, 37, PAD, joint_vocab=True)  # 37 rows padded to 40
     src = torch.randint(3, 37, (3, 5))
     tgt_in = torch.randint(3, 37, (3, 4))
     tgt_out = torch.randint(3, 37, (3, 4))
     tgt_out[2, 2:] = PAD
     mask = torch.zeros(3, 5, dtype=torch.bool)
-    loss, nll = TranslationLoss(model, PAD, 0.1)(src, mask, tgt_in, tgt_out)
+    loss, _nll = TranslationLoss(model, PAD, 0.1)(src, mask, tgt_in, tgt_out)
     logits = model(src, mask, tgt_in)
     assert logits.shape[-1] == 40 and torch.isinf(logits[..., 37:]).all()
     flat = logits[..., :37].reshape(-1, 37)
@@ -151,8 +152,9 @@ def test_a_target_outside_the_restricted_vocabulary_gets_a_finite_nll():
 
 def test_a_model_with_a_target_output_vocabulary_scores_only_those_pieces():
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
-                      output_vocab="target")
+    cfg = ModelConfig(
+        d_model=16, heads=2, ffn_dim=32, encoder_layers=1, decoder_layers=1, dropout=0.0, output_vocab="target"
+    )
     model = build_model(cfg, 37, 37, PAD, joint_vocab=True)
     allowed = torch.tensor([0, 3, 5, 6, 7, 10, 12, 20, 33, 36])
     assert model.restrict_output(allowed.tolist()) == 10

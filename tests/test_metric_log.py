@@ -11,8 +11,14 @@ from mtrain.train.metric_log import Window
 
 def stats(tokens: int) -> dict:
     zero = torch.zeros(())
-    return {"loss_sum": zero, "nll_sum": zero, "grad_norm": zero, "tgt_tokens": tokens, "src_tokens": tokens,
-            "sentences": 1}
+    return {
+        "loss_sum": zero,
+        "nll_sum": zero,
+        "grad_norm": zero,
+        "tgt_tokens": tokens,
+        "src_tokens": tokens,
+        "sentences": 1,
+    }
 
 
 def test_throughput_excludes_paused_time():

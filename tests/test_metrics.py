@@ -16,8 +16,43 @@ from mtrain.evaluate.metrics import METRIC_NAMES, score_corpus, score_files
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 
-WORDS = ("the a man woman child dog cat ball park street red blue green big small old young is are "
-         "plays runs sits walks holds looks at on in with near through two three people group").split()
+WORDS = [
+    "the",
+    "a",
+    "man",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "ball",
+    "park",
+    "street",
+    "red",
+    "blue",
+    "green",
+    "big",
+    "small",
+    "old",
+    "young",
+    "is",
+    "are",
+    "plays",
+    "runs",
+    "sits",
+    "walks",
+    "holds",
+    "looks",
+    "at",
+    "on",
+    "in",
+    "with",
+    "near",
+    "through",
+    "two",
+    "three",
+    "people",
+    "group",
+]
 
 
 def make_sentences(rng: random.Random, count: int) -> list[str]:
@@ -63,8 +98,21 @@ def corpus(tmp_path_factory) -> dict:
 
 def sacrebleu_cli(refs: list[Path], hyp: Path, *options: str) -> dict:
     """{metric name: (score, signature)} as `sacrebleu -f json -w 4` prints them."""
-    command = [SACREBLEU, *map(str, refs), "-i", str(hyp), "-m", "bleu", "chrf", "ter",
-               "-f", "json", "-w", "4", *options]
+    command = [
+        SACREBLEU,
+        *map(str, refs),
+        "-i",
+        str(hyp),
+        "-m",
+        "bleu",
+        "chrf",
+        "ter",
+        "-f",
+        "json",
+        "-w",
+        "4",
+        *options,
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return {entry["name"]: (entry["score"], entry["signature"]) for entry in json.loads(output)}
 
@@ -163,8 +211,11 @@ def test_eval_app_scores_a_file_and_reports_errors_in_one_line(corpus, capsys, m
     from mtrain.cli import main as cli
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"hyp={corpus['hyp']}",
-                                      f"ref={corpus['ref']},{corpus['ref2']}", "chrf_word_order=2"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["mtrain", "eval", f"hyp={corpus['hyp']}", f"ref={corpus['ref']},{corpus['ref2']}", "chrf_word_order=2"],
+    )
     cli.main()
     printed = capsys.readouterr().out
     expected = sacrebleu_cli([corpus["ref"], corpus["ref2"]], corpus["hyp"], "--chrf-word-order", "2")
@@ -172,8 +223,9 @@ def test_eval_app_scores_a_file_and_reports_errors_in_one_line(corpus, capsys, m
         assert f"{score:.2f}" in printed and signature in printed, name
     assert list(tmp_path.iterdir()) == []  # no stray Hydra output directories
 
-    monkeypatch.setattr(sys, "argv", ["mtrain", "eval", f"hyp={corpus['hyp']}", f"ref={corpus['ref']}",
-                                      "metrics=[bleu,rouge]"])
+    monkeypatch.setattr(
+        sys, "argv", ["mtrain", "eval", f"hyp={corpus['hyp']}", f"ref={corpus['ref']}", "metrics=[bleu,rouge]"]
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2

@@ -15,8 +15,16 @@ import torch
 
 from mtrain.batches import TokenBatchSampler, collate
 from mtrain.batches.corpus import EncodedCorpus
-from mtrain.batches.mixture import (ConcatenatedCorpus, CorpusMixture, CorpusPart, MixtureSampler, corpus_labels,
-                                    corpus_shares, draw_corpus, draw_counts)
+from mtrain.batches.mixture import (
+    ConcatenatedCorpus,
+    CorpusMixture,
+    CorpusPart,
+    MixtureSampler,
+    corpus_labels,
+    corpus_shares,
+    draw_corpus,
+    draw_counts,
+)
 from mtrain.config import Precision
 from mtrain.model import build_model
 from mtrain.tokenizer import SpecialIds
@@ -45,7 +53,7 @@ def _sequences(sentences: int, seed: int, first_id: int = 4):
 
 def _parts(sizes=(120, 480, 40), weights=(1.0, 1.0, 1.0)):
     parts, sequences = [], ([], [])
-    for i, (size, weight) in enumerate(zip(sizes, weights)):
+    for i, (size, weight) in enumerate(zip(sizes, weights, strict=True)):
         src, tgt = _sequences(size, seed=i, first_id=4 + 10 * i)
         parts.append(CorpusPart(f"c{i}", "de", "en", EncodedCorpus.from_sequences(src, tgt), weight))
         sequences[0].extend(src)
@@ -54,13 +62,24 @@ def _parts(sizes=(120, 480, 40), weights=(1.0, 1.0, 1.0)):
 
 
 def _source(corpora, prefetch=False, update_freq=1, seed=1):
-    return BatchSource(corpora, IDS, torch.device("cpu"), max_tokens=150, update_freq=update_freq, max_epochs=None,
-                       seed=seed, pad_to_multiple=1, prefetch=prefetch)
+    return BatchSource(
+        corpora,
+        IDS,
+        torch.device("cpu"),
+        max_tokens=150,
+        update_freq=update_freq,
+        max_epochs=None,
+        seed=seed,
+        pad_to_multiple=1,
+        prefetch=prefetch,
+    )
 
 
 def _same_batch(a, b) -> bool:
-    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS) and \
-        (a.num_src_tokens, a.num_tgt_tokens) == (b.num_src_tokens, b.num_tgt_tokens)
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS) and (a.num_src_tokens, a.num_tgt_tokens) == (
+        b.num_src_tokens,
+        b.num_tgt_tokens,
+    )
 
 
 # ---------------------------------------------------------------------- shares
@@ -76,8 +95,10 @@ def test_shares_are_weight_times_size_to_the_one_over_t():
     assert corpus_shares([0, 50], [5, 1], 1.0).tolist() == [0.0, 1.0]  # an empty corpus gets nothing
 
 
-@pytest.mark.parametrize("sizes, weights, temperature", [([0, 0], [1, 1], 1.0), ([5], [1], 0.0), ([5, 5], [1, -1], 1.0),
-                                                         ([5, 5], [0, 0], 2.0), ([5, 5], [1], 1.0)])
+@pytest.mark.parametrize(
+    "sizes, weights, temperature",
+    [([0, 0], [1, 1], 1.0), ([5], [1], 0.0), ([5, 5], [1, -1], 1.0), ([5, 5], [0, 0], 2.0), ([5, 5], [1], 1.0)],
+)
 def test_shares_refuse_what_cannot_be_drawn(sizes, weights, temperature):
     with pytest.raises(ValueError):
         corpus_shares(sizes, weights, temperature)
@@ -118,8 +139,8 @@ def test_drawn_shares_match_the_configured_ones_within_sampling_error():
         assert np.all(np.abs(np.array(draw.pairs) - expected * total) < 1)
         per_pair += np.bincount(indices, minlength=total)
     rate = mixture.counts / sizes  # draws per pair and epoch
-    for part, (start, size) in enumerate(zip(mixture.corpus.starts, sizes)):
-        counts = per_pair[start:start + size]
+    for part, (start, size) in enumerate(zip(mixture.corpus.starts, sizes, strict=True)):
+        counts = per_pair[start : start + size]
         assert counts.sum() == epochs * mixture.counts[part]
         fraction = rate[part] - np.floor(rate[part])
         sigma = np.sqrt(epochs * fraction * (1 - fraction))
@@ -127,8 +148,8 @@ def test_drawn_shares_match_the_configured_ones_within_sampling_error():
     # the tokens of each corpus over all epochs: its pairs' mean target length times its pairs drawn
     labels = mixture.corpus.tgt_lengths + 1
     tokens = np.bincount(mixture.corpus.locate(np.arange(total))[0], weights=per_pair * labels)
-    means = np.array([labels[s:s + n].mean() for s, n in zip(mixture.corpus.starts, sizes)])
-    stds = np.array([labels[s:s + n].std() for s, n in zip(mixture.corpus.starts, sizes)])
+    means = np.array([labels[s : s + n].mean() for s, n in zip(mixture.corpus.starts, sizes, strict=True)])
+    stds = np.array([labels[s : s + n].std() for s, n in zip(mixture.corpus.starts, sizes, strict=True)])
     drawn = epochs * mixture.counts
     assert np.all(np.abs(tokens - drawn * means) <= 4 * stds * np.sqrt(drawn))
 
@@ -153,10 +174,14 @@ def test_the_concatenated_view_collates_as_one_corpus_of_the_same_pairs():
     assert np.array_equal(view.target_pieces(), whole.target_pieces())
     indices = np.random.default_rng(0).integers(0, len(whole), 64)  # duplicates, every part, any order
     for multiple in (1, 8):
-        assert _same_batch(collate(view, indices, IDS.pad, IDS.bos, IDS.eos, multiple),
-                           collate(whole, indices, IDS.pad, IDS.bos, IDS.eos, multiple))
-    assert all(np.array_equal(view.src(i), whole.src(i)) and np.array_equal(view.tgt(i), whole.tgt(i))
-               for i in (0, 119, 120, 599, 639))
+        assert _same_batch(
+            collate(view, indices, IDS.pad, IDS.bos, IDS.eos, multiple),
+            collate(whole, indices, IDS.pad, IDS.bos, IDS.eos, multiple),
+        )
+    assert all(
+        np.array_equal(view.src(i), whole.src(i)) and np.array_equal(view.tgt(i), whole.tgt(i))
+        for i in (0, 119, 120, 599, 639)
+    )
 
 
 def test_temperature_one_and_equal_weights_is_the_concatenation_batch_for_batch():
@@ -209,7 +234,7 @@ def test_a_mixture_resumed_from_its_state_continues_batch_for_batch_across_epoch
     resumed = _source(CorpusMixture(parts, temperature=2.0), prefetch=prefetch, update_freq=2)
     got = [resumed.next_update(saved) for _ in expected]
     assert saved == state and len(expected) > 20
-    assert all(len(a) == len(b) and all(map(_same_batch, a, b)) for a, b in zip(expected, got))
+    assert all(len(a) == len(b) and all(map(_same_batch, a, b)) for a, b in zip(expected, got, strict=True))
 
 
 def test_a_single_corpus_trains_on_exactly_the_batches_it_always_did():
@@ -222,8 +247,9 @@ def test_a_single_corpus_trains_on_exactly_the_batches_it_always_did():
     copies = [EncodedCorpus.from_sequences(*_sequences(120, seed=9)), part.corpus]
     assert training_corpora(SimpleNamespace(train=part.corpus, train_copies=copies, train_parts=[heavy]), 5.0) == copies
     assert training_corpora(SimpleNamespace(train=part.corpus, train_copies=[], train_parts=[]), 1.0) == [part.corpus]
-    assert isinstance(training_corpora(SimpleNamespace(train=None, train_copies=[], train_parts=[heavy, heavy]), 1.0),
-                      CorpusMixture)
+    assert isinstance(
+        training_corpora(SimpleNamespace(train=None, train_copies=[], train_parts=[heavy, heavy]), 1.0), CorpusMixture
+    )
     source, state = _source(training_corpora(data, 5.0)), TrainState()
     sampler = TokenBatchSampler(part.corpus.src_lengths, part.corpus.tgt_lengths, 150, seed=1)
     expected = [collate(part.corpus, b, IDS.pad, IDS.bos, IDS.eos) for e in (1, 2) for b in sampler.batches(e)]
@@ -232,18 +258,33 @@ def test_a_single_corpus_trains_on_exactly_the_batches_it_always_did():
 
 def test_labels_name_each_corpus_once():
     corpus = EncodedCorpus.from_sequences([[3]], [[4]])
-    assert corpus_labels([CorpusPart("m30k", "de", "en", corpus), CorpusPart("bt", "de", "en", corpus)]) == ["m30k", "bt"]
-    assert corpus_labels([CorpusPart("m30k", "de", "en", corpus), CorpusPart("m30k", "en", "de", corpus)]) == \
-        ["m30k-de-en", "m30k-en-de"]
+    assert corpus_labels([CorpusPart("m30k", "de", "en", corpus), CorpusPart("bt", "de", "en", corpus)]) == [
+        "m30k",
+        "bt",
+    ]
+    assert corpus_labels([CorpusPart("m30k", "de", "en", corpus), CorpusPart("m30k", "en", "de", corpus)]) == [
+        "m30k-de-en",
+        "m30k-en-de",
+    ]
     assert corpus_labels([CorpusPart("x", "de", "en", corpus)] * 2) == ["x-de-en#1", "x-de-en#2"]
 
 
 # ---------------------------------------------------------------------- a trainer on a mixture
 @functools.lru_cache(maxsize=1)
 def _tiny_config():
-    return compose_fit(["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
-                       "model.ffn_dim=64", "model.dropout=0.0", "train.max_tokens=150", "train.warmup_updates=5",
-                       "train.valid_bleu=false"])
+    return compose_fit(
+        [
+            "model.encoder_layers=1",
+            "model.decoder_layers=1",
+            "model.d_model=32",
+            "model.heads=2",
+            "model.ffn_dim=64",
+            "model.dropout=0.0",
+            "train.max_tokens=150",
+            "train.warmup_updates=5",
+            "train.valid_bleu=false",
+        ]
+    )
 
 
 def _trainer(parts, metrics=None) -> Trainer:
@@ -251,8 +292,9 @@ def _trainer(parts, metrics=None) -> Trainer:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, VOCAB, VOCAB, IDS.pad, joint_vocab=True)
     data = SimpleNamespace(train=None, train_copies=[], train_parts=parts)
-    built = build_parts(model, cfg.train, cfg.seed, training_corpora(data, 2.0), IDS, torch.device("cpu"),
-                        Precision.fp32)
+    built = build_parts(
+        model, cfg.train, cfg.seed, training_corpora(data, 2.0), IDS, torch.device("cpu"), Precision.fp32
+    )
     return Trainer(cfg.train, built, DistributedContext(), metrics=metrics, validate=lambda: {"loss": 1.0})
 
 
@@ -278,22 +320,30 @@ def test_a_trainer_on_a_mixture_logs_each_epochs_draw_and_resumes_exactly(caplog
     shares = straight.summary()["draw"]
     assert shares["epoch"] == 2 and sorted(shares["corpora"]) == ["c0", "c1", "c2"]
     mixture = straight.parts.batches.mixture
-    assert [shares["corpora"][c]["pairs"] for c in ("c0", "c1", "c2")] == \
-        pytest.approx((mixture.counts / mixture.counts.sum()).tolist(), abs=1e-6)
+    assert [shares["corpora"][c]["pairs"] for c in ("c0", "c1", "c2")] == pytest.approx(
+        (mixture.counts / mixture.counts.sum()).tolist(), abs=1e-6
+    )
     assert f"c2 {100 * shares['corpora']['c2']['pairs']:.1f}% pairs" in lines[1]
-    assert [(prefix, step) for prefix, step, _ in scalars] == \
-        [(f"draw/c{i}", update) for update in (1, per_epoch + 1) for i in range(3)]
+    assert [(prefix, step) for prefix, step, _ in scalars] == [
+        (f"draw/c{i}", update) for update in (1, per_epoch + 1) for i in range(3)
+    ]
     assert scalars[-1][2] == shares["corpora"]["c2"]
 
 
 TWO_CORPORA = "data.corpora=[{name: multi30k}, {name: bt, local_dir: /tmp/bt}]"
 
 
-@pytest.mark.parametrize("overrides, start", [
-    (["data.sampling_temperature=0"], "data.sampling_temperature: 0.0 must be > 0"),
-    (["data.sampling_temperature=-1"], "data.sampling_temperature: -1.0 must be > 0"),
-    ([TWO_CORPORA, "data.subword_sampling.alpha=0.1"], "data.subword_sampling.alpha: subword sampling trains on one"),
-])
+@pytest.mark.parametrize(
+    "overrides, start",
+    [
+        (["data.sampling_temperature=0"], "data.sampling_temperature: 0.0 must be > 0"),
+        (["data.sampling_temperature=-1"], "data.sampling_temperature: -1.0 must be > 0"),
+        (
+            [TWO_CORPORA, "data.subword_sampling.alpha=0.1"],
+            "data.subword_sampling.alpha: subword sampling trains on one",
+        ),
+    ],
+)
 def test_what_a_mixture_cannot_draw_is_one_line_before_the_run_exists(overrides, start, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)

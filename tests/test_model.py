@@ -28,8 +28,9 @@ def tiny(**overrides) -> ModelConfig:
     return ModelConfig(**settings)
 
 
-def build(cfg: ModelConfig, src_vocab: int = VOCAB, tgt_vocab: int = VOCAB, seed: int = 0,
-          joint: bool | None = None) -> Seq2SeqTransformer:
+def build(
+    cfg: ModelConfig, src_vocab: int = VOCAB, tgt_vocab: int = VOCAB, seed: int = 0, joint: bool | None = None
+) -> Seq2SeqTransformer:
     """The model for `cfg`; the vocabulary is joint when not said otherwise and sizes are equal."""
     torch.manual_seed(seed)
     return build_model(cfg, src_vocab, tgt_vocab, PAD, joint_vocab=src_vocab == tgt_vocab if joint is None else joint)
@@ -81,8 +82,11 @@ def variant_id(variant: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- masking
-@pytest.mark.parametrize("variant", [{}, {"positions": "rope"}, {"attention_impl": "sdpa"},
-                                     {"decoder_order": "cross_self_ffn"}], ids=variant_id)
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"positions": "rope"}, {"attention_impl": "sdpa"}, {"decoder_order": "cross_self_ffn"}],
+    ids=variant_id,
+)
 def test_causal_mask_hides_later_target_tokens(variant):
     model = build(tiny(**variant)).eval()
     src, padding, tgt = batch()
@@ -94,8 +98,9 @@ def test_causal_mask_hides_later_target_tokens(variant):
         torch.testing.assert_close(other[:, : t + 1, :VOCAB], logits[:, : t + 1, :VOCAB], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant", [{}, {"positions": "learned"}, {"attention_impl": "sdpa"},
-                                     {"norm_position": "post"}], ids=variant_id)
+@pytest.mark.parametrize(
+    "variant", [{}, {"positions": "learned"}, {"attention_impl": "sdpa"}, {"norm_position": "post"}], ids=variant_id
+)
 def test_source_padding_content_is_ignored(variant):
     model = build(tiny(**variant)).eval()
     src, padding, tgt = batch()
@@ -115,7 +120,7 @@ def test_pre_norm_residual_adds_the_unnormalized_input():
     bias = torch.zeros(2, 1, 1, 5)
     # A sublayer that outputs zero leaves the stream untouched: no norm on the residual path.
     layer.self_attn.forward = lambda h, **_: torch.zeros_like(h)
-    layer.ffn.forward = lambda h: torch.zeros_like(h)
+    layer.ffn.forward = torch.zeros_like
     torch.testing.assert_close(layer(x, bias), x, rtol=0, atol=0)
 
 
@@ -156,7 +161,7 @@ def test_normalized_residual_layer_matches_hand_formula():
     # A zero sublayer now normalises the stream instead of leaving it untouched.
     layer.self_attn.forward = lambda h, **_: torch.zeros_like(h)
     layer.cross_attn.forward = lambda h, *args: (torch.zeros_like(h), None)
-    layer.ffn.forward = lambda h: torch.zeros_like(h)
+    layer.ffn.forward = torch.zeros_like
     out = layer(x, keys, values, bias)[0]
     torch.testing.assert_close(out.mean(-1), torch.zeros(2, 5), rtol=0, atol=1e-5)
 
@@ -178,8 +183,11 @@ def test_standard_decoder_layer_matches_hand_formula():
 
 LAYER_CLASSES = [
     ({}, EncoderLayer, DecoderLayer),
-    ({"shared_norm": True, "norm_type": "rmsnorm", "activation": "swiglu", "cross_q_proj": False},
-     EncoderLayer, DecoderLayer),
+    (
+        {"shared_norm": True, "norm_type": "rmsnorm", "activation": "swiglu", "cross_q_proj": False},
+        EncoderLayer,
+        DecoderLayer,
+    ),
     ({"norm_position": "post"}, VariantEncoderLayer, VariantDecoderLayer),
     ({"residual_input": "normalized"}, VariantEncoderLayer, VariantDecoderLayer),
     ({"decoder_order": "cross_self_ffn"}, EncoderLayer, VariantDecoderLayer),
@@ -191,8 +199,9 @@ def test_ablations_are_built_around_the_standard_layers(variant, encoder, decode
     model = build(tiny(**variant))
     assert type(model.encoder[0]) is encoder and type(model.decoder[0]) is decoder
     # A variant connects the standard layer's sublayers differently: same parameters, same names.
-    standard = build(tiny(**{k: v for k, v in variant.items()
-                             if k not in ("norm_position", "residual_input", "decoder_order")}))
+    standard = build(
+        tiny(**{k: v for k, v in variant.items() if k not in ("norm_position", "residual_input", "decoder_order")})
+    )
     for stack in ("encoder", "decoder"):
         shapes = {n: p.shape for n, p in getattr(model, stack).state_dict().items()}
         assert shapes == {n: p.shape for n, p in getattr(standard, stack).state_dict().items()}
@@ -236,12 +245,17 @@ def test_shared_norm_is_one_module_per_layer(norm_type):
 
 
 # ----------------------------------------------------------------------------- ablation switches
-@pytest.mark.parametrize("variant", VARIANTS + [
-    {"activation": "relu", "norm_type": "rmsnorm"},
-    {"activation": "swiglu", "positions": "rope", "decoder_order": "self_ffn_cross"},
-    {"detach_memory": True},
-    {"attention_dropout": 0.1, "activation_dropout": 0.1, "dropout": 0.1},
-], ids=variant_id)
+@pytest.mark.parametrize(
+    "variant",
+    VARIANTS
+    + [
+        {"activation": "relu", "norm_type": "rmsnorm"},
+        {"activation": "swiglu", "positions": "rope", "decoder_order": "self_ffn_cross"},
+        {"detach_memory": True},
+        {"attention_dropout": 0.1, "activation_dropout": 0.1, "dropout": 0.1},
+    ],
+    ids=variant_id,
+)
 def test_every_switch_runs_forward_and_backward(variant):
     model = build(tiny(**variant)).train()
     src, padding, tgt = batch()
@@ -342,11 +356,21 @@ def test_layers_sets_both_stacks():
     assert len(model.encoder) == 1 and len(model.decoder) == 2
 
 
-@pytest.mark.parametrize("key, value", [
-    ("activation", "foo"), ("norm_position", "middle"), ("norm_type", "batchnorm"),
-    ("positions", "alibi"), ("decoder_order", "ffn_self_cross"), ("attention_impl", "flash"),
-    ("heads", 5), ("dropout", 1.0), ("d_model", 0), ("layers", 0),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("activation", "foo"),
+        ("norm_position", "middle"),
+        ("norm_type", "batchnorm"),
+        ("positions", "alibi"),
+        ("decoder_order", "ffn_self_cross"),
+        ("attention_impl", "flash"),
+        ("heads", 5),
+        ("dropout", 1.0),
+        ("d_model", 0),
+        ("layers", 0),
+    ],
+)
 def test_invalid_values_name_the_key(key, value):
     with pytest.raises(MtrainError, match=f"model.{key}"):
         build(tiny(**{key: value}))
@@ -426,8 +450,15 @@ def test_flops_per_token_matches_hand_count():
     output = T * 2 * d * 16
     assert encoder + decoder + output == 14496
     assert model.flops_per_token(S, T) == 3 * 14496 / T
-    no_kv = build_model(ModelConfig(d_model=8, heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1,
-                                    cross_k_proj=False, cross_v_proj=False), 16, 16, PAD, joint_vocab=True)
+    no_kv = build_model(
+        ModelConfig(
+            d_model=8, heads=2, ffn_dim=16, encoder_layers=1, decoder_layers=1, cross_k_proj=False, cross_v_proj=False
+        ),
+        16,
+        16,
+        PAD,
+        joint_vocab=True,
+    )
     assert no_kv.flops_per_token(S, T) == 3 * (14496 - S * 2 * 2 * d * d) / T
 
 
@@ -446,9 +477,15 @@ def test_statistics_recorder_records_one_forward_then_stops():
     recorder.arm()
     model(src, padding, tgt)
     stats = dict(recorder.statistics)
-    for name in ("encoder.0.self_attn.input_std", "encoder.2.ffn.input_mean", "decoder.2.cross_attn.entropy",
-                 "decoder.1.self_attn.entropy", "decoder.1.residual_std", "encoder.0.residual_mean",
-                 "decoder.0.ffn.output_std"):
+    for name in (
+        "encoder.0.self_attn.input_std",
+        "encoder.2.ffn.input_mean",
+        "decoder.2.cross_attn.entropy",
+        "decoder.1.self_attn.entropy",
+        "decoder.1.residual_std",
+        "encoder.0.residual_mean",
+        "decoder.0.ffn.output_std",
+    ):
         assert name in stats and math.isfinite(stats[name]), name
     assert 0.0 < stats["decoder.2.cross_attn.entropy"] <= math.log(7) + 1e-6
     assert not recorder.armed
@@ -486,8 +523,17 @@ def test_attention_entropy_by_hand_and_with_the_fused_kernel():
 def test_gradient_norm_groups():
     model = build(tiny(layers=2, cross_v_proj=False))
     groups = model.gradient_norm_groups()
-    for name in ("encoder.embeddings", "decoder.embeddings", "encoder.0", "encoder.1", "decoder.1",
-                 "decoder.0.cross_attn.k_proj", "decoder.1.cross_attn.q_proj", "encoder_norm", "decoder_norm"):
+    for name in (
+        "encoder.embeddings",
+        "decoder.embeddings",
+        "encoder.0",
+        "encoder.1",
+        "decoder.1",
+        "decoder.0.cross_attn.k_proj",
+        "decoder.1.cross_attn.q_proj",
+        "encoder_norm",
+        "decoder_norm",
+    ):
         assert groups[name], name
     assert "decoder.0.cross_attn.v_proj" not in groups
     assert groups["decoder.0.cross_attn.k_proj"][0] is model.decoder[0].cross_attn.k_proj.weight

@@ -23,8 +23,18 @@ from omegaconf import OmegaConf
 
 from mtrain.batches import EncodedCorpus
 from mtrain.batches.prepare import DirectionData, PreparedData
-from mtrain.config import (CorpusConfig, DecodeConfig, EvalConfig, FitConfig, ModelConfig, Precision, Sampling,
-                           ServeConfig, TranslateConfig, to_plain)
+from mtrain.config import (
+    CorpusConfig,
+    DecodeConfig,
+    EvalConfig,
+    FitConfig,
+    ModelConfig,
+    Precision,
+    Sampling,
+    ServeConfig,
+    TranslateConfig,
+    to_plain,
+)
 from mtrain.data.sources import ParallelText
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.translator import translate_sentences
@@ -46,7 +56,7 @@ SENTENCES = ["Ein Hund läuft.", "Zwei Männer stehen vor einem Gebäude.", "", 
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +76,17 @@ def tokenizer(corpus, tmp_path_factory) -> Tokenizer:
     text = "".join((corpus / f"train.{lang}").read_text(encoding="utf-8") for lang in ("de", "en", "fr"))
     (directory / "train.txt").write_text(text, encoding="utf-8")
     with open(os.devnull, "w") as quiet:
-        spm.SentencePieceTrainer.train(input=str(directory / "train.txt"), model_prefix=str(directory / "spm"),
-                                       vocab_size=400, unk_id=0, pad_id=1, bos_id=2, eos_id=3,
-                                       user_defined_symbols=TAGS, logstream=quiet)
+        spm.SentencePieceTrainer.train(
+            input=str(directory / "train.txt"),
+            model_prefix=str(directory / "spm"),
+            vocab_size=400,
+            unk_id=0,
+            pad_id=1,
+            bos_id=2,
+            eos_id=3,
+            user_defined_symbols=TAGS,
+            logstream=quiet,
+        )
     return Tokenizer({"spm.model": directory / "spm.model"})
 
 
@@ -95,16 +113,22 @@ def languages(fit_config) -> RunLanguages:
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                       joint_vocab=tokenizer.joint).eval()
+    return build_model(
+        ModelConfig(**MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
 
 
 def write_run(directory: Path, cfg, tokenizer: Tokenizer, model, directions) -> Path:
     """A run directory as `mtrain fit` leaves it: config, tokenizer, best.pt and each direction's text."""
     tokenizer.save(directory / "tokenizer")
     (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    save_checkpoint(directory / "checkpoints" / "best.pt",
-                    {"model": model.state_dict(), "config": to_plain(cfg), "update": 3})
+    save_checkpoint(
+        directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": to_plain(cfg), "update": 3}
+    )
     corpus = Path(cfg.data.local_dir)
     run = RunDir(directory)
     for split, name in (("valid", "val"), ("test", "test_2016_flickr")):
@@ -174,16 +198,25 @@ def test_a_direction_s_tokenizer_starts_every_source_with_its_tag(tokenizer, lan
 def test_the_languages_a_run_translates_into(languages):
     assert languages.target_languages() == ["en", "de", "fr"]
     assert languages.target("fr") == "fr"
-    with pytest.raises(MtrainError, match=r"^tgt_lang: this run translates into en, de, fr \(data.lang_tags\); "
-                                          r"choose one, e.g. tgt_lang=en$"):
+    with pytest.raises(
+        MtrainError,
+        match=r"^tgt_lang: this run translates into en, de, fr \(data.lang_tags\); "
+        r"choose one, e.g. tgt_lang=en$",
+    ):
         languages.target(None)
-    with pytest.raises(MtrainError, match=r"^tgt_lang=it: this run does not translate into 'it'; choose one of: "
-                                          r"en, de, fr$"):
+    with pytest.raises(
+        MtrainError,
+        match=r"^tgt_lang=it: this run does not translate into 'it'; choose one of: "
+        r"en, de, fr$",
+    ):
         languages.target("it")
     bilingual = RunLanguages.of({"src": "de", "tgt": "en"})
     assert bilingual.target(None) == bilingual.target("en") == "en"
-    with pytest.raises(MtrainError, match=r"tgt_lang=fr: this run does not translate into 'fr' \(it has no "
-                                          r"language tags: data.lang_tags=false\); choose one of: en$"):
+    with pytest.raises(
+        MtrainError,
+        match=r"tgt_lang=fr: this run does not translate into 'fr' \(it has no "
+        r"language tags: data.lang_tags=false\); choose one of: en$",
+    ):
         bilingual.target("fr")
 
 
@@ -192,18 +225,27 @@ def test_the_direction_eval_scores(languages):
     assert languages.direction("de", "fr") == ("de", "fr")  # zero-shot: never trained
     assert languages.direction(None, "de") == ("en", "de")  # the one source trained into German
     assert languages.direction("fr", None) == ("fr", "en")
-    for src, tgt, error in ((None, None, r"tgt_lang: this run trained de->en, en->de, fr->en, en->fr; name the "
-                                         r"direction to score, e.g. src_lang=de tgt_lang=en"),
-                            (None, "en", r"src_lang: this run trained .*; name the source language"),
-                            ("en", None, r"tgt_lang: this run trained"),
-                            ("de", "de", r"src_lang=de tgt_lang=de: the same language"),
-                            ("de", "it", r"tgt_lang=it: this run does not translate into 'it'")):
+    for src, tgt, error in (
+        (
+            None,
+            None,
+            r"tgt_lang: this run trained de->en, en->de, fr->en, en->fr; name the "
+            r"direction to score, e.g. src_lang=de tgt_lang=en",
+        ),
+        (None, "en", r"src_lang: this run trained .*; name the source language"),
+        ("en", None, r"tgt_lang: this run trained"),
+        ("de", "de", r"src_lang=de tgt_lang=de: the same language"),
+        ("de", "it", r"tgt_lang=it: this run does not translate into 'it'"),
+    ):
         with pytest.raises(MtrainError, match=error):
             languages.direction(src, tgt)
     bilingual = RunLanguages.of({"src": "de", "tgt": "en"})
     assert bilingual.direction(None, None) == ("de", "en")
-    with pytest.raises(MtrainError, match=r"src_lang=fr tgt_lang=en: this run trained de->en without language "
-                                          r"tags"):
+    with pytest.raises(
+        MtrainError,
+        match=r"src_lang=fr tgt_lang=en: this run trained de->en without language "
+        r"tags",
+    ):
         bilingual.direction("fr", "en")
 
 
@@ -212,8 +254,13 @@ def force_tags(model, tokenizer: Tokenizer, word: str = "▁Hund"):
     """A copy of `model` whose decoder would emit a tag at every step (logit 10) if it could,
     `word` next (5), eos after (4): every final decoder state is the same vector e (its
     norm's weight 0, bias e), and the output rows of the tags, the word and eos are multiples of e."""
-    forced = build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                         joint_vocab=tokenizer.joint).eval()
+    forced = build_model(
+        ModelConfig(**MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
     forced.load_state_dict(model.state_dict())
     e = torch.zeros(MODEL["d_model"])
     e[0] = 1.0
@@ -229,9 +276,11 @@ def force_tags(model, tokenizer: Tokenizer, word: str = "▁Hund"):
     return forced
 
 
-@pytest.mark.parametrize("settings", [dict(beam=1), dict(beam=3, nbest=3),
-                                      dict(sampling=Sampling.topk, top_k=5, nbest=2)],
-                         ids=["greedy", "beam", "sampling"])
+@pytest.mark.parametrize(
+    "settings",
+    [dict(beam=1), dict(beam=3, nbest=3), dict(sampling=Sampling.topk, top_k=5, nbest=2)],
+    ids=["greedy", "beam", "sampling"],
+)
 def test_tags_reach_the_encoder_and_never_the_output(settings, model, tokenizer, languages, monkeypatch):
     forced = force_tags(model, tokenizer)
     seen = EncoderInputs(monkeypatch)
@@ -239,7 +288,7 @@ def test_tags_reach_the_encoder_and_never_the_output(settings, model, tokenizer,
     nbest = translate_sentences(forced, into_french, SENTENCES, decode_cfg(**settings), "cpu")
     assert seen.first_tokens() == {tokenizer.symbol_id("<2fr>")}  # every source, and only that tag
     tag_ids = {tokenizer.symbol_id(tag) for tag in TAGS}
-    outputs = [hyp for hyps, source in zip(nbest, SENTENCES) if source for hyp in hyps]
+    outputs = [hyp for hyps, source in zip(nbest, SENTENCES, strict=True) if source for hyp in hyps]
     assert outputs and all(not tag_ids & set(hyp.tokens) for hyp in outputs)
     if settings == dict(beam=1):  # greedy repeats the next best word to the length limit
         assert outputs[0].text == "Hund Hund Hund Hund Hund Hund"
@@ -254,18 +303,30 @@ def translate_file(run: Path, tmp_path: Path, **options) -> list:
 
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("".join(line + "\n" for line in SENTENCES), encoding="utf-8")
-    run_translate(TranslateConfig(run=str(run), input=str(source), output=str(output), decode=decode_cfg(),
-                                  device="cpu", precision="fp32", num_threads=1, **options))
+    run_translate(
+        TranslateConfig(
+            run=str(run),
+            input=str(source),
+            output=str(output),
+            decode=decode_cfg(),
+            device="cpu",
+            precision="fp32",
+            num_threads=1,
+            **options,
+        )
+    )
     return output.read_text(encoding="utf-8").splitlines()
 
 
-def test_translate_tgt_lang_prefixes_the_target_language_s_tag(run_dir, model, tokenizer, languages, tmp_path,
-                                                               monkeypatch):
+def test_translate_tgt_lang_prefixes_the_target_language_s_tag(
+    run_dir, model, tokenizer, languages, tmp_path, monkeypatch
+):
     seen = EncoderInputs(monkeypatch)
     into_german = translate_file(run_dir, tmp_path, tgt_lang="de")
     assert seen.first_tokens() == {tokenizer.symbol_id("<2de>")}
-    assert into_german == texts(translate_sentences(model, languages.tokenizer_for(tokenizer, "de"), SENTENCES,
-                                                    decode_cfg(), "cpu"))
+    assert into_german == texts(
+        translate_sentences(model, languages.tokenizer_for(tokenizer, "de"), SENTENCES, decode_cfg(), "cpu")
+    )
     # An ensemble shares the tags: run= twice averages to the same model.
     assert translate_file(run_dir, tmp_path, tgt_lang="de", ensemble=[str(run_dir)]) == into_german
 
@@ -273,17 +334,24 @@ def test_translate_tgt_lang_prefixes_the_target_language_s_tag(run_dir, model, t
 def test_translate_refuses_a_missing_or_unknown_tgt_lang(run_dir, bilingual_run, tmp_path, model, tokenizer):
     with pytest.raises(MtrainError, match=r"^tgt_lang: this run translates into en, de, fr"):
         translate_file(run_dir, tmp_path)
-    with pytest.raises(MtrainError, match=r"^tgt_lang=it: this run does not translate into 'it'; choose one of: "
-                                          r"en, de, fr$"):
+    with pytest.raises(
+        MtrainError,
+        match=r"^tgt_lang=it: this run does not translate into 'it'; choose one of: "
+        r"en, de, fr$",
+    ):
         translate_file(run_dir, tmp_path, tgt_lang="it")
     with pytest.raises(MtrainError, match=r"^tgt_lang=fr: this run does not translate into 'fr' \(it has no "):
         translate_file(bilingual_run, tmp_path, tgt_lang="fr")
     # a bilingual run's own target language is allowed, and changes nothing
     assert translate_file(bilingual_run, tmp_path, tgt_lang="en") == translate_file(bilingual_run, tmp_path)
-    assert translate_file(bilingual_run, tmp_path) == texts(translate_sentences(model, tokenizer, SENTENCES,
-                                                                                decode_cfg(), "cpu"))
-    with pytest.raises(MtrainError, match=r"^ensemble: .*best.pt was trained with the tags none "
-                                          r"\(data.lang_tags=False\), run=.* with \['<2de>', '<2en>', '<2fr>'\]"):
+    assert translate_file(bilingual_run, tmp_path) == texts(
+        translate_sentences(model, tokenizer, SENTENCES, decode_cfg(), "cpu")
+    )
+    with pytest.raises(
+        MtrainError,
+        match=r"^ensemble: .*best.pt was trained with the tags none "
+        r"\(data.lang_tags=False\), run=.* with \['<2de>', '<2en>', '<2fr>'\]",
+    ):
         translate_file(run_dir, tmp_path, tgt_lang="de", ensemble=[str(bilingual_run)])
 
 
@@ -296,8 +364,9 @@ def test_eval_finds_the_references_of_a_trained_and_of_a_zero_shot_direction(run
     trained = read_run_split(run, fit_config.data, "test", ("de", "en"))
     assert [record["path"] for record in trained.files] == [str(path.resolve()) for path in kept]
     zero_shot = read_run_split(run, fit_config.data, "test", ("de", "fr"))  # never trained: the corpus' own files
-    assert [record["path"] for record in zero_shot.files] == [str((corpus / f"test_2016_flickr.{lang}").resolve())
-                                                              for lang in ("de", "fr")]
+    assert [record["path"] for record in zero_shot.files] == [
+        str((corpus / f"test_2016_flickr.{lang}").resolve()) for lang in ("de", "fr")
+    ]
     assert zero_shot.sources == trained.sources
     assert zero_shot.references[0] == (corpus / "test_2016_flickr.fr").read_text(encoding="utf-8").splitlines()
 
@@ -305,8 +374,17 @@ def test_eval_finds_the_references_of_a_trained_and_of_a_zero_shot_direction(run
 def test_eval_scores_a_zero_shot_direction_into_its_own_report(run_dir, model, tokenizer, languages, tmp_path):
     from mtrain.cli.evaluate import evaluate_run
 
-    cfg = EvalConfig(run=str(run_dir), src_lang="de", tgt_lang="fr", decode=decode_cfg(), device="cpu",
-                     precision="fp32", num_threads=1, out=str(tmp_path), metrics=["bleu"])
+    cfg = EvalConfig(
+        run=str(run_dir),
+        src_lang="de",
+        tgt_lang="fr",
+        decode=decode_cfg(),
+        device="cpu",
+        precision="fp32",
+        num_threads=1,
+        out=str(tmp_path),
+        metrics=["bleu"],
+    )
     report = evaluate_run(cfg, log=lambda *_: None)
     assert report["language_pair"] == "de-fr" and report["sentences"] == SPLITS["test_2016_flickr"]
     assert json.loads((tmp_path / "test.de-fr.json").read_text(encoding="utf-8"))["language_pair"] == "de-fr"
@@ -324,27 +402,36 @@ def test_serve_translates_into_the_language_each_request_names(run_dir, model, t
     from mtrain.cli.serve_app import build_app
     from mtrain.cli.serve_model import open_served_model
 
-    served = open_served_model(ServeConfig(run=str(run_dir), device="cpu", precision="fp32", decode=decode_cfg()),
-                               torch.device("cpu"), threads=1)
+    served = open_served_model(
+        ServeConfig(run=str(run_dir), device="cpu", precision="fp32", decode=decode_cfg()),
+        torch.device("cpu"),
+        threads=1,
+    )
     assert served.target_languages() == ["en", "de", "fr"] and (served.src_lang, served.tgt_lang) == (None, None)
     with TestClient(build_app(served, ServeConfig(decode=decode_cfg()))) as client:
         for tgt in ("fr", "de"):
             response = client.post("/translate", json={"text": SENTENCES, "tgt_lang": tgt})
             assert response.status_code == 200, response.text
-            assert response.json()["translations"] == texts(translate_sentences(
-                model, languages.tokenizer_for(tokenizer, tgt), SENTENCES, decode_cfg(), "cpu"))
+            assert response.json()["translations"] == texts(
+                translate_sentences(model, languages.tokenizer_for(tokenizer, tgt), SENTENCES, decode_cfg(), "cpu")
+            )
         response = client.post("/translate", json={"text": SENTENCES})
-        assert (response.status_code, response.json()) == (422, {"error": "tgt_lang: null, but this model translates "
-                                                                          "into 'en', 'de', 'fr'; name one"})
+        assert (response.status_code, response.json()) == (
+            422,
+            {"error": "tgt_lang: null, but this model translates into 'en', 'de', 'fr'; name one"},
+        )
         response = client.post("/translate", json={"text": SENTENCES, "tgt_lang": "it"})
         assert (response.status_code, response.json()) == (
-            422, {"error": "tgt_lang: 'it' is not a language this model translates into (allowed: 'en', 'de', 'fr')"})
+            422,
+            {"error": "tgt_lang: 'it' is not a language this model translates into (allowed: 'en', 'de', 'fr')"},
+        )
         assert client.get("/health").json()["target_languages"] == ["en", "de", "fr"]
 
 
 # ------------------------------------------------------------------ CTranslate2
-def test_the_ctranslate2_export_gets_the_tag_pieces_and_decodes_as_torch(run_dir, model, tokenizer, languages,
-                                                                        tmp_path):
+def test_the_ctranslate2_export_gets_the_tag_pieces_and_decodes_as_torch(
+    run_dir, model, tokenizer, languages, tmp_path
+):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: the CTranslate2 export is optional")
     from mtrain.decode.ct2_engine import load_ctranslate2
     from mtrain.decode.translator import translate_encoded
@@ -369,14 +456,20 @@ def test_the_ctranslate2_export_gets_the_tag_pieces_and_decodes_as_torch(run_dir
     sources = [into_french.encode_src(s) + [tokenizer.eos_id] if s else None for s in SENTENCES]
     for settings in (dict(beam=1), dict(beam=3)):
         cfg = decode_cfg(**settings)
-        assert texts(translate_encoded(exported, into_french, sources, cfg, "cpu")) == \
-            texts(translate_encoded(model, into_french, sources, cfg, "cpu"))
+        assert texts(translate_encoded(exported, into_french, sources, cfg, "cpu")) == texts(
+            translate_encoded(model, into_french, sources, cfg, "cpu")
+        )
     assert pieces_seen and {pieces[0] for pieces in pieces_seen} == {"<2fr>"}
 
     # A decoder that would emit a tag at every step: CTranslate2 suppresses the tags as torch bans them.
     forced = force_tags(model, tokenizer)
-    directory = export_ctranslate2(forced.state_dict(), ModelConfig(**MODEL), tokenizer, tmp_path / "forced",
-                                   metadata={"data": to_plain(languages.data)})
+    directory = export_ctranslate2(
+        forced.state_dict(),
+        ModelConfig(**MODEL),
+        tokenizer,
+        tmp_path / "forced",
+        metadata={"data": to_plain(languages.data)},
+    )
     forced_ct2 = load_ctranslate2(directory, torch.device("cpu"), "fp32", 1)
     greedy = decode_cfg(beam=1)
     ct2_texts = texts(translate_encoded(forced_ct2, into_french, sources, greedy, "cpu"))
@@ -386,8 +479,10 @@ def test_the_ctranslate2_export_gets_the_tag_pieces_and_decodes_as_torch(run_dir
 
 # ------------------------------------------------------------------ validation and the test decode of fit
 def encoded(texts_: ParallelText, tokenizer: Tokenizer) -> EncodedCorpus:
-    return EncodedCorpus.from_sequences([tokenizer.encode_src(s) + [tokenizer.eos_id] for s in texts_.src],
-                                        [tokenizer.encode_tgt(t) for t in texts_.tgt])
+    return EncodedCorpus.from_sequences(
+        [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in texts_.src],
+        [tokenizer.encode_tgt(t) for t in texts_.tgt],
+    )
 
 
 def prepared(corpus: Path, tokenizer: Tokenizer, languages: RunLanguages, directions) -> PreparedData:
@@ -395,21 +490,34 @@ def prepared(corpus: Path, tokenizer: Tokenizer, languages: RunLanguages, direct
     found = []
     for src, tgt in directions:
         tagged = languages.tokenizer_for(tokenizer, tgt)
-        text = {split: ParallelText((corpus / f"{name}.{src}").read_text(encoding="utf-8").splitlines(),
-                                    (corpus / f"{name}.{tgt}").read_text(encoding="utf-8").splitlines())
-                for split, name in (("valid", "val"), ("test", "test_2016_flickr"))}
-        found.append(DirectionData(src, tgt, list(tagged.source_prefix), encoded(text["valid"], tagged), text["valid"],
-                                   encoded(text["test"], tagged), text["test"]))
+        text = {
+            split: ParallelText(
+                (corpus / f"{name}.{src}").read_text(encoding="utf-8").splitlines(),
+                (corpus / f"{name}.{tgt}").read_text(encoding="utf-8").splitlines(),
+            )
+            for split, name in (("valid", "val"), ("test", "test_2016_flickr"))
+        }
+        found.append(
+            DirectionData(
+                src,
+                tgt,
+                list(tagged.source_prefix),
+                encoded(text["valid"], tagged),
+                text["valid"],
+                encoded(text["test"], tagged),
+                text["test"],
+            )
+        )
     first = found[0]
-    return PreparedData(tokenizer, first.valid, first.valid, first.test, first.valid_text, first.test_text,
-                        corpus, directions=found)
+    return PreparedData(
+        tokenizer, first.valid, first.valid, first.test, first.valid_text, first.test_text, corpus, directions=found
+    )
 
 
 MACHINE = SimpleNamespace(device=torch.device("cpu"), precision=Precision.fp32, decode_precision=Precision.fp32)
 
 
-def test_validation_reports_each_direction_and_their_mean(corpus, fit_config, model, tokenizer, languages,
-                                                          monkeypatch):
+def test_validation_reports_each_direction_and_their_mean(corpus, fit_config, model, tokenizer, languages, monkeypatch):
     from mtrain.cli.fit import validation
     from mtrain.evaluate import scoring
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
@@ -419,21 +527,37 @@ def test_validation_reports_each_direction_and_their_mean(corpus, fit_config, mo
     data = prepared(corpus, tokenizer, languages, directions)
     cfg = OmegaConf.merge(fit_config, {"train": {"valid_max_sentences": 4}})
     decoded = []
-    monkeypatch.setattr(scoring, "translate_and_score",
-                        lambda translate, sources, refs, name: decoded.append((name, len(sources)))
-                        or translate_and_score(translate, sources, refs, name))
+    monkeypatch.setattr(
+        scoring,
+        "translate_and_score",
+        lambda translate, sources, refs, name: (
+            decoded.append((name, len(sources))) or translate_and_score(translate, sources, refs, name)
+        ),
+    )
     seen = EncoderInputs(monkeypatch)
     results = validation(cfg, model, data, MACHINE)()
     assert decoded == [("data.splits.valid=val (de-en)", 4), ("data.splits.valid=val (en-fr)", 4)]
     assert seen.first_tokens() == {tokenizer.symbol_id("<2en>"), tokenizer.symbol_id("<2fr>")}
-    for (src, tgt), direction in zip(directions, data.directions):
-        loss = validation_loss(model, direction.valid, tokenizer.special_ids, cfg.train.max_tokens,
-                               cfg.train.label_smoothing, MACHINE.device, MACHINE.precision)
-        translate = sentence_translator(model, languages.tokenizer_for(tokenizer, tgt),
-                                        DecodeConfig(beam=1, max_len_a=DECODE["max_len_a"],
-                                                     max_len_b=DECODE["max_len_b"]), "cpu", Precision.fp32)
-        bleu = translate_and_score(translate, direction.valid_text.src[:4], [direction.valid_text.tgt[:4]],
-                                   "x").scores["bleu"]["score"]
+    for (src, tgt), direction in zip(directions, data.directions, strict=True):
+        loss = validation_loss(
+            model,
+            direction.valid,
+            tokenizer.special_ids,
+            cfg.train.max_tokens,
+            cfg.train.label_smoothing,
+            MACHINE.device,
+            MACHINE.precision,
+        )
+        translate = sentence_translator(
+            model,
+            languages.tokenizer_for(tokenizer, tgt),
+            DecodeConfig(beam=1, max_len_a=DECODE["max_len_a"], max_len_b=DECODE["max_len_b"]),
+            "cpu",
+            Precision.fp32,
+        )
+        bleu = translate_and_score(translate, direction.valid_text.src[:4], [direction.valid_text.tgt[:4]], "x").scores[
+            "bleu"
+        ]["score"]
         assert results[f"{src}-{tgt}/ppl"] == pytest.approx(loss["ppl"])
         assert results[f"{src}-{tgt}/bleu"] == pytest.approx(bleu)
     assert results["bleu"] == pytest.approx((results["de-en/bleu"] + results["en-fr/bleu"]) / 2)
@@ -448,10 +572,12 @@ def test_best_checkpoint_follows_the_mean_bleu(corpus, fit_config, model, tokeni
 
     # Per validation, each direction's BLEU: de-en gains at the second while the mean falls.
     script = iter([10.0, 20.0, 14.0, 14.0, 12.0, 19.0])
-    monkeypatch.setattr(scoring, "translate_and_score", lambda *args: SimpleNamespace(
-        scores={"bleu": {"score": next(script)}}))
-    validate = validation(fit_config, model, prepared(corpus, tokenizer, languages, [("de", "en"), ("en", "de")]),
-                          MACHINE)
+    monkeypatch.setattr(
+        scoring, "translate_and_score", lambda *args: SimpleNamespace(scores={"bleu": {"score": next(script)}})
+    )
+    validate = validation(
+        fit_config, model, prepared(corpus, tokenizer, languages, [("de", "en"), ("en", "de")]), MACHINE
+    )
     state, best = TrainState(), []
     for update in (100, 200, 300):
         state.update = update
@@ -468,8 +594,7 @@ def test_one_direction_validates_as_before(corpus, fit_config, model, tokenizer,
     cfg.data.local_dir = str(corpus)
     cfg.train.valid_max_sentences = 2
     seen = EncoderInputs(monkeypatch)
-    results = validation(cfg, model, prepared(corpus, tokenizer, RunLanguages.of(cfg.data), [("de", "en")]),
-                         MACHINE)()
+    results = validation(cfg, model, prepared(corpus, tokenizer, RunLanguages.of(cfg.data), [("de", "en")]), MACHINE)()
     assert set(results) == {"loss", "nll_loss", "ppl", "bleu"}
     assert not seen.first_tokens() & {tokenizer.symbol_id(tag) for tag in TAGS}
 
@@ -480,8 +605,10 @@ def test_the_test_decode_scores_each_direction_and_their_mean(tmp_path, fit_conf
     directions = [("de", "en"), ("en", "fr")]
     run = write_run(tmp_path / "run", fit_config, tokenizer, model, directions)
     test = score_test_split(fit_config, RunDir(run), model, tokenizer, torch.device("cpu"), Precision.fp32, directions)
-    reports = {name: json.loads((run / "eval" / f"test.{name}.json").read_text(encoding="utf-8"))
-               for name in ("de-en", "en-fr")}
+    reports = {
+        name: json.loads((run / "eval" / f"test.{name}.json").read_text(encoding="utf-8"))
+        for name in ("de-en", "en-fr")
+    }
     assert not (run / "eval" / "test.json").exists()
     assert set(test["directions"]) == set(reports)
     for name, report in reports.items():
@@ -493,8 +620,9 @@ def test_the_test_decode_scores_each_direction_and_their_mean(tmp_path, fit_conf
     assert (test["checkpoint"], test["update"], test["sentences"]) == ("best.pt", 3, 2 * SPLITS["test_2016_flickr"])
     hyps = (run / "eval" / "test.en-fr.hyp").read_text(encoding="utf-8").splitlines()
     sources = (run / "data" / "test.en-fr.src").read_text(encoding="utf-8").splitlines()
-    assert hyps == texts(translate_sentences(model, languages.tokenizer_for(tokenizer, "fr"), sources,
-                                             DecodeConfig(**{**DECODE}), "cpu"))
+    assert hyps == texts(
+        translate_sentences(model, languages.tokenizer_for(tokenizer, "fr"), sources, DecodeConfig(**DECODE), "cpu")
+    )
 
 
 def test_the_preset_trains_the_four_directions_as_the_best_bilingual_preset_trains_one():
@@ -519,12 +647,23 @@ def trained_run(tmp_path_factory, corpus):
 
     work = tmp_path_factory.mktemp("multilingual_fit")
     corpora = ",".join(f"{{name:multi30k,src:{src},tgt:{tgt}}}" for src, tgt in DIRECTIONS)
-    cfg = compose_fit([f"data.local_dir={corpus}", f"data.cache_dir={work / 'cache'}", "data.lang_tags=true",
-                       f"data.corpora=[{corpora}]", "tokenizer.vocab_size=400",
-                       *[f"model.{key}={value}" for key, value in MODEL.items()],
-                       "train.max_updates=6", "train.validate_every=3", "train.log_every=3", "train.max_tokens=1024",
-                       "train.num_threads=1", "train.valid_max_sentences=4",
-                       *[f"decode.{key}={value}" for key, value in DECODE.items()]])
+    cfg = compose_fit(
+        [
+            f"data.local_dir={corpus}",
+            f"data.cache_dir={work / 'cache'}",
+            "data.lang_tags=true",
+            f"data.corpora=[{corpora}]",
+            "tokenizer.vocab_size=400",
+            *[f"model.{key}={value}" for key, value in MODEL.items()],
+            "train.max_updates=6",
+            "train.validate_every=3",
+            "train.log_every=3",
+            "train.max_tokens=1024",
+            "train.num_threads=1",
+            "train.valid_max_sentences=4",
+            *[f"decode.{key}={value}" for key, value in DECODE.items()],
+        ]
+    )
     metrics = run_fit(cfg, work / "run")
     return cfg, metrics, work / "run"
 
@@ -570,5 +709,7 @@ def test_a_multilingual_fit_validates_tests_and_decodes_each_direction(trained_r
         assert seen.first_tokens() == {data.tokenizer.symbol_id(f"<2{tgt}>")}
         monkeypatch.undo()
     zero_shot = read_run_split(RunDir(run), cfg.data, "test", ("de", "fr"))
-    assert zero_shot.references[0] == (Path(cfg.data.local_dir) / "test_2016_flickr.fr").read_text(
-        encoding="utf-8").splitlines()
+    assert (
+        zero_shot.references[0]
+        == (Path(cfg.data.local_dir) / "test_2016_flickr.fr").read_text(encoding="utf-8").splitlines()
+    )

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtrain.config import DataConfig, TokenizerConfig
 from mtrain.batches.encoding import ChunkEncoder
 from mtrain.batches.prepare import prepare_data
+from mtrain.config import DataConfig, TokenizerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = TokenizerConfig(vocab_size=600)
@@ -100,7 +100,7 @@ def test_hub_path_gives_the_same_arrays_as_local_files(multi30k_slice, tmp_path,
     hub_dir.mkdir()
     for ours, theirs in (("train", "train"), ("val", "validation"), ("test_2016_flickr", "test")):
         de, en = lines(multi30k_slice / f"{ours}.de"), lines(multi30k_slice / f"{ours}.en")
-        rows = [{"de": d, "en": e} for d, e in zip(de, en)]
+        rows = [{"de": d, "en": e} for d, e in zip(de, en, strict=True)]
         datasets.Dataset.from_dict({"translation": rows}).to_parquet(str(hub_dir / f"{theirs}.parquet"))
 
     local = prepare_data(slice_config(multi30k_slice, tmp_path / "local_cache"), TOKENIZER, log=silent)
@@ -120,7 +120,11 @@ def run_cli(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     env.pop("MTRAIN_DATA_DIR", None)
     return subprocess.run(
         [sys.executable, "-m", "mtrain", "prepare", *overrides],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

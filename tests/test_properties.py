@@ -21,26 +21,61 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from mtrain.config import DataConfig, ModelConfig, TokenizerConfig, TranslateConfig
 from mtrain.batches import prepare_data
+from mtrain.config import DataConfig, ModelConfig, TokenizerConfig, TranslateConfig
 from mtrain.decode.stream import translate_stream
 from mtrain.decode.textio import count_lines
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import train_or_load_tokenizer
 
-WORDS = "der die das ein Hund Katze läuft schnell the a dog cat runs fast über 猫 straße".split()
+WORDS = [
+    "der",
+    "die",
+    "das",
+    "ein",
+    "Hund",
+    "Katze",
+    "läuft",
+    "schnell",
+    "the",
+    "a",
+    "dog",
+    "cat",
+    "runs",
+    "fast",
+    "über",
+    "猫",
+    "straße",
+]
 SPLIT_FILES = {"train": "train", "valid": "val", "test": "test"}
 
 # A line is made of pieces that each probe one kind of damage; `\n` never occurs inside a
 # line (it is the separator), every other byte can.
-DAMAGE = st.sampled_from([
-    b"\r", b"\t", b"\x00", b"\xef\xbb\xbf", b"\xff", b"\xc3", b"\xed\xa0\x80",  # CR, tab, NUL, BOM, bad UTF-8
-    "\u2028".encode(), "\u0085".encode(), "\ufeff".encode(), b" ", b"\x0b\x0c\x1b",
-])
+DAMAGE = st.sampled_from(
+    [
+        b"\r",
+        b"\t",
+        b"\x00",
+        b"\xef\xbb\xbf",
+        b"\xff",
+        b"\xc3",
+        b"\xed\xa0\x80",  # CR, tab, NUL, BOM, bad UTF-8
+        "\u2028".encode(),
+        "\u0085".encode(),
+        "\ufeff".encode(),
+        b" ",
+        b"\x0b\x0c\x1b",
+    ]
+)
 WORD = st.sampled_from(WORDS).map(str.encode)
 PIECE = st.one_of(
-    WORD, WORD, WORD, WORD, WORD, WORD,  # mostly words, so that many corpora survive the filters
+    WORD,
+    WORD,
+    WORD,
+    WORD,
+    WORD,
+    WORD,  # mostly words, so that many corpora survive the filters
     DAMAGE,
     st.text(max_size=8).map(lambda text: text.encode("utf-8", "surrogatepass")),
     st.binary(max_size=8),
@@ -97,10 +132,12 @@ def tokenizer(workspace):
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32, dropout=0.0,
-                      max_positions=64)
-    return build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                       joint_vocab=tokenizer.joint).eval()
+    cfg = ModelConfig(
+        encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=32, dropout=0.0, max_positions=64
+    )
+    return build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+    ).eval()
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -117,7 +154,7 @@ def test_any_corpus_bytes_prepare_or_raise_the_documented_error(workspace, token
             prepared = prepare_data(cfg, TokenizerConfig(vocab_size=40), log=lambda _: None)
         except MtrainError as error:
             event(f"MtrainError: {str(error).replace(str(directory), 'DIR')[:70]}")
-            assert str(error) and "\n" not in str(error)  # one line for the CLI
+            assert str(error) and "\n" not in str(error)  # noqa: PT017 - one line for the CLI
             return
 
     event("prepared")
@@ -148,10 +185,15 @@ TRANSLATE_INPUT = st.builds(
 def test_any_translate_input_gives_one_output_line_per_input_line(workspace, tokenizer, model, data, nbest):
     directory = Path(tempfile.mkdtemp(dir=workspace))
     (directory / "input.txt").write_bytes(data)
-    cfg = OmegaConf.merge(OmegaConf.structured(TranslateConfig), {
-        "input": str(directory / "input.txt"), "output": str(directory / "output.txt"), "max_input_tokens": 32,
-        "decode": {"beam": 2, "nbest": nbest, "max_len_a": 0.0, "max_len_b": 4},
-    })
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(TranslateConfig),
+        {
+            "input": str(directory / "input.txt"),
+            "output": str(directory / "output.txt"),
+            "max_input_tokens": 32,
+            "decode": {"beam": 2, "nbest": nbest, "max_len_a": 0.0, "max_len_b": 4},
+        },
+    )
     with torch.inference_mode():
         report = translate_stream(model, tokenizer, cfg, torch.device("cpu"), "fp32")
 

@@ -17,8 +17,11 @@ def readme_commands() -> list[str]:
 
 
 def test_readme_commands_write_only_into_ignored_folders():
-    ignored = {line.strip("/") for line in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
-               if line.endswith("/") and "*" not in line}
+    ignored = {
+        line.strip("/")
+        for line in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
+        if line.endswith("/") and "*" not in line
+    }
     targets = [a or b for line in readme_commands() for a, b in WRITES.findall(line)]
     assert "runs/test.de" in targets and "runs/m30k_ct2" in targets  # the quickstart is found
     outside = [target for target in targets if Path(target).parts[0] not in ignored and target != "/dev/null"]

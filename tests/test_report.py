@@ -9,8 +9,8 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -21,8 +21,42 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision
 
-WORDS = ("ein mann eine frau ein kind hund katze ball park strasse rot blau gross klein spielt "
-         "läuft sitzt auf in mit two men a woman child dog cat plays runs sits on in with").split()
+WORDS = [
+    "ein",
+    "mann",
+    "eine",
+    "frau",
+    "ein",
+    "kind",
+    "hund",
+    "katze",
+    "ball",
+    "park",
+    "strasse",
+    "rot",
+    "blau",
+    "gross",
+    "klein",
+    "spielt",
+    "läuft",
+    "sitzt",
+    "auf",
+    "in",
+    "mit",
+    "two",
+    "men",
+    "a",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "plays",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "with",
+]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -67,8 +101,9 @@ def tiny_run(tmp_path_factory) -> Path:
     (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
     torch.manual_seed(0)
     for update in (10, 20, 30):
-        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                            joint_vocab=tokenizer.joint)
+        model = build_model(
+            cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+        )
         state = {"model": model.state_dict(), "update": update, "config": to_plain(cfg), "mtrain_version": "0.1.0"}
         save_checkpoint(run / "checkpoints" / f"update_{update}.pt", state)
         if update == 20:
@@ -78,8 +113,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu",
-            "chrf_word_order=2")
+    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu", "chrf_word_order=2")
     printed = capsys.readouterr().out
     eval_dir = tiny_run / "eval"
     report = json.loads((eval_dir / "test.json").read_text(encoding="utf-8"))
@@ -110,9 +144,16 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     assert report["scoring"] == {"tokenize": "13a", "lowercase": False, "chrf_word_order": 2}
     # The Markdown report says the same; the terminal shows the table.
     markdown = (eval_dir / "test.md").read_text(encoding="utf-8")
-    for needle in ("| BLEU |", report["metrics"]["bleu"]["signature"], "best.pt", "beam=2",
-                   f"threads={DEFAULT_DECODE_THREADS}",
-                   roles["reference"]["sha256"], "**Sentences**: 16", "sentences/s"):
+    for needle in (
+        "| BLEU |",
+        report["metrics"]["bleu"]["signature"],
+        "best.pt",
+        "beam=2",
+        f"threads={DEFAULT_DECODE_THREADS}",
+        roles["reference"]["sha256"],
+        "**Sentences**: 16",
+        "sentences/s",
+    ):
         assert needle in markdown, needle
     assert report["metrics"]["ter"]["signature"] in printed
     assert list(tmp_path.iterdir()) == []  # nothing written outside the run directory
@@ -120,8 +161,16 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
 
 def test_eval_with_averaged_checkpoints(tiny_run, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=valid", "average_last=2", "decode.beam=1",
-            "device=cpu", "metrics=[bleu]")
+    run_cli(
+        monkeypatch,
+        "eval",
+        f"run={tiny_run}",
+        "split=valid",
+        "average_last=2",
+        "decode.beam=1",
+        "device=cpu",
+        "metrics=[bleu]",
+    )
     report = json.loads((tiny_run / "eval" / "valid.json").read_text(encoding="utf-8"))
     assert [Path(p).name for p in report["checkpoint"]["averaged_from"]] == ["update_20.pt", "update_30.pt"]
     assert report["checkpoint"]["path"].endswith("average_last2.pt") and report["sentences"] == 12
@@ -148,8 +197,8 @@ def test_eval_refuses_a_split_the_run_lacks_before_writing_an_average(tiny_run, 
 
 
 def test_eval_run_bad_inputs(tiny_run, tmp_path, monkeypatch, capsys):
-    from mtrain.config import EvalConfig
     from mtrain.cli.evaluate import evaluate_run
+    from mtrain.config import EvalConfig
 
     cfg = OmegaConf.structured(EvalConfig)
     cfg.device = "cpu"
@@ -202,8 +251,9 @@ def read_only(directory: Path) -> Iterator[None]:
 
 def mtrain_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_eval_of_a_read_only_run_refuses_before_any_work_and_writes_to_out(tiny_run, tmp_path):
@@ -217,7 +267,8 @@ def test_eval_of_a_read_only_run_refuses_before_any_work_and_writes_to_out(tiny_
         assert refused.stderr.splitlines() == [
             f"mtrain: error: run={run}: {run / 'eval'} is not writable "
             f"({run} {'is on a read-only file system' if os.geteuid() == 0 else 'denies writing'}); "
-            "write the report elsewhere with out=DIR"]
+            "write the report elsewhere with out=DIR"
+        ]
         assert "decoding" not in refused.stdout  # refused before the model was loaded
 
         # Averaging writes a checkpoint into the run: also refused at once, with the advice that helps.
@@ -262,8 +313,20 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "reports"
-    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu", "precision=fp32",
-            "per_sentence=true", "worst_lines=3", "chrf_word_order=2", "lowercase=true", f"out={out}")
+    run_cli(
+        monkeypatch,
+        "eval",
+        f"run={tiny_run}",
+        "split=test",
+        "decode.beam=2",
+        "device=cpu",
+        "precision=fp32",
+        "per_sentence=true",
+        "worst_lines=3",
+        "chrf_word_order=2",
+        "lowercase=true",
+        f"out={out}",
+    )
     assert "sentence scores: " in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["test.hyp", "test.json", "test.md", "test.sentences.tsv"]
     corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
@@ -272,13 +335,15 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
     hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
     rows = _tsv_rows(out / "test.sentences.tsv")
     assert [int(row[0]) for row in rows] == list(range(1, 17))
-    assert [row[4:] for row in rows] == [[s, h, r] for s, h, r in zip(sources, hyps, refs)]
+    assert [row[4:] for row in rows] == [[s, h, r] for s, h, r in zip(sources, hyps, refs, strict=True)]
     # sacreBLEU's own sentence scorers, with the corpus metrics' settings.
     bleu, chrf = BLEU(lowercase=True, effective_order=True), CHRF(word_order=2, lowercase=True)
     assert [float(row[1]) for row in rows] == pytest.approx(
-        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
+        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs, strict=True)], abs=5e-5
+    )
     assert [float(row[2]) for row in rows] == pytest.approx(
-        [chrf.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
+        [chrf.sentence_score(h, [r]).score for h, r in zip(hyps, refs, strict=True)], abs=5e-5
+    )
     # The model's score: the best hypothesis' length-normalised log-probability, as decoding gives it.
     loaded = load_run(tiny_run, "best")
     decoded = translate_sentences(loaded.model, loaded.tokenizer, sources, DecodeConfig(beam=2), "cpu")
@@ -290,15 +355,25 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
     worst = report["per_sentence"]["worst_lines"]
     lowest = sorted(rows, key=lambda row: (float(row[1]), float(row[2]), int(row[0])))[:3]
     assert [w["line"] for w in worst] == [int(row[0]) for row in lowest]
-    assert max(w["bleu"] for w in worst) <= min(float(row[1]) for row in rows if int(row[0]) not in
-                                                 {w["line"] for w in worst}) + 5e-5
+    assert (
+        max(w["bleu"] for w in worst)
+        <= min(float(row[1]) for row in rows if int(row[0]) not in {w["line"] for w in worst}) + 5e-5
+    )
     markdown = (out / "test.md").read_text(encoding="utf-8")
     assert "## The 3 lines of lowest sentence-BLEU" in markdown and str(out / "test.sentences.tsv") in markdown
     assert all(f"| {w['line']} | {w['bleu']:.2f} | {w['chrf']:.2f} |" in markdown for w in worst)
 
     # Without per_sentence, an earlier TSV there goes: it scored the hypotheses replaced now.
-    run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=1", "device=cpu", f"out={out}",
-            "metrics=[bleu]")
+    run_cli(
+        monkeypatch,
+        "eval",
+        f"run={tiny_run}",
+        "split=test",
+        "decode.beam=1",
+        "device=cpu",
+        f"out={out}",
+        "metrics=[bleu]",
+    )
     assert not (out / "test.sentences.tsv").exists()
     assert "per_sentence" not in json.loads((out / "test.json").read_text(encoding="utf-8"))
 
@@ -317,9 +392,13 @@ def test_eval_hyp_per_sentence_writes_beside_the_hypotheses_or_into_out(tiny_run
     rows = _tsv_rows(tmp_path / "sys.en.sentences.tsv")
     bleu = BLEU(effective_order=True)
     assert [float(row[1]) for row in rows] == pytest.approx(
-        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs)], abs=5e-5)
-    assert [row[3:6] for row in rows] == [["", "", "a man\\twith a hat"], ["", "", "two dogs"],
-                                          ["", "", "the cat sits on the mat"]]  # no model score, no sources
+        [bleu.sentence_score(h, [r]).score for h, r in zip(hyps, refs, strict=True)], abs=5e-5
+    )
+    assert [row[3:6] for row in rows] == [
+        ["", "", "a man\\twith a hat"],
+        ["", "", "two dogs"],
+        ["", "", "the cat sits on the mat"],
+    ]  # no model score, no sources
     assert "two dogs" in printed and str(tmp_path / "sys.en.sentences.tsv") in printed
 
     # References (and sources) from a run's split; the TSV into out=.
@@ -328,11 +407,18 @@ def test_eval_hyp_per_sentence_writes_beside_the_hypotheses_or_into_out(tiny_run
     valid_hyps = [" ".join(line.split()[:-1]) for line in (corpus / "val.en").read_text(encoding="utf-8").splitlines()]
     (tmp_path / "valid.en").write_text("".join(f"{line}\n" for line in valid_hyps), encoding="utf-8")
     out = tmp_path / "scores"
-    run_cli(monkeypatch, "eval", f"hyp={tmp_path / 'valid.en'}", f"run={tiny_run}", "split=valid", "per_sentence=true",
-            f"out={out}")
+    run_cli(
+        monkeypatch,
+        "eval",
+        f"hyp={tmp_path / 'valid.en'}",
+        f"run={tiny_run}",
+        "split=valid",
+        "per_sentence=true",
+        f"out={out}",
+    )
     assert [p.name for p in out.iterdir()] == ["valid.en.sentences.tsv"]
     rows = _tsv_rows(out / "valid.en.sentences.tsv")
-    assert [row[4:6] for row in rows] == [[s, h] for s, h in zip(sources, valid_hyps)]
+    assert [row[4:6] for row in rows] == [[s, h] for s, h in zip(sources, valid_hyps, strict=True)]
     capsys.readouterr()
 
 
@@ -355,24 +441,46 @@ def test_write_report_holds_every_field(tmp_path):
     from mtrain.evaluate.report import write_report
 
     report = {
-        "run": "/runs/x", "split": "test", "split_name": "test_2016_flickr",
-        "checkpoint": {"path": "/runs/x/checkpoints/average_last2.pt", "which": "average", "update": 30,
-                       "averaged_from": ["/runs/x/checkpoints/update_20.pt", "/runs/x/checkpoints/update_30.pt"]},
+        "run": "/runs/x",
+        "split": "test",
+        "split_name": "test_2016_flickr",
+        "checkpoint": {
+            "path": "/runs/x/checkpoints/average_last2.pt",
+            "which": "average",
+            "update": 30,
+            "averaged_from": ["/runs/x/checkpoints/update_20.pt", "/runs/x/checkpoints/update_30.pt"],
+        },
         "decode": {"beam": 5, "length_penalty": 1.0, "device": "cpu", "precision": "fp32", "engine": "torch"},
         "data": [{"role": "reference", "path": "/data/test.en", "sha256": "ab" * 32, "lines": 2}],
-        "sentences": 2, "decode_time_s": 0.5, "sentences_per_s": 4.0, "target_tokens_per_s": 40.0,
-        "metrics": {"bleu": {"name": "BLEU", "score": 12.5, "signature": "nrefs:1|tok:13a",
-                             "text": "BLEU|nrefs:1|tok:13a = 12.50"}},
+        "sentences": 2,
+        "decode_time_s": 0.5,
+        "sentences_per_s": 4.0,
+        "target_tokens_per_s": 40.0,
+        "metrics": {
+            "bleu": {
+                "name": "BLEU",
+                "score": 12.5,
+                "signature": "nrefs:1|tok:13a",
+                "text": "BLEU|nrefs:1|tok:13a = 12.50",
+            }
+        },
         "scoring": {"tokenize": "13a", "lowercase": False, "chrf_word_order": 0},
-        "mtrain_version": "0.1.0", "created": "2026-01-01T00:00:00+00:00",
+        "mtrain_version": "0.1.0",
+        "created": "2026-01-01T00:00:00+00:00",
     }
     paths = write_report(tmp_path / "eval", "test", report, ["a b", "c"])
     assert paths["hyp"].read_text(encoding="utf-8") == "a b\nc\n"
     saved = json.loads(paths["json"].read_text(encoding="utf-8"))
     assert saved["data"][-1]["role"] == "hypotheses" and saved["data"][-1]["lines"] == 2
     markdown = paths["md"].read_text(encoding="utf-8")
-    for needle in ("| BLEU | 12.50 | nrefs:1|tok:13a |".replace("|tok", "\\|tok"), "average of update_20.pt, update_30.pt",
-                   "beam=5", "ab" * 32, "/data/test.en", "0.50 s"):
+    for needle in (
+        "| BLEU | 12.50 | nrefs:1|tok:13a |".replace("|tok", "\\|tok"),
+        "average of update_20.pt, update_30.pt",
+        "beam=5",
+        "ab" * 32,
+        "/data/test.en",
+        "0.50 s",
+    ):
         assert needle in markdown, needle
     assert not list((tmp_path / "eval").glob(".*.tmp"))
 
@@ -397,13 +505,28 @@ def make_fake_run(run: Path, overrides: list, losses: list, bleus: list, metrics
 @pytest.fixture
 def fake_sweep(tmp_path) -> Path:
     sweep = tmp_path / "multirun" / "12-00-00"
-    make_fake_run(sweep / "0", ["model.norm_position=pre", "train.max_updates=40"],
-                  [(10, 6.0), (20, 5.0), (30, 4.5), (40, 4.0)], [(20, 8.0), (40, 12.5)],
-                  {"valid": {"best_bleu": 12.5, "best_update": 40}, "test": {"bleu": 11.75, "chrf": 40.0},
-                   "updates": 40, "train_time_s": 30.0, "best_update": 40, "diverged": False,
-                   "final_train_loss": 4.0})
-    make_fake_run(sweep / "1", ["model.norm_position=post", "train.max_updates=40"],
-                  [(10, 6.5), (20, 90.0)], [], {"updates": 20, "train_time_s": 14.0, "diverged": True})
+    make_fake_run(
+        sweep / "0",
+        ["model.norm_position=pre", "train.max_updates=40"],
+        [(10, 6.0), (20, 5.0), (30, 4.5), (40, 4.0)],
+        [(20, 8.0), (40, 12.5)],
+        {
+            "valid": {"best_bleu": 12.5, "best_update": 40},
+            "test": {"bleu": 11.75, "chrf": 40.0},
+            "updates": 40,
+            "train_time_s": 30.0,
+            "best_update": 40,
+            "diverged": False,
+            "final_train_loss": 4.0,
+        },
+    )
+    make_fake_run(
+        sweep / "1",
+        ["model.norm_position=post", "train.max_updates=40"],
+        [(10, 6.5), (20, 90.0)],
+        [],
+        {"updates": 20, "train_time_s": 14.0, "diverged": True},
+    )
     return sweep
 
 
@@ -415,8 +538,9 @@ def test_report_builds_table_and_plots(fake_sweep, monkeypatch, capsys, tmp_path
     out_dir = fake_sweep / "report"
     markdown = (out_dir / "report.md").read_text(encoding="utf-8")
     table = [line for line in markdown.splitlines() if line.startswith("|")]
-    assert table[0] == ("| run | differs | val BLEU | test BLEU | test chrF | final loss | diverged | updates "
-                        "| train time |")
+    assert table[0] == (
+        "| run | differs | val BLEU | test BLEU | test chrF | final loss | diverged | updates | train time |"
+    )
     assert table[2] == "| 0 | model.norm_position=pre | 12.50 | 11.75 | 40.00 | 4.000 | no | 40 | 30s |"
     assert table[3] == "| 1 | model.norm_position=post | - | - | - | - | yes | 20 | 14s |"
     assert "`train.max_updates=40`" in markdown  # shared overrides are stated once, not per row
@@ -494,15 +618,27 @@ def test_a_failed_sweep_job_is_recorded_and_the_sweep_goes_on_then_exits_non_zer
     is in 0/failed.json, and the sweep's exit status says that something failed."""
     sweep, run = tmp_path / "sweep", tmp_path / "run"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "average_last*"))
-    result = mtrain_command("eval", "-m", f"run={run}", "split=valid", "checkpoint=nonexistent,best",
-                            "device=cpu", "decode.beam=1", "metrics=[bleu]", "num_threads=1",
-                            f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    result = mtrain_command(
+        "eval",
+        "-m",
+        f"run={run}",
+        "split=valid",
+        "checkpoint=nonexistent,best",
+        "device=cpu",
+        "decode.beam=1",
+        "metrics=[bleu]",
+        "num_threads=1",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
     errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert errors[0].startswith("mtrain: error: checkpoint=nonexistent: no such file")
-    assert errors[-1] == (f"mtrain: error: 1 of 2 sweep jobs failed: job 0 (checkpoint=nonexistent); each job's "
-                          f"reason is above and in its failed.json (`mtrain report {sweep}` lists them)")
+    assert errors[-1] == (
+        f"mtrain: error: 1 of 2 sweep jobs failed: job 0 (checkpoint=nonexistent); each job's "
+        f"reason is above and in its failed.json (`mtrain report {sweep}` lists them)"
+    )
     record = json.loads((sweep / "0" / "failed.json").read_text(encoding="utf-8"))
     assert record["job"] == 0 and "checkpoint=nonexistent" in record["overrides"]
     assert record["error"] == errors[0].removeprefix("mtrain: error: ")
@@ -510,14 +646,24 @@ def test_a_failed_sweep_job_is_recorded_and_the_sweep_goes_on_then_exits_non_zer
 
 
 def test_report_and_comparison_list_failed_jobs_with_their_reasons(fake_sweep, tmp_path, monkeypatch, capsys):
-    reason = ("data.splits.valid=val: line 3 has 19 source tokens; the model embeds at most 16 positions "
-              "(model.max_positions); shorten or remove that line, or raise model.max_positions")
+    reason = (
+        "data.splits.valid=val: line 3 has 19 source tokens; the model embeds at most 16 positions "
+        "(model.max_positions); shorten or remove that line, or raise model.max_positions"
+    )
     failed = fake_sweep / "2"
     failed.mkdir()
     (failed / "train.log").write_text("", encoding="utf-8")  # Hydra's log: all a job has before mtrain writes
-    (failed / "failed.json").write_text(json.dumps({  # as mtrain.cli.common writes it
-        "job": 2, "overrides": ["model.norm_position=pre", "train.max_updates=40", "model.max_positions=16"],
-        "error": reason, "exception": "MtrainError"}), encoding="utf-8")
+    (failed / "failed.json").write_text(
+        json.dumps(
+            {  # as mtrain.cli.common writes it
+                "job": 2,
+                "overrides": ["model.norm_position=pre", "train.max_updates=40", "model.max_positions=16"],
+                "error": reason,
+                "exception": "MtrainError",
+            }
+        ),
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     run_cli(monkeypatch, "report", str(fake_sweep), "bootstrap_samples=0")
     markdown = (fake_sweep / "report" / "report.md").read_text(encoding="utf-8")
@@ -539,14 +685,29 @@ def test_scalar_table_script_prints_tags_at_updates(fake_sweep):
 
     assert scalar_tags(fake_sweep / "0") == ["train/loss", "valid/bleu"]
     script = Path(__file__).resolve().parents[1] / "scripts" / "scalar_table.py"
-    result = subprocess.run([sys.executable, str(script), str(fake_sweep / "0"), str(fake_sweep / "1"),
-                             "--tags", "train/*", "--steps", "10,25"], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(fake_sweep / "0"),
+            str(fake_sweep / "1"),
+            "--tags",
+            "train/*",
+            "--steps",
+            "10,25",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[2] == "| train/loss | 0 | 6 | 5 (@20) |"  # 25 was not logged: the last value before it
     assert rows[3] == "| train/loss | 1 | 6.5 | 90 (@20) |"
-    missing = subprocess.run([sys.executable, str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1"],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1"],
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode != 0 and "no tag matches" in missing.stderr
 
 
@@ -555,14 +716,20 @@ def test_norm_gains_script_reads_a_runs_norms(tiny_run):
     import sys
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "norm_gains.py"
-    result = subprocess.run([sys.executable, str(script), str(tiny_run), "--checkpoint", "best",
-                             "--layers", "decoder.0"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.0"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[2]
     # An untrained model's gains are all exactly 1: mean 1, no spread (correlation undefined).
     assert row.startswith("| run | decoder.0 | self_attn 1.000, cross_attn 1.000, ffn 1.000 | self_attn 0.000,")
-    missing = subprocess.run([sys.executable, str(script), str(tiny_run), "--checkpoint", "best",
-                              "--layers", "decoder.7"], capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.7"],
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode != 0 and "no norms under decoder.7" in missing.stderr
     no_last = subprocess.run([sys.executable, str(script), str(tiny_run)], capture_output=True, text=True)
     assert no_last.returncode != 0 and no_last.stderr.startswith("norm_gains: run=")  # one line, no traceback
@@ -581,9 +748,12 @@ def test_a_report_that_scores_differently_says_what_it_replaces(tmp_path):
     from mtrain.evaluate.report import replaced_report_note
 
     def report(bleu, update):
-        return {"metrics": {"bleu": {"name": "BLEU", "score": bleu, "signature": "s", "text": "t"}},
-                "checkpoint": {"path": f"/r/checkpoints/update_{update}.pt", "update": update}, "decode": {"beam": 5},
-                "data": []}
+        return {
+            "metrics": {"bleu": {"name": "BLEU", "score": bleu, "signature": "s", "text": "t"}},
+            "checkpoint": {"path": f"/r/checkpoints/update_{update}.pt", "update": update},
+            "decode": {"beam": 5},
+            "data": [],
+        }
 
     path = tmp_path / "eval" / "test.json"
     assert replaced_report_note(path, report(30.0, 200)) is None  # nothing there yet

@@ -27,22 +27,36 @@ from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
 # No test decode (data.splits.test=null): these runs check locks, resumes and refusals.
-FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=300", "train.log_every=1", "decode.beam=1",
-        "data.splits.test=null"]
+FAST = [
+    *TINY,
+    "train.valid_bleu=false",
+    "data.train_limit=300",
+    "train.log_every=1",
+    "decode.beam=1",
+    "data.splits.test=null",
+]
 
 
 def snapshot(run_dir: Path) -> dict:
     """{relative path: sha256} of every file under `run_dir`."""
-    return {str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, multi30k_slice):
     """A run of 4 updates (checkpoints at 2 and 4); tests copy it before touching it."""
     base = tmp_path_factory.mktemp("finished")
-    common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={base / 'cache'}", *FAST,
-              "train.max_updates=4", "train.validate_every=2"]
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={base / 'cache'}",
+        *FAST,
+        "train.max_updates=4",
+        "train.validate_every=2",
+    ]
     result = mtrain("fit", *common, f"hydra.run.dir={base / 'run'}")
     assert result.returncode == 0, result.stderr[-3000:]
     return common, base / "run"
@@ -89,8 +103,10 @@ def refused_while_held(first, run_dir: Path, *second_args: str):
 
 def model_tensors(run_dir: Path) -> dict:
     run = RunDir(run_dir)
-    return {path.name: load_checkpoint(path)["model"]
-            for path in [run.checkpoint("last"), run.checkpoint("best"), *run.update_checkpoints()]}
+    return {
+        path.name: load_checkpoint(path)["model"]
+        for path in [run.checkpoint("last"), run.checkpoint("best"), *run.update_checkpoints()]
+    }
 
 
 def test_two_fits_in_one_run_directory_one_is_refused_the_other_runs_as_alone(tmp_path, finished_run):
@@ -102,7 +118,8 @@ def test_two_fits_in_one_run_directory_one_is_refused_the_other_runs_as_alone(tm
     assert first.returncode == 0, stderr[-3000:]
     assert second.returncode == 2
     assert one_error_line(second).startswith(
-        f"mtrain: error: {run_dir} is in use by process {first.pid} on this machine")
+        f"mtrain: error: {run_dir} is in use by process {first.pid} on this machine"
+    )
     assert after == before  # the refused one wrote nothing, not even to train.log
     ours, lone = model_tensors(run_dir), model_tensors(alone)
     assert ours.keys() == lone.keys() == {"last.pt", "best.pt", "update_2.pt", "update_4.pt"}
@@ -166,12 +183,19 @@ def test_resume_on_another_corpus_is_refused_naming_the_data(run_copy, multi30k_
     other = tmp_path / "other_corpus"
     shutil.copytree(multi30k_slice, other)
     train_de = other / "train.de"
-    train_de.write_text("".join(reversed(train_de.read_text(encoding="utf-8").splitlines(keepends=True))),
-                        encoding="utf-8")
+    train_de.write_text(
+        "".join(reversed(train_de.read_text(encoding="utf-8").splitlines(keepends=True))), encoding="utf-8"
+    )
     before = snapshot(run_dir)
     overrides = [o for o in common if not o.startswith("data.local_dir=")]
-    result = mtrain("fit", *overrides, f"data.local_dir={other}", "train.max_updates=6", "train.resume=true",
-                    f"hydra.run.dir={run_dir}")
+    result = mtrain(
+        "fit",
+        *overrides,
+        f"data.local_dir={other}",
+        "train.max_updates=6",
+        "train.resume=true",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 2
     assert "differs from the one this checkpoint was trained on" in one_error_line(result)
     assert "tokenizer:" in result.stdout  # the console shows the refused attempt's work...
@@ -182,8 +206,14 @@ def test_resume_on_a_filtered_corpus_is_refused(run_copy):
     common, run_dir = run_copy
     before = snapshot(run_dir)
     overrides = [o for o in common if not o.startswith("data.train_limit=")]
-    result = mtrain("fit", *overrides, "data.train_limit=200", "train.max_updates=6", "train.resume=true",
-                    f"hydra.run.dir={run_dir}")
+    result = mtrain(
+        "fit",
+        *overrides,
+        "data.train_limit=200",
+        "train.max_updates=6",
+        "train.resume=true",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 2
     assert "differs from the one this checkpoint was trained on" in one_error_line(result)
     assert snapshot(run_dir) == before
@@ -200,8 +230,14 @@ def test_resuming_a_finished_run_changes_nothing(run_copy):
 
 def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp_path, multi30k_slice):
     run_dir = tmp_path / "run"
-    result = mtrain("fit", f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST,
-                    "data.splits.test=test_2099", f"hydra.run.dir={run_dir}")
+    result = mtrain(
+        "fit",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *FAST,
+        "data.splits.test=test_2099",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 2 and "test_2099" in one_error_line(result)
     assert not run_dir.exists() or not list(run_dir.iterdir())  # no train.log, no lock file
 
@@ -218,8 +254,9 @@ def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, capl
     shutil.copyfile(update_4, last)
     (run.checkpoint_dir / ".last.pt.x1y2.tmp").write_bytes(b"half a checkpoint")  # an interrupted write
 
-    metrics = run_fit(compose_fit([*common, "train.max_updates=6", "train.resume=true",
-                                   "train.resume_from=update_2"]), run_dir)
+    metrics = run_fit(
+        compose_fit([*common, "train.max_updates=6", "train.resume=true", "train.resume_from=update_2"]), run_dir
+    )
     assert "resumed at update 2" in caplog.text and metrics["updates"] == 6
     # update_N.pt holds the weights only: a warm start, and the log says it is not exact
     assert "holds the weights only (no optimiser state)" in caplog.text
@@ -235,15 +272,27 @@ def test_a_resume_that_moves_the_learning_rate_warns_with_both_values(run_copy, 
     common, run_dir = run_copy
     caplog.set_level(logging.INFO, logger="mtrain")
     run_fit(compose_fit([*common, "train.max_updates=6", "train.scheduler=linear", "train.resume=true"]), run_dir)
-    assert ("the learning rate of update 5 is 5.0e-04 under the current train.* settings (scheduler=linear, "
-            "max_updates=6, max_time=None) where the checkpoint's (scheduler=inverse_sqrt, max_updates=4, "
-            "max_time=None) give 7.5e-04") in caplog.text
+    assert (
+        "the learning rate of update 5 is 5.0e-04 under the current train.* settings (scheduler=linear, "
+        "max_updates=6, max_time=None) where the checkpoint's (scheduler=inverse_sqrt, max_updates=4, "
+        "max_time=None) give 7.5e-04"
+    ) in caplog.text
 
 
 def test_save_every_checkpoints_without_validation(tmp_path, multi30k_slice):
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
-    run_fit(compose_fit([*common, "train.max_updates=3", "train.validate_every=1000",
-                         "train.save_every=0.001s", "train.keep_last=5"]), tmp_path / "run")
+    run_fit(
+        compose_fit(
+            [
+                *common,
+                "train.max_updates=3",
+                "train.validate_every=1000",
+                "train.save_every=0.001s",
+                "train.keep_last=5",
+            ]
+        ),
+        tmp_path / "run",
+    )
     run = RunDir(tmp_path / "run")
     assert [p.name for p in run.update_checkpoints()] == ["update_1.pt", "update_2.pt", "update_3.pt"]
     assert load_checkpoint(run.checkpoint("best"))["update"] == 3  # only the final validation competes
@@ -261,7 +310,7 @@ def test_blank_references_are_refused():
         check_references([["", "  ", "\t"]], "data.splits.valid=val")
     with pytest.raises(MtrainError, match="empty"):
         translate_and_score(lambda sources: sources, [], [[]], "ref=x")
-    scored = translate_and_score(lambda sources: list(sources), ["a b c d"], [["a b c d"]], "ref=x")
+    scored = translate_and_score(list, ["a b c d"], [["a b c d"]], "ref=x")
     assert scored.scores["bleu"]["score"] == pytest.approx(100.0)
 
 
@@ -290,6 +339,8 @@ def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_
     from tests.test_fit import scalars
 
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
-    run_fit(compose_fit([*common, "train.max_updates=3", "train.validate_every=1000",
-                         "train.validate_every_time=0.001s"]), tmp_path / "run")
+    run_fit(
+        compose_fit([*common, "train.max_updates=3", "train.validate_every=1000", "train.validate_every_time=0.001s"]),
+        tmp_path / "run",
+    )
     assert sorted(scalars(tmp_path / "run", "valid/loss")) == [1, 2, 3]  # by time, not by the update count

@@ -59,9 +59,17 @@ def test_a_run_has_one_lock_holder_and_the_refused_one_changes_nothing(tmp_path)
 
 def test_a_sigkilled_holder_leaves_a_file_but_no_lock(tmp_path):
     run = RunDir(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mtrain.rundir import RunDir, RunLock; "
-                               f"RunLock(RunDir({str(tmp_path)!r})).acquire(); print('held', flush=True); "
-                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from mtrain.rundir import RunDir, RunLock; "
+            f"RunLock(RunDir({str(tmp_path)!r})).acquire(); print('held', flush=True); "
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(MtrainError, match=f"in use by process {holder.pid} on this machine"):

@@ -10,10 +10,14 @@ from mtrain import runtime
 from mtrain.config import Precision
 from mtrain.errors import MtrainError
 
-_AUTO_ON_CPU = "import torch; from mtrain.runtime import resolve_precision; print(resolve_precision('auto', torch.device('cpu')))"
+_AUTO_ON_CPU = (
+    "import torch; from mtrain.runtime import resolve_precision; print(resolve_precision('auto', torch.device('cpu')))"
+)
 
 
-@pytest.mark.parametrize("isa, expected", [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True), ("ALL", True)])
+@pytest.mark.parametrize(
+    "isa, expected", [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True), ("ALL", True)]
+)
 def test_a_onednn_cap_below_bf16_means_no_bf16_products(monkeypatch, isa, expected):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
@@ -57,11 +61,14 @@ def test_a_run_validates_in_fp32_when_it_trains_in_fp32_else_in_what_decodes_fas
 
 def test_a_precision_knows_its_dtype_its_autocast_and_its_ctranslate2_compute_type():
     assert [p.dtype for p in (Precision.fp32, Precision.bf16, Precision.fp16)] == [
-        torch.float32, torch.bfloat16, torch.float16]
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    ]
     assert [p.is_low for p in Precision] == [False, False, True, True]  # auto, fp32, bf16, fp16
     assert [p.ct2_compute_type for p in Precision] == ["default", "float32", "bfloat16", "float16"]
     with pytest.raises(ValueError, match="resolve it"):
-        Precision.auto.dtype
+        _ = Precision.auto.dtype
     cpu = torch.device("cpu")
     with runtime.autocast(cpu, Precision.bf16):
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")

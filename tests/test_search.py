@@ -23,13 +23,21 @@ NEG_INF = float("-inf")
 def _one_thread():
     # Tiny models: thread hand-offs cost more than they save (conftest's default is 2).
     torch.set_num_threads(1)
-    yield
+    return
 
 
 def tiny_model(vocab: int, seed: int = 0, sharpness: float = 3.0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=16, heads=2, ffn_dim=32,
-                      dropout=0.0, vocab_multiple=8, max_positions=64)
+    cfg = ModelConfig(
+        encoder_layers=1,
+        decoder_layers=2,
+        d_model=16,
+        heads=2,
+        ffn_dim=32,
+        dropout=0.0,
+        vocab_multiple=8,
+        max_positions=64,
+    )
     model = build_model(cfg, vocab, vocab, PAD, joint_vocab=True).eval()
     with torch.no_grad():  # sharper distributions than the default init: beams disagree more
         model.output_proj.weight.mul_(sharpness)
@@ -103,7 +111,7 @@ def test_no_repeat_ngram_in_decoding_blocks_repeats():
         count = 0
         for sentence in hyps:
             for hyp in sentence:
-                grams = [tuple(hyp.tokens[i:i + n]) for i in range(len(hyp.tokens) - n + 1)]
+                grams = [tuple(hyp.tokens[i : i + n]) for i in range(len(hyp.tokens) - n + 1)]
                 count += len(grams) - len(set(grams))
         return count
 
@@ -138,7 +146,7 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
     assert first == run(sampling="topk", top_k=0, nbest=4, seed=7)
     assert first != run(sampling="topk", top_k=0, nbest=4, seed=8)
     assert all(len(sentence) == 4 for sentence in first)  # nbest independent samples
-    assert all(a[1] >= b[1] for sentence in first for a, b in zip(sentence, sentence[1:]))
+    assert all(a[1] >= b[1] for sentence in first for a, b in itertools.pairwise(sentence))
     greedy = run()
     assert run(sampling="topk", top_k=1, seed=3) == greedy
     assert run(sampling="topp", top_p=1e-6, seed=3) == greedy
@@ -176,20 +184,40 @@ def test_full_width_beam_equals_exhaustive_search(alpha, early_stopping):
         torch.manual_seed(100 + seed)
         src = torch.cat([torch.randint(4, vocab, (1, 4)), torch.tensor([[EOS]])], dim=1)
         best_tokens, best_score, all_scores = exhaustive_best(model, src, max_len, alpha, vocab)
-        cfg = DecodeConfig(beam=len(all_scores), nbest=1, max_len_a=0.0, max_len_b=max_len, min_len=1,
-                           length_penalty=alpha, early_stopping=early_stopping)
+        cfg = DecodeConfig(
+            beam=len(all_scores),
+            nbest=1,
+            max_len_a=0.0,
+            max_len_b=max_len,
+            min_len=1,
+            length_penalty=alpha,
+            early_stopping=early_stopping,
+        )
         hyp = generate(model, src, src.eq(PAD), cfg, BOS, EOS, PAD)[0][0]
         assert hyp.tokens == best_tokens
         assert hyp.score == pytest.approx(best_score, abs=1e-5)
         for beam in (1, 2, 3, 5, 10):
-            narrow = DecodeConfig(beam=beam, nbest=1, max_len_a=0.0, max_len_b=max_len, length_penalty=alpha,
-                                  early_stopping=early_stopping)
+            narrow = DecodeConfig(
+                beam=beam,
+                nbest=1,
+                max_len_a=0.0,
+                max_len_b=max_len,
+                length_penalty=alpha,
+                early_stopping=early_stopping,
+            )
             found = generate(model, src, src.eq(PAD), narrow, BOS, EOS, PAD)[0][0]
             assert found.score <= best_score + 1e-5
             # Its score is the true score of the sequence it returns.
-            index = [i for i, y in enumerate(itertools.chain.from_iterable(
-                itertools.product([t for t in range(vocab) if t not in (PAD, BOS, EOS)], repeat=n)
-                for n in range(1, max_len + 1))) if list(y) == found.tokens][0]
+            index = next(
+                i
+                for i, y in enumerate(
+                    itertools.chain.from_iterable(
+                        itertools.product([t for t in range(vocab) if t not in (PAD, BOS, EOS)], repeat=n)
+                        for n in range(1, max_len + 1)
+                    )
+                )
+                if list(y) == found.tokens
+            )
             assert found.score == pytest.approx(float(all_scores[index]), rel=1e-6, abs=1e-5)
 
 
@@ -202,7 +230,7 @@ def test_exact_stopping_is_never_worse_than_early_stopping_here():
     exact = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=6, length_penalty=1.0, early_stopping=False)
     early_hyps = generate(model, src, src.eq(PAD), early, BOS, EOS, PAD)
     exact_hyps = generate(model, src, src.eq(PAD), exact, BOS, EOS, PAD)
-    for a, b in zip(early_hyps, exact_hyps):
+    for a, b in zip(early_hyps, exact_hyps, strict=True):
         assert b[0].score >= a[0].score - 1e-6
 
 

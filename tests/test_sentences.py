@@ -11,8 +11,13 @@ from mtrain.evaluate.report import worst_lines_markdown
 from mtrain.evaluate.sentences import per_sentence_record, score_sentences, worst_lines, write_sentences_tsv
 
 HYPS = ["a man plays the guitar .", "two dogs run", "", "the cat sits on a mat", "a woman"]
-REFS = ["a man is playing the guitar .", "two dogs are running in the park", "a child", "the cat sits on the mat",
-        "A woman"]
+REFS = [
+    "a man is playing the guitar .",
+    "two dogs are running in the park",
+    "a child",
+    "the cat sits on the mat",
+    "A woman",
+]
 SOURCES = ["ein Mann spielt Gitarre .", "zwei Hunde rennen", "", "die Katze sitzt auf der Matte", "eine Frau"]
 
 
@@ -22,8 +27,8 @@ def test_scores_are_sacrebleus_sentence_scores_with_the_corpus_settings(tokenize
     bleu = BLEU(tokenize=tokenize, lowercase=lowercase, effective_order=True)
     chrf = CHRF(word_order=word_order, lowercase=lowercase)
     assert [row.line for row in rows] == [1, 2, 3, 4, 5]
-    assert [row.bleu for row in rows] == [bleu.sentence_score(h, [r]).score for h, r in zip(HYPS, REFS)]
-    assert [row.chrf for row in rows] == [chrf.sentence_score(h, [r]).score for h, r in zip(HYPS, REFS)]
+    assert [row.bleu for row in rows] == [bleu.sentence_score(h, [r]).score for h, r in zip(HYPS, REFS, strict=True)]
+    assert [row.chrf for row in rows] == [chrf.sentence_score(h, [r]).score for h, r in zip(HYPS, REFS, strict=True)]
     assert (rows[4].bleu == pytest.approx(100.0)) is lowercase  # "a woman" against "A woman"
     assert rows[2].bleu == 0.0
     assert [row.model_score for row in rows] == [-0.5, -1.0, None, -0.2, -2.0]
@@ -33,7 +38,9 @@ def test_several_references_score_each_line_against_all():
     second = ["a man plays the guitar .", "two dogs run", "a child", "a cat", "a woman"]
     rows = score_sentences(HYPS, [REFS, second])
     bleu = BLEU(effective_order=True)
-    assert [row.bleu for row in rows] == [bleu.sentence_score(h, [a, b]).score for h, a, b in zip(HYPS, REFS, second)]
+    assert [row.bleu for row in rows] == [
+        bleu.sentence_score(h, [a, b]).score for h, a, b in zip(HYPS, REFS, second, strict=True)
+    ]
     assert rows[0].references == [REFS[0], second[0]] and rows[0].source == "" and rows[0].model_score is None
 
 
@@ -76,5 +83,5 @@ def test_markdown_lists_the_worst_lines_escaped(tmp_path):
     assert str(tmp_path / "test.sentences.tsv") in markdown
     table_rows = [line for line in markdown.splitlines() if line.startswith("| 1 |")]
     assert len(table_rows) == 1 and "| 2 |" not in markdown  # worst_lines=1: the worst only
-    assert ("a \\| b \\*bold\\* \\<b\\>x\\</b\\> \\[link\\](u) \\`code\\` \\\\ \\_u\\_" in table_rows[0])
+    assert "a \\| b \\*bold\\* \\<b\\>x\\</b\\> \\[link\\](u) \\`code\\` \\\\ \\_u\\_" in table_rows[0]
     assert "| x y |" in table_rows[0] and "| -1.50 |" in table_rows[0]

@@ -30,8 +30,14 @@ from mtrain.train.checkpoint_files import save_checkpoint
 
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
 # device=cpu: the references are decoded on the CPU here, on a machine with a GPU too.
-DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32",
-          "device=cpu"]
+DECODE = [
+    "decode.beam=2",
+    "decode.max_len_a=0.5",
+    "decode.max_len_b=3",
+    "num_threads=1",
+    "precision=fp32",
+    "device=cpu",
+]
 LIMITS = ["max_sentences=8", "max_sentence_chars=200", "max_request_bytes=4096", "max_beam=4"]
 SENTENCES = [
     "Zwei junge Männer stehen vor einem Gebäude.",
@@ -47,7 +53,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +66,29 @@ def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
             lines += [next(f) for _ in range(400)]
     (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
     with open(os.devnull, "w") as quiet:
-        spm.SentencePieceTrainer.train(input=str(directory / "train.txt"), model_prefix=str(directory / "spm"),
-                                       vocab_size=300, unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet)
+        spm.SentencePieceTrainer.train(
+            input=str(directory / "train.txt"),
+            model_prefix=str(directory / "spm"),
+            vocab_size=300,
+            unk_id=0,
+            pad_id=1,
+            bos_id=2,
+            eos_id=3,
+            logstream=quiet,
+        )
     return Tokenizer({"spm.model": directory / "spm.model"})
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                       joint_vocab=tokenizer.joint).eval()
+    return build_model(
+        ModelConfig(**MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +107,13 @@ class Server:
     def __init__(self, *args: str, cwd: Path) -> None:
         self.log = cwd / "serve.log"
         self.handle = self.log.open("wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "mtrain", "serve", "port=0", *args], cwd=cwd, env=ENV,
-                                        stdout=subprocess.PIPE, stderr=self.handle)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mtrain", "serve", "port=0", *args],
+            cwd=cwd,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=self.handle,
+        )
         deadline = time.monotonic() + 90
         while not (found := re.search(r"on http://127\.0\.0\.1:(\d+)\n", self.stderr())):
             assert self.process.poll() is None, f"the server exited:\n{self.stderr()}"
@@ -124,8 +148,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(run_dir, tmp_path_factory):
-    started = Server(f"run={run_dir}", *DECODE, *LIMITS, "max_wait_ms=50",
-                     cwd=tmp_path_factory.mktemp("serve_cwd"))
+    started = Server(f"run={run_dir}", *DECODE, *LIMITS, "max_wait_ms=50", cwd=tmp_path_factory.mktemp("serve_cwd"))
     yield started
     assert started.stop() == 0, started.stderr()
     assert "Traceback" not in started.stderr()
@@ -150,8 +173,13 @@ def test_health_describes_the_model_and_the_limits(server, run_dir):
 def test_translations_equal_mtrain_translate_s(server, run_dir, tmp_path):
     source = tmp_path / "in.de"
     source.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", f"input={source}", *DECODE],
-                            capture_output=True, env=ENV, cwd=tmp_path, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", f"input={source}", *DECODE],
+        capture_output=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr.decode()
     from_translate = result.stdout.decode().splitlines()
 
@@ -169,8 +197,13 @@ def test_beam_and_nbest_per_request(server, model, tokenizer):
     response = server.post({"text": SENTENCES[:3], "beam": 3, "nbest": 3})
     assert response.status_code == 200, response.text
     body = response.json()
-    for sentence_hyps, served, best, score in zip(expected(model, tokenizer, SENTENCES[:3], beam=3, nbest=3),
-                                                  body["nbest"], body["translations"], body["scores"]):
+    for sentence_hyps, served, best, score in zip(
+        expected(model, tokenizer, SENTENCES[:3], beam=3, nbest=3),
+        body["nbest"],
+        body["translations"],
+        body["scores"],
+        strict=True,
+    ):
         assert [entry["text"] for entry in served] == [hyp.text for hyp in sentence_hyps]
         assert [entry["score"] for entry in served] == pytest.approx([hyp.score for hyp in sentence_hyps], abs=1e-5)
         assert (best, score) == (served[0]["text"], served[0]["score"])
@@ -216,16 +249,22 @@ BAD_REQUESTS = [
     (dict(json={"sentences": ["Ein Hund."]}), 422, "text: Field required"),
     (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, "beem: unknown field"),
     (dict(json=["Ein Hund."]), 422, "body: a JSON object"),
-    (dict(json={"text": ["Ein Hund."], "tgt_lang": "fr"}), 422, "tgt_lang: 'fr' is not a language this model "
-                                                                "translates into (allowed: 'en' or null)"),
+    (
+        dict(json={"text": ["Ein Hund."], "tgt_lang": "fr"}),
+        422,
+        "tgt_lang: 'fr' is not a language this model translates into (allowed: 'en' or null)",
+    ),
     (dict(json={"text": ["Ein Hund."], "beam": 5}), 422, "beam: 5 is outside 1..4 (max_beam=4)"),
     (dict(json={"text": ["Ein Hund."], "beam": 0}), 422, "beam: 0 is outside 1..4"),
     (dict(json={"text": ["Ein Hund."], "beam": 2, "nbest": 3}), 422, "nbest: 3 is above beam=2"),
 ]
 
 
-@pytest.mark.parametrize("request_options,status,error", BAD_REQUESTS,
-                         ids=[f"{status}-{error.split(':')[0]}-{i}" for i, (_, status, error) in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize(
+    "request_options,status,error",
+    BAD_REQUESTS,
+    ids=[f"{status}-{error.split(':')[0]}-{i}" for i, (_, status, error) in enumerate(BAD_REQUESTS)],
+)
 def test_a_bad_request_is_a_json_error_naming_the_field_or_limit(server, request_options, status, error):
     if "content" in request_options:
         request_options = {**request_options, "headers": {"Content-Type": "application/json"}}
@@ -241,7 +280,7 @@ def test_a_body_over_max_request_bytes_is_refused_before_it_is_parsed(server):
 
     def chunks():  # no Content-Length: counted as it arrives
         for start in range(0, len(big), 1000):
-            yield big[start:start + 1000]
+            yield big[start : start + 1000]
 
     chunked = httpx.post(f"{server.url}/translate", content=chunks(), headers={"Content-Type": "application/json"})
     for response in (declared, chunked):
@@ -265,11 +304,16 @@ def test_an_export_directory_is_served_and_sigterm_finishes_the_request_in_fligh
 
     export = export_run(run_dir, tmp_path / "ct2")
     ct2 = load_ctranslate2(export, torch.device("cpu"), "fp32", 1)
-    best = [hyps[0].text for hyps in translate_sentences(ct2, ct2.tokenizer, SENTENCES, DecodeConfig(
-        beam=2, max_len_a=0.5, max_len_b=3), "cpu")]
+    best = [
+        hyps[0].text
+        for hyps in translate_sentences(
+            ct2, ct2.tokenizer, SENTENCES, DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3), "cpu"
+        )
+    ]
     # A batch of fewer than 6 sentences waits 2 s for company: time to send SIGTERM while one is queued.
-    server = Server(f"run={export}", "engine=ctranslate2", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000",
-                    cwd=tmp_path)
+    server = Server(
+        f"run={export}", "engine=ctranslate2", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000", cwd=tmp_path
+    )
     try:
         assert server.health()["engine"] == "ctranslate2" and server.health()["tgt_lang"] == "en"
         assert server.post({"text": SENTENCES, "tgt_lang": "en"}).json()["translations"] == best  # a full batch
@@ -303,13 +347,21 @@ def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("serve")
-    assert (cfg.host, cfg.port, cfg.decode.beam, cfg.ensemble, cfg.max_batch_sentences) == ("127.0.0.1", 8080, 5, [], 64)
-    for argv, line in ((["max_beam=3"], "max_beam: 3 is below decode.beam=5"),
-                       (["port=70000"], "port: 70000 must be in 0..65535"),
-                       (["max_wait_ms=-1"], "max_wait_ms: -1.0 must be >= 0"),
-                       (["request_timeout_s=0"], "request_timeout_s: 0.0 must be > 0"),
-                       (["max_sentences=0"], "max_sentences: 0 must be >= 1"),
-                       (["max_batch_size=3"], "max_batch_size: unknown config key")):
+    assert (cfg.host, cfg.port, cfg.decode.beam, cfg.ensemble, cfg.max_batch_sentences) == (
+        "127.0.0.1",
+        8080,
+        5,
+        [],
+        64,
+    )
+    for argv, line in (
+        (["max_beam=3"], "max_beam: 3 is below decode.beam=5"),
+        (["port=70000"], "port: 70000 must be in 0..65535"),
+        (["max_wait_ms=-1"], "max_wait_ms: -1.0 must be >= 0"),
+        (["request_timeout_s=0"], "request_timeout_s: 0.0 must be > 0"),
+        (["max_sentences=0"], "max_sentences: 0 must be >= 1"),
+        (["max_batch_size=3"], "max_batch_size: unknown config key"),
+    ):
         with pytest.raises(SystemExit) as stop:
             check_before_run("serve", [f"run={run_dir}", *argv])
         assert stop.value.code == 2
@@ -332,7 +384,13 @@ class StandIn:
 
     def __init__(self, translate) -> None:
         self.translate = translate
-        self.description, self.engine_name, self.device, self.precision, self.threads = "stand-in", "torch", "cpu", "fp32", 1
+        self.description, self.engine_name, self.device, self.precision, self.threads = (
+            "stand-in",
+            "torch",
+            "cpu",
+            "fp32",
+            1,
+        )
         self.src_lang, self.tgt_lang = "de", "en"
 
     def target_languages(self) -> list[str]:
@@ -368,7 +426,9 @@ def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback()
     with app_client(broken) as client:
         response = client.post("/translate", json={"text": ["a"]})
         assert (response.status_code, response.json()) == (
-            500, {"error": "internal error (RuntimeError); the server's log has the details"})
+            500,
+            {"error": "internal error (RuntimeError); the server's log has the details"},
+        )
     with app_client(refused) as client:
         response = client.post("/translate", json={"text": ["a"]})
         assert response.status_code == 422 and response.json()["error"].startswith("model.max_positions")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
-
-import dataclasses
 
 import pytest
 import sentencepiece as spm
@@ -102,8 +101,13 @@ def test_second_call_reuses_the_cached_model(data, monkeypatch):
 
 @pytest.mark.parametrize(
     "change",
-    [dict(vocab_size=400), dict(model_type="bpe"), dict(character_coverage=0.98), dict(max_sentences=300),
-     dict(num_threads=2)],
+    [
+        dict(vocab_size=400),
+        dict(model_type="bpe"),
+        dict(character_coverage=0.98),
+        dict(max_sentences=300),
+        dict(num_threads=2),
+    ],
 )
 def test_different_settings_train_a_different_model(data, change):
     base = train_or_load_tokenizer(TokenizerConfig(**SMALL), data, log=quiet)
@@ -122,6 +126,7 @@ def test_worker_count_does_not_change_the_tokenizer(multi30k_slice, tmp_path):
     """SentencePiece's model depends on its thread count (2 threads train other pieces than 1),
     so training uses tokenizer.num_threads, never data.num_workers: `mtrain prepare
     data.num_workers=8` and a plain `mtrain fit` build the same tokenizer."""
+
     def trained(cache: str, workers: int = 1, **settings) -> list:
         """Pieces of a tokenizer trained in a cache of its own (never reused from another)."""
         data = DataConfig(local_dir=str(multi30k_slice), cache_dir=str(tmp_path / cache), num_workers=workers)
@@ -158,8 +163,10 @@ def test_bad_tokenizer_settings(data):
 def test_sentencepiece_failures_get_the_hint_of_their_cause():
     from mtrain.tokenizer.training import sentencepiece_hint
 
-    too_high = ("INTERNAL: src/trainer_interface.cc(744) [(trainer_spec_.vocab_size()) == "
-                "(model_proto->pieces_size())] Vocabulary size too high (1000). Please set it to a value <= 12.")
+    too_high = (
+        "INTERNAL: src/trainer_interface.cc(744) [(trainer_spec_.vocab_size()) == "
+        "(model_proto->pieces_size())] Vocabulary size too high (1000). Please set it to a value <= 12."
+    )
     assert "lower tokenizer.vocab_size to at most 12" in sentencepiece_hint(too_high)
     too_small = "Vocabulary size is smaller than required_chars. 600 vs 3000. Increase vocab_size or decrease character_coverage"
     assert "raise tokenizer.vocab_size" in sentencepiece_hint(too_small)

@@ -19,13 +19,14 @@ PAD, BOS, EOS = 1, 2, 3
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
-    yield
+    return
 
 
 def tiny_model():
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0,
-                      max_positions=64)
+    cfg = ModelConfig(
+        encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64
+    )
     return build_model(cfg, 40, 40, PAD, joint_vocab=True)  # tied output projection and embeddings
 
 

@@ -75,13 +75,23 @@ def _corpus(sentences: int = 200, seed: int = 0) -> EncodedCorpus:
     """Targets a fixed function of the sources: a task whose loss falls within a few updates."""
     rng = np.random.default_rng(seed)
     sources = [list(rng.integers(4, VOCAB, rng.integers(3, 12))) for _ in range(sentences)]
-    return EncodedCorpus.from_sequences([s + [IDS.eos] for s in sources],
-                                        [[4 + (t * 7) % (VOCAB - 4) for t in s] for s in sources])
+    return EncodedCorpus.from_sequences(
+        [s + [IDS.eos] for s in sources], [[4 + (t * 7) % (VOCAB - 4) for t in s] for s in sources]
+    )
 
 
-TINY_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
-              "model.ffn_dim=64", "model.dropout=0.0", "train.max_tokens=300", "train.lr=3e-3",
-              "train.warmup_updates=5", "train.valid_bleu=false"]
+TINY_MODEL = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.ffn_dim=64",
+    "model.dropout=0.0",
+    "train.max_tokens=300",
+    "train.lr=3e-3",
+    "train.warmup_updates=5",
+    "train.valid_bleu=false",
+]
 
 
 def _trainer(overrides=(), validate=None, checkpointer=None) -> Trainer:
@@ -89,8 +99,9 @@ def _trainer(overrides=(), validate=None, checkpointer=None) -> Trainer:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, VOCAB, VOCAB, IDS.pad, joint_vocab=True)
     parts = build_parts(model, cfg.train, cfg.seed, [_corpus()], IDS, torch.device("cpu"), Precision.fp32)
-    return Trainer(cfg.train, parts, DistributedContext(), checkpointer=checkpointer,
-                   validate=validate or (lambda: {"loss": 1.0}))
+    return Trainer(
+        cfg.train, parts, DistributedContext(), checkpointer=checkpointer, validate=validate or (lambda: {"loss": 1.0})
+    )
 
 
 def test_run_update_counts_one_update_and_moves_the_weights():
@@ -121,9 +132,11 @@ def test_fit_validates_when_due_stops_at_the_budget_and_validates_the_last_updat
 
     saves = Saves()
     losses = iter([3.0, 2.0, 2.5, 1.0])
-    trainer = _trainer(["train.max_updates=14", "train.validate_every=4", "train.save_every=null"],
-                       validate=lambda: validated.append(trainer.state.update) or {"loss": next(losses)},
-                       checkpointer=saves)
+    trainer = _trainer(
+        ["train.max_updates=14", "train.validate_every=4", "train.save_every=null"],
+        validate=lambda: validated.append(trainer.state.update) or {"loss": next(losses)},
+        checkpointer=saves,
+    )
     summary = trainer.fit()
     assert summary["stop_reason"] == "max_updates=14 reached" and summary["updates"] == 14
     assert validated == [4, 8, 12, 14]  # every 4 updates, and the last one
@@ -132,8 +145,9 @@ def test_fit_validates_when_due_stops_at_the_budget_and_validates_the_last_updat
 
 
 def test_patience_stops_training_after_validations_without_gain():
-    trainer = _trainer(["train.max_updates=100", "train.validate_every=2", "train.patience=2"],
-                       validate=lambda: {"loss": 2.0})  # never better than the first
+    trainer = _trainer(
+        ["train.max_updates=100", "train.validate_every=2", "train.patience=2"], validate=lambda: {"loss": 2.0}
+    )  # never better than the first
     summary = trainer.fit()
     # validations at 2 (best), 4 and 6 (no gain); the budget is read before each validation, so
     # the loop stops after the next update, which is validated as the last one
@@ -160,5 +174,7 @@ def test_a_trainer_restored_from_a_checkpoint_continues_exactly():
     resumed.load_state(checkpoint)
     assert resumed.state.update == 6
     assert [float(resumed.run_update()["loss_sum"]) for _ in range(4)] == expected
-    assert all(torch.equal(a, b) for a, b in zip(straight.model.state_dict().values(),
-                                                  resumed.model.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True)
+    )

@@ -19,7 +19,7 @@ from PIL import Image
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.stream import translate_stream
-from mtrain.decode.textio import decode_line, read_chunks, InputRepairs
+from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
@@ -33,7 +33,7 @@ MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    yield
+    return
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,14 @@ def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
     (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
     with open(os.devnull, "w") as quiet:
         spm.SentencePieceTrainer.train(
-            input=str(directory / "train.txt"), model_prefix=str(directory / "spm"), vocab_size=300,
-            unk_id=0, pad_id=1, bos_id=2, eos_id=3, logstream=quiet,
+            input=str(directory / "train.txt"),
+            model_prefix=str(directory / "spm"),
+            vocab_size=300,
+            unk_id=0,
+            pad_id=1,
+            bos_id=2,
+            eos_id=3,
+            logstream=quiet,
         )
     return Tokenizer({"spm.model": directory / "spm.model"})
 
@@ -56,8 +62,13 @@ def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
 @pytest.fixture(scope="module")
 def model(tokenizer):
     torch.manual_seed(0)
-    return build_model(ModelConfig(**MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                       joint_vocab=tokenizer.joint).eval()
+    return build_model(
+        ModelConfig(**MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +111,7 @@ def test_translate_sentences_keeps_order_and_matches_one_by_one(model, tokenizer
     cfg = DecodeConfig(beam=3, nbest=2, max_len_a=0.5, max_len_b=3, max_tokens=40)  # several batches
     together = translate_sentences(model, tokenizer, SENTENCES + [""], cfg, "cpu")
     assert len(together) == len(SENTENCES) + 1
-    for sentence, hyps in zip(SENTENCES, together):
+    for sentence, hyps in zip(SENTENCES, together, strict=True):
         alone = translate_sentences(model, tokenizer, [sentence], cfg, "cpu")[0]
         assert [h.tokens for h in alone] == [h.tokens for h in hyps]
         assert [h.text for h in alone] == [h.text for h in hyps] == [tokenizer.decode_tgt(h.tokens) for h in hyps]
@@ -142,8 +153,13 @@ def test_over_long_line_is_truncated_with_a_warning_naming_it(model, tokenizer, 
     source.write_text(f"{SENTENCES[1]}\n{SENTENCES[3]}\n{long_line}\n", encoding="utf-8")
     output = tmp_path / "hyp.en"
     with caplog.at_level(logging.WARNING, logger="mtrain"):
-        report = translate_stream(model, tokenizer, job(input=str(source), output=str(output), max_input_tokens=20),
-                                  torch.device("cpu"), "fp32")
+        report = translate_stream(
+            model,
+            tokenizer,
+            job(input=str(source), output=str(output), max_input_tokens=20),
+            torch.device("cpu"),
+            "fp32",
+        )
     assert report.truncated_lines == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("line 3:") and "truncated to the first 19" in warnings[0]
@@ -154,8 +170,13 @@ def test_model_position_limit_caps_inputs(model, tokenizer, tmp_path, caplog):
     source = tmp_path / "in.de"
     source.write_text(" ".join(SENTENCES * 12) + "\n", encoding="utf-8")  # far beyond 64 positions
     with caplog.at_level(logging.WARNING, logger="mtrain"):
-        translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "o"), max_input_tokens=1024),
-                         torch.device("cpu"), "fp32")
+        translate_stream(
+            model,
+            tokenizer,
+            job(input=str(source), output=str(tmp_path / "o"), max_input_tokens=1024),
+            torch.device("cpu"),
+            "fp32",
+        )
     assert "truncated to the first 63" in caplog.text
 
 
@@ -170,7 +191,9 @@ def test_undecodable_bytes_are_replaced_and_counted(model, tokenizer, tmp_path, 
     source.write_bytes(b"Ein Hund.\nEin \xff Mann \xfe\xfd.\n")
     output = tmp_path / "hyp.en"
     with caplog.at_level(logging.WARNING, logger="mtrain"):
-        report = translate_stream(model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32")
+        report = translate_stream(
+            model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32"
+        )
     assert (report.undecodable_bytes, report.undecodable_lines) == (3, 1)
     assert "3 bytes on 1 lines were not UTF-8 (first on line 2)" in caplog.text
     assert output.read_text(encoding="utf-8").count("\n") == 2
@@ -187,15 +210,22 @@ def test_nbest_output_is_tsv(model, tokenizer, tmp_path):
     source = tmp_path / "in.de"
     source.write_text(f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n", encoding="utf-8")
     output = tmp_path / "nbest.tsv"
-    translate_stream(model, tokenizer, job(input=str(source), output=str(output), decode={"beam": 4, "nbest": 3}),
-                     torch.device("cpu"), "fp32")
+    translate_stream(
+        model,
+        tokenizer,
+        job(input=str(source), output=str(output), decode={"beam": 4, "nbest": 3}),
+        torch.device("cpu"),
+        "fp32",
+    )
     rows = [line.split("\t") for line in output.read_text(encoding="utf-8").splitlines()]
     assert all(len(row) == 3 for row in rows)
     assert [row[0] for row in rows] == ["0", "0", "0", "1", "2", "2", "2"]
     assert rows[3][2] == ""
     first = [float(row[1]) for row in rows[:3]]
     assert first == sorted(first, reverse=True)
-    expected = translate_sentences(model, tokenizer, [SENTENCES[0]], job(decode={"beam": 4, "nbest": 3}).decode, "cpu")[0]
+    expected = translate_sentences(model, tokenizer, [SENTENCES[0]], job(decode={"beam": 4, "nbest": 3}).decode, "cpu")[
+        0
+    ]
     assert [row[2] for row in rows[:3]] == [h.text for h in expected]
     assert first == pytest.approx([h.score for h in expected], abs=1e-4)
 
@@ -205,8 +235,13 @@ def test_attention_pictures_one_png_per_sentence(model, tokenizer, tmp_path, lay
     source = tmp_path / "in.de"
     source.write_text(f"{SENTENCES[1]}\n\n{SENTENCES[3]}\n", encoding="utf-8")
     pictures = tmp_path / "att"
-    translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "hyp.en"), attention=str(pictures),
-                                           attention_layer=layer), torch.device("cpu"), "fp32")
+    translate_stream(
+        model,
+        tokenizer,
+        job(input=str(source), output=str(tmp_path / "hyp.en"), attention=str(pictures), attention_layer=layer),
+        torch.device("cpu"),
+        "fp32",
+    )
     assert sorted(p.name for p in pictures.iterdir()) == ["000001.png", "000003.png"]
     expected = translate_sentences(model, tokenizer, [SENTENCES[1]], job().decode, "cpu")[0][0]
     num_src = len(tokenizer.encode_src(SENTENCES[1])) + 1
@@ -220,21 +255,38 @@ def test_bad_attention_layer_is_a_clear_error(model, tokenizer, tmp_path):
     source.write_text("Ein Hund.\n", encoding="utf-8")
     for layer in ("middle", "5"):
         with pytest.raises(MtrainError, match="attention_layer"):
-            translate_stream(model, tokenizer, job(input=str(source), output=str(tmp_path / "o"), attention=str(tmp_path / "a"),
-                                                   attention_layer=layer), torch.device("cpu"), "fp32")
+            translate_stream(
+                model,
+                tokenizer,
+                job(
+                    input=str(source), output=str(tmp_path / "o"), attention=str(tmp_path / "a"), attention_layer=layer
+                ),
+                torch.device("cpu"),
+                "fp32",
+            )
 
 
 # ------------------------------------------------------------------ the command
 def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=120
+    )
 
 
 def test_translate_command_pipes_stdin_to_clean_stdout(run_dir, model, tokenizer, tmp_path):
     text = f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n".encode()
-    result = mtrain("translate", f"run={run_dir}", "decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3",
-                    "num_threads=1", "precision=fp32", stdin=text, cwd=tmp_path)
+    result = mtrain(
+        "translate",
+        f"run={run_dir}",
+        "decode.beam=2",
+        "decode.max_len_a=0.5",
+        "decode.max_len_b=3",
+        "num_threads=1",
+        "precision=fp32",
+        stdin=text,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr.decode()
     expected = translate_sentences(model, tokenizer, [SENTENCES[0], SENTENCES[1]], job().decode, "cpu")
     assert result.stdout.decode().split("\n") == [expected[0][0].text, "", expected[1][0].text, ""]
@@ -251,8 +303,18 @@ def test_translate_command_errors_are_one_line(run_dir, tmp_path):
 
 
 def _translate_command(run_dir: Path, *args: str) -> list[str]:
-    command = [sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", "decode.beam=1",
-                  "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "precision=fp32"]
+    command = [
+        sys.executable,
+        "-m",
+        "mtrain",
+        "translate",
+        f"run={run_dir}",
+        "decode.beam=1",
+        "decode.max_len_a=0.5",
+        "decode.max_len_b=3",
+        "num_threads=1",
+        "precision=fp32",
+    ]
     return command + list(args)
 
 
@@ -261,22 +323,44 @@ def test_translate_into_a_full_disk_or_a_closed_stream_is_one_line(run_dir, tmp_
     source.write_text("".join(f"{s}\n" for s in SENTENCES * 5), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open("/dev/full", "wb") as full:  # every write: ENOSPC
-        result = subprocess.run(_translate_command(run_dir, f"input={source}"), stdout=full, stderr=subprocess.PIPE,
-                                env=env, cwd=tmp_path, timeout=120)
+        result = subprocess.run(
+            _translate_command(run_dir, f"input={source}"),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
     errors = [line for line in result.stderr.decode().splitlines() if not line.startswith("mtrain: INFO")]
     assert result.returncode == 2, result.stderr.decode()
-    assert errors == ["mtrain: error: output: could not write to stdout (No space left on device); the translations "
-                      "written so far are incomplete. Free space where stdout goes, or give output=FILE"]
+    assert errors == [
+        "mtrain: error: output: could not write to stdout (No space left on device); the translations "
+        "written so far are incomplete. Free space where stdout goes, or give output=FILE"
+    ]
 
     # The shell closed stdin (`<&-`): Python's sys.stdin is None.
-    result = subprocess.run(_translate_command(run_dir), stdin=None, capture_output=True, env=env, cwd=tmp_path,
-                            timeout=120, preexec_fn=lambda: os.close(0))
+    result = subprocess.run(
+        _translate_command(run_dir),
+        stdin=None,
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        preexec_fn=lambda: os.close(0),
+    )
     assert result.returncode == 2, result.stderr.decode()
-    assert result.stderr.decode().splitlines() == ["mtrain: error: input: stdin is closed; give input=FILE, or "
-                                                   "pipe the text in"]
+    assert result.stderr.decode().splitlines() == [
+        "mtrain: error: input: stdin is closed; give input=FILE, or pipe the text in"
+    ]
     # stdin closed with input= given reads the file and needs no stdin.
-    result = subprocess.run(_translate_command(run_dir, f"input={source}", f"output={tmp_path / 'out.en'}"),
-                            capture_output=True, env=env, cwd=tmp_path, timeout=120, preexec_fn=lambda: os.close(0))
+    result = subprocess.run(
+        _translate_command(run_dir, f"input={source}", f"output={tmp_path / 'out.en'}"),
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        preexec_fn=lambda: os.close(0),
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == len(SENTENCES) * 5
 
@@ -285,8 +369,13 @@ def test_translate_into_a_reader_that_went_away_exits_141_quietly(run_dir, tmp_p
     """`mtrain translate ... | head -1`: the reader is gone before the translations come."""
     source = tmp_path / "in.de"
     source.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
-    process = subprocess.Popen(_translate_command(run_dir, f"input={source}"), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    process = subprocess.Popen(
+        _translate_command(run_dir, f"input={source}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+    )
     process.stdout.close()  # as head does once it has its line
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 141, stderr.decode()
@@ -369,9 +458,16 @@ def _start_on_a_terminal(run_dir: Path, cwd: Path, *args: str) -> tuple[subproce
     attributes = termios.tcgetattr(slave)
     attributes[3] &= ~termios.ECHO  # no echo to drain: we read the translations from stdout
     termios.tcsetattr(slave, termios.TCSANOW, attributes)
-    process = subprocess.Popen(_translate_command(run_dir, *args), stdin=slave, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    process = subprocess.Popen(
+        _translate_command(run_dir, *args),
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509 - no threads yet in the child
+    )
     os.close(slave)
     return process, master
 
@@ -389,7 +485,8 @@ def test_is_interactive_follows_the_key_then_the_terminal():
 
 
 def test_interactive_on_a_terminal_answers_each_line_before_the_next_then_ends_on_ctrl_d(
-        run_dir, model, tokenizer, tmp_path):
+    run_dir, model, tokenizer, tmp_path
+):
     process, master = _start_on_a_terminal(run_dir, tmp_path)
     try:
         lines = [SENTENCES[1], "", SENTENCES[3]]
@@ -409,11 +506,15 @@ def test_interactive_on_a_terminal_answers_each_line_before_the_next_then_ends_o
     assert b"translated 3 lines" in stderr and b"> " not in stderr  # no prompt: stderr is no terminal
 
 
-def test_interactive_true_on_a_pipe_answers_each_line_before_the_next_with_nbest(run_dir, model, tokenizer,
-                                                                                  tmp_path):
-    process = subprocess.Popen(_translate_command(run_dir, "interactive=true", "decode.beam=3", "decode.nbest=2"),
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_interactive_true_on_a_pipe_answers_each_line_before_the_next_with_nbest(run_dir, model, tokenizer, tmp_path):
+    process = subprocess.Popen(
+        _translate_command(run_dir, "interactive=true", "decode.beam=3", "decode.nbest=2"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         rows = []
         for number, line in enumerate(SENTENCES[:2]):

@@ -16,8 +16,9 @@ Fewer shapes let torch.compile reuse its graphs and the allocator reuse its bloc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, List, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,14 +37,14 @@ class Batch:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _map(self, function: Any) -> "Batch":
+    def _map(self, function: Any) -> Batch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return Batch(**{k: function(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
-    def to(self, device: Any, non_blocking: bool = False) -> "Batch":
+    def to(self, device: Any, non_blocking: bool = False) -> Batch:
         return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         """Page-locked copies for asynchronous host-to-GPU transfer (DataLoader pin_memory).
 
         Without an accelerator there is nothing to transfer to, and torch refuses to pin.
@@ -71,14 +72,22 @@ def _gather(
     return out
 
 
-def _gather_side(corpus: Any, side: str, indices: np.ndarray, lengths: np.ndarray, width: int, shift: int,
-                 pad_id: int) -> np.ndarray:
+def _gather_side(
+    corpus: Any, side: str, indices: np.ndarray, lengths: np.ndarray, width: int, shift: int, pad_id: int
+) -> np.ndarray:
     """`_gather` from `side` ("src" or "tgt") of an EncodedCorpus, or of each part of a
     ConcatenatedCorpus (mtrain.batches.mixture): each part's own token array is read, none copied."""
     split_indices = getattr(corpus, "split_indices", None)
     if split_indices is None:
-        return _gather(getattr(corpus, f"{side}_tokens"), getattr(corpus, f"{side}_offsets"), indices, lengths,
-                       width, shift, pad_id)
+        return _gather(
+            getattr(corpus, f"{side}_tokens"),
+            getattr(corpus, f"{side}_offsets"),
+            indices,
+            lengths,
+            width,
+            shift,
+            pad_id,
+        )
     out = np.full((len(indices), width), pad_id, dtype=np.int64)
     for rows, part, local in split_indices(indices):
         out[rows] = _gather_side(part, side, local, lengths[rows], width, shift, pad_id)
@@ -90,8 +99,9 @@ def round_up(lengths: Any, multiple: int) -> Any:
     return -(-lengths // multiple) * multiple
 
 
-def collate(corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int,
-            pad_to_multiple: int = 1) -> Batch:
+def collate(
+    corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1
+) -> Batch:
     """The padded tensors of the pairs at `indices` of an EncodedCorpus or a ConcatenatedCorpus
     (teacher forcing); src_len and tgt_len are rounded up to multiples of `pad_to_multiple`."""
     indices = np.asarray(indices, dtype=np.int64)
@@ -152,15 +162,16 @@ class TokenBatchSampler:
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
         # Padded width a sentence imposes on its batch: the decoder input is [bos] y.
-        self.sizes = np.maximum(round_up(self.src_lengths, pad_to_multiple),
-                                round_up(self.tgt_lengths + 1, pad_to_multiple))
+        self.sizes = np.maximum(
+            round_up(self.src_lengths, pad_to_multiple), round_up(self.tgt_lengths + 1, pad_to_multiple)
+        )
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
         self.num_replicas = num_replicas
         self.rank = rank
 
-    def batches(self, epoch: int) -> List[np.ndarray]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches (arrays of corpus indices) for `epoch`; deterministic."""
         if len(self.sizes) == 0:
             return []
@@ -179,7 +190,7 @@ class TokenBatchSampler:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.num_replicas > 1:
             usable = len(batches) - len(batches) % self.num_replicas
-            batches = batches[self.rank:usable:self.num_replicas]
+            batches = batches[self.rank : usable : self.num_replicas]
         return batches
 
 
@@ -194,7 +205,7 @@ def _budget_bounds(sizes: np.ndarray, max_tokens: int) -> np.ndarray:
     bounds = [0]
     start, total = 0, len(sizes)
     while start < total:
-        window = sizes[start:start + max(1, max_tokens // int(sizes[start]))]
+        window = sizes[start : start + max(1, max_tokens // int(sizes[start]))]
         costs = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)
         count = int(np.searchsorted(costs, max_tokens, side="right"))  # costs never decrease
         start += max(count, 1)

@@ -16,8 +16,8 @@ so training on a 4.5M-pair corpus starts in seconds and RAM stays flat as it gro
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class CorpusWriter:
         self.directory = directory
         self.dtype = np.dtype(dtype)
         self.size = 0
-        self.num_tokens = {side: 0 for side in SIDES}
+        self.num_tokens = dict.fromkeys(SIDES, 0)
         self._files = {}
         for side in SIDES:
             self._files[f"{side}.tokens"] = open(directory / f"{side}.tokens", "wb")
@@ -71,7 +71,7 @@ class EncodedCorpus:
         src_offsets: np.ndarray,
         tgt_tokens: np.ndarray,
         tgt_offsets: np.ndarray,
-        directory: Optional[Path] = None,
+        directory: Path | None = None,
     ) -> None:
         if len(src_offsets) != len(tgt_offsets):
             raise ValueError("source and target offsets differ in size")
@@ -82,7 +82,7 @@ class EncodedCorpus:
         self.tgt_lengths = np.diff(np.asarray(tgt_offsets))  # (n,) y only
 
     @classmethod
-    def open(cls, directory: Path) -> "EncodedCorpus":
+    def open(cls, directory: Path) -> EncodedCorpus:
         directory = Path(directory)
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         arrays = {}
@@ -92,7 +92,7 @@ class EncodedCorpus:
         return cls(directory=directory, **arrays)
 
     @classmethod
-    def from_sequences(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> "EncodedCorpus":
+    def from_sequences(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedCorpus:
         """An in-memory corpus (`src` sequences already end with eos): tests, small inputs."""
 
         def pack(sequences: Sequence[Sequence[int]]) -> tuple:
@@ -107,10 +107,10 @@ class EncodedCorpus:
         return len(self.src_lengths)
 
     def src(self, i: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[i]:self.src_offsets[i + 1]]
+        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
 
     def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[i]:self.tgt_offsets[i + 1]]
+        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
     def target_pieces(self) -> np.ndarray:
         """The distinct target token ids, ascending (what `model.output_vocab=target` keeps)."""

@@ -13,16 +13,17 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
 from mtrain.data.cleaning import KEEP, classify_pairs, count_reasons, normalizer, pair_hashes, reject_where
 from mtrain.data.overlap import text_hashes
 
-Pair = Tuple[str, str]
+Pair = tuple[str, str]
 
 
 @dataclass
@@ -31,9 +32,9 @@ class EncodedChunk:
     src_lengths: np.ndarray  # (n,) including the eos
     tgt_tokens: np.ndarray  # target ids only (bos/eos are added when batching)
     tgt_lengths: np.ndarray  # (n,)
-    hashes: Optional[np.ndarray]  # (n,) pair hashes (training split: deduplication, overlap)
-    rejected: Dict[str, int]  # pairs filtered out, by reason
-    src_hashes: Optional[np.ndarray] = None  # (n,) source hashes (training split: overlap)
+    hashes: np.ndarray | None  # (n,) pair hashes (training split: deduplication, overlap)
+    rejected: dict[str, int]  # pairs filtered out, by reason
+    src_hashes: np.ndarray | None = None  # (n,) source hashes (training split: overlap)
 
 
 class ChunkEncoder:
@@ -45,15 +46,23 @@ class ChunkEncoder:
     hashes of the evaluation sets whose pairs are dropped (`data.clean.drop_eval_overlap`).
     """
 
-    def __init__(self, src_model: str, tgt_model: str, eos_id: int, dtype: str, clean: Optional[Dict[str, Any]],
-                 src_prefix: Sequence[int] = (), drop_sources: Optional[np.ndarray] = None):
+    def __init__(
+        self,
+        src_model: str,
+        tgt_model: str,
+        eos_id: int,
+        dtype: str,
+        clean: dict[str, Any] | None,
+        src_prefix: Sequence[int] = (),
+        drop_sources: np.ndarray | None = None,
+    ):
         self.src_model, self.tgt_model = src_model, tgt_model
         self.eos_id = eos_id
         self.src_prefix = [int(token) for token in src_prefix]
         self.drop_sources = drop_sources
         self.dtype = np.dtype(dtype)
         self.clean = SimpleNamespace(**clean) if clean is not None else None
-        self._processors: Optional[tuple] = None
+        self._processors: tuple | None = None
 
     def _load(self) -> tuple:
         if self._processors is None:  # once per process
@@ -75,12 +84,12 @@ class ChunkEncoder:
             normalize = normalizer(self.clean.normalize)
             src_texts = [normalize(text) for text in src_texts]
             tgt_texts = [normalize(text) for text in tgt_texts]
-        src_ids: List[List[int]] = src_processor.encode(src_texts)
-        tgt_ids: List[List[int]] = tgt_processor.encode(tgt_texts)
+        src_ids: list[list[int]] = src_processor.encode(src_texts)
+        tgt_ids: list[list[int]] = tgt_processor.encode(tgt_texts)
         src_lengths, tgt_lengths = sequence_lengths(src_ids), sequence_lengths(tgt_ids)
 
         rows = np.arange(len(pairs))
-        rejected: Dict[str, int] = {}
+        rejected: dict[str, int] = {}
         hashes = src_hashes = None
         if self.clean is not None:
             codes = classify_pairs(src_texts, tgt_texts, src_lengths, tgt_lengths, self.clean)
@@ -91,27 +100,30 @@ class ChunkEncoder:
             rows = np.flatnonzero(codes == KEEP)
             hashes = pair_hashes([src_texts[i] for i in rows], [tgt_texts[i] for i in rows])
             src_hashes = src_hashes[rows]
-        src_tokens, src_lengths = flatten_sequences(src_ids, rows, src_lengths, self.dtype, self.eos_id,
-                                                    self.src_prefix)
+        src_tokens, src_lengths = flatten_sequences(
+            src_ids, rows, src_lengths, self.dtype, self.eos_id, self.src_prefix
+        )
         tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
         return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected, src_hashes)
 
 
-def sequence_lengths(sequences: List[List[int]]) -> np.ndarray:
+def sequence_lengths(sequences: list[list[int]]) -> np.ndarray:
     """The length of each encoded sequence, as int64."""
     return np.fromiter(map(len, sequences), np.int64, len(sequences))
 
 
 def flatten_sequences(
-    sequences: List[List[int]], rows: np.ndarray, lengths: np.ndarray, dtype: np.dtype, eos_id: Optional[int],
+    sequences: list[list[int]],
+    rows: np.ndarray,
+    lengths: np.ndarray,
+    dtype: np.dtype,
+    eos_id: int | None,
     prefix: Sequence[int] = (),
-) -> Tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """The chosen `rows` of `sequences` back to back, each after `prefix` (tag ids) and
     followed by eos if given."""
     lengths = lengths[rows]
-    tokens = np.fromiter(
-        itertools.chain.from_iterable(sequences[i] for i in rows.tolist()), dtype, int(lengths.sum())
-    )
+    tokens = np.fromiter(itertools.chain.from_iterable(sequences[i] for i in rows.tolist()), dtype, int(lengths.sum()))
     if prefix:
         starts = np.cumsum(lengths) - lengths  # where each sequence begins
         tokens = np.insert(tokens, np.repeat(starts, len(prefix)), np.tile(np.asarray(prefix, dtype=dtype), len(rows)))
@@ -123,11 +135,11 @@ def flatten_sequences(
 
 
 # One encoder per worker process, installed by the pool's initializer.
-_worker_encoder: Optional[ChunkEncoder] = None
+_worker_encoder: ChunkEncoder | None = None
 
 
 def _install(encoder: ChunkEncoder) -> None:
-    global _worker_encoder
+    global _worker_encoder  # noqa: PLW0603 - a pool initializer's only way to hand state to its worker
     _worker_encoder = encoder
 
 
@@ -136,7 +148,7 @@ def _encode_in_worker(pairs: Sequence[Pair]) -> EncodedChunk:
     return _worker_encoder(pairs)
 
 
-def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[List[Pair]], workers: int) -> Iterator[EncodedChunk]:
+def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[list[Pair]], workers: int) -> Iterator[EncodedChunk]:
     """`encoder(chunk)` for every chunk, in order, using `workers` processes.
 
     `Pool.imap` would read the whole input ahead of the workers; submitting by hand keeps at
@@ -156,7 +168,7 @@ def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[List[Pair]], workers: 
             yield pending.popleft().get()
 
 
-def chunked(pairs: Iterable[Pair], size: int) -> Iterator[List[Pair]]:
+def chunked(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
     iterator = iter(pairs)
     while chunk := list(itertools.islice(iterator, size)):
         yield chunk

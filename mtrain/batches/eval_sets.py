@@ -10,9 +10,10 @@ Entries live under `<cache>/eval/`, beside the training corpora's `<cache>/corpo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
 from mtrain.batches.encoding import ChunkEncoder
@@ -34,22 +35,36 @@ Log = Callable[[str], Any]
 class EvalSet:
     """One encoded evaluation split (None/empty when the split is switched off)."""
 
-    corpus: Optional[EncodedCorpus]
+    corpus: EncodedCorpus | None
     text: ParallelText
-    counts: Dict[str, int]
+    counts: dict[str, int]
     hashes: EvalHashes  # of the (normalised) text: for train–test overlap
     key: str
 
 
-def eval_set(split: str, direction: Direction, source: ParallelSource, data: DataConfig, tokenizer: Tokenizer,
-             model_files: tuple, tag_ids: List[int], log: Log) -> EvalSet:
+def eval_set(
+    split: str,
+    direction: Direction,
+    source: ParallelSource,
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    model_files: tuple,
+    tag_ids: list[int],
+    log: Log,
+) -> EvalSet:
     """`split` (valid or test) of `direction` from its cache entry, encoded first if there is none."""
     if split == "test" and data.splits.test is None:  # no test split: nothing to read or store
-        return EvalSet(None, ParallelText(), {"read": 0, "kept": 0, "src_tokens": 0, "tgt_tokens": 0,
-                                              "invalid_utf8": 0}, EvalHashes(), "no test split")
+        return EvalSet(
+            None,
+            ParallelText(),
+            {"read": 0, "kept": 0, "src_tokens": 0, "tgt_tokens": 0, "invalid_utf8": 0},
+            EvalHashes(),
+            "no test split",
+        )
     src, tgt = direction
-    key = fingerprint("eval", CACHE_FORMAT, tokenizer.fingerprint, source.fingerprint(split), src, tgt, tag_ids,
-                      data.invalid_utf8)
+    key = fingerprint(
+        "eval", CACHE_FORMAT, tokenizer.fingerprint, source.fingerprint(split), src, tgt, tag_ids, data.invalid_utf8
+    )
     entry = cache_root(data.cache_dir) / "eval" / f"{data.name}-{src}-{tgt}-{split}-{key[:16]}"
     if not is_complete(entry):
         with build_entry(entry, log) as staging:
@@ -62,26 +77,44 @@ def eval_set(split: str, direction: Direction, source: ParallelSource, data: Dat
     return EvalSet(EncodedCorpus.open(entry / split), text, counts, hashes, key)
 
 
-def _encode(staging: Path, split: str, direction: Direction, source: ParallelSource, data: DataConfig,
-            tokenizer: Tokenizer, model_files: tuple, tag_ids: List[int], log: Log) -> None:
+def _encode(
+    staging: Path,
+    split: str,
+    direction: Direction,
+    source: ParallelSource,
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    model_files: tuple,
+    tag_ids: list[int],
+    log: Log,
+) -> None:
     stats = ReadStats()
     text = ParallelText()
     for src, tgt in source.pairs(split, stats):
         text.src.append(src)
         text.tgt.append(tgt)
     stats.report(split, log)
-    (staging / "text.json").write_text(json.dumps({"src": text.src, "tgt": text.tgt}, ensure_ascii=False),
-                                       encoding="utf-8")
+    (staging / "text.json").write_text(
+        json.dumps({"src": text.src, "tgt": text.tgt}, ensure_ascii=False), encoding="utf-8"
+    )
     if not text.src:
-        raise MtrainError(f"data: the {split} split of {source.description} ({direction[0]}->{direction[1]}) "
-                          "has no sentences")
+        raise MtrainError(
+            f"data: the {split} split of {source.description} ({direction[0]}->{direction[1]}) has no sentences"
+        )
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     encoder = ChunkEncoder(*model_files, tokenizer.eos_id, dtype.name, clean=None, src_prefix=tag_ids)
     writer = CorpusWriter(staging / split, dtype)
     for start in range(0, len(text), data.chunk_size):
-        chunk = encoder(list(zip(text.src[start:start + data.chunk_size], text.tgt[start:start + data.chunk_size])))
+        chunk = encoder(
+            list(zip(text.src[start : start + data.chunk_size], text.tgt[start : start + data.chunk_size], strict=True))
+        )
         writer.append(chunk.src_tokens, chunk.src_lengths, chunk.tgt_tokens, chunk.tgt_lengths)
     writer.close()
-    counts = {"read": len(text), "kept": writer.size, "src_tokens": writer.num_tokens["src"],
-              "tgt_tokens": writer.num_tokens["tgt"], "invalid_utf8": stats.invalid_utf8}
+    counts = {
+        "read": len(text),
+        "kept": writer.size,
+        "src_tokens": writer.num_tokens["src"],
+        "tgt_tokens": writer.num_tokens["tgt"],
+        "invalid_utf8": stats.invalid_utf8,
+    }
     (staging / "summary.json").write_text(json.dumps(counts), encoding="utf-8")

@@ -19,8 +19,8 @@ each part's own memory-mapped token arrays.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -96,17 +96,16 @@ class ConcatenatedCorpus:
         """Pairs per part."""
         return np.diff(self.starts)
 
-    def locate(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(part, index within that part) of each global index."""
         indices = np.asarray(indices, dtype=np.int64)
         part = np.searchsorted(self.starts, indices, side="right") - 1  # "right": empty parts are skipped
         return part, indices - self.starts[part]
 
-    def split_indices(self, indices: np.ndarray) -> List[Tuple[np.ndarray, EncodedCorpus, np.ndarray]]:
+    def split_indices(self, indices: np.ndarray) -> list[tuple[np.ndarray, EncodedCorpus, np.ndarray]]:
         """(rows of `indices`, part, their indices within the part), for each part they touch."""
         part, local = self.locate(indices)
-        return [(rows, self.parts[p], local[rows])
-                for p in np.unique(part) for rows in [np.flatnonzero(part == p)]]
+        return [(rows, self.parts[p], local[rows]) for p in np.unique(part) for rows in [np.flatnonzero(part == p)]]
 
     def src(self, i: int) -> np.ndarray:
         (part,), (local,) = self.locate(np.array([i]))
@@ -121,7 +120,7 @@ class ConcatenatedCorpus:
         return np.unique(np.concatenate([part.target_pieces() for part in self.parts]))
 
 
-def corpus_labels(parts: Sequence[CorpusPart]) -> List[str]:
+def corpus_labels(parts: Sequence[CorpusPart]) -> list[str]:
     """Each part's name in logs and metrics: its name, with its direction where names repeat
     (Multi30k's de-en and en-de are both `multi30k`), and its position where that repeats too."""
     labels = [part.name for part in parts]
@@ -138,23 +137,30 @@ class EpochDraw:
     averages over: pieces + eos)."""
 
     epoch: int
-    labels: Tuple[str, ...]
-    sizes: Tuple[int, ...]  # each corpus's pairs
-    pairs: Tuple[int, ...]  # drawn from each
-    tokens: Tuple[int, ...]
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]  # each corpus's pairs
+    pairs: tuple[int, ...]  # drawn from each
+    tokens: tuple[int, ...]
 
-    def shares(self) -> Dict[str, Dict[str, float]]:
+    def shares(self) -> dict[str, dict[str, float]]:
         """{label: {"pairs": share, "tokens": share, "passes": drawn / size}} (metrics.json, TensorBoard)."""
         pairs, tokens = max(sum(self.pairs), 1), max(sum(self.tokens), 1)
-        return {label: {"pairs": round(p / pairs, 6), "tokens": round(t / tokens, 6),
-                        "passes": round(p / size, 4) if size else 0.0}
-                for label, size, p, t in zip(self.labels, self.sizes, self.pairs, self.tokens)}
+        return {
+            label: {
+                "pairs": round(p / pairs, 6),
+                "tokens": round(t / tokens, 6),
+                "passes": round(p / size, 4) if size else 0.0,
+            }
+            for label, size, p, t in zip(self.labels, self.sizes, self.pairs, self.tokens, strict=True)
+        }
 
     def describe(self) -> str:
         """The log line, e.g. `epoch 3 draw: 29,000 pairs, 361,322 target tokens | multi30k 50.1% pairs
         49.0% tokens (1.00 passes) | bt 49.9% pairs 51.0% tokens (0.52 passes)`."""
-        corpora = " | ".join(f"{label} {100 * s['pairs']:.1f}% pairs {100 * s['tokens']:.1f}% tokens "
-                             f"({s['passes']:.2f} passes)" for label, s in self.shares().items())
+        corpora = " | ".join(
+            f"{label} {100 * s['pairs']:.1f}% pairs {100 * s['tokens']:.1f}% tokens ({s['passes']:.2f} passes)"
+            for label, s in self.shares().items()
+        )
         return f"epoch {self.epoch} draw: {sum(self.pairs):,} pairs, {sum(self.tokens):,} target tokens | {corpora}"
 
 
@@ -173,8 +179,12 @@ class CorpusMixture:
     def draw(self, seed: int, epoch: int) -> np.ndarray:
         """The global indices epoch `epoch` trains on (duplicates where a corpus is repeated);
         a function of (seed, epoch) alone."""
-        drawn = [start + draw_corpus(size, count, np.random.default_rng([seed, epoch, i]))
-                 for i, (start, size, count) in enumerate(zip(self.corpus.starts, self.corpus.sizes, self.counts))]
+        drawn = [
+            start + draw_corpus(size, count, np.random.default_rng([seed, epoch, i]))
+            for i, (start, size, count) in enumerate(
+                zip(self.corpus.starts, self.corpus.sizes, self.counts, strict=True)
+            )
+        ]
         return np.concatenate(drawn)
 
     def summarize(self, epoch: int, indices: np.ndarray) -> EpochDraw:
@@ -183,12 +193,18 @@ class CorpusMixture:
         parts = len(self.labels)
         pairs = np.bincount(part, minlength=parts)
         tokens = np.bincount(part, weights=self.corpus.tgt_lengths[indices] + 1, minlength=parts)
-        return EpochDraw(epoch, tuple(self.labels), tuple(int(s) for s in self.corpus.sizes),
-                         tuple(int(p) for p in pairs), tuple(int(t) for t in tokens))
+        return EpochDraw(
+            epoch,
+            tuple(self.labels),
+            tuple(int(s) for s in self.corpus.sizes),
+            tuple(int(p) for p in pairs),
+            tuple(int(t) for t in tokens),
+        )
 
     def describe(self) -> str:
-        return (f"{len(self.labels)} corpora drawn by weight x size^(1/{self.temperature:g}): "
-                + ", ".join(f"{label} {100 * share:.1f}%" for label, share in zip(self.labels, self.shares)))
+        return f"{len(self.labels)} corpora drawn by weight x size^(1/{self.temperature:g}): " + ", ".join(
+            f"{label} {100 * share:.1f}%" for label, share in zip(self.labels, self.shares, strict=True)
+        )
 
 
 class MixtureSampler:
@@ -196,20 +212,34 @@ class MixtureSampler:
     as global indices of `mixture.corpus`. Every rank draws the same pairs and cuts the same
     batches from them; rank r then takes its share as `TokenBatchSampler` deals it."""
 
-    def __init__(self, mixture: CorpusMixture, *, max_tokens: int, seed: int, num_replicas: int = 1, rank: int = 0,
-                 pad_to_multiple: int = 1) -> None:
+    def __init__(
+        self,
+        mixture: CorpusMixture,
+        *,
+        max_tokens: int,
+        seed: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        pad_to_multiple: int = 1,
+    ) -> None:
         self.mixture = mixture
         self.seed = seed
-        self.options = dict(max_tokens=max_tokens, seed=seed, shuffle=True, num_replicas=num_replicas, rank=rank,
-                            pad_to_multiple=pad_to_multiple)
-        self._last: Optional[Tuple[int, np.ndarray]] = None  # (epoch, its draw): drawn once, summarised once
+        self.options = dict(
+            max_tokens=max_tokens,
+            seed=seed,
+            shuffle=True,
+            num_replicas=num_replicas,
+            rank=rank,
+            pad_to_multiple=pad_to_multiple,
+        )
+        self._last: tuple[int, np.ndarray] | None = None  # (epoch, its draw): drawn once, summarised once
 
     def drawn(self, epoch: int) -> np.ndarray:
         if self._last is None or self._last[0] != epoch:
             self._last = (epoch, self.mixture.draw(self.seed, epoch))
         return self._last[1]
 
-    def batches(self, epoch: int) -> List[np.ndarray]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
         # Imported here: batching loads torch, and preparation (which imports CorpusPart from
         # this module) never needs it.
         from mtrain.batches.batching import TokenBatchSampler

@@ -18,9 +18,10 @@ cleaning counts, for the run's metrics.json.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from mtrain.batches.corpus import EncodedCorpus
 from mtrain.batches.eval_sets import eval_set
@@ -49,10 +50,10 @@ class DirectionData:
 
     src: str
     tgt: str
-    tag_ids: List[int]  # prepended to every source sentence of this direction; [] without tags
+    tag_ids: list[int]  # prepended to every source sentence of this direction; [] without tags
     valid: EncodedCorpus
     valid_text: ParallelText
-    test: Optional[EncodedCorpus]
+    test: EncodedCorpus | None
     test_text: ParallelText
 
     @property
@@ -65,30 +66,31 @@ class PreparedData:
     tokenizer: Tokenizer
     train: EncodedCorpus
     valid: EncodedCorpus
-    test: Optional[EncodedCorpus]  # None without a test split (data.splits.test=null)
+    test: EncodedCorpus | None  # None without a test split (data.splits.test=null)
     valid_text: ParallelText  # raw source/reference sentences for BLEU
     test_text: ParallelText
     directory: Path  # the cache entry of the (first) training corpus
     fingerprint: str = ""  # of everything encoded: every entry's key (tokenizer, sources, settings)
     # data.subword_sampling: sampled segmentations of `train`, epoch e trains on
     # train_copies[(e - 1) % len]; empty without sampling (every epoch trains on `train`)
-    train_copies: List[EncodedCorpus] = field(default_factory=list)
+    train_copies: list[EncodedCorpus] = field(default_factory=list)
     # data.corpora: every training corpus on its own (`train` is then their ConcatenatedCorpus);
     # one part (the whole of `train`) for a single corpus.
-    train_parts: List[CorpusPart] = field(default_factory=list)
+    train_parts: list[CorpusPart] = field(default_factory=list)
     # one per direction trained (valid/test/valid_text/test_text above are directions[0]'s)
-    directions: List[DirectionData] = field(default_factory=list)
+    directions: list[DirectionData] = field(default_factory=list)
     # for metrics.json: per corpus its cleaning counts, train–test overlap and provenance;
     # per direction its valid/test counts
-    summary: Dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
 
-    def training_corpora(self) -> List[EncodedCorpus]:
+    def training_corpora(self) -> list[EncodedCorpus]:
         """Every segmentation training may see: `train`, and its sampled copies."""
         return [self.train, *self.train_copies]
 
 
-def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print,
-                 tokenizer: Optional[Tokenizer] = None) -> PreparedData:
+def prepare_data(
+    data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = print, tokenizer: Tokenizer | None = None
+) -> PreparedData:
     """Tokenizer and encoded splits for `data_cfg` and `tok_cfg`; either may also be the
     OmegaConf node of its section (only attributes are read). `tokenizer`: use this one (a
     parent run's, when fine-tuning) instead of training or loading one."""
@@ -99,18 +101,22 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = prin
     eval_sources = evaluation_sources(data_cfg, corpora)
     for corpus in corpora:
         name = corpus.label if corpus.key == "data" else f"{corpus.key} {corpus.label}"
-        log(f"data: {name} {corpus.cfg.src}->{corpus.cfg.tgt} from {corpus.source.description}"
-            + (f", weight {corpus.weight:g}" if data_cfg.corpora else "") + (f", tag <{corpus.tag}>" if corpus.tag else ""))
+        log(
+            f"data: {name} {corpus.cfg.src}->{corpus.cfg.tgt} from {corpus.source.description}"
+            + (f", weight {corpus.weight:g}" if data_cfg.corpora else "")
+            + (f", tag <{corpus.tag}>" if corpus.tag else "")
+        )
     if tokenizer is None:
-        tokenizer = train_or_load_tokenizer(tok_cfg, data_cfg, source=corpora[0].source, log=log,
-                                            corpora=corpora if data_cfg.corpora else ())
+        tokenizer = train_or_load_tokenizer(
+            tok_cfg, data_cfg, source=corpora[0].source, log=log, corpora=corpora if data_cfg.corpora else ()
+        )
     else:
         log(f"tokenizer: the given one ({', '.join(str(path) for path in tokenizer.files.values())})")
     model_files = tuple(str(path) for path in _model_files(tokenizer))
     drop = bool(data_cfg.clean.drop_eval_overlap)
     if drop:  # the evaluation sets decide which training pairs are dropped: encode them first
         evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
-    sets: List[EncodedTrainingSet] = []
+    sets: list[EncodedTrainingSet] = []
     for corpus in corpora:
         tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus)
         dropped = _union(evals[corpus.direction]) if drop else None
@@ -122,16 +128,23 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = prin
     for direction in run_directions(data_cfg):
         valid, test = evals[direction]
         tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
-        directions.append(DirectionData(direction[0], direction[1], tag_ids, valid.corpus, valid.text, test.corpus,
-                                        test.text))
+        directions.append(
+            DirectionData(direction[0], direction[1], tag_ids, valid.corpus, valid.text, test.corpus, test.text)
+        )
     keys = [encoded.key for encoded in sets] + [split.key for pair in evals.values() for split in pair]
     data = PreparedData(
-        tokenizer=tokenizer, valid=directions[0].valid, test=directions[0].test,
+        tokenizer=tokenizer,
+        valid=directions[0].valid,
+        test=directions[0].test,
         train=sets[0].corpus if len(sets) == 1 else ConcatenatedCorpus([encoded.corpus for encoded in sets]),
-        valid_text=directions[0].valid_text, test_text=directions[0].test_text, directory=sets[0].entry,
+        valid_text=directions[0].valid_text,
+        test_text=directions[0].test_text,
+        directory=sets[0].entry,
         fingerprint=fingerprint("prepared", keys),
-        train_parts=[CorpusPart(corpus.label, corpus.cfg.src, corpus.cfg.tgt, encoded.corpus, corpus.weight, corpus.tag)
-                     for corpus, encoded in zip(corpora, sets)],
+        train_parts=[
+            CorpusPart(corpus.label, corpus.cfg.src, corpus.cfg.tgt, encoded.corpus, corpus.weight, corpus.tag)
+            for corpus, encoded in zip(corpora, sets, strict=True)
+        ],
         directions=directions,
     )
     data.summary = _summary(corpora, sets, evals, log)
@@ -140,28 +153,37 @@ def prepare_data(data_cfg: DataConfig, tok_cfg: TokenizerConfig, log: Log = prin
     return data
 
 
-def tag_ids_of(tokenizer: Tokenizer, symbols: List[str], data_cfg: DataConfig,
-               corpus: Optional[TrainingCorpus] = None) -> List[int]:
+def tag_ids_of(
+    tokenizer: Tokenizer, symbols: list[str], data_cfg: DataConfig, corpus: TrainingCorpus | None = None
+) -> list[int]:
     """The ids of tag symbols; a symbol the tokenizer lacks (one given from elsewhere, e.g. a
     parent run's) is refused, naming its key."""
     ids = [tokenizer.piece_id(symbol) for symbol in symbols]
-    for symbol, piece in zip(symbols, ids):
+    for symbol, piece in zip(symbols, ids, strict=True):
         if piece == tokenizer.unk_id:
-            key = f"{corpus.key}.tag" if corpus is not None and corpus.tag and symbol == f"<{corpus.tag}>" \
+            key = (
+                f"{corpus.key}.tag"
+                if corpus is not None and corpus.tag and symbol == f"<{corpus.tag}>"
                 else "data.lang_tags"
-            raise MtrainError(f"{key}: the tokenizer has no piece {symbol} (it was trained without this tag); "
-                              "train a new tokenizer with the tags, or drop the tag")
+            )
+            raise MtrainError(
+                f"{key}: the tokenizer has no piece {symbol} (it was trained without this tag); "
+                "train a new tokenizer with the tags, or drop the tag"
+            )
     return ids
 
 
-def _evaluation_sets(data_cfg: DataConfig, sources: Dict[Direction, Any], tokenizer: Tokenizer, model_files: tuple,
-                     log: Log) -> Dict[Direction, tuple]:
+def _evaluation_sets(
+    data_cfg: DataConfig, sources: dict[Direction, Any], tokenizer: Tokenizer, model_files: tuple, log: Log
+) -> dict[Direction, tuple]:
     """(valid, test) EvalSets of every direction trained."""
     evals = {}
     for direction, source in sources.items():
         tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
-        evals[direction] = tuple(eval_set(split, direction, source, data_cfg, tokenizer, model_files, tag_ids, log)
-                                 for split in ("valid", "test"))
+        evals[direction] = tuple(
+            eval_set(split, direction, source, data_cfg, tokenizer, model_files, tag_ids, log)
+            for split in ("valid", "test")
+        )
     return evals
 
 
@@ -169,18 +191,31 @@ def _union(pair: tuple) -> EvalHashes:
     return pair[0].hashes.union(pair[1].hashes)
 
 
-def _summary(corpora: List[TrainingCorpus], sets: List[EncodedTrainingSet], evals: Dict[Direction, tuple],
-             log: Log) -> Dict[str, Any]:
+def _summary(
+    corpora: list[TrainingCorpus], sets: list[EncodedTrainingSet], evals: dict[Direction, tuple], log: Log
+) -> dict[str, Any]:
     """Per corpus: counts, overlap and provenance; per direction: the eval sets' counts. Logged."""
     several = len(corpora) > 1 or corpora[0].key != "data"
-    summary: Dict[str, Any] = {"corpora": [], "directions": []}
-    for corpus, encoded in zip(corpora, sets):
+    summary: dict[str, Any] = {"corpora": [], "directions": []}
+    for corpus, encoded in zip(corpora, sets, strict=True):
         valid, test = evals[corpus.direction]
-        overlap = count_overlap(encoded.src_hashes, encoded.pair_hashes,
-                                {"valid": valid.hashes, **({"test": test.hashes} if test.corpus is not None else {})})
-        record = {"name": corpus.label, "key": corpus.key, "src": corpus.cfg.src, "tgt": corpus.cfg.tgt,
-                  "weight": corpus.weight, "tag": corpus.tag, "train": encoded.summary, "eval_overlap": overlap,
-                  "cache_hit": encoded.cache_hit, "entry": str(encoded.entry)}
+        overlap = count_overlap(
+            encoded.src_hashes,
+            encoded.pair_hashes,
+            {"valid": valid.hashes, **({"test": test.hashes} if test.corpus is not None else {})},
+        )
+        record = {
+            "name": corpus.label,
+            "key": corpus.key,
+            "src": corpus.cfg.src,
+            "tgt": corpus.cfg.tgt,
+            "weight": corpus.weight,
+            "tag": corpus.tag,
+            "train": encoded.summary,
+            "eval_overlap": overlap,
+            "cache_hit": encoded.cache_hit,
+            "entry": str(encoded.entry),
+        }
         provenance = corpus.provenance()
         if provenance:
             record["provenance"] = provenance
@@ -188,14 +223,16 @@ def _summary(corpora: List[TrainingCorpus], sets: List[EncodedTrainingSet], eval
         _log_training(record, "train" if not several else f"train [{corpus.label}]", log)
     for (src, tgt), (valid, test) in evals.items():
         summary["directions"].append({"name": f"{src}-{tgt}", "valid": valid.counts, "test": test.counts})
-        for split, counts in (("valid", valid.counts), ("test", test.counts))[:2 if test.corpus is not None else 1]:
+        for split, counts in (("valid", valid.counts), ("test", test.counts))[: 2 if test.corpus is not None else 1]:
             where = split if len(evals) == 1 else f"{split} [{src}-{tgt}]"
-            log(f"data: {where}: {counts['kept']:,} pairs; tokens: src {counts['src_tokens']:,}, "
-                f"tgt {counts['tgt_tokens']:,}")
+            log(
+                f"data: {where}: {counts['kept']:,} pairs; tokens: src {counts['src_tokens']:,}, "
+                f"tgt {counts['tgt_tokens']:,}"
+            )
     return summary
 
 
-def _log_training(record: Dict[str, Any], where: str, log: Log) -> None:
+def _log_training(record: dict[str, Any], where: str, log: Log) -> None:
     train = record["train"]
     filtered = sum(train["filtered"].values())
     reasons = ", ".join(f"{reason} {count:,}" for reason, count in train["filtered"].items())
@@ -206,22 +243,28 @@ def _log_training(record: Dict[str, Any], where: str, log: Log) -> None:
     )
     overlap = record["eval_overlap"]
     splits = " and ".join(split for split in overlap if split != "any")
-    per_split = ", ".join(f"{split} {counts['source']:,}/{counts['pair']:,}" for split, counts in overlap.items()
-                          if split != "any")
-    log(f"data: {where}: {overlap['any']['source']:,} of {train['kept']:,} kept pairs have their source in "
+    per_split = ", ".join(
+        f"{split} {counts['source']:,}/{counts['pair']:,}" for split, counts in overlap.items() if split != "any"
+    )
+    log(
+        f"data: {where}: {overlap['any']['source']:,} of {train['kept']:,} kept pairs have their source in "
         f"{splits} of {record['src']}-{record['tgt']}, {overlap['any']['pair']:,} the whole pair (sources/pairs: "
-        f"{per_split}){'' if 'eval_overlap' in train['filtered'] else '; data.clean.drop_eval_overlap=true drops them'}")
+        f"{per_split}){'' if 'eval_overlap' in train['filtered'] else '; data.clean.drop_eval_overlap=true drops them'}"
+    )
     for provenance in record.get("provenance", []):
         checkpoints = ", ".join(item["path"] for item in provenance.get("checkpoints", [])) or provenance.get("run")
-        log(f"data: {where}: {provenance['file']} was written by `mtrain translate` with {checkpoints}"
-            f"{'' if provenance.get('matches', True) else ' (but the file changed since)'}")
+        log(
+            f"data: {where}: {provenance['file']} was written by `mtrain translate` with {checkpoints}"
+            f"{'' if provenance.get('matches', True) else ' (but the file changed since)'}"
+        )
 
 
 def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTrainingSet, log: Log) -> None:
     """Build (or reuse) the cached sampled segmentations of the training split (`mtrain.batches.sampling`)."""
     sampling = cfg.subword_sampling
-    key = fingerprint("sampled", SAMPLING_FORMAT, encoded.key, float(sampling.alpha), sampling.nbest_size,
-                      sampling.copies)
+    key = fingerprint(
+        "sampled", SAMPLING_FORMAT, encoded.key, float(sampling.alpha), sampling.nbest_size, sampling.copies
+    )
     entry = data.directory.parent / f"{data.directory.name}-sampled-{key[:16]}"
     settings = f"alpha {sampling.alpha}, nbest_size {sampling.nbest_size}"
     if is_complete(entry):
@@ -229,16 +272,30 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTra
     else:
         start = time.perf_counter()
         with build_entry(entry, log) as staging:
-            build_copies(staging, data.train, tuple(str(path) for path in _model_files(data.tokenizer)),
-                         data.tokenizer.eos_id, sampling, cfg.num_workers)
-        log(f"data: {sampling.copies} sampled segmentations of the training split ({settings}) in "
-            f"{time.perf_counter() - start:.1f} s -> {entry}")
+            build_copies(
+                staging,
+                data.train,
+                tuple(str(path) for path in _model_files(data.tokenizer)),
+                data.tokenizer.eos_id,
+                sampling,
+                cfg.num_workers,
+            )
+        log(
+            f"data: {sampling.copies} sampled segmentations of the training split ({settings}) in "
+            f"{time.perf_counter() - start:.1f} s -> {entry}"
+        )
     data.train_copies = open_copies(entry, sampling.copies)
-    data.fingerprint = fingerprint("prepared with sampled copies", data.fingerprint, key)  # a resume finds the same copies
-    tokens = [sum(int(corpus.tgt_lengths.sum()) for corpus in data.train_copies) / len(data.train_copies),
-              int(data.train.tgt_lengths.sum())]
-    log(f"data: subword sampling: {tokens[0] / tokens[1]:.3f}x the training targets' tokens "
-        "(one copy per epoch, cycled)")
+    data.fingerprint = fingerprint(
+        "prepared with sampled copies", data.fingerprint, key
+    )  # a resume finds the same copies
+    tokens = [
+        sum(int(corpus.tgt_lengths.sum()) for corpus in data.train_copies) / len(data.train_copies),
+        int(data.train.tgt_lengths.sum()),
+    ]
+    log(
+        f"data: subword sampling: {tokens[0] / tokens[1]:.3f}x the training targets' tokens "
+        "(one copy per epoch, cycled)"
+    )
 
 
 def _model_files(tokenizer: Tokenizer) -> tuple:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any
 
 import numpy as np
 
-from mtrain.config import SubwordSamplingConfig, TokenizerModel
 from mtrain.batches.corpus import CorpusWriter, EncodedCorpus
 from mtrain.batches.encoding import flatten_sequences, sequence_lengths
+from mtrain.config import SubwordSamplingConfig, TokenizerModel
 from mtrain.errors import MtrainError
 
 SAMPLING_FORMAT = 1  # bump when the way copies are made changes
@@ -44,20 +44,32 @@ def check_sampling_config(cfg: SubwordSamplingConfig, model_type: TokenizerModel
     if alpha == 0.0:
         return
     if model_type == TokenizerModel.bpe and not alpha < 1.0:
-        raise MtrainError(f"data.subword_sampling.alpha: {alpha} is BPE-dropout's merge-drop probability "
-                          "with tokenizer.model_type=bpe; it must be in (0, 1)")
+        raise MtrainError(
+            f"data.subword_sampling.alpha: {alpha} is BPE-dropout's merge-drop probability "
+            "with tokenizer.model_type=bpe; it must be in (0, 1)"
+        )
     if cfg.nbest_size != -1 and cfg.nbest_size < 2:
-        raise MtrainError(f"data.subword_sampling.nbest_size: {cfg.nbest_size} must be -1 (all segmentations) "
-                          "or at least 2 (1 would always give the best one)")
+        raise MtrainError(
+            f"data.subword_sampling.nbest_size: {cfg.nbest_size} must be -1 (all segmentations) "
+            "or at least 2 (1 would always give the best one)"
+        )
     if cfg.copies < 1:
         raise MtrainError(f"data.subword_sampling.copies: {cfg.copies} must be at least 1")
 
 
-def build_copies(staging: Path, train: EncodedCorpus, model_files: Tuple[str, str], eos_id: int,
-                 cfg: SubwordSamplingConfig, workers: int) -> None:
+def build_copies(
+    staging: Path,
+    train: EncodedCorpus,
+    model_files: tuple[str, str],
+    eos_id: int,
+    cfg: SubwordSamplingConfig,
+    workers: int,
+) -> None:
     """Write copy_0 .. copy_{copies-1} of `train` into `staging`, each a corpus directory."""
-    tasks = [(staging / f"copy_{k}", train.directory, model_files, eos_id, float(cfg.alpha),
-              int(cfg.nbest_size), _SEED + k) for k in range(cfg.copies)]
+    tasks = [
+        (staging / f"copy_{k}", train.directory, model_files, eos_id, float(cfg.alpha), int(cfg.nbest_size), _SEED + k)
+        for k in range(cfg.copies)
+    ]
     if workers <= 1 or len(tasks) == 1:
         for task in tasks:
             _write_copy(task)
@@ -66,7 +78,7 @@ def build_copies(staging: Path, train: EncodedCorpus, model_files: Tuple[str, st
         pool.map(_write_copy, tasks, chunksize=1)
 
 
-def open_copies(directory: Path, copies: int) -> List[EncodedCorpus]:
+def open_copies(directory: Path, copies: int) -> list[EncodedCorpus]:
     return [EncodedCorpus.open(directory / f"copy_{k}") for k in range(copies)]
 
 
@@ -96,5 +108,5 @@ def _write_copy(task: tuple) -> None:
     writer.close()
 
 
-def _sample(processor: Any, texts: List[str], alpha: float, nbest_size: int) -> List[List[int]]:
+def _sample(processor: Any, texts: list[str], alpha: float, nbest_size: int) -> list[list[int]]:
     return processor.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size, num_threads=1)

@@ -16,9 +16,10 @@ import itertools
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
@@ -47,20 +48,36 @@ class EncodedTrainingSet:
     corpus: EncodedCorpus
     src_hashes: np.ndarray  # (n,) uint64, memory-mapped
     pair_hashes: np.ndarray  # (n,) uint64, memory-mapped
-    summary: Dict[str, Any]  # read, filtered by reason, kept, tokens, invalid_utf8
+    summary: dict[str, Any]  # read, filtered by reason, kept, tokens, invalid_utf8
     entry: Path
     key: str
     cache_hit: bool
 
 
-def training_set(corpus: TrainingCorpus, data: DataConfig, tokenizer: Tokenizer, model_files: tuple,
-                 tag_ids: List[int], drop: Optional[EvalHashes], log: Log) -> EncodedTrainingSet:
+def training_set(
+    corpus: TrainingCorpus,
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    model_files: tuple,
+    tag_ids: list[int],
+    drop: EvalHashes | None,
+    log: Log,
+) -> EncodedTrainingSet:
     """`corpus`'s training split from its cache entry, encoded first if there is none.
     `drop`: the evaluation sets whose sources are dropped (data.clean.drop_eval_overlap)."""
     cfg = corpus.cfg
     key = fingerprint(
-        "corpus", CACHE_FORMAT, tokenizer.fingerprint, corpus.source.fingerprint("train"), cfg.src, cfg.tgt,
-        data.clean, cfg.train_limit, data.invalid_utf8, tag_ids, drop.digest() if drop is not None else None,
+        "corpus",
+        CACHE_FORMAT,
+        tokenizer.fingerprint,
+        corpus.source.fingerprint("train"),
+        cfg.src,
+        cfg.tgt,
+        data.clean,
+        cfg.train_limit,
+        data.invalid_utf8,
+        tag_ids,
+        drop.digest() if drop is not None else None,
     )
     # Named by the corpus, not its label (which depends on the other entries of data.corpora).
     entry = cache_root(data.cache_dir) / "corpora" / f"{cfg.name}-{cfg.src}-{cfg.tgt}-{key[:16]}"
@@ -86,19 +103,33 @@ def _map_hashes(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint64, mode="r")
 
 
-def _encode(staging: Path, corpus: TrainingCorpus, data: DataConfig, tokenizer: Tokenizer, model_files: tuple,
-            tag_ids: List[int], drop: Optional[EvalHashes], log: Log) -> Dict[str, Any]:
+def _encode(
+    staging: Path,
+    corpus: TrainingCorpus,
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    model_files: tuple,
+    tag_ids: list[int],
+    drop: EvalHashes | None,
+    log: Log,
+) -> dict[str, Any]:
     """Write train/ (arrays and hashes) into `staging`; returns the counts for summary.json."""
     cfg = corpus.cfg
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     stats = ReadStats()
     pairs = itertools.islice(corpus.source.pairs("train", stats), cfg.train_limit)
-    encoder = ChunkEncoder(*model_files, tokenizer.eos_id, dtype.name, clean=to_plain(data.clean), src_prefix=tag_ids,
-                           drop_sources=drop.sources if drop is not None else None)
+    encoder = ChunkEncoder(
+        *model_files,
+        tokenizer.eos_id,
+        dtype.name,
+        clean=to_plain(data.clean),
+        src_prefix=tag_ids,
+        drop_sources=drop.sources if drop is not None else None,
+    )
     deduplicator = Deduplicator() if data.clean.deduplicate else None
     writer = CorpusWriter(staging / "train", dtype)
     hash_files = {name: open(staging / "train" / name, "wb") for name in HASH_FILES}
-    rejected: Counter = Counter({reason: 0 for reason in REASONS})
+    rejected: Counter = Counter(dict.fromkeys(REASONS, 0))
     read, next_progress, start = 0, PROGRESS_EVERY, time.perf_counter()
     where = "train" if corpus.key == "data" else f"train [{corpus.label}]"
     try:
@@ -128,8 +159,11 @@ def _encode(staging: Path, corpus: TrainingCorpus, data: DataConfig, tokenizer: 
             "max_len_ratio, drop_identical, drop_eval_overlap) or check the files"
         )
     return {
-        "read": read, "filtered": {k: v for k, v in rejected.items() if v}, "kept": writer.size,
-        "src_tokens": writer.num_tokens["src"], "tgt_tokens": writer.num_tokens["tgt"],
+        "read": read,
+        "filtered": {k: v for k, v in rejected.items() if v},
+        "kept": writer.size,
+        "src_tokens": writer.num_tokens["src"],
+        "tgt_tokens": writer.num_tokens["tgt"],
         "invalid_utf8": stats.invalid_utf8,
     }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from mtrain.cli.common import mtrain_app
 from mtrain.config import AverageConfig
 from mtrain.errors import MtrainError

@@ -24,9 +24,10 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -34,15 +35,27 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtrain.config import APP_SCHEMAS, register_configs, to_typed
-from mtrain.config_checks import (check_config, check_writable_dir, did_you_mean, list_item_schema, schema_keys,
-                                  takes_a_list)
+from mtrain.config_checks import (
+    check_config,
+    check_writable_dir,
+    did_you_mean,
+    list_item_schema,
+    schema_keys,
+    takes_a_list,
+)
 from mtrain.errors import MtrainError
-from mtrain.hydra_internals import (ErrorKind, compose_jobs, has_primary_config, primary_configs, read_command_line,
-                                    read_composition_error)
+from mtrain.hydra_internals import (
+    ErrorKind,
+    compose_jobs,
+    has_primary_config,
+    primary_configs,
+    read_command_line,
+    read_composition_error,
+)
 from mtrain.rundir import RunDir, atomic_write_text
 
 
-def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:
+def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:  # noqa: B008 - fixed per install
     """mtrain/configs/ in an installed wheel (pyproject.toml maps configs/ there), else
     configs/ at the top of the checkout (`pip install -e .` or PYTHONPATH=checkout)."""
     installed = package / "configs"
@@ -65,8 +78,8 @@ class SweepOutcome:
     """The jobs of the `-m` sweep this process runs (Hydra's basic launcher runs them here, one
     after another) and the failed ones."""
 
-    overrides: Dict[int, List[str]] = field(default_factory=dict)  # every job's, by job number
-    failed: Dict[int, Path] = field(default_factory=dict)  # job number -> its directory
+    overrides: dict[int, list[str]] = field(default_factory=dict)  # every job's, by job number
+    failed: dict[int, Path] = field(default_factory=dict)  # job number -> its directory
     exit_status: int = SWEEP_FAILED_STATUS
 
     def failed_line(self) -> str:
@@ -75,10 +88,13 @@ class SweepOutcome:
         common = set.intersection(*(set(items) for items in self.overrides.values()))
         jobs = "; ".join(
             f"job {number} ({' '.join(o for o in self.overrides[number] if o not in common) or 'as the others'})"
-            for number in self.failed)
+            for number in self.failed
+        )
         sweep_dir = next(iter(self.failed.values())).parent
-        return (f"{len(self.failed)} of {len(self.overrides)} sweep jobs failed: {jobs}; each job's reason is "
-                f"above and in its failed.json (`mtrain report {sweep_dir}` lists them)")
+        return (
+            f"{len(self.failed)} of {len(self.overrides)} sweep jobs failed: {jobs}; each job's reason is "
+            f"above and in its failed.json (`mtrain report {sweep_dir}` lists them)"
+        )
 
 
 _sweep = SweepOutcome()
@@ -91,10 +107,11 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         app = hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base="1.3")(
-            user_errors_as_messages(task))
+            user_errors_as_messages(task)
+        )
 
         @functools.wraps(task)
-        def main(cfg_passthrough: Optional[DictConfig] = None) -> Any:
+        def main(cfg_passthrough: DictConfig | None = None) -> Any:
             if cfg_passthrough is None:
                 check_before_run(config_name, sys.argv[1:])
             _sweep.overrides, _sweep.failed, _sweep.exit_status = {}, {}, SWEEP_FAILED_STATUS
@@ -145,7 +162,7 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def check_before_run(config_name: str, argv: List[str]) -> None:
+def check_before_run(config_name: str, argv: list[str]) -> None:
     """Compose `config_name` with the command line `argv` as Hydra will and check every job's
     config; on a problem print one `mtrain: error:` line and exit with status 2.
 
@@ -156,8 +173,10 @@ def check_before_run(config_name: str, argv: List[str]) -> None:
     command_line = read_command_line(argv)
     if command_line.config_name is not None and not has_primary_config(CONFIG_DIR, command_line.config_name):
         configs = primary_configs(CONFIG_DIR)
-        _exit_with(f"--config-name={command_line.config_name}: no such config in {CONFIG_DIR} (the configs: "
-                   f"{', '.join(configs)})" + did_you_mean(command_line.config_name, configs, "--config-name="))
+        _exit_with(
+            f"--config-name={command_line.config_name}: no such config in {CONFIG_DIR} (the configs: "
+            f"{', '.join(configs)})" + did_you_mean(command_line.config_name, configs, "--config-name=")
+        )
     if command_line.hydra_only:
         return
     try:
@@ -193,29 +212,37 @@ def composition_error_message(error: Exception, config_name: str) -> str:
     read = read_composition_error(error)
     if read.kind is ErrorKind.MISSING_PRESET:
         presets = [option for option in read.allowed if not option.endswith("_schema")]
-        return (f"{read.key}: no preset named '{read.value}' (the presets: {', '.join(presets)})"
-                + did_you_mean(read.value, presets, f"{read.key}="))
+        return f"{read.key}: no preset named '{read.value}' (the presets: {', '.join(presets)})" + did_you_mean(
+            read.value, presets, f"{read.key}="
+        )
     if read.kind is ErrorKind.NOT_AN_OVERRIDE:
         return f"{read.key}: not an override of the form key=value ({read.detail})"
     if read.kind is ErrorKind.NEEDS_QUOTES:
         character = f" ({read.detail!r})" if read.detail else ""
-        return (f"{read.key}: '{read.value}' has a character{character} that an override takes only quoted; "
-                f"quote the value: {read.key}=\"'{read.value}'\"")
+        return (
+            f"{read.key}: '{read.value}' has a character{character} that an override takes only quoted; "
+            f"quote the value: {read.key}=\"'{read.value}'\""
+        )
     if read.kind is ErrorKind.SEVERAL_VALUES:
         if not takes_a_list(APP_SCHEMAS.get(config_name), read.key):
             return f"{read.key}: '{read.value}' is several values: add -m to sweep over them ({read.key} takes one)"
-        return (f"{read.key}: '{read.value}' is several values: add -m to sweep over them, "
-                f"or write a list as [{read.value}]")
+        return (
+            f"{read.key}: '{read.value}' is several values: add -m to sweep over them, "
+            f"or write a list as [{read.value}]"
+        )
     if read.kind is ErrorKind.UNKNOWN_KEY:
         schema = APP_SCHEMAS.get(config_name)
         keys = list(schema_keys(schema)) if schema is not None and not read.key.startswith("hydra.") else []
         item = re.match(r"(.+)(\[\d+\]\.)", read.key)  # data.corpora[0].nmae: the item's keys
         if item and list_item_schema(schema, item.group(1)) is not None:
-            keys = [f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(list_item_schema(schema, item.group(1)))]
+            keys = [
+                f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(list_item_schema(schema, item.group(1)))
+            ]
         return f"{read.key}: unknown config key; check its spelling" + did_you_mean(read.key, keys)
     if read.kind is ErrorKind.NOT_A_CHOICE:
-        return (f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}"
-                + did_you_mean(read.value, list(read.allowed)))
+        return f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}" + did_you_mean(
+            read.value, list(read.allowed)
+        )
     if read.kind is ErrorKind.NOT_CONVERTIBLE:
         kind = read.allowed[0].lower()
         return f"{read.key}: '{read.value}' is not {'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
@@ -246,8 +273,13 @@ def _record_failed_job(job_dir: Path, reason: str, kind: str) -> None:
     """Write the job's `failed.json` (its number, overrides, the one-line reason)."""
     number = int(HydraConfig.get().job.num)
     _sweep.failed[number] = job_dir
-    record = {"job": number, "overrides": _sweep.overrides[number], "error": reason, "exception": kind,
-              "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    record = {
+        "job": number,
+        "overrides": _sweep.overrides[number],
+        "error": reason,
+        "exception": kind,
+        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
     try:
         atomic_write_text(RunDir(job_dir).failed_file, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     except OSError as error:  # the reason was printed already; the other jobs still run

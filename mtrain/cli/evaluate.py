@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
-
+from typing import TYPE_CHECKING, Any
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import EvalConfig, to_plain, with_values
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mtrain")
 
 
-def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
+def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Dispatch to one of the three modes; returns what was computed (for tests and scripts)."""
     from mtrain.evaluate.metrics import check_metric_names
 
@@ -52,7 +52,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     raise MtrainError("nothing to evaluate: give run=RUN_DIR, hyp=FILE ref=FILE, or runs=SWEEP_DIR")
 
 
-def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
     `average_last`; with `ensemble`, that and the members together), score it, write
     `eval/<split>.{json,md,hyp}` (or into `out`); the report."""
@@ -71,8 +71,8 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
         raise MtrainError(f"run={run.path}: no such run directory")
     report_dir = check_output_dirs(run, cfg)  # before any averaging or decoding
     device = resolve_device(cfg.device)
-    averaged_from: Optional[List[str]] = None
-    split: Optional[SplitText] = None
+    averaged_from: list[str] | None = None
+    split: SplitText | None = None
     if cfg.average_last > 0:
         sources_ckpts = last_checkpoints(run.path, cfg.average_last)
         # A run trained without the split, or a direction it cannot translate, is refused before an average is written.
@@ -84,8 +84,9 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     else:
         checkpoint = run.find_checkpoint(cfg.checkpoint)
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
-    engine = open_engine(run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights,
-                         ensemble=cfg.ensemble)
+    engine = open_engine(
+        run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights, ensemble=cfg.ensemble
+    )
     loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
     direction, tgt_lang = scored_direction(cfg, engine.languages)
     data_cfg = loaded.config.data
@@ -96,22 +97,48 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[st
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
-    log(f"decoding {len(split.sources)} sentences of {cfg.split} with "
+    log(
+        f"decoding {len(split.sources)} sentences of {cfg.split} with "
         f"{engine.description if cfg.ensemble else checkpoint} "
-        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)")
-    checkpoint_info = {"path": str(checkpoint), "which": "average" if averaged_from else cfg.checkpoint,
-                       "update": loaded.update, "averaged_from": averaged_from, "weights": loaded.weights}
+        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)"
+    )
+    checkpoint_info = {
+        "path": str(checkpoint),
+        "which": "average" if averaged_from else cfg.checkpoint,
+        "update": loaded.update,
+        "averaged_from": averaged_from,
+        "weights": loaded.weights,
+    }
     if cfg.ensemble:  # run='s checkpoint (above) first, then the other members
-        checkpoint_info["ensemble"] = [{"path": str(member.checkpoint_path), "update": member.update}
-                                       for member in engine.members]
-    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": engine.precision,
-                   "engine": str(cfg.engine), "threads": threads}
-    translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device,
-                                    engine.precision)
-    return score_split(run, cfg.split, data_cfg, split, translate, checkpoint_info, decode_info,
-                       metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, log, report_dir,
-                       cfg.per_sentence, cfg.worst_lines,
-                       report_name=None if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}")
+        checkpoint_info["ensemble"] = [
+            {"path": str(member.checkpoint_path), "update": member.update} for member in engine.members
+        ]
+    decode_info = {
+        **to_plain(cfg.decode),
+        "device": str(device),
+        "precision": engine.precision,
+        "engine": str(cfg.engine),
+        "threads": threads,
+    }
+    translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
+    return score_split(
+        run,
+        cfg.split,
+        data_cfg,
+        split,
+        translate,
+        checkpoint_info,
+        decode_info,
+        metrics,
+        cfg.tokenize,
+        cfg.lowercase,
+        cfg.chrf_word_order,
+        log,
+        report_dir,
+        cfg.per_sentence,
+        cfg.worst_lines,
+        report_name=None if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}",
+    )
 
 
 def _languages(data_cfg: Any) -> RunLanguages:
@@ -120,7 +147,7 @@ def _languages(data_cfg: Any) -> RunLanguages:
     return RunLanguages.of(data_cfg)
 
 
-def scored_direction(cfg: EvalConfig, languages: RunLanguages) -> Tuple[Optional[Tuple[str, str]], str]:
+def scored_direction(cfg: EvalConfig, languages: RunLanguages) -> tuple[tuple[str, str] | None, str]:
     """The direction `src_lang`/`tgt_lang` name, when the report must name it (a run of several
     directions, or a direction other than a bilingual run's own: None otherwise), and the
     language decoded into. MtrainError for a direction the run cannot translate."""
@@ -142,7 +169,7 @@ def check_output_dirs(run: RunDir, cfg: EvalConfig) -> Path:
     return run.eval_dir
 
 
-def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`hyp=FILE ref=FILE...`: score a hypothesis file; prints the table.
 
     With `run=` instead of `ref=`, the references are the run's `split` (and its sources go
@@ -153,8 +180,13 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
     from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
     from mtrain.evaluate.report import metrics_table
     from mtrain.evaluate.runs import run_config
-    from mtrain.evaluate.sentences import (per_sentence_record, score_sentences, sentences_path, worst_lines_table,
-                                          write_sentences_tsv)
+    from mtrain.evaluate.sentences import (
+        per_sentence_record,
+        score_sentences,
+        sentences_path,
+        worst_lines_table,
+        write_sentences_tsv,
+    )
 
     metrics = check_metric_names(cfg.metrics)
     hyp_path = Path(cfg.hyp)
@@ -162,8 +194,11 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
     tsv = None
     if cfg.per_sentence:
         tsv_dir = Path(cfg.out) if cfg.out is not None else hyp_path.parent
-        check_writable_dir(tsv_dir, "out" if cfg.out is not None else f"hyp={hyp_path}",
-                           advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR")
+        check_writable_dir(
+            tsv_dir,
+            "out" if cfg.out is not None else f"hyp={hyp_path}",
+            advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR",
+        )
         tsv = sentences_path(tsv_dir, hyp_path.name)
     if cfg.ref:
         split = read_reference_files(list(cfg.ref))
@@ -177,12 +212,15 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
     scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     log(metrics_table(scores).to_text())
-    result = {"hypotheses": file_record(hyp_path, "hypotheses"), "data": split.files,
-              "sentences": len(hyps), "metrics": scores}
+    result = {
+        "hypotheses": file_record(hyp_path, "hypotheses"),
+        "data": split.files,
+        "sentences": len(hyps),
+        "metrics": scores,
+    }
     if tsv is not None:
         sources = split.sources if not cfg.ref else None  # ref= files come without their sources
-        rows = score_sentences(hyps, split.references, sources, None, cfg.tokenize, cfg.lowercase,
-                               cfg.chrf_word_order)
+        rows = score_sentences(hyps, split.references, sources, None, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
         write_sentences_tsv(tsv, rows)
         result["per_sentence"] = per_sentence_record(tsv, rows, cfg.worst_lines)
         log(worst_lines_table(result["per_sentence"]["worst_lines"]).to_text())
@@ -190,22 +228,30 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> Dic
     return result
 
 
-def compare(cfg: EvalConfig) -> Dict[str, Any]:
+def compare(cfg: EvalConfig) -> dict[str, Any]:
     """`runs=`: the comparison table, with paired bootstrap on the runs' saved hypotheses."""
     from mtrain.evaluate.compare import compare_runs, comparison_notes
     from mtrain.evaluate.references import read_reference_files
     from mtrain.evaluate.runs import default_baseline, discover_runs, failure_notes
 
     if (cfg.src_lang is None) != (cfg.tgt_lang is None):
-        raise MtrainError("runs= with src_lang or tgt_lang compares one direction: give both "
-                          "(src_lang=de tgt_lang=en)")
+        raise MtrainError("runs= with src_lang or tgt_lang compares one direction: give both (src_lang=de tgt_lang=en)")
     direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None else None
     runs = discover_runs(cfg.runs)
     refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
     baseline = cfg.baseline or default_baseline(runs, str(to_plain(cfg.split)), direction)
-    comparison = compare_runs(runs, refs, baseline, cfg.split,
-                              list(cfg.metrics), cfg.bootstrap_samples, cfg.tokenize, cfg.lowercase,
-                              cfg.chrf_word_order, direction)
+    comparison = compare_runs(
+        runs,
+        refs,
+        baseline,
+        cfg.split,
+        list(cfg.metrics),
+        cfg.bootstrap_samples,
+        cfg.tokenize,
+        cfg.lowercase,
+        cfg.chrf_word_order,
+        direction,
+    )
     print(comparison.table().to_text())
     for note in comparison_notes(comparison) + failure_notes(runs):
         print(note)
@@ -220,7 +266,9 @@ def hydra_quote(value: str) -> str:
     return f"'{escaped}'"
 
 
-def friendly_overrides(argv: List[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out")) -> List[str]:
+def friendly_overrides(
+    argv: list[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out")
+) -> list[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 
     Hydra would reject a plain string for a list key and read `A,B` as a sweep; list keys

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from mtrain.cli.common import mtrain_app
 from mtrain.config import ExportConfig
 from mtrain.errors import MtrainError
@@ -25,10 +24,18 @@ def run_export(cfg: ExportConfig) -> Path:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     if cfg.out is None:
         raise MtrainError("out=DIR is missing: the directory to write the exported model into")
-    out = export_run(Path(cfg.run), Path(cfg.out), which=cfg.checkpoint, quantization=cfg.quantization,
-                     force=cfg.force, weights=cfg.weights)
-    print(f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; "
-          f"translate with: mtrain translate run={out} engine=ctranslate2 input=FILE")
+    out = export_run(
+        Path(cfg.run),
+        Path(cfg.out),
+        which=cfg.checkpoint,
+        quantization=cfg.quantization,
+        force=cfg.force,
+        weights=cfg.weights,
+    )
+    print(
+        f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; "
+        f"translate with: mtrain translate run={out} engine=ctranslate2 input=FILE"
+    )
     return out
 
 

@@ -18,8 +18,9 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 log = logging.getLogger("mtrain")
 
 
-def run_fit(cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = ()) -> Dict[str, Any]:
+def run_fit(cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = ()) -> dict[str, Any]:
     """Train as `cfg` says (the dataclass, or its composed node), writing everything into
     `run_dir`; returns metrics.json's content. `command_line`: the overrides given (Hydra's
     task overrides), whose explicit model.* keys a run with init_from sets on its parent's model.
@@ -54,7 +55,7 @@ def run_fit(cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = ()) -> 
 
 
 @contextlib.contextmanager
-def _claim(run: RunDir) -> Iterator[Optional[RunLog]]:
+def _claim(run: RunDir) -> Iterator[RunLog | None]:
     """Rank 0's hold on the run directory: its lock, and its log (held until the run is
     accepted). Other ranks of torchrun share the directory and claim nothing (None)."""
     from mtrain.train.distributed import launched_rank
@@ -76,8 +77,9 @@ def _claim(run: RunDir) -> Iterator[Optional[RunLog]]:
             lock.release()
 
 
-def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog],
-                   command_line: Sequence[str] = ()) -> Dict[str, Any]:
+def _check_and_fit(
+    cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str] = ()
+) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpointer import check_resumable_config, is_finished
@@ -95,15 +97,23 @@ def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog],
         parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data)
         cfg = inherited_config(cfg, parent.config, command_line, f"init_from={cfg.init_from}")
         lineage = parent.lineage
-        log.info("init_from: %s (update %d, %s weights%s), its tokenizer and model (%s)", lineage["checkpoint"],
-                 lineage["update"], lineage["weights"], ", Adam's moments" if parent.optimizer is not None else "",
-                 " ".join(o for o in command_line if str(o).lstrip("+").startswith("model.")) or "as it was")
+        log.info(
+            "init_from: %s (update %d, %s weights%s), its tokenizer and model (%s)",
+            lineage["checkpoint"],
+            lineage["update"],
+            lineage["weights"],
+            ", Adam's moments" if parent.optimizer is not None else "",
+            " ".join(o for o in command_line if str(o).lstrip("+").startswith("model.")) or "as it was",
+        )
     if resume_state is not None and is_finished(run.metrics_file):
         done = budget_reason(TrainState(**resume_state["trainer"]), cfg.train)
         if done is not None:
-            log.info("%s: this run has finished (%s, test scored); nothing to do. Raise the budget "
-                     "(train.max_updates / train.max_time) to train on, or choose another hydra.run.dir",
-                     run.path, done)
+            log.info(
+                "%s: this run has finished (%s, test scored); nothing to do. Raise the budget "
+                "(train.max_updates / train.max_time) to train on, or choose another hydra.run.dir",
+                run.path,
+                done,
+            )
             return json.loads(run.metrics_file.read_text(encoding="utf-8"))
 
     # From here on SIGTERM/SIGINT stop at the next update boundary with a checkpoint.
@@ -115,20 +125,27 @@ def _check_and_fit(cfg: FitConfig, run: RunDir, run_log: Optional[RunLog],
         stop_signal.uninstall()
 
 
-def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state: Optional[Dict[str, Any]],
-         stop_signal: Any, run_log: Optional[RunLog], parent: Optional[Parent] = None) -> Dict[str, Any]:
+def _fit(
+    cfg: FitConfig,
+    run: RunDir,
+    resume_path: Path | None,
+    resume_state: dict[str, Any] | None,
+    stop_signal: Any,
+    run_log: RunLog | None,
+    parent: Parent | None = None,
+) -> dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed. With `parent`
     (init_from) its tokenizer encodes the data and its weights start the model; a resumed run that
     started so encodes with its own copy of that tokenizer."""
     from mtrain.evaluate.scoring import check_references
-    from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
-    from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.runtime import peak_host_memory_mb
     from mtrain.tokenizer import Tokenizer
+    from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
+    from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.train.faults import StopRequested, TrainingDiverged
     from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 
-    lineage: Optional[Lineage] = parent.lineage if parent is not None else None
+    lineage: Lineage | None = parent.lineage if parent is not None else None
     tokenizer = parent.tokenizer if parent is not None else None
     if resume_state is not None and resume_state.get("init"):
         lineage, tokenizer = resume_state["init"], Tokenizer.load(run.tokenizer_dir)
@@ -145,8 +162,7 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
         for direction in data.directions:
             check_references([getattr(direction, f"{split}_text").tgt], split_name(cfg, split, data, direction))
     if resume_state is not None:
-        check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint),
-                             resume_path)
+        check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint), resume_path)
 
     # Every check has passed: from here on the run directory is written.
     if run_log is not None:
@@ -154,16 +170,28 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
     if dist.is_main:
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data, lineage)
-    setup = build_fit(cfg, machine, data, run=run, resume_state=resume_state, stop_signal=stop_signal,
-                      validation=lambda model, trained: validation(cfg, model, data, machine, trained),
-                      init=parent, lineage=lineage)
+    setup = build_fit(
+        cfg,
+        machine,
+        data,
+        run=run,
+        resume_state=resume_state,
+        stop_signal=stop_signal,
+        validation=lambda model, trained: validation(cfg, model, data, machine, trained),
+        init=parent,
+        lineage=lineage,
+    )
     if resume_state is not None:
         log.info("resumed from %s", resume_path)
         del resume_state
     trainer, model = setup.trainer, setup.model
 
-    metrics: Dict[str, Any] = {"run_dir": str(run.path), "device": str(device), "precision": machine.precision,
-                               "data": data.summary}  # per corpus: cleaning, train–test overlap, provenance
+    metrics: dict[str, Any] = {
+        "run_dir": str(run.path),
+        "device": str(device),
+        "precision": machine.precision,
+        "data": data.summary,
+    }  # per corpus: cleaning, train–test overlap, provenance
     if lineage:
         metrics["init"] = lineage
     try:
@@ -179,22 +207,31 @@ def _fit(cfg: FitConfig, run: RunDir, resume_path: Optional[Path], resume_state:
             if cfg.data.splits.test is not None:
                 try:
                     with stop_signal.interruptible("test decode"):
-                        metrics["test"] = score_test_split(cfg, run, model, data.tokenizer, device,
-                                                           machine.decode_precision, directions_of(data))
+                        metrics["test"] = score_test_split(
+                            cfg, run, model, data.tokenizer, device, machine.decode_precision, directions_of(data)
+                        )
                 except StopRequested:
-                    raise _stopped(stop_signal, "the test decode", "the checkpoints are kept; train.resume=true "
-                                   "scores the test split") from None
+                    raise _stopped(
+                        stop_signal,
+                        "the test decode",
+                        "the checkpoints are kept; train.resume=true scores the test split",
+                    ) from None
                 log_test(trainer, metrics["test"])
                 test_peak = peak_host_memory_mb()
                 if test_peak is not None:
                     metrics["peak_rss_mb"]["test"] = round(test_peak)
             if metrics["peak_rss_mb"]:
-                log.info("peak host memory (RSS): %s", " | ".join(
-                    f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()))
+                log.info(
+                    "peak host memory (RSS): %s",
+                    " | ".join(f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()),
+                )
             metrics["finished"] = True
             metrics["disk_use_mb"] = run.disk_use_mb()
-            log.info("disk use of the run: %.1f MB, of which checkpoints %.1f MB", metrics["disk_use_mb"]["total"],
-                     metrics["disk_use_mb"]["checkpoints"])
+            log.info(
+                "disk use of the run: %.1f MB, of which checkpoints %.1f MB",
+                metrics["disk_use_mb"]["total"],
+                metrics["disk_use_mb"]["checkpoints"],
+            )
             atomic_write_text(run.metrics_file, json.dumps(metrics, indent=2, default=str) + "\n")
             log.info("%s", next_steps(run, has_test=cfg.data.splits.test is not None, directions=directions_of(data)))
     finally:
@@ -212,25 +249,29 @@ def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
     return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
 
 
-def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[Tuple[str, str]] = ()) -> str:
+def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[tuple[str, str]] = ()) -> str:
     """Where the run is and what to do with it next (printed when `mtrain fit` ends); without
     a test split (data.splits.test=null) the score line names the validation split. A
     multilingual run (several `directions`) names its first direction's languages."""
     path, split = run.path.resolve(), "test" if has_test else "valid"
     if len(directions) > 1:
         (src, tgt), report = directions[0], f"{split}.{directions[0][0]}-{directions[0][1]}"
-        return (f"run directory: {path}\n"
-                f"  translate:  mtrain translate run={path} tgt_lang={tgt} input=FILE output=FILE\n"
-                f"  score:      mtrain eval run={path} src_lang={src} tgt_lang={tgt} split={split}    "
-                f"(report: {run.eval_file(report, 'md').resolve()})\n"
-                f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
-    return (f"run directory: {path}\n"
-            f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
-            f"  score:      mtrain eval run={path} split={split}    (report: {run.eval_file(split, 'md').resolve()})\n"
-            f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}")
+        return (
+            f"run directory: {path}\n"
+            f"  translate:  mtrain translate run={path} tgt_lang={tgt} input=FILE output=FILE\n"
+            f"  score:      mtrain eval run={path} src_lang={src} tgt_lang={tgt} split={split}    "
+            f"(report: {run.eval_file(report, 'md').resolve()})\n"
+            f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}"
+        )
+    return (
+        f"run directory: {path}\n"
+        f"  translate:  mtrain translate run={path} input=FILE output=FILE\n"
+        f"  score:      mtrain eval run={path} split={split}    (report: {run.eval_file(split, 'md').resolve()})\n"
+        f"  curves:     tensorboard --logdir {run.tensorboard_dir.resolve()}"
+    )
 
 
-def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
+def _check_run_dir(run: RunDir, cfg: FitConfig) -> Path | None:
     """Refuse a run directory that cannot be used as asked; the checkpoint to resume, if any."""
     _check_writable(run.path)
     if run.has_checkpoints() and cfg.init_from is not None:
@@ -260,7 +301,7 @@ def _check_run_dir(run: RunDir, cfg: FitConfig) -> Optional[Path]:
     return run.checkpoint("last")
 
 
-def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: Optional[Lineage] = None) -> None:
+def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: Lineage | None = None) -> None:
     """The run's config (resolved, and Hydra's record of the command line), tokenizer and eval text;
     with init_from, the record of its parent beside config.yaml (parent.yaml)."""
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
@@ -284,12 +325,16 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: O
 
 def _check_is_directory(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
-        raise MtrainError(f"hydra.run.dir={run_dir}: is a file, not a directory; choose another with hydra.run.dir=PATH")
+        raise MtrainError(
+            f"hydra.run.dir={run_dir}: is a file, not a directory; choose another with hydra.run.dir=PATH"
+        )
 
 
 def _not_writable(run_dir: Path, error: OSError) -> MtrainError:
-    return MtrainError(f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose "
-                       "another with hydra.run.dir=PATH")
+    return MtrainError(
+        f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose "
+        "another with hydra.run.dir=PATH"
+    )
 
 
 def _check_writable(run_dir: Path) -> None:

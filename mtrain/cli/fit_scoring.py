@@ -5,7 +5,8 @@ end of the run, through the evaluation path of `mtrain eval`, with its log lines
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_values
 from mtrain.rundir import RunDir
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 log = logging.getLogger("mtrain")
 
 
-def directions_of(data: PreparedData) -> List[Tuple[str, str]]:
+def directions_of(data: PreparedData) -> list[tuple[str, str]]:
     """The directions a run trains, as preparation found them (one for a bilingual run)."""
     return [(direction.src, direction.tgt) for direction in data.directions]
 
@@ -31,8 +32,9 @@ def split_name(cfg: FitConfig, split: str, data: PreparedData, direction: Any) -
     return f"{name} ({direction.name})" if len(data.directions) > 1 else name
 
 
-def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
-               trained: Any = None) -> Callable[[], Dict[str, float]]:
+def validation(
+    cfg: FitConfig, model: Any, data: PreparedData, machine: Machine, trained: Any = None
+) -> Callable[[], dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
     `decode.valid_beam` says otherwise, in the machine's decoding precision). With
@@ -54,14 +56,29 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
         tokenizer = languages.tokenizer_for(data.tokenizer, direction.tgt)
         translate = sentence_translator(model, tokenizer, decode_cfg, machine.device, machine.decode_precision)
         text = direction.valid_text
-        sets.append((direction.name, direction.valid, translate, list(text.src)[:limit], list(text.tgt)[:limit],
-                     split_name(cfg, "valid", data, direction)))
+        sets.append(
+            (
+                direction.name,
+                direction.valid,
+                translate,
+                list(text.src)[:limit],
+                list(text.tgt)[:limit],
+                split_name(cfg, "valid", data, direction),
+            )
+        )
 
-    def loss_of(weights: Any, corpus: Any) -> Dict[str, float]:
-        return validation_loss(weights, corpus, data.tokenizer.special_ids, cfg.train.max_tokens,
-                               cfg.train.label_smoothing, machine.device, machine.precision)
+    def loss_of(weights: Any, corpus: Any) -> dict[str, float]:
+        return validation_loss(
+            weights,
+            corpus,
+            data.tokenizer.special_ids,
+            cfg.train.max_tokens,
+            cfg.train.label_smoothing,
+            machine.device,
+            machine.precision,
+        )
 
-    def validate() -> Dict[str, float]:
+    def validate() -> dict[str, float]:
         per_direction = {}
         for name, corpus, translate, sources, references, split_name in sets:
             results = loss_of(model, corpus)
@@ -77,8 +94,15 @@ def validation(cfg: FitConfig, model: Any, data: PreparedData, machine: Machine,
     return validate
 
 
-def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
-                     precision: Precision, directions: Sequence[Tuple[str, str]] = ()) -> Dict[str, Any]:
+def score_test_split(
+    cfg: FitConfig,
+    run: RunDir,
+    model: Any,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    precision: Precision,
+    directions: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does.
 
     A multilingual run (several `directions`) scores each direction, decoded with its target
@@ -96,31 +120,72 @@ def score_test_split(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokeniz
     best_update = int(best.get("update", 0))
     del best, state_dict
     model.eval()
-    checkpoint_info = {"path": str(best_path), "which": "best", "update": best_update, "averaged_from": None,
-                       "weights": weights}
-    decode_info = {**to_plain(cfg.decode), "device": str(device), "precision": precision, "engine": Engine.torch,
-                   "threads": torch.get_num_threads()}  # train.num_threads (null: torch's default)
+    checkpoint_info = {
+        "path": str(best_path),
+        "which": "best",
+        "update": best_update,
+        "averaged_from": None,
+        "weights": weights,
+    }
+    decode_info = {
+        **to_plain(cfg.decode),
+        "device": str(device),
+        "precision": precision,
+        "engine": Engine.torch,
+        "threads": torch.get_num_threads(),
+    }  # train.num_threads (null: torch's default)
     languages = RunLanguages.of(cfg.data)
     directions = list(directions) or languages.directions()[:1]
-    head: Dict[str, Any] = {"checkpoint": best_path.name, "update": best_update, "weights": weights,
-                            "beam": cfg.decode.beam}
+    head: dict[str, Any] = {
+        "checkpoint": best_path.name,
+        "update": best_update,
+        "weights": weights,
+        "beam": cfg.decode.beam,
+    }
     if len(directions) == 1:
         tokenizer = languages.tokenizer_for(tokenizer, directions[0][1])
-        return {**head, **_score_test_direction(cfg, run, model, tokenizer, device, precision, checkpoint_info,
-                                                decode_info, None)}
-    results = {f"{src}-{tgt}": _score_test_direction(cfg, run, model, languages.tokenizer_for(tokenizer, tgt),
-                                                     device, precision, checkpoint_info, decode_info, (src, tgt))
-               for src, tgt in directions}
-    means = {metric: sum(result[metric] for result in results.values()) / len(results)
-             for metric, value in next(iter(results.values())).items() if isinstance(value, float)
-             and not metric.endswith("_per_s")}
-    return {**head, "sentences": sum(result["sentences"] for result in results.values()), **means,
-            "directions": results}
+        return {
+            **head,
+            **_score_test_direction(cfg, run, model, tokenizer, device, precision, checkpoint_info, decode_info, None),
+        }
+    results = {
+        f"{src}-{tgt}": _score_test_direction(
+            cfg,
+            run,
+            model,
+            languages.tokenizer_for(tokenizer, tgt),
+            device,
+            precision,
+            checkpoint_info,
+            decode_info,
+            (src, tgt),
+        )
+        for src, tgt in directions
+    }
+    means = {
+        metric: sum(result[metric] for result in results.values()) / len(results)
+        for metric, value in next(iter(results.values())).items()
+        if isinstance(value, float) and not metric.endswith("_per_s")
+    }
+    return {
+        **head,
+        "sentences": sum(result["sentences"] for result in results.values()),
+        **means,
+        "directions": results,
+    }
 
 
-def _score_test_direction(cfg: FitConfig, run: RunDir, model: Any, tokenizer: Tokenizer, device: torch.device,
-                          precision: Precision, checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any],
-                          direction: Optional[Tuple[str, str]]) -> Dict[str, Any]:
+def _score_test_direction(
+    cfg: FitConfig,
+    run: RunDir,
+    model: Any,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    precision: Precision,
+    checkpoint_info: dict[str, Any],
+    decode_info: dict[str, Any],
+    direction: tuple[str, str] | None,
+) -> dict[str, Any]:
     """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
     and its scores for metrics.json."""
     from mtrain.evaluate.references import read_run_split
@@ -128,17 +193,26 @@ def _score_test_direction(cfg: FitConfig, run: RunDir, model: Any, tokenizer: To
 
     translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     data_cfg = cfg.data if direction is None else with_values(cfg.data, src=direction[0], tgt=direction[1])
-    report = score_split(run, "test", data_cfg, read_run_split(run, cfg.data, "test", direction), translate,
-                         checkpoint_info, decode_info, ["bleu", "chrf", "ter"], log=log.info,
-                         report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}")
-    result: Dict[str, Any] = {"sentences": report["sentences"], "decode_sentences_per_s": report["sentences_per_s"]}
+    report = score_split(
+        run,
+        "test",
+        data_cfg,
+        read_run_split(run, cfg.data, "test", direction),
+        translate,
+        checkpoint_info,
+        decode_info,
+        ["bleu", "chrf", "ter"],
+        log=log.info,
+        report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}",
+    )
+    result: dict[str, Any] = {"sentences": report["sentences"], "decode_sentences_per_s": report["sentences_per_s"]}
     for metric, values in report["metrics"].items():
         result[metric] = float(values["score"])
         result[f"{metric}_signature"] = values["signature"]
     return result
 
 
-def log_test(trainer: Any, test: Dict[str, Any]) -> None:
+def log_test(trainer: Any, test: dict[str, Any]) -> None:
     """The test scores in the log and TensorBoard (a multilingual run: the means, then each direction)."""
     log.info("test | %s", " | ".join(f"{k} {v:.2f}" for k, v in test.items() if isinstance(v, float)))
     trainer.metrics.scalars("test", test, test["update"])

@@ -18,17 +18,18 @@ import shutil
 import textwrap
 import tokenize
 import typing
-from functools import lru_cache
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 # What each command does and how it is typically called. Its config is configs/<config>.yaml;
 # "hidden": keys of a shared section that the command never reads.
-COMMAND_HELP: Dict[str, Dict[str, Any]] = {
+COMMAND_HELP: dict[str, dict[str, Any]] = {
     "fit": {
         "config": "fit",
         "about": "Train a SentencePiece tokenizer and a Transformer on a parallel corpus, validate with "
-                 "BLEU, checkpoint, and score the test set, all in one run directory (hydra.run.dir).",
+        "BLEU, checkpoint, and score the test set, all in one run directory (hydra.run.dir).",
         "examples": [
             "mtrain fit experiment=multi30k_cpu hydra.run.dir=runs/m30k",
             "mtrain fit experiment=multi30k_cpu train.max_time=2m hydra.run.dir=runs/smoke",
@@ -40,7 +41,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
     "translate": {
         "config": "translate",
         "about": "Translate a file or stdin with a trained run (or an exported CTranslate2 model). "
-                 "Only translations go to stdout; logs go to stderr.",
+        "Only translations go to stdout; logs go to stderr.",
         "examples": [
             "mtrain translate run=runs/m30k input=test.de output=test.hyp",
             "cat test.de | mtrain translate run=runs/m30k decode.beam=1 > test.hyp",
@@ -53,8 +54,8 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
     "serve": {
         "config": "serve",
         "about": "Serve a run (or an exported CTranslate2 model) as an HTTP JSON translation service: "
-                 "POST /translate {\"text\": [...]}, GET /health. Concurrent requests are decoded "
-                 "together in batches; it listens on 127.0.0.1 unless host= says otherwise.",
+        'POST /translate {"text": [...]}, GET /health. Concurrent requests are decoded '
+        "together in batches; it listens on 127.0.0.1 unless host= says otherwise.",
         "examples": [
             "mtrain serve run=runs/m30k port=8080",
             "mtrain serve run=runs/m30k_ct2 engine=ctranslate2 host=0.0.0.0",
@@ -65,7 +66,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
     "eval": {
         "config": "eval",
         "about": "Score a run (decode its split, then sacreBLEU: BLEU, chrF, TER with signatures), "
-                 "a hypothesis file, or compare the runs of a sweep with paired bootstrap resampling.",
+        "a hypothesis file, or compare the runs of a sweep with paired bootstrap resampling.",
         "examples": [
             "mtrain eval run=runs/m30k split=test [average_last=3]",
             "mtrain eval hyp=test.hyp ref=test.en           (ref=[a.en,b.en] for several)",
@@ -77,15 +78,14 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
     "prepare": {
         "config": "prepare",
         "about": "Train the tokenizer and encode the corpus into the cache, without training: takes "
-                 "the same overrides as `mtrain fit` (only data.* and tokenizer.* matter).",
+        "the same overrides as `mtrain fit` (only data.* and tokenizer.* matter).",
         "examples": [
             "mtrain prepare data=wmt14_en_de tokenizer=spm32k_bpe data.num_workers=8",
         ],
     },
     "average": {
         "config": "average",
-        "about": "Average the parameters of the last N checkpoints of a run (or of given files) "
-                 "into a new checkpoint.",
+        "about": "Average the parameters of the last N checkpoints of a run (or of given files) into a new checkpoint.",
         "examples": [
             "mtrain average run=runs/m30k last=3",
             "mtrain average checkpoints=[a.pt,b.pt] out=avg.pt",
@@ -95,7 +95,7 @@ COMMAND_HELP: Dict[str, Dict[str, Any]] = {
         "config": "report",
         "arguments": " [SWEEP_DIR]",
         "about": "A Markdown table (with paired bootstrap against a baseline) and loss/BLEU plots "
-                 "for the runs of a sweep.",
+        "for the runs of a sweep.",
         "examples": [
             "mtrain report multirun/DATE/TIME",
             "mtrain report sweep=runs/a,runs/b out=report/",
@@ -138,11 +138,11 @@ def command_help(command: str, overrides: Sequence[str] = ()) -> str:
     return "\n".join(out)
 
 
-def _compose(command: str, config_name: str, config_dir: Path, overrides: List[str]) -> Tuple[Any, str]:
+def _compose(command: str, config_name: str, config_dir: Path, overrides: list[str]) -> tuple[Any, str]:
     from hydra import compose, initialize_config_dir
 
     if command == "export":
-        import mtrain.cli.export  # noqa: F401  (registers export_schema; the others are in mtrain.cli.common)
+        pass
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         if overrides:
             try:
@@ -153,24 +153,26 @@ def _compose(command: str, config_name: str, config_dir: Path, overrides: List[s
         return compose(config_name), ""
 
 
-def _groups(config_dir: Path, config_name: str, overrides: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+def _groups(config_dir: Path, config_name: str, overrides: Sequence[str]) -> list[tuple[str, str | None]]:
     """(group, chosen preset) for each group in the command's defaults list."""
     from omegaconf import OmegaConf
 
     defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{config_name}.yaml")).get("defaults", [])
-    chosen = dict(override.split("=", 1) for override in overrides if "=" in override and "." not in override.split("=")[0])
+    chosen = dict(
+        override.split("=", 1) for override in overrides if "=" in override and "." not in override.split("=")[0]
+    )
     groups = []
     for entry in defaults:
         if not isinstance(entry, dict):
             continue  # the schema and _self_
-        (group, preset), = entry.items()
+        ((group, preset),) = entry.items()
         if group.startswith("override ") or not (config_dir / group).is_dir():
             continue  # Hydra's own groups (hydra/job_logging)
         groups.append((group, chosen.get(group, preset)))
     return groups
 
 
-def _presets(group_dir: Path) -> List[Tuple[str, str]]:
+def _presets(group_dir: Path) -> list[tuple[str, str]]:
     """Each preset's name and the first line of its leading comment."""
     presets = []
     for path in sorted(group_dir.glob("*.yaml")):
@@ -185,7 +187,7 @@ def _presets(group_dir: Path) -> List[Tuple[str, str]]:
     return presets
 
 
-def _key_lines(cfg: Any, width: int, hidden: Sequence[str] = ()) -> List[str]:
+def _key_lines(cfg: Any, width: int, hidden: Sequence[str] = ()) -> list[str]:
     """One line per key (`name  type = default  description`), but the `hidden` ones; a
     description too long for the rest of the line goes on the lines below it."""
     rows = [row for row in _rows(cfg, "") if row[0] not in hidden]
@@ -240,9 +242,9 @@ def _type_name(hint: Any) -> str:
     if origin is typing.Union:
         names = [_type_name(arg) for arg in args if arg is not type(None)]
         return "|".join(names) + ("|null" if type(None) in args else "")
-    if origin in (list, List):
+    if origin in (list, list):
         return f"list[{_type_name(args[0])}]" if args else "list"
-    if origin in (dict, Dict):
+    if origin in (dict, dict):
         return "dict"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "|".join(member.name for member in hint)
@@ -261,15 +263,15 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-@lru_cache(maxsize=None)
-def field_descriptions(schema: type) -> Dict[str, str]:
+@cache
+def field_descriptions(schema: type) -> dict[str, str]:
     """Field name -> its comment in the dataclass source: the full-line comments right above
     the field, then the comment at the end of its line, joined into one line."""
     try:
         source = textwrap.dedent(inspect.getsource(schema))
     except (OSError, TypeError):  # installed without its .py sources: no descriptions
         return {}
-    comments: Dict[int, Tuple[str, bool]] = {}  # line -> (text, whole line)
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, whole line)
     lines = source.splitlines()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:

@@ -7,7 +7,6 @@ With `init_from=` (a fine-tune's overrides) the parent's tokenizer encodes, as `
 
 from __future__ import annotations
 
-
 from mtrain.cli.common import mtrain_app
 from mtrain.config import FitConfig
 
@@ -23,8 +22,9 @@ def main(cfg: FitConfig) -> None:
         parent = load_parent(cfg.init_from, cfg.init_weights, False, cfg.data)
         cfg = inherited_config(with_resolved_model(cfg), parent.config, (), f"init_from={cfg.init_from}")
         tokenizer = parent.tokenizer
-    prepared = prepare_data(cfg.data, cfg.tokenizer, log=lambda message: print(message, flush=True),
-                            tokenizer=tokenizer)
+    prepared = prepare_data(
+        cfg.data, cfg.tokenizer, log=lambda message: print(message, flush=True), tokenizer=tokenizer
+    )
     for part in prepared.train_parts:  # one cache entry per training corpus (the first is `directory`)
         print(f"prepared: {part.corpus.directory.parent}", flush=True)
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List
-
 
 from mtrain.cli.common import mtrain_app
 from mtrain.cli.evaluate import friendly_overrides, hydra_quote
@@ -42,11 +40,24 @@ def run_report(cfg: ReportConfig):
 
 
 # Hydra's own options that take a value (`--cfg job`): their value is not a sweep directory.
-_OPTIONS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
-                       "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_OPTIONS_WITH_VALUE = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+}
 
 
-def positional_sweep(argv: List[str]) -> List[str]:
+def positional_sweep(argv: list[str]) -> list[str]:
     """`mtrain report DIR ...` -> `sweep='DIR' ...` (Hydra only takes key=value)."""
     out = []
     for index, arg in enumerate(argv):
@@ -63,7 +74,9 @@ def _app(cfg: ReportConfig) -> None:
 
 
 def main() -> None:
-    sys.argv = sys.argv[:1] + friendly_overrides(positional_sweep(sys.argv[1:]), list_keys=(), string_keys=("sweep", "out"))
+    sys.argv = sys.argv[:1] + friendly_overrides(
+        positional_sweep(sys.argv[1:]), list_keys=(), string_keys=("sweep", "out")
+    )
     _app()
 
 

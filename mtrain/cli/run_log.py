@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List, Optional
 
 # The format of Hydra's default job logging, which wrote train.log before (and still formats the console).
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -25,8 +24,8 @@ class RunLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.setFormatter(logging.Formatter(LOG_FORMAT))
-        self._held: List[logging.LogRecord] = []
-        self._file: Optional[logging.FileHandler] = None
+        self._held: list[logging.LogRecord] = []
+        self._file: logging.FileHandler | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._file is None:
@@ -51,7 +50,7 @@ class RunLog(logging.Handler):
         self._held.clear()
         super().close()
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         logging.getLogger().addHandler(self)
         return self
 

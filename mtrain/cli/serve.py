@@ -18,7 +18,7 @@ import contextlib
 import logging
 import signal
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import ServeConfig
@@ -37,8 +37,10 @@ def run_serve(cfg: ServeConfig) -> None:
     from mtrain.runtime import resolve_device
 
     if cfg.run is None:
-        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
-                          "directory with engine=ctranslate2")
+        raise MtrainError(
+            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
+            "directory with engine=ctranslate2"
+        )
     listener = listen(cfg.host, cfg.port)
     try:
         threads = set_decode_threads(cfg.num_threads)
@@ -46,9 +48,17 @@ def run_serve(cfg: ServeConfig) -> None:
         app = build_app(model, cfg)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=cfg.access_log, lifespan="on"))
         host, port = listener.getsockname()[:2]
-        log.info("serving %s (engine=%s on %s, beam %d, %d CPU thread%s) on http://%s:%d", model.description,
-                 model.engine_name, model.device, cfg.decode.beam, threads, "" if threads == 1 else "s",
-                 f"[{host}]" if ":" in host else host, port)
+        log.info(
+            "serving %s (engine=%s on %s, beam %d, %d CPU thread%s) on http://%s:%d",
+            model.description,
+            model.engine_name,
+            model.device,
+            cfg.decode.beam,
+            threads,
+            "" if threads == 1 else "s",
+            f"[{host}]" if ":" in host else host,
+            port,
+        )
         with stop_signals_end_the_server():
             server.run(sockets=[listener])
     finally:
@@ -58,8 +68,9 @@ def run_serve(cfg: ServeConfig) -> None:
 def listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port (port 0: any free one), or an MtrainError naming the key."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as error:
         raise MtrainError(f"host={host}: not an address to listen on ({error.strerror})") from None
     listener = socket.socket(family, kind, proto)
@@ -68,8 +79,9 @@ def listen(host: str, port: int) -> socket.socket:
         listener.bind(address)
     except OSError as error:
         listener.close()
-        raise MtrainError(f"port={port}: cannot listen on {host}:{port} ({error.strerror or error}); "
-                          "choose another port= (or host=)") from None
+        raise MtrainError(
+            f"port={port}: cannot listen on {host}:{port} ({error.strerror or error}); choose another port= (or host=)"
+        ) from None
     listener.listen(2048)
     return listener
 

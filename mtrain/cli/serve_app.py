@@ -20,7 +20,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -41,10 +42,10 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: List[str]
-    beam: Optional[int] = None  # default: the server's decode.beam
-    nbest: Optional[int] = None  # default: the server's decode.nbest
-    tgt_lang: Optional[str] = None  # one of the model's target languages; null: its one (not for a multilingual model)
+    text: list[str]
+    beam: int | None = None  # default: the server's decode.beam
+    nbest: int | None = None  # default: the server's decode.nbest
+    tgt_lang: str | None = None  # one of the model's target languages; null: its one (not for a multilingual model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Setting:
     """What a batch decodes with: requests share a batch when these are equal."""
 
     decode: DecodeConfig
-    tgt_lang: Optional[str]  # resolved by check_target_language (None: the model does not say)
+    tgt_lang: str | None  # resolved by check_target_language (None: the model does not say)
 
 
 def setting_key(setting: Setting) -> tuple:
@@ -111,15 +112,16 @@ class BodyLimit:
 def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     """The service for `model` with `cfg`'s limits; its batcher lives as long as the app runs
     (started and drained by the app's lifespan)."""
-    state: Dict[str, Any] = {"batcher": None, "started": time.time()}
+    state: dict[str, Any] = {"batcher": None, "started": time.time()}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        def decode(sentences: List[str], setting: Setting) -> List[Any]:
+        def decode(sentences: list[str], setting: Setting) -> list[Any]:
             return model.translate(sentences, setting.decode, setting.tgt_lang)
 
-        state["batcher"] = Batcher(decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key,
-                                   name="mtrain-decoder")
+        state["batcher"] = Batcher(
+            decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"
+        )
         yield
         # uvicorn has already answered every request in flight: what is left is queued work of none.
         state["batcher"].close(timeout=cfg.request_timeout_s)
@@ -164,9 +166,19 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             "largest_batch": stats.largest_batch,
             "queued_sentences": stats.waiting_items,
             "uptime_s": round(time.time() - state["started"], 3),
-            "limits": {key: getattr(cfg, key) for key in (
-                "max_batch_sentences", "max_wait_ms", "max_request_bytes", "max_sentences", "max_sentence_chars",
-                "request_timeout_s", "max_beam", "max_input_tokens")},
+            "limits": {
+                key: getattr(cfg, key)
+                for key in (
+                    "max_batch_sentences",
+                    "max_wait_ms",
+                    "max_request_bytes",
+                    "max_sentences",
+                    "max_sentence_chars",
+                    "request_timeout_s",
+                    "max_beam",
+                    "max_input_tokens",
+                )
+            },
         }
 
     @app.post("/translate")
@@ -185,8 +197,11 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             hypotheses = await asyncio.wait_for(asyncio.wrap_future(future), cfg.request_timeout_s)
         except asyncio.TimeoutError:
             future.cancel()  # its sentences leave the queue if they are not decoding yet
-            raise Rejected(504, f"request_timeout_s: not translated within {cfg.request_timeout_s:g} s; "
-                                "retry later or send fewer sentences") from None
+            raise Rejected(
+                504,
+                f"request_timeout_s: not translated within {cfg.request_timeout_s:g} s; "
+                "retry later or send fewer sentences",
+            ) from None
         except MtrainError as error:
             raise Rejected(422, str(error)) from None
         return response_body(hypotheses, decode.nbest)
@@ -195,14 +210,20 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     return app
 
 
-def check_sizes(sentences: List[str], cfg: ServeConfig) -> None:
+def check_sizes(sentences: list[str], cfg: ServeConfig) -> None:
     if len(sentences) > cfg.max_sentences:
-        raise Rejected(413, f"max_sentences: {len(sentences)} sentences in one request, the limit is "
-                            f"{cfg.max_sentences}; split the request")
+        raise Rejected(
+            413,
+            f"max_sentences: {len(sentences)} sentences in one request, the limit is "
+            f"{cfg.max_sentences}; split the request",
+        )
     for index, sentence in enumerate(sentences):
         if len(sentence) > cfg.max_sentence_chars:
-            raise Rejected(413, f"max_sentence_chars: text[{index}] has {len(sentence)} characters, the limit is "
-                                f"{cfg.max_sentence_chars}")
+            raise Rejected(
+                413,
+                f"max_sentence_chars: text[{index}] has {len(sentence)} characters, the limit is "
+                f"{cfg.max_sentence_chars}",
+            )
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
@@ -217,26 +238,29 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     return with_values(cfg.decode, beam=beam, nbest=nbest)
 
 
-def response_body(hypotheses: List[List[Any]], nbest: int) -> dict:
-    body: Dict[str, Any] = {"translations": [hyps[0].text for hyps in hypotheses],
-                            "scores": [hyps[0].score for hyps in hypotheses]}
+def response_body(hypotheses: list[list[Any]], nbest: int) -> dict:
+    body: dict[str, Any] = {
+        "translations": [hyps[0].text for hyps in hypotheses],
+        "scores": [hyps[0].score for hyps in hypotheses],
+    }
     if nbest > 1:
         body["nbest"] = [[{"text": hyp.text, "score": hyp.score} for hyp in hyps] for hyps in hypotheses]
     return body
 
 
-def describe_validation_error(errors: List[dict]) -> tuple[int, str]:
+def describe_validation_error(errors: list[dict]) -> tuple[int, str]:
     """(status, one line naming the field) for FastAPI's validation errors: 400 for a body that
     is not JSON, 422 for a wrong field."""
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", first.get("msg", ""))
-        return 400, f"body: malformed JSON ({reason}); send a JSON object such as {{\"text\": [\"...\"]}}"
+        return 400, f'body: malformed JSON ({reason}); send a JSON object such as {{"text": ["..."]}}'
     loc = [part for part in first.get("loc", ()) if part != "body"]
     field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
     if field == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type", "missing"):
-        return 422, ("body: a JSON object with \"text\": [sentences] is required (and the header "
-                     "Content-Type: application/json)")
+        return 422, (
+            'body: a JSON object with "text": [sentences] is required (and the header Content-Type: application/json)'
+        )
     message = str(first.get("msg", "invalid"))
     if first.get("type") == "extra_forbidden":
         message = "unknown field (the fields: text, beam, nbest, tgt_lang)"

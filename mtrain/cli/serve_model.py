@@ -17,8 +17,9 @@ tokenizer (its tag at the start of every source: mtrain.decode.directions), made
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -43,40 +44,43 @@ class ServedModel:
     precision: str
     description: str  # the checkpoint or export directory, its update and precision
     engine_name: str  # torch | ctranslate2
-    src_lang: Optional[str]
-    tgt_lang: Optional[str]
+    src_lang: str | None
+    tgt_lang: str | None
     input_limit: int  # source ids per sentence, eos included
     threads: int
     # The tokenizer of each language a request may name (its tag first in every source);
     # empty: the model does not say what it translates into (requests leave tgt_lang null).
-    tokenizers: Dict[str, Any] = field(default_factory=dict)
+    tokenizers: dict[str, Any] = field(default_factory=dict)
 
-    def translate(self, sentences: List[str], cfg: DecodeConfig,
-                  tgt_lang: Optional[str] = None) -> List[List[Hypothesis]]:
+    def translate(self, sentences: list[str], cfg: DecodeConfig, tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
         them, into `tgt_lang` (as `check_target_language` resolved it)."""
         tokenizer = self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
         sources = [self.encode(text, tokenizer) for text in sentences]
         return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision)
 
-    def encode(self, text: str, tokenizer: Any = None) -> Optional[List[int]]:
+    def encode(self, text: str, tokenizer: Any = None) -> list[int] | None:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""
         if not text.strip():
             return None
         tokenizer = tokenizer or self.tokenizer
         ids = tokenizer.encode_src(text)
         if len(ids) + 1 > self.input_limit:
-            log.warning("a sentence of %d subword tokens was truncated to the first %d (max_input_tokens=%d incl. eos)",
-                        len(ids), self.input_limit - 1, self.input_limit)
+            log.warning(
+                "a sentence of %d subword tokens was truncated to the first %d (max_input_tokens=%d incl. eos)",
+                len(ids),
+                self.input_limit - 1,
+                self.input_limit,
+            )
             ids = ids[: self.input_limit - 1]
         return ids + [tokenizer.eos_id]
 
-    def target_languages(self) -> List[str]:
+    def target_languages(self) -> list[str]:
         """The languages a request may name in tgt_lang."""
         return list(self.tokenizers)
 
 
-def check_target_language(requested: Optional[str], allowed: Sequence[str]) -> Optional[str]:
+def check_target_language(requested: str | None, allowed: Sequence[str]) -> str | None:
     """The language a request translates into: `requested`, one of `allowed`; null is the
     model's one language (None when the model does not say), and refused when it translates
     into several (a multilingual run)."""
@@ -87,8 +91,10 @@ def check_target_language(requested: Optional[str], allowed: Sequence[str]) -> O
         return allowed[0] if allowed else None
     if requested in allowed:
         return requested
-    raise UnknownTargetLanguage(f"tgt_lang: {requested!r} is not a language this model translates into "
-                                f"(allowed: {choices}{' or null' if len(allowed) <= 1 else ''})")
+    raise UnknownTargetLanguage(
+        f"tgt_lang: {requested!r} is not a language this model translates into "
+        f"(allowed: {choices}{' or null' if len(allowed) <= 1 else ''})"
+    )
 
 
 def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> ServedModel:
@@ -96,8 +102,10 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
     from mtrain.export.engine import open_engine
 
     if cfg.run is None:
-        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
-                          "directory with engine=ctranslate2")
+        raise MtrainError(
+            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
+            "directory with engine=ctranslate2"
+        )
     # The ensemble and weights keys reach open_engine only when set, so an opener without them still serves run= alone.
     extra = {}
     if cfg.ensemble:
@@ -113,13 +121,34 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
     engine = as_engine(opened.model, opened.tokenizer, device, opened.precision)  # once: bf16 casts the weights
     if languages is None:
         log.warning("%s: no language pair recorded; requests must leave tgt_lang null", cfg.run)
-        return ServedModel(engine, opened.tokenizer, device, opened.precision, opened.description, str(cfg.engine),
-                           None, None, limit, threads)
+        return ServedModel(
+            engine,
+            opened.tokenizer,
+            device,
+            opened.precision,
+            opened.description,
+            str(cfg.engine),
+            None,
+            None,
+            limit,
+            threads,
+        )
     tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.target_languages()}
     # A bilingual run's pair (health); a multilingual one has no single pair: each request names its target.
     src, tgt = languages.directions()[0] if len(tokenizers) == 1 else (None, None)
     if len(tokenizers) > 1:
         log.info("multilingual: translates into %s (a request names one in tgt_lang)", ", ".join(tokenizers))
     default = tokenizers[tgt] if tgt is not None else opened.tokenizer
-    return ServedModel(engine, default, device, opened.precision, opened.description, str(cfg.engine),
-                       src, tgt, limit, threads, tokenizers)
+    return ServedModel(
+        engine,
+        default,
+        device,
+        opened.precision,
+        opened.description,
+        str(cfg.engine),
+        src,
+        tgt,
+        limit,
+        threads,
+        tokenizers,
+    )

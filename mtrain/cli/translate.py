@@ -44,14 +44,23 @@ def run_translate(cfg: TranslateConfig) -> None:
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
-    engine = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights,
-                         ensemble=cfg.ensemble)
+    engine = open_engine(
+        cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights, ensemble=cfg.ensemble
+    )
     # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
-    log.info("translating with %s on %s, engine=%s, beam %d, %d CPU thread%s%s", engine.description, device,
-             cfg.engine, cfg.decode.beam, threads, "" if threads == 1 else "s",
-             f", every source starting with {' '.join(tokenizer.src_pieces(tokenizer.source_prefix))}"
-             if tokenizer.source_prefix else "")
+    log.info(
+        "translating with %s on %s, engine=%s, beam %d, %d CPU thread%s%s",
+        engine.description,
+        device,
+        cfg.engine,
+        cfg.decode.beam,
+        threads,
+        "" if threads == 1 else "s",
+        f", every source starting with {' '.join(tokenizer.src_pieces(tokenizer.source_prefix))}"
+        if tokenizer.source_prefix
+        else "",
+    )
     report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision)
     log.info("translated %d lines", report.lines)
     if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
@@ -59,10 +68,22 @@ def run_translate(cfg: TranslateConfig) -> None:
         from mtrain.config import to_plain
         from mtrain.data.provenance import write_provenance
 
-        settings = {**to_plain(cfg.decode), "engine": str(to_plain(cfg.engine)), "precision": engine.precision,
-                    "checkpoint": cfg.checkpoint, "weights": str(to_plain(cfg.weights)), "tgt_lang": cfg.tgt_lang}
-        write_provenance(Path(cfg.output), cfg.run, [member.checkpoint_path for member in engine.members],
-                         settings, cfg.input, installed_version())
+        settings = {
+            **to_plain(cfg.decode),
+            "engine": str(to_plain(cfg.engine)),
+            "precision": engine.precision,
+            "checkpoint": cfg.checkpoint,
+            "weights": str(to_plain(cfg.weights)),
+            "tgt_lang": cfg.tgt_lang,
+        }
+        write_provenance(
+            Path(cfg.output),
+            cfg.run,
+            [member.checkpoint_path for member in engine.members],
+            settings,
+            cfg.input,
+            installed_version(),
+        )
 
 
 @mtrain_app("translate")

@@ -15,15 +15,16 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from mtrain.config import to_plain
 
 COMPLETE_MARKER = "COMPLETE"
 
 
-def cache_root(cache_dir: Optional[str]) -> Path:
+def cache_root(cache_dir: str | None) -> Path:
     """`data.cache_dir`, else `$MTRAIN_CACHE`, else `~/.cache/mtrain`."""
     if cache_dir:
         return Path(cache_dir).expanduser()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ def check_clean_config(cfg: CleanConfig) -> None:
         raise MtrainError(f"data.clean.max_len_ratio={cfg.max_len_ratio}: a ratio below 1 rejects everything")
 
 
-def normalizer(form: Optional[str]) -> Callable[[str], str]:
+def normalizer(form: str | None) -> Callable[[str], str]:
     """Unicode normalisation to `form` (NFKC, NFC), or the identity when null."""
     if form is None:
         return lambda text: text
@@ -64,9 +64,9 @@ def classify_pairs(
     def reject(reason: str, condition: np.ndarray) -> None:
         codes[(codes == KEEP) & condition] = _CODE[reason]
 
-    reject("empty", np.fromiter((not s or not t for s, t in zip(src_texts, tgt_texts)), bool, len(codes)))
+    reject("empty", np.fromiter((not s or not t for s, t in zip(src_texts, tgt_texts, strict=True)), bool, len(codes)))
     if cfg.drop_identical:
-        reject("identical", np.fromiter((s == t for s, t in zip(src_texts, tgt_texts)), bool, len(codes)))
+        reject("identical", np.fromiter((s == t for s, t in zip(src_texts, tgt_texts, strict=True)), bool, len(codes)))
     reject("too_short", np.minimum(src_lengths, tgt_lengths) < cfg.min_len)
     reject("too_long", np.maximum(src_lengths, tgt_lengths) > cfg.max_len)
     longer = np.maximum(src_lengths, tgt_lengths)
@@ -87,9 +87,9 @@ def count_reasons(codes: np.ndarray) -> dict:
 
 def pair_hashes(src_texts: Sequence[str], tgt_texts: Sequence[str]) -> np.ndarray:
     """64-bit hashes of (src, tgt) pairs; NUL never occurs in cleaned text, so it separates."""
-    digests: List[int] = [
-        int.from_bytes(hashlib.blake2b(f"{s}\x00{t}".encode("utf-8"), digest_size=8).digest(), "little")
-        for s, t in zip(src_texts, tgt_texts)
+    digests: list[int] = [
+        int.from_bytes(hashlib.blake2b(f"{s}\x00{t}".encode(), digest_size=8).digest(), "little")
+        for s, t in zip(src_texts, tgt_texts, strict=True)
     ]
     return np.array(digests, dtype=np.uint64)
 

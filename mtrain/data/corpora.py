@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from mtrain.config import DataConfig, DataFormat, SplitsConfig, to_typed
 from mtrain.data.local_files import LocalSource, file_names
@@ -35,13 +35,13 @@ class TrainingCorpus:
     cfg: DataConfig  # what reading it needs (src, tgt, format, pattern, splits.train, train_limit...)
     source: ParallelSource
     weight: float = 1.0
-    tag: Optional[str] = None
+    tag: str | None = None
 
     @property
     def direction(self) -> Direction:
         return (self.cfg.src, self.cfg.tgt)
 
-    def provenance(self) -> List[Dict[str, Any]]:
+    def provenance(self) -> list[dict[str, Any]]:
         """What `mtrain translate` recorded beside this corpus's training files (which model
         produced them, with which settings); [] for files it did not write."""
         source = self.source.source if isinstance(self.source, WithoutTestSplit) else self.source
@@ -76,7 +76,7 @@ def corpus_config(data: DataConfig, index: int) -> DataConfig:
     )
 
 
-def training_corpora(data: DataConfig, data_source: Optional[ParallelSource] = None) -> List[TrainingCorpus]:
+def training_corpora(data: DataConfig, data_source: ParallelSource | None = None) -> list[TrainingCorpus]:
     """Every corpus the run trains on, its source resolved; `data_source` is data's own
     (resolved by the caller) for the single-corpus case."""
     if not data.corpora:
@@ -111,18 +111,19 @@ def _resolve_corpus(cfg: DataConfig, key: str) -> ParallelSource:
         raise MtrainError(f"{key} (name {cfg.name}, {cfg.src}->{cfg.tgt}): {error}") from error
 
 
-def evaluation_sources(data: DataConfig, corpora: List[TrainingCorpus]) -> Dict[Direction, ParallelSource]:
+def evaluation_sources(data: DataConfig, corpora: list[TrainingCorpus]) -> dict[Direction, ParallelSource]:
     """The source of the validation and test splits of each direction trained: data's own."""
     if not data.corpora:
         return {corpora[0].direction: corpora[0].source}
     data = to_typed(data)
-    sources: Dict[Direction, ParallelSource] = {}
-    first_local: Optional[Path] = None
+    sources: dict[Direction, ParallelSource] = {}
+    first_local: Path | None = None
     for src, tgt in run_directions(data):
         key = next(c.key for c in corpora if c.direction == (src, tgt))
         # Only valid/test are read from data; its training split need not exist.
-        cfg = dataclasses.replace(data, src=src, tgt=tgt, corpora=[],
-                                  splits=dataclasses.replace(data.splits, train=None))
+        cfg = dataclasses.replace(
+            data, src=src, tgt=tgt, corpora=[], splits=dataclasses.replace(data.splits, train=None)
+        )
         if first_local is not None:  # the same folder for every direction: no Hub lookup per direction
             source: ParallelSource = LocalSource(first_local, cfg)
             _check_evaluation_files(source, cfg, key)
@@ -131,8 +132,9 @@ def evaluation_sources(data: DataConfig, corpora: List[TrainingCorpus]) -> Dict[
         try:
             resolved = resolve_source(cfg)
         except MtrainError as error:
-            raise MtrainError(f"{key} ({src}->{tgt}): no validation/test data in data={data.name} for this "
-                              f"direction: {error}") from error
+            raise MtrainError(
+                f"{key} ({src}->{tgt}): no validation/test data in data={data.name} for this direction: {error}"
+            ) from error
         inner = resolved.source if isinstance(resolved, WithoutTestSplit) else resolved
         if isinstance(inner, LocalSource):
             first_local = inner.directory
@@ -149,8 +151,11 @@ def _check_evaluation_files(source: LocalSource, cfg: DataConfig, key: str) -> N
     absent = [f"{key} ({cfg.src}->{cfg.tgt})"]
     if DataFormat(cfg.format).one_file_per_language:  # file_names lists the source's file, then the target's
         names = [file_names(cfg, split) for split in ("valid", "test") if file_names(cfg, split)]
-        absent = [f"{key}.{side}={lang}" for position, (side, lang) in enumerate((("src", cfg.src), ("tgt", cfg.tgt)))
-                  if any(f"{split[position]}[.gz]" in missing for split in names)]
+        absent = [
+            f"{key}.{side}={lang}"
+            for position, (side, lang) in enumerate((("src", cfg.src), ("tgt", cfg.tgt)))
+            if any(f"{split[position]}[.gz]" in missing for split in names)
+        ]
     raise MtrainError(
         f"{', '.join(absent)}: data={cfg.name} has no validation/test data in this language "
         f"({source.directory} lacks {', '.join(missing)}); every direction data.corpora trains is "

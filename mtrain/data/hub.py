@@ -19,8 +19,9 @@ short); a refused script makes mtrain read that export instead and say so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any
 
 from mtrain.config import DataConfig
 from mtrain.data.text import Pair, ReadStats, clean_text
@@ -46,7 +47,7 @@ def print_library_warnings_once() -> None:
             library_log.propagate = False
 
 
-def load_hub_split(dataset_id: str, config: Optional[str], split: str, revision: Optional[str] = None) -> Any:
+def load_hub_split(dataset_id: str, config: str | None, split: str, revision: str | None = None) -> Any:
     """The one call into `datasets` (tests replace it to simulate an unreachable Hub)."""
     import datasets
 
@@ -58,7 +59,7 @@ def load_hub_split(dataset_id: str, config: Optional[str], split: str, revision:
     return datasets.load_dataset(dataset_id, config, split=split, revision=revision)
 
 
-def parquet_export_files(dataset_id: str, config: Optional[str], split: str) -> List[str]:
+def parquet_export_files(dataset_id: str, config: str | None, split: str) -> list[str]:
     """The parquet files of `split` in the Hub's export of `dataset_id` (or in a local copy of
     that export): `<config>/<split>/*.parquet`, else `<config>/partial-<split>/*.parquet`."""
     from datasets.data_files import resolve_pattern
@@ -73,18 +74,21 @@ def parquet_export_files(dataset_id: str, config: Optional[str], split: str) -> 
     try:
         files = resolve_pattern(f"{folder}/partial-{split}/*.parquet", base_path=base)
     except FileNotFoundError:
-        raise FileNotFoundError(
-            f"its parquet export ({PARQUET_EXPORT}) has no {folder}/{split}/ folder"
-        ) from None
-    log.warning("data: the parquet export of %s holds only the first part of split %s (%s/partial-%s/)",
-                dataset_id, split, folder, split)
+        raise FileNotFoundError(f"its parquet export ({PARQUET_EXPORT}) has no {folder}/{split}/ folder") from None
+    log.warning(
+        "data: the parquet export of %s holds only the first part of split %s (%s/partial-%s/)",
+        dataset_id,
+        split,
+        folder,
+        split,
+    )
     return files
 
 
 class HubSource:
     """A corpus read through `datasets.load_dataset(data.hub.id, data.hub.config)`."""
 
-    def __init__(self, cfg: DataConfig, tried: List[str]) -> None:
+    def __init__(self, cfg: DataConfig, tried: list[str]) -> None:
         self.cfg = cfg
         self.hub = cfg.hub
         self.tried = tried  # what resolution tried before the Hub, for error messages
@@ -104,9 +108,14 @@ class HubSource:
         local = Path(str(self.hub.id)).expanduser()
         if local.exists():  # a local copy: its files' sizes and mtimes stand for its content
             # Hidden files (download tools' metadata and locks) say nothing about the content.
-            files = [local] if local.is_file() else sorted(
-                p for p in local.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts)
+            files = (
+                [local]
+                if local.is_file()
+                else sorted(
+                    p
+                    for p in local.rglob("*")
+                    if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts)
+                )
             )
             parts += [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
         return "|".join(parts)
@@ -146,7 +155,8 @@ class HubSource:
         log.warning(
             "data: %s is built by a loading script, which the installed `datasets` no longer runs; "
             "reading the Hub's parquet export instead (data.hub.revision=%s goes there directly)",
-            self.hub.id, PARQUET_EXPORT,
+            self.hub.id,
+            PARQUET_EXPORT,
         )
         return load_hub_split(self.hub.id, self.hub.config, hub_split, PARQUET_EXPORT)
 
@@ -177,9 +187,7 @@ class HubSource:
         fields = (("src_field", self.hub.src_field or self.cfg.src), ("tgt_field", self.hub.tgt_field or self.cfg.tgt))
         for key, name in fields:
             if name not in columns:
-                raise MtrainError(
-                    f"{where}: no column '{name}' (data.hub.{key}); the dataset has columns {columns}"
-                )
+                raise MtrainError(f"{where}: no column '{name}' (data.hub.{key}); the dataset has columns {columns}")
 
     def pairs(self, split: str, stats: ReadStats) -> Iterator[Pair]:
         dataset = self.load(split)
@@ -193,6 +201,6 @@ class HubSource:
         else:
             src_column, tgt_column = self.hub.src_field or src, self.hub.tgt_field or tgt
             for batch in dataset.select_columns([src_column, tgt_column]).iter(batch_size=READ_BATCH):
-                for src_text, tgt_text in zip(batch[src_column], batch[tgt_column]):
+                for src_text, tgt_text in zip(batch[src_column], batch[tgt_column], strict=True):
                     stats.pairs += 1
                     yield clean_text(src_text or "", stats), clean_text(tgt_text or "", stats)

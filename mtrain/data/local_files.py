@@ -17,9 +17,9 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from collections.abc import Iterator
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator, List, Optional
 
 from mtrain.config import DataConfig, DataFormat, InvalidUtf8
 from mtrain.data.text import Pair, ReadStats, clean_text
@@ -28,7 +28,7 @@ from mtrain.errors import MtrainError
 BOM = b"\xef\xbb\xbf"
 
 
-def file_names(cfg: DataConfig, split: str) -> List[str]:
+def file_names(cfg: DataConfig, split: str) -> list[str]:
     """The file name(s) of one split (our split name: train, valid or test), without `.gz`."""
     split_name = getattr(cfg.splits, split)
     if split_name is None:  # data.splits.test=null: no files to look for
@@ -53,7 +53,7 @@ def read_lines(path: Path) -> Iterator[bytes]:
     """The raw lines of a plain or gzip file; a corrupted or truncated file is a clear error."""
     line_number = 0
     try:
-        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as lines:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as lines:
             for line in lines:
                 line_number += 1
                 yield line
@@ -78,13 +78,13 @@ class LocalSource:
         self.cfg = cfg
         self.description = f"local files in {directory} (format {cfg.format}, pattern '{cfg.pattern}')"
 
-    def _find(self, name: str) -> Optional[Path]:
+    def _find(self, name: str) -> Path | None:
         for candidate in (self.directory / name, self.directory / f"{name}.gz"):
             if candidate.is_file():
                 return candidate
         return None
 
-    def missing_files(self) -> List[str]:
+    def missing_files(self) -> list[str]:
         """Names (as `NAME[.gz]`) of the files that are not there, over all splits."""
         return [
             f"{name}[.gz]"
@@ -93,7 +93,7 @@ class LocalSource:
             if self._find(name) is None
         ]
 
-    def files(self, split: str) -> List[Path]:
+    def files(self, split: str) -> list[Path]:
         paths = [self._find(name) for name in file_names(self.cfg, split)]
         if any(path is None for path in paths):
             raise MtrainError(f"{self.directory}: missing {', '.join(self.missing_files())}")
@@ -114,10 +114,10 @@ class LocalSource:
         return self._record_pairs(paths[0], stats)
 
     # ------------------------------------------------------------------ reading
-    def _decode(self, raw: bytes, path: Path, line_number: int, stats: ReadStats) -> Optional[str]:
+    def _decode(self, raw: bytes, path: Path, line_number: int, stats: ReadStats) -> str | None:
         """One line as text, or None when it is not UTF-8 and data.invalid_utf8=skip."""
         if line_number == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
+            raw = raw[len(BOM) :]
         if b"\x00" in raw:
             stats.nul_lines += 1
             raw = raw.replace(b"\x00", b"")

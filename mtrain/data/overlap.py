@@ -12,8 +12,8 @@ the encoding workers drop the pairs whose source is in valid or test (filter rea
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -36,10 +36,10 @@ class EvalHashes:
     pairs: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
 
     @classmethod
-    def of(cls, src_texts: Sequence[str], tgt_texts: Sequence[str]) -> "EvalHashes":
+    def of(cls, src_texts: Sequence[str], tgt_texts: Sequence[str]) -> EvalHashes:
         return cls(np.unique(text_hashes(src_texts)), np.unique(pair_hashes(src_texts, tgt_texts)))
 
-    def union(self, other: "EvalHashes") -> "EvalHashes":
+    def union(self, other: EvalHashes) -> EvalHashes:
         return EvalHashes(np.union1d(self.sources, other.sources), np.union1d(self.pairs, other.pairs))
 
     def digest(self) -> str:
@@ -47,12 +47,14 @@ class EvalHashes:
         return hashlib.sha256(self.sources.tobytes() + b"|" + self.pairs.tobytes()).hexdigest()
 
 
-def count_overlap(train_sources: np.ndarray, train_pairs: np.ndarray, splits: Dict[str, EvalHashes]) -> Dict[str, Dict[str, int]]:
+def count_overlap(
+    train_sources: np.ndarray, train_pairs: np.ndarray, splits: dict[str, EvalHashes]
+) -> dict[str, dict[str, int]]:
     """{split: {"source": n, "pair": m}} for each evaluation split and "any" (valid or test):
     how many training pairs have their source side, and their whole pair, in that split."""
-    counts: Dict[str, Dict[str, int]] = {}
-    masks: List[np.ndarray] = []
-    pair_masks: List[np.ndarray] = []
+    counts: dict[str, dict[str, int]] = {}
+    masks: list[np.ndarray] = []
+    pair_masks: list[np.ndarray] = []
     for split, hashes in splits.items():
         source_in = np.isin(train_sources, hashes.sources)
         pair_in = np.isin(train_pairs, hashes.pairs)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 SUFFIX = ".mtrain.json"
 
@@ -31,15 +32,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_provenance(output: Path, run: str, checkpoints: Sequence[Path], decode: Dict[str, Any],
-                     input_path: Optional[str], version: str) -> Path:
+def write_provenance(
+    output: Path, run: str, checkpoints: Sequence[Path], decode: dict[str, Any], input_path: str | None, version: str
+) -> Path:
     """Write the record of `mtrain translate`'s `output` (see the module docstring)."""
     record = {
         "output": str(Path(output).absolute()),
         "output_sha256": file_sha256(Path(output)),
         "run": str(Path(run).absolute()),
-        "checkpoints": [{"path": str(Path(path).absolute()), "sha256": file_sha256(Path(path))}
-                        for path in checkpoints],
+        "checkpoints": [
+            {"path": str(Path(path).absolute()), "sha256": file_sha256(Path(path))} for path in checkpoints
+        ],
         "decode": decode,
         "input": str(Path(input_path).absolute()) if input_path else None,
         "input_sha256": file_sha256(Path(input_path)) if input_path else None,
@@ -51,11 +54,11 @@ def write_provenance(output: Path, run: str, checkpoints: Sequence[Path], decode
     return path
 
 
-def read_provenance(path: Path) -> Optional[Dict[str, Any]]:
+def read_provenance(path: Path) -> dict[str, Any] | None:
     """The record beside corpus file `path` (also for `x.gz` made from a translated `x`);
     None when there is none. A record whose output checksum no longer matches the file says
     so (`"matches": false`): the file was changed after `mtrain translate` wrote it."""
-    candidates: List[Path] = [provenance_path(path)]
+    candidates: list[Path] = [provenance_path(path)]
     if path.name.endswith(".gz"):
         candidates.append(provenance_path(path.with_name(path.name[:-3])))
     for candidate in candidates:

@@ -20,8 +20,17 @@ from mtrain.data.local_files import LocalSource, file_names
 from mtrain.data.text import SPLITS, Pair, ParallelSource, ParallelText, ReadStats, clean_text
 from mtrain.errors import MtrainError
 
-__all__ = ["SPLITS", "Pair", "ParallelSource", "ParallelText", "ReadStats", "clean_text", "check_data_config",
-           "resolve_source"]
+__all__ = [
+    "SPLITS",
+    "Pair",
+    "ParallelSource",
+    "ParallelText",
+    "ReadStats",
+    "check_data_config",
+    "clean_text",
+    "resolve_source",
+]
+
 
 def check_data_config(cfg: DataConfig) -> None:
     """Reject settings that would only fail later, naming the key."""
@@ -109,8 +118,7 @@ def _refuse_a_language_the_local_copy_lacks(cfg: DataConfig, directory: Path) ->
     present = sorted(_local_languages(cfg, directory))
     absent = [lang for lang in (cfg.src, cfg.tgt) if lang not in present]
     if present and absent:
-        keys = ", ".join(f"data.{side}={lang}" for side, lang in (("src", cfg.src), ("tgt", cfg.tgt))
-                         if lang in absent)
+        keys = ", ".join(f"data.{side}={lang}" for side, lang in (("src", cfg.src), ("tgt", cfg.tgt)) if lang in absent)
         raise MtrainError(
             f"{keys}: the local copy of data={cfg.name} ({directory}, from $MTRAIN_DATA_DIR) has the "
             f"languages {', '.join(present)} only; check the language code (to read {cfg.name} from the "
@@ -126,14 +134,22 @@ def _local_languages(cfg: DataConfig, directory: Path) -> set:
         if split_name is None:
             continue
         # The pattern with `{lang}` as the one unknown: split and direction filled in.
-        prefix, _, suffix = cfg.pattern.replace("{split}", str(split_name)).replace(
-            "{src}", cfg.src).replace("{tgt}", cfg.tgt).partition("{lang}")
+        prefix, _, suffix = (
+            cfg.pattern.replace("{split}", str(split_name))
+            .replace("{src}", cfg.src)
+            .replace("{tgt}", cfg.tgt)
+            .partition("{lang}")
+        )
         languages = set()
         for path in directory.iterdir():
             name = path.name[:-3] if path.name.endswith(".gz") else path.name
-            if path.is_file() and name.startswith(prefix) and name.endswith(suffix) \
-                    and len(name) > len(prefix) + len(suffix):
-                languages.add(name[len(prefix):len(name) - len(suffix)])
+            if (
+                path.is_file()
+                and name.startswith(prefix)
+                and name.endswith(suffix)
+                and len(name) > len(prefix) + len(suffix)
+            ):
+                languages.add(name[len(prefix) : len(name) - len(suffix)])
         found = languages if found is None else found & languages
     return found or set()
 

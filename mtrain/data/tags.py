@@ -8,11 +8,9 @@ the CTranslate2 export like any other.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
-
 from mtrain.config import DataConfig
 
-Direction = Tuple[str, str]  # (source language, target language)
+Direction = tuple[str, str]  # (source language, target language)
 
 
 def lang_tag(lang: str) -> str:
@@ -31,12 +29,12 @@ def corpus_direction(data: DataConfig, index: int) -> Direction:
     return (corpus.src or data.src, corpus.tgt or data.tgt)
 
 
-def run_directions(data: DataConfig) -> List[Direction]:
+def run_directions(data: DataConfig) -> list[Direction]:
     """Every direction a run trains, in the order they first appear in data.corpora;
     [(data.src, data.tgt)] without corpora."""
     if not data.corpora:
         return [(data.src, data.tgt)]
-    directions: List[Direction] = []
+    directions: list[Direction] = []
     for index in range(len(data.corpora)):
         direction = corpus_direction(data, index)
         if direction not in directions:
@@ -44,7 +42,7 @@ def run_directions(data: DataConfig) -> List[Direction]:
     return directions
 
 
-def reserved_symbols(data: DataConfig) -> List[str]:
+def reserved_symbols(data: DataConfig) -> list[str]:
     """The tag symbols the tokenizer must hold as single pieces, sorted (a stable key)."""
     symbols = set()
     if data.lang_tags:
@@ -53,7 +51,7 @@ def reserved_symbols(data: DataConfig) -> List[str]:
     return sorted(symbols)
 
 
-def source_tags(data: DataConfig, tgt: str, tag: Optional[str] = None) -> List[str]:
+def source_tags(data: DataConfig, tgt: str, tag: str | None = None) -> list[str]:
     """The symbols that start a source sentence translated into `tgt` (from a corpus tagged `tag`)."""
     tags = [lang_tag(tgt)] if data.lang_tags else []
     return tags + ([corpus_tag(tag)] if tag else [])

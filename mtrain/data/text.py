@@ -3,19 +3,20 @@ repaired, and the one rule that makes a sentence safe for line-based files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Protocol, Tuple
+from typing import Any, Protocol
 
 SPLITS = ("train", "valid", "test")
-Pair = Tuple[str, str]
+Pair = tuple[str, str]
 
 
 @dataclass
 class ParallelText:
     """Raw sentences of a validation/test split: sources to translate, references to score."""
 
-    src: List[str] = field(default_factory=list)
-    tgt: List[str] = field(default_factory=list)
+    src: list[str] = field(default_factory=list)
+    tgt: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -27,7 +28,7 @@ class ReadStats:
 
     pairs: int = 0  # pairs delivered
     invalid_utf8: int = 0  # pairs skipped because a side was not valid UTF-8
-    first_invalid: Optional[str] = None  # "file:line" of the first one
+    first_invalid: str | None = None  # "file:line" of the first one
     nul_lines: int = 0  # lines from which NUL bytes were removed
 
     def report(self, split: str, log: Callable[[str], Any]) -> None:

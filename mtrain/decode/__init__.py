@@ -15,4 +15,4 @@ from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
 from mtrain.decode.translator import translate_encoded, translate_sentences
 
-__all__ = ["generate", "Hypothesis", "length_normalise", "translate_encoded", "translate_sentences"]
+__all__ = ["Hypothesis", "generate", "length_normalise", "translate_encoded", "translate_sentences"]

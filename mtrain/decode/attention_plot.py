@@ -7,8 +7,8 @@ readable: `figure_size` gives it, and the PNG is exactly `figure_size(...) * DPI
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure

@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Generic, Hashable, List, Sequence, Tuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -41,7 +42,7 @@ class _Request(Generic[Item, Result, Setting]):
     future: Future
     arrived: float
     taken: int = 0  # items handed to a batch so far
-    results: List[Any] = field(default_factory=list)  # one per item, filled as batches finish
+    results: list[Any] = field(default_factory=list)  # one per item, filled as batches finish
     done: int = 0  # items decoded so far
 
 
@@ -64,23 +65,28 @@ class Batcher(Generic[Item, Result, Setting]):
     request's setting: equal keys must mean equal decoding (default: the setting itself, hashable).
     """
 
-    def __init__(self, decode: Callable[[List[Item], Setting], List[Result]], max_batch_items: int,
-                 max_wait_s: float, key: Callable[[Setting], Hashable] = lambda setting: setting,
-                 name: str = "batcher") -> None:
+    def __init__(
+        self,
+        decode: Callable[[list[Item], Setting], list[Result]],
+        max_batch_items: int,
+        max_wait_s: float,
+        key: Callable[[Setting], Hashable] = lambda setting: setting,
+        name: str = "batcher",
+    ) -> None:
         if max_batch_items < 1:
             raise ValueError(f"max_batch_items must be >= 1, not {max_batch_items}")
         self._decode = decode
         self._key = key
         self.max_batch_items = max_batch_items
         self.max_wait_s = max(0.0, max_wait_s)
-        self._waiting: Deque[_Request] = deque()  # oldest first
+        self._waiting: deque[_Request] = deque()  # oldest first
         self._lock = threading.Condition()
         self._closed = False
         self._requests = self._batches = self._items = self._largest = 0
         self._worker = threading.Thread(target=self._run, name=name, daemon=True)
         self._worker.start()
 
-    def submit(self, items: Sequence[Item], setting: Setting) -> "Future[List[Result]]":
+    def submit(self, items: Sequence[Item], setting: Setting) -> Future[list[Result]]:
         """A future of `items`' results, in their order; raises BatcherClosed after close()."""
         future: Future = Future()
         with self._lock:
@@ -117,7 +123,7 @@ class Batcher(Generic[Item, Result, Setting]):
             if batch[0]:  # empty when every request of it was cancelled meanwhile
                 self._decode_batch(*batch)
 
-    def _next_batch(self) -> Tuple[List[Tuple[_Request, int, int]], Any] | None:
+    def _next_batch(self) -> tuple[list[tuple[_Request, int, int]], Any] | None:
         """The next batch as (request, start, end) slices and their setting; None once closed
         and drained. Waits, holding no lock while asleep, for items or for the oldest's deadline."""
         with self._lock:
@@ -140,7 +146,7 @@ class Batcher(Generic[Item, Result, Setting]):
         if len(kept) != len(self._waiting):
             self._waiting = deque(kept)
 
-    def _take(self, key: Hashable) -> List[Tuple[_Request, int, int]]:
+    def _take(self, key: Hashable) -> list[tuple[_Request, int, int]]:
         """Up to max_batch_items items of the requests with `key`, oldest first (lock held)."""
         slices, room = [], self.max_batch_items
         for request in list(self._waiting):
@@ -156,7 +162,7 @@ class Batcher(Generic[Item, Result, Setting]):
                 self._waiting.remove(request)
         return slices
 
-    def _decode_batch(self, slices: List[Tuple[_Request, int, int]], setting: Any) -> None:
+    def _decode_batch(self, slices: list[tuple[_Request, int, int]], setting: Any) -> None:
         items = [item for request, start, end in slices for item in request.items[start:end]]
         try:
             results = self._decode(items, setting)
@@ -171,13 +177,13 @@ class Batcher(Generic[Item, Result, Setting]):
             self._largest = max(self._largest, len(items))
         offset = 0
         for request, start, end in slices:
-            request.results.extend(results[offset: offset + end - start])
+            request.results.extend(results[offset : offset + end - start])
             offset += end - start
             request.done += end - start
             if request.done == len(request.items):
                 _resolve(request.future, result=request.results)
 
-    def _fail(self, requests: List[_Request], error: BaseException) -> None:
+    def _fail(self, requests: list[_Request], error: BaseException) -> None:
         with self._lock:
             for request in requests:
                 if request in self._waiting:  # its remaining items will not be decoded either

@@ -40,8 +40,8 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -58,15 +58,18 @@ UNNORMALISED = 1e-9
 
 # CTranslate2's compute types by name: mtrain's precisions (each knows its own, `auto` keeps the
 # exported weights' type: fp32 unless exported with quantization=...) and CTranslate2's integer types.
-COMPUTE_TYPES = {**{precision.value: precision.ct2_compute_type for precision in Precision},
-                 **{name: name for name in ("int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16")}}
+COMPUTE_TYPES = {
+    **{precision.value: precision.ct2_compute_type for precision in Precision},
+    **{name: name for name in ("int8", "int8_float32", "int8_bfloat16", "int8_float16", "int16")},
+}
 
 
 class CTranslate2Model:
     """A CTranslate2 translator and what decoding with mtrain's semantics needs from it."""
 
-    def __init__(self, translator, tokenizer, max_positions: int, description: str = "",
-                 languages: Optional[RunLanguages] = None) -> None:
+    def __init__(
+        self, translator, tokenizer, max_positions: int, description: str = "", languages: RunLanguages | None = None
+    ) -> None:
         """`tokenizer`: its `tag_ids` are never produced (`RunLanguages.reserving`)."""
         self.translator = translator
         self.tokenizer = tokenizer
@@ -78,8 +81,9 @@ class CTranslate2Model:
         self._eos_piece = pieces[tokenizer.eos_id]
         self._banned = [[pieces[i]] for i in (tokenizer.pad_id, tokenizer.bos_id, *tokenizer.tag_ids)]
 
-    def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
-                        attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
+    def translate_batch(
+        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+    ) -> list[list[Hypothesis]]:
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
         options = self._options(cfg, attention_layer)
         results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -97,7 +101,7 @@ class CTranslate2Model:
         for src_len, indices in groups.items():
             max_len = self.max_output_length(src_len, cfg)
             for start in range(0, len(indices), per_call):
-                batch = indices[start: start + per_call]
+                batch = indices[start : start + per_call]
                 src_pieces = [self.tokenizer.src_pieces(sources[i]) for i in batch]
                 outputs = self.translator.translate_batch(
                     src_pieces,
@@ -105,7 +109,7 @@ class CTranslate2Model:
                     min_decoding_length=min(cfg.min_len, max_len + 1),
                     **options,
                 )
-                for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg)):
+                for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg), strict=True):
                     results[i] = hyps
         return results
 
@@ -130,9 +134,12 @@ class CTranslate2Model:
             # All `beam` finished hypotheses come back, so those cut at the limit can be
             # rescored and re-ranked (see `_hypotheses`); `nbest` of them are kept.
             num_hypotheses=cfg.beam if cfg.sampling == Sampling.none else cfg.nbest,
-            length_penalty=cfg.length_penalty or UNNORMALISED, return_end_token=True,
-            return_scores=True, return_attention=attention_layer is not None,
-            suppress_sequences=self._banned, no_repeat_ngram_size=cfg.no_repeat_ngram,
+            length_penalty=cfg.length_penalty or UNNORMALISED,
+            return_end_token=True,
+            return_scores=True,
+            return_attention=attention_layer is not None,
+            suppress_sequences=self._banned,
+            no_repeat_ngram_size=cfg.no_repeat_ngram,
             max_input_length=0,  # mtrain truncates (with a warning) before decoding
             max_batch_size=0,
         )
@@ -142,13 +149,17 @@ class CTranslate2Model:
             import ctranslate2
 
             ctranslate2.set_random_seed(cfg.seed)
-            options.update(beam_size=1, sampling_temperature=cfg.temperature,
-                           sampling_topk=cfg.top_k if cfg.sampling == Sampling.topk else 0,
-                           sampling_topp=cfg.top_p if cfg.sampling == Sampling.topp else 1.0)
+            options.update(
+                beam_size=1,
+                sampling_temperature=cfg.temperature,
+                sampling_topk=cfg.top_k if cfg.sampling == Sampling.topk else 0,
+                sampling_topp=cfg.top_p if cfg.sampling == Sampling.topp else 1.0,
+            )
         return options
 
-    def _hypotheses(self, src_pieces: list[list[str]], outputs, max_len: int,
-                    cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    def _hypotheses(
+        self, src_pieces: list[list[str]], outputs, max_len: int, cfg: DecodeConfig
+    ) -> list[list[Hypothesis]]:
         """mtrain's hypotheses from CTranslate2's results, best first, `cfg.nbest` per sentence.
 
         A hypothesis without EOS was cut at the length limit (max_len + 1 tokens). mtrain
@@ -161,7 +172,7 @@ class CTranslate2Model:
         for row, output in enumerate(outputs):
             hyps, seen = [], set()
             attention = output.attention if output.attention else [None] * len(output.hypotheses)
-            for pieces, score, weights in zip(output.hypotheses, output.scores, attention):
+            for pieces, score, weights in zip(output.hypotheses, output.scores, attention, strict=True):
                 ended = bool(pieces) and pieces[-1] == self._eos_piece
                 tokens = [self._target_ids[piece] for piece in (pieces[:-1] if ended else pieces[:max_len])]
                 if tuple(tokens) in seen:  # two cut hypotheses can share their first max_len tokens
@@ -181,7 +192,7 @@ class CTranslate2Model:
                 [self.tokenizer.tgt_pieces(hyp.tokens) for _, hyp in at_limit],
                 max_input_length=0,
             )
-            for (_, hyp), result in zip(at_limit, scored):
+            for (_, hyp), result in zip(at_limit, scored, strict=True):
                 hyp.log_prob = sum(result.log_probs)  # tokens and EOS
                 hyp.score = hyp.log_prob / (len(hyp.tokens) + 1) ** alpha
         empty = Hypothesis(tokens=[], score=float("-inf"), log_prob=float("-inf"))
@@ -207,8 +218,9 @@ def import_ctranslate2():
     return ctranslate2
 
 
-def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "auto",
-                     num_threads: Optional[int] = None, tokenizer=None) -> CTranslate2Model:
+def load_ctranslate2(
+    model_dir: Path, device: torch.device, precision: str = "auto", num_threads: int | None = None, tokenizer=None
+) -> CTranslate2Model:
     """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given)."""
     from mtrain.tokenizer import Tokenizer
 
@@ -225,7 +237,9 @@ def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "au
             tokenizer = languages.reserving(tokenizer)
     try:
         translator = ctranslate2.Translator(
-            str(model_dir), device=device.type, device_index=device.index or 0,
+            str(model_dir),
+            device=device.type,
+            device_index=device.index or 0,
             compute_type=compute_type(precision),
             intra_threads=num_threads or torch.get_num_threads(),
         )
@@ -235,7 +249,7 @@ def load_ctranslate2(model_dir: Path, device: torch.device, precision: str = "au
     return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description, languages)
 
 
-def export_languages(metadata: dict) -> Optional[RunLanguages]:
+def export_languages(metadata: dict) -> RunLanguages | None:
     """What an export directory translates: its run's data config (`data`, recorded since
     multilingual runs), else its `language_pair`; None when neither is recorded."""
     if isinstance(metadata.get("data"), dict):

@@ -19,7 +19,7 @@ e.g. de->fr from de->en, en->de, fr->en, en->fr).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -37,10 +37,16 @@ def data_config(stored: Any) -> DataConfig:
         return stored
     stored = OmegaConf.to_container(stored, resolve=True) if OmegaConf.is_config(stored) else dict(stored or {})
     defaults = DataConfig()
-    corpora = [CorpusConfig(src=corpus.get("src"), tgt=corpus.get("tgt"), tag=corpus.get("tag"))
-               for corpus in stored.get("corpora") or []]
-    return DataConfig(src=str(stored.get("src", defaults.src)), tgt=str(stored.get("tgt", defaults.tgt)),
-                      lang_tags=bool(stored.get("lang_tags", False)), corpora=corpora)
+    corpora = [
+        CorpusConfig(src=corpus.get("src"), tgt=corpus.get("tgt"), tag=corpus.get("tag"))
+        for corpus in stored.get("corpora") or []
+    ]
+    return DataConfig(
+        src=str(stored.get("src", defaults.src)),
+        tgt=str(stored.get("tgt", defaults.tgt)),
+        lang_tags=bool(stored.get("lang_tags", False)),
+        corpora=corpora,
+    )
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ class RunLanguages:
     data: DataConfig
 
     @classmethod
-    def of(cls, stored: Any) -> "RunLanguages":
+    def of(cls, stored: Any) -> RunLanguages:
         """From a run's stored `data` section (`data_config`)."""
         return cls(data_config(stored))
 
@@ -58,18 +64,18 @@ class RunLanguages:
     def lang_tags(self) -> bool:
         return bool(self.data.lang_tags)
 
-    def directions(self) -> List[Direction]:
+    def directions(self) -> list[Direction]:
         return run_directions(self.data)
 
-    def target_languages(self) -> List[str]:
+    def target_languages(self) -> list[str]:
         """The languages `tgt_lang` may name, in the order the run's directions name them."""
-        languages: List[str] = []
+        languages: list[str] = []
         for _, tgt in self.directions():
             if tgt not in languages:
                 languages.append(tgt)
         return languages
 
-    def target(self, requested: Optional[str], key: str = "tgt_lang") -> str:
+    def target(self, requested: str | None, key: str = "tgt_lang") -> str:
         """The language to translate into: `requested`, or (null) the run's one target
         language; MtrainError naming `key` for a language the run does not translate into, or
         for null when it translates into several."""
@@ -78,15 +84,17 @@ class RunLanguages:
         if requested is None:
             if len(languages) == 1:
                 return languages[0]
-            raise MtrainError(f"{key}: this run translates into {listed} (data.lang_tags); choose one, e.g. "
-                              f"{key}={languages[0]}")
+            raise MtrainError(
+                f"{key}: this run translates into {listed} (data.lang_tags); choose one, e.g. {key}={languages[0]}"
+            )
         if requested not in languages:
             trained = "" if self.lang_tags else " (it has no language tags: data.lang_tags=false)"
-            raise MtrainError(f"{key}={requested}: this run does not translate into {requested!r}{trained}; "
-                              f"choose one of: {listed}")
+            raise MtrainError(
+                f"{key}={requested}: this run does not translate into {requested!r}{trained}; choose one of: {listed}"
+            )
         return requested
 
-    def direction(self, src: Optional[str], tgt: Optional[str]) -> Direction:
+    def direction(self, src: str | None, tgt: str | None) -> Direction:
         """The direction `mtrain eval src_lang= tgt_lang=` scores: one the run trained, or (with
         lang_tags) any source language into one of its target languages (zero-shot). A null
         side is the only one the run's directions allow; MtrainError otherwise."""
@@ -97,21 +105,27 @@ class RunLanguages:
         if tgt is None:
             targets = [t for s, t in trained if s == src] if src is not None else []
             if len(targets) != 1:
-                raise MtrainError(f"tgt_lang: this run trained {names}; name the direction to score, e.g. "
-                                  f"src_lang={trained[0][0]} tgt_lang={trained[0][1]}")
+                raise MtrainError(
+                    f"tgt_lang: this run trained {names}; name the direction to score, e.g. "
+                    f"src_lang={trained[0][0]} tgt_lang={trained[0][1]}"
+                )
             tgt = targets[0]
         tgt = self.target(tgt)
         if src is None:
             sources = [s for s, t in trained if t == tgt]
             if len(sources) != 1:
-                raise MtrainError(f"src_lang: this run trained {names}; name the source language, e.g. "
-                                  f"src_lang={sources[0]} tgt_lang={tgt}")
+                raise MtrainError(
+                    f"src_lang: this run trained {names}; name the source language, e.g. "
+                    f"src_lang={sources[0]} tgt_lang={tgt}"
+                )
             src = sources[0]
         if src == tgt:
             raise MtrainError(f"src_lang={src} tgt_lang={tgt}: the same language; choose two")
         if (src, tgt) not in trained and not self.lang_tags:
-            raise MtrainError(f"src_lang={src} tgt_lang={tgt}: this run trained {names} without language tags "
-                              "(data.lang_tags=false), so it has no way to translate another direction")
+            raise MtrainError(
+                f"src_lang={src} tgt_lang={tgt}: this run trained {names} without language tags "
+                "(data.lang_tags=false), so it has no way to translate another direction"
+            )
         return src, tgt
 
     def is_multilingual(self) -> bool:

@@ -24,7 +24,7 @@ decodes it as it decodes one model: bf16/fp16 casts every member's Linear weight
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -47,7 +47,7 @@ class EnsembleState:
         for state in self.states:
             state.reorder(index)
 
-    def reorder_hypotheses(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
+    def reorder_hypotheses(self, rows: Tensor, sentences: Tensor | None) -> None:
         for state in self.states:
             state.reorder_hypotheses(rows, sentences)
 
@@ -61,13 +61,15 @@ class EnsembleModel(nn.Module):
             raise ValueError("an ensemble needs at least one model")
         sizes = {member.tgt_vocab_size for member in members}
         if len(sizes) > 1:
-            raise MtrainError(f"ensemble: the members' target vocabularies differ in size ({sorted(sizes)}); "
-                              "ensemble members must share one tokenizer")
+            raise MtrainError(
+                f"ensemble: the members' target vocabularies differ in size ({sorted(sizes)}); "
+                "ensemble members must share one tokenizer"
+            )
         self.members = nn.ModuleList(members)
         self.tgt_vocab_size = sizes.pop()
         self.pad_id = members[0].pad_id
         limits = [limit for limit in map(position_limit, members) if limit is not None]
-        self.max_positions: Optional[int] = min(limits) if limits else None
+        self.max_positions: int | None = min(limits) if limits else None
         self.eval()
 
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> list[Tensor]:
@@ -75,19 +77,31 @@ class EnsembleModel(nn.Module):
         return [member.encode(src_tokens, src_padding_mask) for member in self.members]
 
     def start_decoding(self, memories: list[Tensor], src_padding_mask: Tensor) -> EnsembleState:
-        return EnsembleState([member.start_decoding(memory, src_padding_mask)
-                              for member, memory in zip(self.members, memories)])
+        return EnsembleState(
+            [
+                member.start_decoding(memory, src_padding_mask)
+                for member, memory in zip(self.members, memories, strict=True)
+            ]
+        )
 
-    def decode_step(self, prev_tokens: Tensor, state: EnsembleState, need_attention: bool = False,
-                    attention_layer: int | str = "last") -> Tensor | tuple[Tensor, Tensor]:
+    def decode_step(
+        self,
+        prev_tokens: Tensor,
+        state: EnsembleState,
+        need_attention: bool = False,
+        attention_layer: int | str = "last",
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Scores (rows, vocab) whose log-softmax is the ensemble's next-token distribution;
         with `need_attention`, also the members' cross-attention averaged (as `decode_step`)."""
-        outputs = [member.decode_step(prev_tokens, member_state, need_attention=need_attention,
-                                      attention_layer=attention_layer)
-                   for member, member_state in zip(self.members, state.states)]
+        outputs = [
+            member.decode_step(
+                prev_tokens, member_state, need_attention=need_attention, attention_layer=attention_layer
+            )
+            for member, member_state in zip(self.members, state.states, strict=True)
+        ]
         if not need_attention:
             return self._combine(outputs)
-        logits, attention = zip(*outputs)
+        logits, attention = zip(*outputs, strict=True)
         return self._combine(list(logits)), _mean_attention(list(attention), attention_layer)
 
     def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
@@ -99,8 +113,10 @@ class EnsembleModel(nn.Module):
         if len(logits) == 1:
             return logits[0]
         # Members may pad the vocabulary to different widths: only the real rows are averaged.
-        total = sum(torch.log_softmax(member_logits, dim=-1, dtype=torch.float32)[..., : self.tgt_vocab_size]
-                    for member_logits in logits)
+        total = sum(
+            torch.log_softmax(member_logits, dim=-1, dtype=torch.float32)[..., : self.tgt_vocab_size]
+            for member_logits in logits
+        )
         return total / len(logits)
 
 
@@ -109,6 +125,8 @@ def _mean_attention(attention: list[Tensor], attention_layer: int | str) -> Tens
         return attention[0]
     shapes = {tuple(weights.shape) for weights in attention}
     if len(shapes) > 1:
-        raise MtrainError(f"attention_layer={attention_layer}: the ensemble's members give attention of different "
-                          f"shapes {sorted(shapes)} (different decoder depths); use attention_layer=last")
+        raise MtrainError(
+            f"attention_layer={attention_layer}: the ensemble's members give attention of different "
+            f"shapes {sorted(shapes)} (different decoder depths); use attention_layer=last"
+        )
     return torch.stack([weights.float() for weights in attention]).mean(dim=0)

@@ -31,8 +31,8 @@ else is queued without waiting.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -71,7 +71,7 @@ class _Finished:
     tokens: Tensor  # (m, step)
     log_prob: Tensor  # (m,)
     score: Tensor  # (m,)
-    attention: Optional[Tensor]  # (m, step + 1, [layers,] src_len)
+    attention: Tensor | None  # (m, step + 1, [layers,] src_len)
 
 
 @torch.inference_mode()
@@ -84,7 +84,7 @@ def generate(
     eos_id: int,
     pad_id: int,
     use_cache: bool = True,
-    attention_layer: Optional[int | str] = None,
+    attention_layer: int | str | None = None,
     banned_ids: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
@@ -126,7 +126,7 @@ def generate(
     row_max_len = max_len.index_select(0, expand)  # (rows,)
     prefix = torch.full((batch * width, 1), bos_id, dtype=torch.long, device=device)
     scores = search.initial_scores(batch, device)  # (n, width)
-    attention_history: Optional[Tensor] = None  # (rows, t, [layers,] src_len) once the first step ran
+    attention_history: Tensor | None = None  # (rows, t, [layers,] src_len) once the first step ran
     num_finished = torch.zeros(batch, dtype=torch.long, device=device)
     # The `width` best normalised finished scores per sentence (for the exact stopping bound).
     best_finished = torch.full((batch, width), NEG_INF, device=device)
@@ -191,7 +191,9 @@ def generate(
             break
         kept_sentences = None if kept.numel() == n else kept
         if kept_sentences is not None:
-            next_rows, next_tokens, next_scores = (t.index_select(0, kept) for t in (next_rows, next_tokens, next_scores))
+            next_rows, next_tokens, next_scores = (
+                t.index_select(0, kept) for t in (next_rows, next_tokens, next_scores)
+            )
             sentence = sentence.index_select(0, kept)
         index = next_rows.view(-1)  # rows to keep, following the back-pointers
         if width > 1 or kept_sentences is not None:  # greedy with no sentence done: nothing moves
@@ -242,7 +244,13 @@ def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Ten
     for group in finished:
         attention = group.attention.float().cpu() if group.attention is not None else None
         for i, (s, tokens, log_prob, score) in enumerate(
-            zip(group.sentence.tolist(), group.tokens.tolist(), group.log_prob.tolist(), group.score.tolist())
+            zip(
+                group.sentence.tolist(),
+                group.tokens.tolist(),
+                group.log_prob.tolist(),
+                group.score.tolist(),
+                strict=True,
+            )
         ):
             hyp = Hypothesis(tokens=tokens, score=score, log_prob=log_prob)
             if attention is not None:

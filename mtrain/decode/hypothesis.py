@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -23,7 +22,7 @@ class Hypothesis:
     # Cross-attention averaged over heads, one row per output token incl. EOS:
     # (len(tokens) + 1, src_len), or (len(tokens) + 1, layers, src_len) for all layers.
     # Only when asked for (attention pictures).
-    attention: Optional[torch.Tensor] = field(default=None, repr=False)
+    attention: torch.Tensor | None = field(default=None, repr=False)
 
 
 def length_normalise(log_prob: torch.Tensor, length: torch.Tensor | int, alpha: float) -> torch.Tensor:

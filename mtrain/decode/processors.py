@@ -6,7 +6,7 @@ does not grow with Python work per sentence. Banning a token sets its log-prob t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -66,7 +66,7 @@ class NoRepeatNgram:
         if t < n:
             return  # no earlier n-gram whose prefix could match yet
         windows = outputs.unfold(1, n, 1)  # (rows, t-n+1, n): every n-gram so far
-        last = outputs[:, t - (n - 1):].unsqueeze(1)  # (rows, 1, n-1): the current prefix
+        last = outputs[:, t - (n - 1) :].unsqueeze(1)  # (rows, 1, n-1): the current prefix
         matches = (windows[:, :, :-1] == last).all(dim=-1)  # (rows, t-n+1)
         banned = torch.zeros_like(lprobs).scatter_add_(1, windows[:, :, -1], matches.to(lprobs.dtype))
         lprobs.masked_fill_(banned > 0, NEG_INF)

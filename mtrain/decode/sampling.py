@@ -9,8 +9,6 @@ Draws come from a seeded `torch.Generator`: the same inputs and seed give the sa
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -45,7 +43,7 @@ class SamplingSearch:
         top_k: int = 0,
         top_p: float = 1.0,
         temperature: float = 1.0,
-        generator: Optional[torch.Generator] = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0")

@@ -15,19 +15,18 @@ finished sentences in one index operation), `sentences` the sentences that stay 
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
 
 class StepFunction(Protocol):
-    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
         """prefix (rows, t+1): bos and the tokens so far. Returns logits (rows, vocab) for
         position t+1 and, when attention was asked for, cross-attention (rows, src_len)."""
         ...
 
-    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
-        ...
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None: ...
 
 
 class CachedStep:
@@ -41,15 +40,22 @@ class CachedStep:
     back averaged over heads.
     """
 
-    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor, width: int,
-                 attention_layer: Optional[int | str] = None) -> None:
+    def __init__(
+        self,
+        model,
+        src_tokens: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor,
+        width: int,
+        attention_layer: int | str | None = None,
+    ) -> None:
         self.model = model
         self.width = width
         self.attention_layer = attention_layer
         self.state = model.start_decoding(memory, src_padding_mask)
         self.rows_per_sentence = 1  # rows of the self-attention caches per sentence, until reordered
 
-    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
         if self.state.step != prefix.size(1) - 1:
             raise RuntimeError(f"decoder state is at step {self.state.step}, prefix has {prefix.size(1)} tokens")
         tokens = prefix[:, -1]
@@ -65,10 +71,13 @@ class CachedStep:
         if not shared:
             self.rows_per_sentence = self.width
             return logits, attention
-        expand = (lambda t: t.repeat_interleave(self.width, dim=0))
+
+        def expand(t: Tensor) -> Tensor:
+            return t.repeat_interleave(self.width, dim=0)
+
         return expand(logits), (None if attention is None else expand(attention))
 
-    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         # After the shared first step, hypothesis row r of the beam reads sentence r // width's cache row.
         self.state.reorder_hypotheses(rows // (self.width // self.rows_per_sentence), sentences)
         self.rows_per_sentence = self.width
@@ -81,18 +90,25 @@ class RecomputeStep:
     path against an independent computation. It re-encodes the source every step too.
     """
 
-    def __init__(self, model, src_tokens: Tensor, memory: Tensor, src_padding_mask: Tensor, width: int,
-                 attention_layer: Optional[int | str] = None) -> None:
+    def __init__(
+        self,
+        model,
+        src_tokens: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor,
+        width: int,
+        attention_layer: int | str | None = None,
+    ) -> None:
         if attention_layer is not None:
             raise ValueError("attention pictures need the cached decoder (use_cache=True)")
         self.model = model
         self.src_tokens = src_tokens.repeat_interleave(width, dim=0)  # one row per hypothesis
         self.src_padding_mask = src_padding_mask.repeat_interleave(width, dim=0)
 
-    def __call__(self, prefix: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def __call__(self, prefix: Tensor) -> tuple[Tensor, Tensor | None]:
         logits = self.model(self.src_tokens, self.src_padding_mask, prefix)  # (rows, t+1, vocab)
         return logits[:, -1], None
 
-    def reorder(self, rows: Tensor, sentences: Optional[Tensor]) -> None:
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
         self.src_tokens = self.src_tokens.index_select(0, rows)
         self.src_padding_mask = self.src_padding_mask.index_select(0, rows)

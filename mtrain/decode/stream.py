@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, TextIO
+from typing import BinaryIO, TextIO
 
 import torch
 from tqdm import tqdm
@@ -28,8 +29,7 @@ from tqdm import tqdm
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.textio import (InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks,
-                                  write_output)
+from mtrain.decode.textio import InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks, write_output
 from mtrain.decode.translator import as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -49,7 +49,7 @@ class StreamReport:
     undecodable_lines: int
 
 
-def encode_line(tokenizer, text: str, line_number: int, limit: int) -> tuple[Optional[list[int]], bool]:
+def encode_line(tokenizer, text: str, line_number: int, limit: int) -> tuple[list[int] | None, bool]:
     """Source ids with eos (None for a blank line), cut to `limit` ids with a warning;
     and whether the line was cut."""
     if not text.strip():
@@ -57,13 +57,18 @@ def encode_line(tokenizer, text: str, line_number: int, limit: int) -> tuple[Opt
     ids = tokenizer.encode_src(text)
     cut = len(ids) + 1 > limit
     if cut:
-        log.warning("line %d: %d subword tokens; truncated to the first %d (max_input_tokens=%d incl. eos)",
-                    line_number, len(ids), limit - 1, limit)
+        log.warning(
+            "line %d: %d subword tokens; truncated to the first %d (max_input_tokens=%d incl. eos)",
+            line_number,
+            len(ids),
+            limit - 1,
+            limit,
+        )
         ids = ids[: limit - 1]
     return ids + [tokenizer.eos_id], cut
 
 
-def attention_layer_of(cfg: TranslateConfig) -> Optional[int | str]:
+def attention_layer_of(cfg: TranslateConfig) -> int | str | None:
     """The decoder layer(s) whose attention is drawn; None when no pictures are asked for."""
     if cfg.attention is None:
         return None
@@ -126,8 +131,9 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
 
     def translate_into(sink: TextIO) -> None:
         nonlocal truncated
-        progress = tqdm(total=count_lines(cfg.input), unit=" lines", file=sys.stderr,
-                        disable=interactive or not show_progress(cfg))
+        progress = tqdm(
+            total=count_lines(cfg.input), unit=" lines", file=sys.stderr, disable=interactive or not show_progress(cfg)
+        )
         try:
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
@@ -137,8 +143,16 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
                     truncated += cut
                     sources.append(ids)
                 progress.update(sum(ids is None for ids in sources))
-                hyps = translate_encoded(engine, tokenizer, sources, cfg.decode, device, precision,
-                                         attention_layer=attention_layer, on_batch=progress.update)
+                hyps = translate_encoded(
+                    engine,
+                    tokenizer,
+                    sources,
+                    cfg.decode,
+                    device,
+                    precision,
+                    attention_layer=attention_layer,
+                    on_batch=progress.update,
+                )
                 for offset, sentence_hyps in enumerate(hyps):
                     if nbest:
                         sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
@@ -157,14 +171,18 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
         if cfg.input is not None:  # stdin stays open (and sys.stdin is None when the shell closed it)
             source.close()
     if stats.undecodable_bytes:
-        log.warning("%d bytes on %d lines were not UTF-8 (first on line %d); each became U+FFFD",
-                    stats.undecodable_bytes, stats.undecodable_lines, stats.first_undecodable_line)
+        log.warning(
+            "%d bytes on %d lines were not UTF-8 (first on line %d); each became U+FFFD",
+            stats.undecodable_bytes,
+            stats.undecodable_lines,
+            stats.first_undecodable_line,
+        )
     return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines)
 
 
 def _draw(directory: Path, tokenizer, sources: list, hyps: list[list[Hypothesis]], first_line: int, layer) -> None:
     """One PNG per translated line: `<line number>.png` (1-based, blank lines have none)."""
-    for offset, (ids, sentence_hyps) in enumerate(zip(sources, hyps)):
+    for offset, (ids, sentence_hyps) in enumerate(zip(sources, hyps, strict=True)):
         best = sentence_hyps[0]
         if ids is None or best.attention is None:
             continue
@@ -173,5 +191,11 @@ def _draw(directory: Path, tokenizer, sources: list, hyps: list[list[Hypothesis]
         weights = best.attention
         layer_names = [f"layer {i}" for i in range(weights.shape[1])] if weights.dim() == 3 else [f"layer {layer}"]
         line = first_line + offset
-        plot_attention(weights, src_pieces, tgt_pieces, directory / f"{line:06d}.png",
-                       title=f"line {line}: {best.text}", layer_names=layer_names)
+        plot_attention(
+            weights,
+            src_pieces,
+            tgt_pieces,
+            directory / f"{line:06d}.png",
+            title=f"line {line}: {best.text}",
+            layer_names=layer_names,
+        )

@@ -13,9 +13,10 @@ import io
 import os
 import re
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Optional, TextIO
+from typing import BinaryIO, TextIO
 
 from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
@@ -33,7 +34,7 @@ class InputRepairs:
     lines: int = 0
     undecodable_bytes: int = 0
     undecodable_lines: int = 0
-    first_undecodable_line: Optional[int] = None  # 1-based
+    first_undecodable_line: int | None = None  # 1-based
 
 
 def check_streams(reads_stdin: bool, writes_stdout: bool) -> None:
@@ -45,7 +46,7 @@ def check_streams(reads_stdin: bool, writes_stdout: bool) -> None:
         raise MtrainError("output: stdout is closed; give output=FILE, or redirect stdout to a file")
 
 
-def check_paths(input_path: Optional[str], output_path: Optional[str]) -> None:
+def check_paths(input_path: str | None, output_path: str | None) -> None:
     """Fail before any work if the input is not a readable file or the output is a folder."""
     if input_path is not None:
         file = Path(input_path)
@@ -59,7 +60,7 @@ def check_paths(input_path: Optional[str], output_path: Optional[str]) -> None:
         raise MtrainError(f"output={output_path}: is a directory; give a file name")
 
 
-def open_input(path: Optional[str]) -> BinaryIO:
+def open_input(path: str | None) -> BinaryIO:
     """The input file as bytes, or stdin when `path` is None."""
     if path is None:
         check_streams(reads_stdin=True, writes_stdout=False)
@@ -97,12 +98,12 @@ def read_chunks(stream: Iterable[bytes], chunk_lines: int, stats: InputRepairs) 
         yield chunk
 
 
-def count_lines(path: Optional[str]) -> Optional[int]:
+def count_lines(path: str | None) -> int | None:
     """Lines in a file (for a progress bar's total); None for stdin."""
     return None if path is None else count_file_lines(Path(path))
 
 
-def write_output(path: Optional[str], produce: Callable[[TextIO], None]) -> None:
+def write_output(path: str | None, produce: Callable[[TextIO], None]) -> None:
     """Call `produce(sink)` with stdout when `path` is None, else with a file that appears at
     `path` only once complete (`mtrain.rundir.atomic_write`): a full disk or an interrupted
     run never leaves a partial translation behind, nor harms an existing file there."""
@@ -121,8 +122,10 @@ def write_output(path: Optional[str], produce: Callable[[TextIO], None]) -> None
     try:
         atomic_write(file, write)
     except OSError as error:
-        raise MtrainError(f"output={path}: could not write ({error.strerror or error}); no output file was "
-                          "written (an earlier file there is intact)") from error
+        raise MtrainError(
+            f"output={path}: could not write ({error.strerror or error}); no output file was "
+            "written (an earlier file there is intact)"
+        ) from error
 
 
 def _write_stdout(produce: Callable[[TextIO], None]) -> None:
@@ -136,8 +139,10 @@ def _write_stdout(produce: Callable[[TextIO], None]) -> None:
     except OSError as error:
         # What is still buffered can never be written: drop it, or Python's flush at exit fails again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise MtrainError(f"output: could not write to stdout ({error.strerror or error}); the translations "
-                          "written so far are incomplete. Free space where stdout goes, or give output=FILE") from error
+        raise MtrainError(
+            f"output: could not write to stdout ({error.strerror or error}); the translations "
+            "written so far are incomplete. Free space where stdout goes, or give output=FILE"
+        ) from error
 
 
 def one_line(text: str) -> str:

@@ -18,7 +18,6 @@ output cannot depend on how many cores the machine has.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 
@@ -34,11 +33,15 @@ DEFAULT_DECODE_THREADS = 1
 log = logging.getLogger("mtrain")
 
 
-def set_decode_threads(num_threads: Optional[int]) -> int:
+def set_decode_threads(num_threads: int | None) -> int:
     """Set torch's intra-op threads to `num_threads`, or to DEFAULT_DECODE_THREADS when it is
     None; returns the number (CTranslate2 is given the same)."""
     threads = num_threads or DEFAULT_DECODE_THREADS
     torch.set_num_threads(threads)
-    log.info("decoding with %d CPU thread%s (%s; num_threads=N to choose)", threads,
-             "" if threads == 1 else "s", "num_threads" if num_threads else "the default")
+    log.info(
+        "decoding with %d CPU thread%s (%s; num_threads=N to choose)",
+        threads,
+        "" if threads == 1 else "s",
+        "num_threads" if num_threads else "the default",
+    )
     return threads

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -43,8 +43,17 @@ class TorchEngine:
     """mtrain's model decoding with `generate` (the KV cache; `use_cache=False` recomputes
     the prefix every step: reference and benchmark)."""
 
-    def __init__(self, model: nn.Module, pad_id: int, bos_id: int, eos_id: int, device: torch.device | str,
-                 precision: Precision = Precision.fp32, use_cache: bool = True, banned_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        device: torch.device | str,
+        precision: Precision = Precision.fp32,
+        use_cache: bool = True,
+        banned_ids: Sequence[int] = (),
+    ) -> None:
         """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
         `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags)."""
         self.device = torch.device(device)
@@ -56,8 +65,9 @@ class TorchEngine:
         self.use_cache = use_cache
         self.banned_ids = tuple(banned_ids)
 
-    def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
-                        attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
+    def translate_batch(
+        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+    ) -> list[list[Hypothesis]]:
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
         src_tokens = torch.full((len(sources), max(len(ids) for ids in sources)), self.pad_id, dtype=torch.long)
         for row, ids in enumerate(sources):
@@ -68,9 +78,16 @@ class TorchEngine:
         try:
             with autocast(self.device, self.precision):
                 return generate(
-                    self.model, src_tokens, src_tokens.eq(self.pad_id), cfg,
-                    bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id,
-                    use_cache=self.use_cache, attention_layer=attention_layer, banned_ids=self.banned_ids,
+                    self.model,
+                    src_tokens,
+                    src_tokens.eq(self.pad_id),
+                    cfg,
+                    bos_id=self.bos_id,
+                    eos_id=self.eos_id,
+                    pad_id=self.pad_id,
+                    use_cache=self.use_cache,
+                    attention_layer=attention_layer,
+                    banned_ids=self.banned_ids,
                 )
         finally:
             self.model.train(was_training)

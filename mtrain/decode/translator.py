@@ -16,7 +16,8 @@ An engine (`Engine`) decodes one batch: `TorchEngine` (mtrain's own model, `gene
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -24,30 +25,39 @@ from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
 
-__all__ = ["Engine", "TorchEngine", "as_engine", "token_budget_batches", "translate_encoded",
-           "translate_sentences"]
+__all__ = ["Engine", "TorchEngine", "as_engine", "token_budget_batches", "translate_encoded", "translate_sentences"]
 
 
 @runtime_checkable
 class Engine(Protocol):
     """Decodes one batch of encoded sources."""
 
-    def translate_batch(self, sources: Sequence[Sequence[int]], cfg: DecodeConfig,
-                        attention_layer: Optional[int | str] = None) -> list[list[Hypothesis]]:
+    def translate_batch(
+        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+    ) -> list[list[Hypothesis]]:
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best
         first, without `.text` (the translator detokenizes)."""
         ...
 
 
-def as_engine(model, tokenizer, device: torch.device | str, precision: Precision | str = Precision.fp32,
-              use_cache: bool = True) -> Engine:
+def as_engine(
+    model, tokenizer, device: torch.device | str, precision: Precision | str = Precision.fp32, use_cache: bool = True
+) -> Engine:
     """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
     (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)
     that never emits the tokenizer's tags (`Tokenizer.tag_ids`, mtrain.decode.directions)."""
     if isinstance(model, Engine):
         return model
-    return TorchEngine(model, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device, precision, use_cache,
-                       banned_ids=tokenizer.tag_ids)
+    return TorchEngine(
+        model,
+        tokenizer.pad_id,
+        tokenizer.bos_id,
+        tokenizer.eos_id,
+        device,
+        precision,
+        use_cache,
+        banned_ids=tokenizer.tag_ids,
+    )
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -73,13 +83,13 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
 def translate_encoded(
     model,
     tokenizer,
-    sources: Sequence[Optional[Sequence[int]]],
+    sources: Sequence[Sequence[int] | None],
     cfg: DecodeConfig,
     device: torch.device | str,
     precision: Precision | str = Precision.fp32,
-    attention_layer: Optional[int | str] = None,
+    attention_layer: int | str | None = None,
     use_cache: bool = True,
-    on_batch: Optional[Callable[[int], None]] = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate encoded sources (ids ending in eos; None for an empty input).
 
@@ -96,7 +106,9 @@ def translate_encoded(
     lengths = [len(sources[i]) for i in to_decode]
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
-        for i, sentence_hyps in zip(indices, engine.translate_batch([sources[i] for i in indices], cfg, attention_layer)):
+        for i, sentence_hyps in zip(
+            indices, engine.translate_batch([sources[i] for i in indices], cfg, attention_layer), strict=True
+        ):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
             results[i] = sentence_hyps

@@ -1,15 +1,15 @@
 """Evaluation: sacreBLEU metrics, scoring, run reports, run comparison, sweep reports, checkpoint averaging.
 
-    metrics.py     score_corpus / score_files: BLEU, chrF(++), TER with signatures
-    references.py  a run's split text and file fingerprints
-    scoring.py     the one evaluation path: translate and score a split (score_split: and report it)
-    report.py      a scored split's report: eval/<split>.{json,md,hyp}
-    sentences.py   per-sentence BLEU, chrF and model scores: <split>.sentences.tsv, the worst lines
-    runs.py        run discovery in a sweep directory or a list of runs
-    compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
-    curves.py      TensorBoard scalars of a run and their plots
-    sweep.py       `mtrain report SWEEP_DIR`: Markdown table and plots
-    average.py     checkpoint averaging (fairseq semantics)
+metrics.py     score_corpus / score_files: BLEU, chrF(++), TER with signatures
+references.py  a run's split text and file fingerprints
+scoring.py     the one evaluation path: translate and score a split (score_split: and report it)
+report.py      a scored split's report: eval/<split>.{json,md,hyp}
+sentences.py   per-sentence BLEU, chrF and model scores: <split>.sentences.tsv, the worst lines
+runs.py        run discovery in a sweep directory or a list of runs
+compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
+curves.py      TensorBoard scalars of a run and their plots
+sweep.py       `mtrain report SWEEP_DIR`: Markdown table and plots
+average.py     checkpoint averaging (fairseq semantics)
 """
 
 from mtrain.evaluate.metrics import METRIC_NAMES, score_corpus, score_files

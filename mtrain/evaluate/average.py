@@ -16,8 +16,9 @@ names both runs. Training settings (`train.*`) are not compared: a resumed run m
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")
 log = logging.getLogger("mtrain")
 
 
-def last_checkpoints(run_dir: Union[str, Path], count: int) -> List[Path]:
+def last_checkpoints(run_dir: str | Path, count: int) -> list[Path]:
     """The newest `count` `update_<N>.pt` checkpoints of a run, oldest first."""
     run = RunDir(run_dir)
     if count < 1:
@@ -52,7 +53,7 @@ def last_checkpoints(run_dir: Union[str, Path], count: int) -> List[Path]:
     return found[-count:]
 
 
-def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """A checkpoint whose `model` is the mean of the given checkpoints' models.
 
     The other entries (config, update, ...) come from the last checkpoint of the list;
@@ -66,7 +67,7 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
     if not paths:
         raise MtrainError("average: no checkpoints given")
     states = [load_checkpoint(path, map_location="cpu", mmap=True) for path in paths]  # optimiser states never read
-    for state, path in zip(states[1:], paths[1:]):
+    for state, path in zip(states[1:], paths[1:], strict=True):
         _check_same_run(states[0], paths[0], state, path)
     result = {key: value for key, value in states[-1].items() if key not in _TRAINING_STATE}
     result["model"] = _mean_of([state["model"] for state in states], paths)
@@ -79,11 +80,11 @@ def average_checkpoints(paths: Sequence[Union[str, Path]]) -> Dict[str, Any]:
     return result
 
 
-def _mean_of(state_dicts: List[Dict[str, torch.Tensor]], paths: List[Path]) -> Dict[str, torch.Tensor]:
+def _mean_of(state_dicts: list[dict[str, torch.Tensor]], paths: list[Path]) -> dict[str, torch.Tensor]:
     """The entry-wise mean of same-shaped state dicts (floats in float64, integers floor-divided)."""
     first_keys = list(state_dicts[0])
-    sums: Dict[str, torch.Tensor] = {}
-    for index, (model, path) in enumerate(zip(state_dicts, paths)):
+    sums: dict[str, torch.Tensor] = {}
+    for index, (model, path) in enumerate(zip(state_dicts, paths, strict=True)):
         if index > 0 and set(model) != set(first_keys):
             difference = sorted(set(model) ^ set(first_keys))
             raise MtrainError(
@@ -98,7 +99,7 @@ def _mean_of(state_dicts: List[Dict[str, torch.Tensor]], paths: List[Path]) -> D
             # integer buffers (a uint8 output-vocabulary mask) sum in int64: no overflow
             value = tensor.double() if tensor.is_floating_point() else tensor.long()
             sums[key] = value if index == 0 else sums[key] + value
-    averaged: Dict[str, torch.Tensor] = {}
+    averaged: dict[str, torch.Tensor] = {}
     for key in first_keys:
         total = sums[key]
         mean = total / len(paths) if total.is_floating_point() else total // len(paths)
@@ -106,7 +107,7 @@ def _mean_of(state_dicts: List[Dict[str, torch.Tensor]], paths: List[Path]) -> D
     return averaged
 
 
-def _check_same_run(first: Dict[str, Any], first_path: Path, other: Dict[str, Any], other_path: Path) -> None:
+def _check_same_run(first: dict[str, Any], first_path: Path, other: dict[str, Any], other_path: Path) -> None:
     """Refuse `other` if its tokenizer is not `first`'s; warn if it comes from another run.
     Checkpoints written before mtrain stored these records are not compared."""
     first_data, other_data = first.get("data_fingerprints") or {}, other.get("data_fingerprints") or {}
@@ -122,19 +123,26 @@ def _check_same_run(first: Dict[str, Any], first_path: Path, other: Dict[str, An
     if first_config.get("seed") != other_config.get("seed"):
         differences.append(f"seed {first_config.get('seed')} vs {other_config.get('seed')}")
     if first_data.get("corpus") != other_data.get("corpus"):
-        differences.append(f"training data (corpus fingerprint {str(first_data.get('corpus'))[:12]} vs "
-                           f"{str(other_data.get('corpus'))[:12]})")
+        differences.append(
+            f"training data (corpus fingerprint {str(first_data.get('corpus'))[:12]} vs "
+            f"{str(other_data.get('corpus'))[:12]})"
+        )
     first_model, other_model = first_config.get("model") or {}, other_config.get("model") or {}
     changed = sorted(key for key in set(first_model) | set(other_model) if first_model.get(key) != other_model.get(key))
     if changed:
-        differences.append("model config (" + ", ".join(
-            f"model.{key}={first_model.get(key)!r} vs {other_model.get(key)!r}" for key in changed[:3])
-            + (" ..." if len(changed) > 3 else "") + ")")
+        differences.append(
+            "model config ("
+            + ", ".join(f"model.{key}={first_model.get(key)!r} vs {other_model.get(key)!r}" for key in changed[:3])
+            + (" ..." if len(changed) > 3 else "")
+            + ")"
+        )
     if differences:
         log.warning(
             "average: %s and %s come from different runs (%s); an average of separately trained models is "
             "rarely a working model: average the checkpoints of one run",
-            _run_of(first_path), _run_of(other_path), "; ".join(differences),
+            _run_of(first_path),
+            _run_of(other_path),
+            "; ".join(differences),
         )
 
 
@@ -145,18 +153,21 @@ def _run_of(path: Path) -> str:
     return str(path)
 
 
-def average_to_file(paths: Sequence[Union[str, Path]], out: Union[str, Path]) -> Path:
+def average_to_file(paths: Sequence[str | Path], out: str | Path) -> Path:
     """Average `paths` and write the result atomically to `out`."""
     out = Path(out)
     if any(out.resolve() == Path(path).resolve() for path in paths):
         raise MtrainError(f"out={out}: is one of the checkpoints being averaged; choose another file")
     # Nothing to resume here: the advice is where else the average can go.
-    save_checkpoint(out, average_checkpoints(paths),
-                    then="or write the average elsewhere (mtrain average: out=FILE; mtrain eval: out=DIR)")
+    save_checkpoint(
+        out,
+        average_checkpoints(paths),
+        then="or write the average elsewhere (mtrain average: out=FILE; mtrain eval: out=DIR)",
+    )
     return out
 
 
-def default_average_path(run_dir: Union[str, Path], count: int, out_dir: Union[str, Path, None] = None) -> Path:
+def default_average_path(run_dir: str | Path, count: int, out_dir: str | Path | None = None) -> Path:
     """`<run>/checkpoints/average_last<count>.pt`, or that file name in `out_dir`."""
     path = RunDir(run_dir).checkpoint(f"average_last{count}")
     return Path(out_dir) / path.name if out_dir is not None else path

@@ -13,17 +13,17 @@ significant difference. The table says "identical to the baseline" instead.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from sacrebleu.significance import PairedTest
 
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
 from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, report_name, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
+from mtrain.rundir import RunDir
 
 _DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 
@@ -35,40 +35,40 @@ class PairedResult:
     score: float
     mean: float
     ci: float  # half-width of the 95% confidence interval around `mean`
-    p_value: Optional[float] = None  # None for the baseline itself and for a copy of its output
+    p_value: float | None = None  # None for the baseline itself and for a copy of its output
     identical_to_baseline: bool = False  # the system's hypotheses are the baseline's, line for line
 
 
 @dataclass
 class Comparison:
-    runs: List[RunSummary]
-    keys: List[str]  # overrides whose values differ between runs
+    runs: list[RunSummary]
+    keys: list[str]  # overrides whose values differ between runs
     split: str = "test"
-    baseline: Optional[str] = None
+    baseline: str | None = None
     # run name -> metric -> result; runs without hypotheses are absent (see `skipped`).
-    paired: Dict[str, Dict[str, PairedResult]] = field(default_factory=dict)
-    signatures: Dict[str, str] = field(default_factory=dict)
-    skipped: Dict[str, str] = field(default_factory=dict)  # run name -> why
+    paired: dict[str, dict[str, PairedResult]] = field(default_factory=dict)
+    signatures: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # run name -> why
     num_samples: int = 0
-    bootstrap_note: Optional[str] = None  # why there is no bootstrap, when there is none
+    bootstrap_note: str | None = None  # why there is no bootstrap, when there is none
     # One direction of multilingual runs (src, tgt), and the report each run keeps of it:
     # `<split>.<src>-<tgt>` of a multilingual run, `<split>` of a run of that one direction.
-    direction: Optional[Tuple[str, str]] = None
-    reports: Dict[str, str] = field(default_factory=dict)  # run name -> report name
+    direction: tuple[str, str] | None = None
+    reports: dict[str, str] = field(default_factory=dict)  # run name -> report name
 
     def table(self) -> Table:
         return runs_table(self.runs, self.keys, self)
 
 
 def paired_bootstrap(
-    named_hyps: Sequence[Tuple[str, Sequence[str]]],
+    named_hyps: Sequence[tuple[str, Sequence[str]]],
     refs: Sequence[Sequence[str]],
     metrics: Sequence[str] = ("bleu", "chrf"),
     num_samples: int = 1000,
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
-) -> Tuple[Dict[str, Dict[str, PairedResult]], Dict[str, str]]:
+) -> tuple[dict[str, dict[str, PairedResult]], dict[str, str]]:
     """Paired bootstrap resampling of systems 2..n against the first (the baseline).
 
     Returns `(results[system][metric], signatures[metric])`; signatures carry the seed and
@@ -84,40 +84,46 @@ def paired_bootstrap(
     refs = [list(stream) for stream in refs]
     # Metrics cache the references' statistics, as the command line sets them up.
     sacre_metrics = {
-        name.upper(): build_metric(name, tokenize, lowercase, chrf_word_order, references=refs)
-        for name in names
+        name.upper(): build_metric(name, tokenize, lowercase, chrf_word_order, references=refs) for name in names
     }
     # sacreBLEU narrates each step at INFO; the table says it all.
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)
-    test = PairedTest([(system, list(hyps)) for system, hyps in named_hyps], sacre_metrics,
-                      references=None, test_type="bs", n_samples=num_samples)
+    test = PairedTest(
+        [(system, list(hyps)) for system, hyps in named_hyps],
+        sacre_metrics,
+        references=None,
+        test_type="bs",
+        n_samples=num_samples,
+    )
     signatures, scores = test()
     # `scores` is keyed by the metrics' display names (BLEU, chrF2++, TER) in our order.
     display_names = [key for key in scores if key != "System"]
-    results: Dict[str, Dict[str, PairedResult]] = {system: {} for system, _ in named_hyps}
+    results: dict[str, dict[str, PairedResult]] = {system: {} for system, _ in named_hyps}
     baseline_hyps = list(named_hyps[0][1])
-    for name, display in zip(names, display_names):
-        for index, ((system, hyps), result) in enumerate(zip(named_hyps, scores[display])):
+    for name, display in zip(names, display_names, strict=True):
+        for index, ((system, hyps), result) in enumerate(zip(named_hyps, scores[display], strict=True)):
             identical = index > 0 and list(hyps) == baseline_hyps
             results[system][name] = PairedResult(
-                float(result.score), float(result.mean), float(result.ci),
+                float(result.score),
+                float(result.mean),
+                float(result.ci),
                 None if result.p_value is None or identical else float(result.p_value),
                 identical_to_baseline=identical,
             )
-    return results, {name: signatures[display].format() for name, display in zip(names, display_names)}
+    return results, {name: signatures[display].format() for name, display in zip(names, display_names, strict=True)}
 
 
 def compare_runs(
-    runs: List[RunSummary],
-    refs: Optional[Sequence[Sequence[str]]],
-    baseline: Optional[str] = None,
+    runs: list[RunSummary],
+    refs: Sequence[Sequence[str]] | None,
+    baseline: str | None = None,
     split: str = "test",
     metrics: Sequence[str] = ("bleu", "chrf"),
     num_samples: int = 1000,
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
-    direction: Optional[Tuple[str, str]] = None,
+    direction: tuple[str, str] | None = None,
 ) -> Comparison:
     """The comparison of `runs`, with the paired bootstrap when two runs have hypotheses.
 
@@ -128,22 +134,32 @@ def compare_runs(
         raise MtrainError("runs: no runs to compare")
     ordered = _baseline_first(runs, baseline)
     reports = {run.name: report_name(run, split, direction) for run in ordered}
-    comparison = Comparison(runs=ordered, keys=differing_overrides(ordered), split=split,
-                            baseline=ordered[0].name, num_samples=num_samples, direction=direction,
-                            reports={name: report for name, report in reports.items() if report is not None})
+    comparison = Comparison(
+        runs=ordered,
+        keys=differing_overrides(ordered),
+        split=split,
+        baseline=ordered[0].name,
+        num_samples=num_samples,
+        direction=direction,
+        reports={name: report for name, report in reports.items() if report is not None},
+    )
     direction_name = None if direction is None else f"{direction[0]}-{direction[1]}"
     shown = split if direction_name is None else f"{split} {direction_name}"
 
-    def hyp_path(run: RunSummary) -> Optional[Path]:
+    def hyp_path(run: RunSummary) -> Path | None:
         report = reports[run.name]
         return None if report is None else run.hyp_path(report)
 
     with_hyps = [run for run in ordered if hyp_path(run) is not None and hyp_path(run).is_file()]
     comparison.skipped = {
-        run.name: "the job failed" if run.failure
-        else f"it does not translate {direction_name}" if hyp_path(run) is None
+        run.name: "the job failed"
+        if run.failure
+        else f"it does not translate {direction_name}"
+        if hyp_path(run) is None
         else f"no {hyp_path(run).relative_to(run.path)}"
-        for run in ordered if run not in with_hyps}
+        for run in ordered
+        if run not in with_hyps
+    }
     if len(with_hyps) < 2:
         comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {shown} hypotheses"
         return comparison
@@ -163,7 +179,8 @@ def compare_runs(
         check_lengths(len(hyps), [len(stream) for stream in refs], str(hyp_path(run)))
         named_hyps.append((run.name, hyps))
     comparison.paired, comparison.signatures = paired_bootstrap(
-        named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order)
+        named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order
+    )
     return comparison
 
 
@@ -171,8 +188,9 @@ def compare_runs(
 _SPLIT_KEYS = ("name", "src", "tgt", "local_dir", "format", "pattern", "hub.id", "hub.config")
 
 
-def split_references(runs: Sequence[RunSummary], split: str = "test", direction: Optional[Tuple[str, str]] = None
-                     ) -> Tuple[Optional[List[List[str]]], Optional[str]]:
+def split_references(
+    runs: Sequence[RunSummary], split: str = "test", direction: tuple[str, str] | None = None
+) -> tuple[list[list[str]] | None, str | None]:
     """The references of `split` for comparing `runs`: the copy kept by the first run that
     names its data (older runs: read through its data config); `(None, why)` when unreadable
     or the runs name different data. `direction`: that direction's split (the runs' data
@@ -192,8 +210,10 @@ def split_references(runs: Sequence[RunSummary], split: str = "test", direction:
     if not described:
         return None, "no run has a config.yaml naming its data; pass the references with ref=FILE"
     if len({fingerprint for _, fingerprint in described.values()}) > 1:
-        return None, (f"the runs' data configs name different {split} sets "
-                      f"({', '.join(described)}); pass the common references with ref=FILE")
+        return None, (
+            f"the runs' data configs name different {split} sets "
+            f"({', '.join(described)}); pass the common references with ref=FILE"
+        )
     first = next(iter(described))
     data = described[first][0]
     run_dir = next(run.path for run in runs if run.name == first)
@@ -203,15 +223,13 @@ def split_references(runs: Sequence[RunSummary], split: str = "test", direction:
         return None, f"the {split} references could not be read ({error}); pass them with ref=FILE"
 
 
-def _baseline_first(runs: List[RunSummary], baseline: Optional[str]) -> List[RunSummary]:
+def _baseline_first(runs: list[RunSummary], baseline: str | None) -> list[RunSummary]:
     if baseline is None or baseline == "":
         return list(runs)
     for index, run in enumerate(runs):
         if str(baseline) in (run.name, str(run.path)) or _same_path(run.path, baseline):
-            return [run] + runs[:index] + runs[index + 1:]
-    raise MtrainError(
-        f"baseline={baseline}: not one of the runs ({', '.join(run.name for run in runs)})"
-    )
+            return [run] + runs[:index] + runs[index + 1 :]
+    raise MtrainError(f"baseline={baseline}: not one of the runs ({', '.join(run.name for run in runs)})")
 
 
 def _same_path(path: Path, other: str) -> bool:
@@ -221,33 +239,56 @@ def _same_path(path: Path, other: str) -> bool:
         return False
 
 
-def runs_table(runs: Sequence[RunSummary], keys: Sequence[str],
-               comparison: Optional[Comparison] = None) -> Table:
+def runs_table(runs: Sequence[RunSummary], keys: Sequence[str], comparison: Comparison | None = None) -> Table:
     """One row per run: what differs, validation/test scores, how training went, and (when
     a comparison with bootstrap results is given) each metric's mean ± 95% CI and p-value."""
     split = comparison_split = comparison.split if comparison else "test"
     if comparison and comparison.direction:
         split = f"{split} {comparison.direction[0]}-{comparison.direction[1]}"
-    headers = ["run", "differs", "val BLEU", f"{split} BLEU", f"{split} chrF", "final loss",
-               "diverged", "updates", "train time"]
+    headers = [
+        "run",
+        "differs",
+        "val BLEU",
+        f"{split} BLEU",
+        f"{split} chrF",
+        "final loss",
+        "diverged",
+        "updates",
+        "train time",
+    ]
     paired_metrics = list(next(iter(comparison.paired.values())).keys()) if comparison and comparison.paired else []
     for metric in paired_metrics:
         headers += [f"{_DISPLAY.get(metric, metric)} μ ± 95% CI", f"p ({_DISPLAY.get(metric, metric)})"]
     table = Table(headers)
     for run in runs:
-        name = run.name + (" (baseline)" if comparison and comparison.paired and run.name == comparison.baseline else "")
+        name = run.name + (
+            " (baseline)" if comparison and comparison.paired and run.name == comparison.baseline else ""
+        )
         report = comparison.reports.get(run.name) if comparison and comparison.direction else comparison_split
         test_bleu, test_chrf = (run.score(report, "bleu"), run.score(report, "chrf")) if report else (None, None)
-        cells = [name, describe(run, keys), run.score("valid", "bleu"), test_bleu,
-                 test_chrf, _number(run.metrics.get("final_train_loss"), 3),
-                 run.diverged, run.metrics.get("updates"), format_duration(run.metrics.get("train_time_s"))]
+        cells = [
+            name,
+            describe(run, keys),
+            run.score("valid", "bleu"),
+            test_bleu,
+            test_chrf,
+            _number(run.metrics.get("final_train_loss"), 3),
+            run.diverged,
+            run.metrics.get("updates"),
+            format_duration(run.metrics.get("train_time_s")),
+        ]
         for metric in paired_metrics:
             result = comparison.paired.get(run.name, {}).get(metric) if comparison else None
             if result is None:
                 cells += ["-", "-"]
             else:
-                p_cell = ("identical to the baseline" if result.identical_to_baseline
-                          else "-" if result.p_value is None else f"{result.p_value:.4f}")
+                p_cell = (
+                    "identical to the baseline"
+                    if result.identical_to_baseline
+                    else "-"
+                    if result.p_value is None
+                    else f"{result.p_value:.4f}"
+                )
                 cells += [f"{result.mean:.2f} ± {result.ci:.2f}", p_cell]
         table.add(*cells)
     return table
@@ -257,7 +298,7 @@ def _number(value: object, digits: int) -> str:
     return format_cell(float(value), digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def comparison_notes(comparison: Comparison) -> List[str]:
+def comparison_notes(comparison: Comparison) -> list[str]:
     """Lines to print under the table: the test, the signatures, runs left out."""
     notes = []
     if comparison.paired:
@@ -269,11 +310,12 @@ def comparison_notes(comparison: Comparison) -> List[str]:
         notes += [f"{_DISPLAY.get(metric, metric)} signature: {sig}" for metric, sig in comparison.signatures.items()]
         for name, results in comparison.paired.items():
             if any(result.identical_to_baseline for result in results.values()):
-                notes.append(f"run {name}: its {comparison.split} hypotheses are identical to the baseline "
-                             f"{comparison.baseline}'s, so there is no difference to test (no p-value)")
+                notes.append(
+                    f"run {name}: its {comparison.split} hypotheses are identical to the baseline "
+                    f"{comparison.baseline}'s, so there is no difference to test (no p-value)"
+                )
     elif comparison.bootstrap_note:
         notes.append(comparison.bootstrap_note)
     for name, why in comparison.skipped.items():
         notes.append(f"run {name}: left out of the bootstrap ({why})")
     return notes
-

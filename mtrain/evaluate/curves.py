@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import RunSummary, describe
@@ -20,7 +20,7 @@ MIN_AXIS_SPAN = 0.5  # loss or BLEU points: a smaller y range is noise, not a tr
 TRAIN_LOSS = "train/loss"
 VALID_BLEU = "valid/bleu"
 
-Curve = List[Tuple[int, float]]  # (update, value), sorted by update
+Curve = list[tuple[int, float]]  # (update, value), sorted by update
 
 
 def _accumulators(run_dir: Path):
@@ -42,14 +42,14 @@ def _accumulators(run_dir: Path):
         yield accumulator
 
 
-def scalar_tags(run_dir: Path) -> List[str]:
+def scalar_tags(run_dir: Path) -> list[str]:
     """Every scalar tag a run logged (sorted), e.g. the `instruments/...` of an ablation run."""
     return sorted({tag for acc in _accumulators(run_dir) for tag in acc.Tags().get("scalars", [])})
 
 
-def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) -> Dict[str, Curve]:
+def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) -> dict[str, Curve]:
     """The requested scalar tags of a run ({} entries for tags it never logged)."""
-    curves: Dict[str, Curve] = {tag: [] for tag in tags}
+    curves: dict[str, Curve] = {tag: [] for tag in tags}
     for accumulator in _accumulators(run_dir):
         available = set(accumulator.Tags().get("scalars", []))
         for tag in tags:
@@ -60,7 +60,7 @@ def read_scalars(run_dir: Path, tags: Sequence[str] = (TRAIN_LOSS, VALID_BLEU)) 
     return curves
 
 
-def readable_limits(values: Sequence[float]) -> Tuple[float, float]:
+def readable_limits(values: Sequence[float]) -> tuple[float, float]:
     """Y-axis limits around `values` with a readable minimum span: a few near-equal points (a
     short run, one validation) would otherwise get an axis spanning 0.00001."""
     low, high = min(values), max(values)
@@ -71,7 +71,7 @@ def readable_limits(values: Sequence[float]) -> Tuple[float, float]:
 
 def plot_curves(
     runs: Sequence[RunSummary],
-    curves: Dict[str, Dict[str, Curve]],  # run name -> tag -> curve
+    curves: dict[str, dict[str, Curve]],  # run name -> tag -> curve
     tag: str,
     keys: Sequence[str],
     path: Path,
@@ -87,8 +87,8 @@ def plot_curves(
 
     figure, axes = plt.subplots(figsize=(8, 5))
     plotted = 0
-    all_values: List[float] = []
-    healthy_values: List[float] = []  # values of runs that did not diverge
+    all_values: list[float] = []
+    healthy_values: list[float] = []  # values of runs that did not diverge
     # Line styles cycle too: runs that train alike (same seed, a small change) overlap, and a
     # dashed line over a solid one keeps both visible.
     styles = ["-", "--", ":", "-."]
@@ -104,8 +104,14 @@ def plot_curves(
             healthy_values += finite
         difference = describe(run, keys)
         label = run.name + ("" if difference == "-" else f": {difference}") + (" (diverged)" if run.diverged else "")
-        axes.plot(steps, values, styles[plotted % len(styles)], marker="o" if len(curve) < 20 else None,
-                  markersize=3, label=label)
+        axes.plot(
+            steps,
+            values,
+            styles[plotted % len(styles)],
+            marker="o" if len(curve) < 20 else None,
+            markersize=3,
+            label=label,
+        )
         plotted += 1
     if not plotted:
         plt.close(figure)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence, Union
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
@@ -26,14 +26,13 @@ METRIC_NAMES = ("bleu", "chrf", "ter")
 _OPTIONAL_TOKENIZERS = {"ja-mecab": "sacrebleu[ja]", "ko-mecab": "sacrebleu[ko]"}
 
 
-def check_metric_names(metrics: Sequence[str]) -> List[str]:
+def check_metric_names(metrics: Sequence[str]) -> list[str]:
     """Lower-cased metric names; an unknown one is an error that lists the known ones."""
     names = [str(name).lower() for name in metrics]
     unknown = [name for name in names if name not in METRIC_NAMES]
     if unknown:
         raise MtrainError(
-            f"metrics: unknown metric {', '.join(repr(n) for n in unknown)}; "
-            f"choose from {', '.join(METRIC_NAMES)}"
+            f"metrics: unknown metric {', '.join(repr(n) for n in unknown)}; choose from {', '.join(METRIC_NAMES)}"
         )
     if not names:
         raise MtrainError(f"metrics: empty list; choose from {', '.join(METRIC_NAMES)}")
@@ -45,7 +44,7 @@ def build_metric(
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
-    references: Union[Sequence[Sequence[str]], None] = None,
+    references: Sequence[Sequence[str]] | None = None,
     effective_order: bool = False,
 ) -> Metric:
     """One sacreBLEU metric object with mtrain's options.
@@ -72,8 +71,7 @@ def build_metric(
 def _check_tokenizer(tokenize: str) -> None:
     if tokenize not in BLEU.TOKENIZERS:
         raise MtrainError(
-            f"tokenize={tokenize!r}: not a sacreBLEU tokenizer; choose from "
-            f"{', '.join(sorted(BLEU.TOKENIZERS))}"
+            f"tokenize={tokenize!r}: not a sacreBLEU tokenizer; choose from {', '.join(sorted(BLEU.TOKENIZERS))}"
         )
     if tokenize in _OPTIONAL_TOKENIZERS and importlib.util.find_spec("MeCab") is None:
         raise MtrainError(_missing_tokenizer_message(tokenize))  # both mecab tokenizers need it
@@ -94,7 +92,7 @@ def score_corpus(
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
-) -> Dict[str, Dict[str, object]]:
+) -> dict[str, dict[str, object]]:
     """Corpus scores with their signatures.
 
     Returns `{"bleu": {"name": "BLEU", "score": 34.2, "signature": "nrefs:1|case:mixed|...",
@@ -102,7 +100,7 @@ def score_corpus(
     """
     names = check_metric_names(metrics)
     check_lengths(len(hyps), [len(stream) for stream in refs])
-    results: Dict[str, Dict[str, object]] = {}
+    results: dict[str, dict[str, object]] = {}
     for name in names:
         metric = build_metric(name, tokenize, lowercase, chrf_word_order)
         score = metric.corpus_score(list(hyps), [list(stream) for stream in refs])
@@ -116,15 +114,16 @@ def score_corpus(
     return results
 
 
-def check_lengths(num_hyps: int, num_refs: Sequence[int], hyp_name: str = "hypotheses",
-                  ref_names: Union[Sequence[str], None] = None) -> None:
+def check_lengths(
+    num_hyps: int, num_refs: Sequence[int], hyp_name: str = "hypotheses", ref_names: Sequence[str] | None = None
+) -> None:
     """Hypotheses and every reference stream must have one line per sentence."""
     if not num_refs:
         raise MtrainError("ref: no reference given; pass ref=FILE (or ref=[FILE1,FILE2])")
     if num_hyps == 0:
         raise MtrainError(f"{hyp_name}: no hypotheses (empty file); nothing to score")
     ref_names = list(ref_names) if ref_names else [f"reference {k + 1}" for k in range(len(num_refs))]
-    for name, count in zip(ref_names, num_refs):
+    for name, count in zip(ref_names, num_refs, strict=True):
         if count != num_hyps:
             raise MtrainError(
                 f"{hyp_name} has {num_hyps} lines but {name} has {count}; "
@@ -132,7 +131,7 @@ def check_lengths(num_hyps: int, num_refs: Sequence[int], hyp_name: str = "hypot
             )
 
 
-def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
+def read_lines(path: str | Path, what: str = "file") -> list[str]:
     """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too.
 
     Lines end at "\n" only, as `mtrain fit` and `mtrain translate` read them: a CRLF end is
@@ -155,19 +154,18 @@ def read_lines(path: Union[str, Path], what: str = "file") -> List[str]:
 
 
 def score_files(
-    hyp_path: Union[str, Path],
-    ref_paths: Sequence[Union[str, Path]],
+    hyp_path: str | Path,
+    ref_paths: Sequence[str | Path],
     metrics: Sequence[str] = METRIC_NAMES,
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
-) -> Dict[str, Dict[str, object]]:
+) -> dict[str, dict[str, object]]:
     """Score a hypothesis file against one or more reference files."""
     check_metric_names(metrics)
     if not ref_paths:
         raise MtrainError("ref: no reference given; pass ref=FILE (or ref=[FILE1,FILE2])")
     hyps = read_lines(hyp_path, "hyp")
     refs = [read_lines(path, "ref") for path in ref_paths]
-    check_lengths(len(hyps), [len(stream) for stream in refs], f"hyp={hyp_path}",
-                  [f"ref={path}" for path in ref_paths])
+    check_lengths(len(hyps), [len(stream) for stream in refs], f"hyp={hyp_path}", [f"ref={path}" for path in ref_paths])
     return score_corpus(hyps, refs, metrics, tokenize, lowercase, chrf_word_order)

@@ -13,9 +13,10 @@ split: data.src/data.tgt replaced (Multi30k is aligned in German, English and Fr
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from mtrain.config import DataConfig, with_values
 from mtrain.data.local_files import count_lines
@@ -30,13 +31,13 @@ SPLITS = ("valid", "test")
 class SplitText:
     """Line-aligned sources and reference streams (`references[k][i]`) of one split."""
 
-    sources: List[str]
-    references: List[List[str]]
-    files: List[Dict[str, Any]] = field(default_factory=list)  # {role, path, sha256, lines}
+    sources: list[str]
+    references: list[list[str]]
+    files: list[dict[str, Any]] = field(default_factory=list)  # {role, path, sha256, lines}
     skipped: int = 0  # pairs left out because a side was not valid UTF-8
 
 
-def file_record(path: Path, role: str) -> Dict[str, Any]:
+def file_record(path: Path, role: str) -> dict[str, Any]:
     """Where a file is, the SHA-256 of its bytes (compressed, for a `.gz`) and its lines of text."""
     path = Path(path)
     digest = hashlib.sha256()
@@ -46,14 +47,15 @@ def file_record(path: Path, role: str) -> Dict[str, Any]:
     return {"role": role, "path": str(path.resolve()), "sha256": digest.hexdigest(), "lines": count_lines(path)}
 
 
-def text_record(lines: Sequence[str], role: str, origin: str) -> Dict[str, Any]:
+def text_record(lines: Sequence[str], role: str, origin: str) -> dict[str, Any]:
     """The fingerprint of text that exists only in memory (e.g. read from the Hub)."""
     digest = hashlib.sha256("".join(line + "\n" for line in lines).encode("utf-8")).hexdigest()
     return {"role": role, "path": origin, "sha256": digest, "lines": len(lines)}
 
 
-def read_run_split(run: RunDir, data_cfg: DataConfig, split: str,
-                   direction: Optional[Tuple[str, str]] = None) -> SplitText:
+def read_run_split(
+    run: RunDir, data_cfg: DataConfig, split: str, direction: tuple[str, str] | None = None
+) -> SplitText:
     """A run's `valid` or `test` split: the copy `mtrain fit` kept in the run directory, so a
     score never depends on where the corpus is now (or on reaching the Hub again); runs
     written before mtrain kept that copy read the split as their data config says.
@@ -63,12 +65,17 @@ def read_run_split(run: RunDir, data_cfg: DataConfig, split: str,
     if split not in SPLITS:
         raise MtrainError(f"split={split}: choose one of {'|'.join(SPLITS)}")
     if getattr(data_cfg.splits, split) is None:
-        raise MtrainError(f"run={run.path}: trained without a {split} split (data.splits.{split}=null); "
-                          "score split=valid, or a file with hyp=... ref=...")
+        raise MtrainError(
+            f"run={run.path}: trained without a {split} split (data.splits.{split}=null); "
+            "score split=valid, or a file with hyp=... ref=..."
+        )
     src_path, ref_path = run.split_files(split, None if direction is None else "-".join(direction))
     if src_path.is_file() and ref_path.is_file():
-        return SplitText(read_lines(src_path, "source"), [read_lines(ref_path, "reference")],
-                         [file_record(src_path, "source"), file_record(ref_path, "reference")])
+        return SplitText(
+            read_lines(src_path, "source"),
+            [read_lines(ref_path, "reference")],
+            [file_record(src_path, "source"), file_record(ref_path, "reference")],
+        )
     if direction is not None:  # data's own split in those languages, as preparation reads a direction's
         data_cfg = with_values(data_cfg, src=direction[0], tgt=direction[1], corpora=[])
     return read_split_text(data_cfg, split)
@@ -89,17 +96,19 @@ def read_split_text(data_cfg: DataConfig, split: str) -> SplitText:
     if hasattr(source, "files"):  # local files: fingerprint the files themselves
         paths = source.files(split)
         roles = ["source", "reference"] if len(paths) == 2 else ["source+reference"]
-        records = [file_record(path, role) for path, role in zip(paths, roles)]
+        records = [file_record(path, role) for path, role in zip(paths, roles, strict=True)]
     else:
-        records = [text_record(sources, "source", source.description),
-                   text_record(references, "reference", source.description)]
+        records = [
+            text_record(sources, "source", source.description),
+            text_record(references, "reference", source.description),
+        ]
     return SplitText(sources, [references], records, skipped=stats.invalid_utf8)
 
 
 def read_reference_files(paths: Sequence[str]) -> SplitText:
     """References given on the command line (`ref=FILE` or `ref=[FILE1,FILE2]`)."""
     streams = [read_lines(path, "ref") for path in paths]
-    for path, stream in zip(paths[1:], streams[1:]):
+    for path, stream in zip(paths[1:], streams[1:], strict=True):
         if len(stream) != len(streams[0]):
             raise MtrainError(f"ref={path} has {len(stream)} lines but ref={paths[0]} has {len(streams[0])}")
     return SplitText([], streams, [file_record(Path(path), "reference") for path in paths])

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mtrain import __version__
 from mtrain.config import DataConfig
@@ -26,16 +27,25 @@ if TYPE_CHECKING:  # scoring imports this module
     from mtrain.evaluate.scoring import Scored
 
 
-def metrics_table(scores: Dict[str, Dict[str, Any]]) -> Table:
+def metrics_table(scores: dict[str, dict[str, Any]]) -> Table:
     table = Table(["metric", "score", "signature"])
     for values in scores.values():
         table.add(values["name"], float(values["score"]), values["signature"])
     return table
 
 
-def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, scored: "Scored",
-                 checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], tokenize: str = "13a",
-                 lowercase: bool = False, chrf_word_order: int = 0) -> Dict[str, Any]:
+def split_report(
+    run: RunDir,
+    split_key: str,
+    data_cfg: DataConfig,
+    split: SplitText,
+    scored: Scored,
+    checkpoint_info: dict[str, Any],
+    decode_info: dict[str, Any],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> dict[str, Any]:
     """The report of one scored split of a run: what was decoded, with what, and the scores."""
     return {
         "run": str(run.path.resolve()),
@@ -56,10 +66,15 @@ def split_report(run: RunDir, split_key: str, data_cfg: DataConfig, split: Split
     }
 
 
-def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[str],
-                      log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                      sentences: Optional[Sequence[SentenceScore]] = None,
-                      name: Optional[str] = None) -> Dict[str, Path]:
+def save_split_report(
+    run: RunDir,
+    report: dict[str, Any],
+    hypotheses: Sequence[str],
+    log: Callable[[str], None] = print,
+    out_dir: Path | None = None,
+    sentences: Sequence[SentenceScore] | None = None,
+    name: str | None = None,
+) -> dict[str, Path]:
     """Write `report` and its hypotheses into the run's `eval/<split>.{hyp,json,md}` (or into
     `out_dir`), and `sentences` into `<split>.sentences.tsv`; log the scores, and what an
     earlier report there said when it scored differently. `name` replaces `<split>` (a
@@ -71,13 +86,15 @@ def save_split_report(run: RunDir, report: Dict[str, Any], hypotheses: Sequence[
     if replaced:
         log(replaced)
     log(metrics_table(report["metrics"]).to_text())
-    log(f"{report['sentences']} sentences in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
+    log(
+        f"{report['sentences']} sentences in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
         f"sentences/s); report: {paths['json']}, {paths['md']}"
-        + (f"; sentence scores: {paths['sentences']}" if "sentences" in paths else ""))
+        + (f"; sentence scores: {paths['sentences']}" if "sentences" in paths else "")
+    )
     return paths
 
 
-def replaced_report_note(path: Path, report: Dict[str, Any]) -> Optional[str]:
+def replaced_report_note(path: Path, report: dict[str, Any]) -> str | None:
     """What an earlier report at `path` said, when the new one scores differently (never
     replace a report silently: a poorer number must say what changed)."""
     if not path.is_file():
@@ -90,25 +107,34 @@ def replaced_report_note(path: Path, report: Dict[str, Any]) -> Optional[str]:
         return None
     if abs(old_bleu - new_bleu) < 0.005:
         return None
-    return (f"{path}: replacing BLEU {old_bleu:.2f} ({_what_was_decoded(old)}) with {new_bleu:.2f} "
-            f"({_what_was_decoded(report)}); the earlier hypotheses are replaced too")
+    return (
+        f"{path}: replacing BLEU {old_bleu:.2f} ({_what_was_decoded(old)}) with {new_bleu:.2f} "
+        f"({_what_was_decoded(report)}); the earlier hypotheses are replaced too"
+    )
 
 
-def _what_was_decoded(report: Dict[str, Any]) -> str:
+def _what_was_decoded(report: dict[str, Any]) -> str:
     checkpoint = report.get("checkpoint", {})
     members = len(checkpoint.get("ensemble") or [])
-    return (f"{Path(str(checkpoint.get('path', '?'))).name} (update {checkpoint.get('update', '?')}"
-            + (f", in an ensemble of {members}" if members else "")
-            + f"), beam {report.get('decode', {}).get('beam', '?')}")
+    return (
+        f"{Path(str(checkpoint.get('path', '?'))).name} (update {checkpoint.get('update', '?')}"
+        + (f", in an ensemble of {members}" if members else "")
+        + f"), beam {report.get('decode', {}).get('beam', '?')}"
+    )
 
 
-def report_paths(out_dir: Path, split: str) -> Dict[str, Path]:
+def report_paths(out_dir: Path, split: str) -> dict[str, Path]:
     """`<split>.hyp`, `.json` and `.md` in `out_dir` (a run's `eval/`, or eval's `out=`)."""
     return {kind: Path(out_dir) / f"{split}.{kind}" for kind in ("hyp", "json", "md")}
 
 
-def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequence[str],
-                 sentences: Optional[Sequence[SentenceScore]] = None) -> Dict[str, Path]:
+def write_report(
+    out_dir: Path,
+    split: str,
+    report: dict[str, Any],
+    hyps: Sequence[str],
+    sentences: Sequence[SentenceScore] | None = None,
+) -> dict[str, Path]:
     """Write `<split>.hyp`, `<split>.json` and `<split>.md` into `out_dir` (each atomically),
     and `<split>.sentences.tsv` when `sentences` are given.
 
@@ -132,15 +158,21 @@ def write_report(out_dir: Path, split: str, report: Dict[str, Any], hyps: Sequen
     return paths
 
 
-def render_markdown(report: Dict[str, Any]) -> str:
+def render_markdown(report: dict[str, Any]) -> str:
     checkpoint = report["checkpoint"]
-    lines = [f"# Evaluation of {report['run']} on {report['split']} ({report.get('split_name', '')}, "
-             f"{report.get('language_pair', '')})", "",
-             metrics_table(report["metrics"]).to_markdown(), ""]
+    lines = [
+        f"# Evaluation of {report['run']} on {report['split']} ({report.get('split_name', '')}, "
+        f"{report.get('language_pair', '')})",
+        "",
+        metrics_table(report["metrics"]).to_markdown(),
+        "",
+    ]
     lines += [f"    {values['text']}" for values in report["metrics"].values()] + [""]
     if checkpoint.get("averaged_from"):
         sources = ", ".join(Path(p).name for p in checkpoint["averaged_from"])
-        lines.append(f"- **Checkpoint**: average of {sources} -> `{checkpoint['path']}` (update {checkpoint['update']})")
+        lines.append(
+            f"- **Checkpoint**: average of {sources} -> `{checkpoint['path']}` (update {checkpoint['update']})"
+        )
     else:
         lines.append(f"- **Checkpoint**: `{checkpoint['path']}` ({checkpoint['which']}, update {checkpoint['update']})")
     if checkpoint.get("ensemble"):
@@ -148,20 +180,24 @@ def render_markdown(report: Dict[str, Any]) -> str:
         lines.append(f"- **Ensemble** of {len(checkpoint['ensemble'])} (mean of their log-probabilities): {members}")
     decode = report["decode"]
     settings = ", ".join(f"{key}={value}" for key, value in decode.items())
-    lines += [f"- **Decoding**: {settings}",
-              f"- **Sentences**: {report['sentences']}"
-              + (f" ({report['skipped_pairs']} pairs skipped: not valid UTF-8)" if report.get("skipped_pairs") else ""),
-              f"- **Decoding time**: {report['decode_time_s']:.2f} s ({report['sentences_per_s']:.1f} sentences/s)",
-              "- **Scoring**: " + ", ".join(f"{k}={v}" for k, v in report["scoring"].items()),
-              f"- **mtrain** {report['mtrain_version']}, {report['created']}", "",
-              "| file | role | lines | sha256 |", "|---|---|---|---|"]
+    lines += [
+        f"- **Decoding**: {settings}",
+        f"- **Sentences**: {report['sentences']}"
+        + (f" ({report['skipped_pairs']} pairs skipped: not valid UTF-8)" if report.get("skipped_pairs") else ""),
+        f"- **Decoding time**: {report['decode_time_s']:.2f} s ({report['sentences_per_s']:.1f} sentences/s)",
+        "- **Scoring**: " + ", ".join(f"{k}={v}" for k, v in report["scoring"].items()),
+        f"- **mtrain** {report['mtrain_version']}, {report['created']}",
+        "",
+        "| file | role | lines | sha256 |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| `{r['path']}` | {r['role']} | {r['lines']} | `{r['sha256']}` |" for r in report["data"]]
     if report.get("per_sentence"):
         lines += [""] + worst_lines_markdown(report["per_sentence"])
     return "\n".join(lines) + "\n"
 
 
-def worst_lines_markdown(per_sentence: Dict[str, Any]) -> List[str]:
+def worst_lines_markdown(per_sentence: dict[str, Any]) -> list[str]:
     """The report's section on the lines of lowest sentence-BLEU (their text Markdown-escaped)."""
     worst = per_sentence["worst_lines"]
     lines = [f"- **Sentence scores** (BLEU, chrF, model score per line): `{per_sentence['path']}`"]
@@ -169,9 +205,16 @@ def worst_lines_markdown(per_sentence: Dict[str, Any]) -> List[str]:
         return lines
     lines += ["", f"## The {len(worst)} lines of lowest sentence-BLEU", ""]
     streams = len(worst[0]["references"])
-    table = Table(["line", "BLEU", "chrF", "model score", "source", "hypothesis"]
-                  + (["reference"] if streams == 1 else [f"reference {k + 1}" for k in range(streams)]))
+    table = Table(
+        ["line", "BLEU", "chrF", "model score", "source", "hypothesis"]
+        + (["reference"] if streams == 1 else [f"reference {k + 1}" for k in range(streams)])
+    )
     for row in worst:
-        table.add(row["line"], row["bleu"], row["chrf"], row["model_score"],
-                  *(markdown_text(text) for text in (row["source"], row["hypothesis"], *row["references"])))
+        table.add(
+            row["line"],
+            row["bleu"],
+            row["chrf"],
+            row["model_score"],
+            *(markdown_text(text) for text in (row["source"], row["hypothesis"], *row["references"])),
+        )
     return lines + [table.to_markdown()]

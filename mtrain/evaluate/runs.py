@@ -10,9 +10,10 @@ that failed has `failed.json` (its reason and overrides, written by mtrain.cli.c
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import yaml
 
@@ -26,15 +27,15 @@ class RunSummary:
 
     name: str
     path: Path
-    overrides: Dict[str, str] = field(default_factory=dict)
-    metrics: Dict[str, Any] = field(default_factory=dict)  # metrics.json
-    evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval/<split>.json by split
-    failure: Optional[str] = None  # why the sweep job failed (failed.json), None if it did not
+    overrides: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # metrics.json
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # eval/<split>.json by split
+    failure: str | None = None  # why the sweep job failed (failed.json), None if it did not
 
     def hyp_path(self, split: str = "test") -> Path:
         return RunDir(self.path).eval_file(split, "hyp")
 
-    def score(self, split: str, metric: str = "bleu") -> Optional[float]:
+    def score(self, split: str, metric: str = "bleu") -> float | None:
         """A split's score: `mtrain eval`'s report if there is one, else metrics.json."""
         report = self.evals.get(split, {}).get("metrics", {}).get(metric)
         if isinstance(report, dict) and "score" in report:
@@ -47,12 +48,12 @@ class RunSummary:
         return float(value) if isinstance(value, (int, float)) else None
 
     @property
-    def diverged(self) -> Optional[bool]:
+    def diverged(self) -> bool | None:
         value = self.metrics.get("diverged")
         return bool(value) if value is not None else None
 
 
-def discover_runs(spec: str) -> List[RunSummary]:
+def discover_runs(spec: str) -> list[RunSummary]:
     """Runs of a sweep directory, or of a comma-separated list of run directories."""
     spec = str(spec).strip()
     if not spec:
@@ -65,7 +66,7 @@ def discover_runs(spec: str) -> List[RunSummary]:
         names = [path.name for path in paths]
         if len(set(names)) < len(names):
             names = [str(path) for path in paths]
-        return [load_run_summary(path, name) for path, name in zip(paths, names)]
+        return [load_run_summary(path, name) for path, name in zip(paths, names, strict=True)]
 
     root = Path(spec)
     if not root.is_dir():
@@ -86,7 +87,7 @@ def _run_order(path: Path) -> tuple:
     return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
 
 
-def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
+def load_run_summary(path: Path, name: str | None = None) -> RunSummary:
     path = Path(path)
     run = RunDir(path)
     evals = {}
@@ -108,7 +109,7 @@ def load_run_summary(path: Path, name: Optional[str] = None) -> RunSummary:
     )
 
 
-def read_overrides(run_dir: Path) -> Dict[str, str]:
+def read_overrides(run_dir: Path) -> dict[str, str]:
     """`.hydra/overrides.yaml` as {key: value}; `+`/`++` prefixes dropped, `~key` kept as deleted."""
     path = RunDir(run_dir).overrides_file
     if not path.is_file():
@@ -122,7 +123,7 @@ def read_overrides(run_dir: Path) -> Dict[str, str]:
     return parse_overrides(entries)
 
 
-def parse_overrides(entries: Sequence[Any]) -> Dict[str, str]:
+def parse_overrides(entries: Sequence[Any]) -> dict[str, str]:
     """Overrides like `key=value` as {key: value}; `+`/`++` prefixes dropped, `~key` kept as deleted."""
     overrides = {}
     for entry in entries:
@@ -145,14 +146,15 @@ def run_config(run_dir: Path) -> Any:
     raise MtrainError(f"run={run_dir}: no config.yaml or .hydra/config.yaml; is it a run directory of `mtrain fit`?")
 
 
-def failure_notes(runs: Sequence[RunSummary]) -> List[str]:
+def failure_notes(runs: Sequence[RunSummary]) -> list[str]:
     """One line per failed sweep job: its name, what sets it apart, and why it failed."""
     keys = differing_overrides(runs)
     return [f"run {run.name} ({describe(run, keys)}) failed: {run.failure}" for run in runs if run.failure]
 
 
-def default_baseline(runs: Sequence[RunSummary], split: str = "test",
-                     direction: Optional[Tuple[str, str]] = None) -> Optional[str]:
+def default_baseline(
+    runs: Sequence[RunSummary], split: str = "test", direction: tuple[str, str] | None = None
+) -> str | None:
     """The first run that has `split` hypotheses (a failed job 0 has none), of `direction` when given."""
     for run in runs:
         report = report_name(run, split, direction)
@@ -161,7 +163,7 @@ def default_baseline(runs: Sequence[RunSummary], split: str = "test",
     return None
 
 
-def report_name(run: RunSummary, split: str, direction: Optional[Tuple[str, str]]) -> Optional[str]:
+def report_name(run: RunSummary, split: str, direction: tuple[str, str] | None) -> str | None:
     """The name of the report (eval/<name>.json|hyp) `run` keeps of `split` in `direction`:
     a multilingual run's `<split>.<src>-<tgt>`, a run that trains that one direction its
     `<split>`; None when it translates other directions. Without a direction: `split`."""
@@ -179,9 +181,9 @@ def report_name(run: RunSummary, split: str, direction: Optional[Tuple[str, str]
     return split if directions == [tuple(direction)] else None
 
 
-def differing_overrides(runs: Sequence[RunSummary]) -> List[str]:
+def differing_overrides(runs: Sequence[RunSummary]) -> list[str]:
     """Override keys whose value is not the same in every run (in first-seen order)."""
-    keys: List[str] = []
+    keys: list[str] = []
     for run in runs:
         keys += [key for key in run.overrides if key not in keys]
     if len(runs) < 2:
@@ -195,7 +197,7 @@ def describe(run: RunSummary, keys: Sequence[str]) -> str:
     return " ".join(parts) if parts else "-"
 
 
-def _read_json(path: Path) -> Dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -11,9 +11,10 @@ length-normalised log-probability) travels with the text to the per-sentence sco
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from mtrain.config import DataConfig, DecodeConfig, Precision
 from mtrain.errors import MtrainError
@@ -31,17 +32,17 @@ if TYPE_CHECKING:
 
 # Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...): its text, or
 # the Hypothesis (text and model score).
-Translate = Callable[[List[str]], Sequence[Union[str, "Hypothesis"]]]
+Translate = Callable[[list[str]], Sequence[Union[str, "Hypothesis"]]]
 
 
 @dataclass
 class Scored:
-    hypotheses: List[str]
-    scores: Dict[str, Dict[str, Any]]  # per metric: name, score, signature, text (`score_corpus`)
+    hypotheses: list[str]
+    scores: dict[str, dict[str, Any]]  # per metric: name, score, signature, text (`score_corpus`)
     seconds: float  # translation time
     # Per line, the model's score of its hypothesis (None for a blank source, never decoded);
     # None when the translator gave plain text.
-    model_scores: Optional[List[Optional[float]]] = None
+    model_scores: list[float | None] | None = None
 
     @property
     def sentences_per_second(self) -> float:
@@ -58,9 +59,16 @@ def check_references(references: Sequence[Sequence[str]], name: str) -> None:
             )
 
 
-def translate_and_score(translate: Translate, sources: Sequence[str], references: Sequence[Sequence[str]],
-                        name: str, metrics: Sequence[str] = ("bleu",), tokenize: str = "13a",
-                        lowercase: bool = False, chrf_word_order: int = 0) -> Scored:
+def translate_and_score(
+    translate: Translate,
+    sources: Sequence[str],
+    references: Sequence[Sequence[str]],
+    name: str,
+    metrics: Sequence[str] = ("bleu",),
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> Scored:
     """Translate `sources` and score the hypotheses with sacreBLEU against each reference stream.
 
     `name` says what is scored in error messages (e.g. "data.splits.test=test_2016_flickr").
@@ -73,13 +81,16 @@ def translate_and_score(translate: Translate, sources: Sequence[str], references
     hypotheses = [output if isinstance(output, str) else output.text for output in outputs]
     model_scores = None
     if outputs and not any(isinstance(output, str) for output in outputs):
-        model_scores = [float(output.score) if source.strip() else None for source, output in zip(sources, outputs)]
+        model_scores = [
+            float(output.score) if source.strip() else None for source, output in zip(sources, outputs, strict=True)
+        ]
     scores = score_corpus(hypotheses, references, metrics, tokenize, lowercase, chrf_word_order)
     return Scored(hypotheses, scores, seconds, model_scores)
 
 
-def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConfig, device: torch.device,
-                        precision: Precision | str) -> Translate:
+def sentence_translator(
+    model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConfig, device: torch.device, precision: Precision | str
+) -> Translate:
     """The best hypothesis per source sentence (with `.text` and `.score`), decoded with
     `decode_cfg` (a `Translate`).
 
@@ -88,7 +99,7 @@ def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConf
 
     from mtrain.decode import Hypothesis, translate_sentences
 
-    def translate(sources: List[str]) -> List[Hypothesis]:
+    def translate(sources: list[str]) -> list[Hypothesis]:
         with torch.inference_mode():
             nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision)
         return [candidates[0] if candidates else Hypothesis(tokens=[], score=float("nan")) for candidates in nbest]
@@ -96,12 +107,24 @@ def sentence_translator(model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConf
     return translate
 
 
-def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitText, translate: Translate,
-                checkpoint_info: Dict[str, Any], decode_info: Dict[str, Any], metrics: Sequence[str],
-                tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0,
-                log: Callable[[str], None] = print, out_dir: Optional[Path] = None,
-                per_sentence: bool = False, worst_lines: int = 10,
-                report_name: Optional[str] = None) -> Dict[str, Any]:
+def score_split(
+    run: RunDir,
+    split_key: str,
+    data_cfg: DataConfig,
+    split: SplitText,
+    translate: Translate,
+    checkpoint_info: dict[str, Any],
+    decode_info: dict[str, Any],
+    metrics: Sequence[str],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+    log: Callable[[str], None] = print,
+    out_dir: Path | None = None,
+    per_sentence: bool = False,
+    worst_lines: int = 10,
+    report_name: str | None = None,
+) -> dict[str, Any]:
     """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
     files in `out_dir`); the report. `per_sentence` also writes `<split>.sentences.tsv` there
     (mtrain.evaluate.sentences), and the report lists its `worst_lines`. `report_name`
@@ -111,15 +134,24 @@ def score_split(run: RunDir, split_key: str, data_cfg: DataConfig, split: SplitT
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
     name = f"data.splits.{split_key}={getattr(data_cfg.splits, split_key)}"
-    scored = translate_and_score(translate, split.sources, split.references, name, metrics, tokenize,
-                                 lowercase, chrf_word_order)
-    report = split_report(run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize,
-                          lowercase, chrf_word_order)
+    scored = translate_and_score(
+        translate, split.sources, split.references, name, metrics, tokenize, lowercase, chrf_word_order
+    )
+    report = split_report(
+        run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize, lowercase, chrf_word_order
+    )
     name = report_name or split_key
     sentences = None
     if per_sentence:
-        sentences = score_sentences(scored.hypotheses, split.references, split.sources, scored.model_scores,
-                                    tokenize, lowercase, chrf_word_order)
+        sentences = score_sentences(
+            scored.hypotheses,
+            split.references,
+            split.sources,
+            scored.model_scores,
+            tokenize,
+            lowercase,
+            chrf_word_order,
+        )
         tsv = sentences_path(Path(out_dir) if out_dir is not None else run.eval_dir, name)
         report["per_sentence"] = per_sentence_record(tsv, sentences, worst_lines)
     save_split_report(run, report, scored.hypotheses, log, out_dir, sentences, name)

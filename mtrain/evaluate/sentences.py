@@ -14,9 +14,10 @@ backslash, tab, newline and carriage return become `\\\\`, `\\t`, `\\n`, `\\r`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from mtrain.evaluate.metrics import build_metric
 from mtrain.evaluate.tables import Table
@@ -31,10 +32,10 @@ class SentenceScore:
     line: int  # 1-based line of the split (or hypothesis file)
     bleu: float  # sentence-BLEU, effective order
     chrf: float
-    model_score: Optional[float]  # length-normalised log-probability; None: not decoded here (or a blank source)
+    model_score: float | None  # length-normalised log-probability; None: not decoded here (or a blank source)
     source: str  # "" when unknown (hyp= ref=)
     hypothesis: str
-    references: List[str]  # one per reference stream
+    references: list[str]  # one per reference stream
 
 
 def sentences_path(out_dir: Path, name: str) -> Path:
@@ -42,28 +43,36 @@ def sentences_path(out_dir: Path, name: str) -> Path:
     return Path(out_dir) / f"{name}{SENTENCES_SUFFIX}"
 
 
-def score_sentences(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
-                    sources: Optional[Sequence[str]] = None, model_scores: Optional[Sequence[Optional[float]]] = None,
-                    tokenize: str = "13a", lowercase: bool = False, chrf_word_order: int = 0) -> List[SentenceScore]:
+def score_sentences(
+    hypotheses: Sequence[str],
+    references: Sequence[Sequence[str]],
+    sources: Sequence[str] | None = None,
+    model_scores: Sequence[float | None] | None = None,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> list[SentenceScore]:
     """Sentence-BLEU and chrF of every hypothesis against its references (`references[k][i]`)."""
     bleu = build_metric("bleu", tokenize, lowercase, chrf_word_order, effective_order=True)
     chrf = build_metric("chrf", tokenize, lowercase, chrf_word_order)
     rows = []
     for i, hypothesis in enumerate(hypotheses):
         refs = [stream[i] for stream in references]
-        rows.append(SentenceScore(
-            line=i + 1,
-            bleu=float(bleu.sentence_score(hypothesis, refs).score),
-            chrf=float(chrf.sentence_score(hypothesis, refs).score),
-            model_score=model_scores[i] if model_scores is not None else None,
-            source=sources[i] if sources is not None else "",
-            hypothesis=hypothesis,
-            references=refs,
-        ))
+        rows.append(
+            SentenceScore(
+                line=i + 1,
+                bleu=float(bleu.sentence_score(hypothesis, refs).score),
+                chrf=float(chrf.sentence_score(hypothesis, refs).score),
+                model_score=model_scores[i] if model_scores is not None else None,
+                source=sources[i] if sources is not None else "",
+                hypothesis=hypothesis,
+                references=refs,
+            )
+        )
     return rows
 
 
-def worst_lines(rows: Sequence[SentenceScore], count: int) -> List[SentenceScore]:
+def worst_lines(rows: Sequence[SentenceScore], count: int) -> list[SentenceScore]:
     """The `count` rows of lowest sentence-BLEU, lowest first (ties: lower chrF, then line order)."""
     return sorted(rows, key=lambda row: (row.bleu, row.chrf, row.line))[:count]
 
@@ -81,18 +90,23 @@ def write_sentences_tsv(path: Path, rows: Sequence[SentenceScore]) -> None:
     lines = ["\t".join(header)]
     for row in rows:
         model_score = "" if row.model_score is None else f"{row.model_score:.4f}"
-        fields = [str(row.line), f"{row.bleu:.4f}", f"{row.chrf:.4f}", model_score,
-                  *(tsv_field(text) for text in (row.source, row.hypothesis, *row.references))]
+        fields = [
+            str(row.line),
+            f"{row.bleu:.4f}",
+            f"{row.chrf:.4f}",
+            model_score,
+            *(tsv_field(text) for text in (row.source, row.hypothesis, *row.references)),
+        ]
         lines.append("\t".join(fields))
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-def per_sentence_record(path: Path, rows: Sequence[SentenceScore], count: int) -> Dict[str, Any]:
+def per_sentence_record(path: Path, rows: Sequence[SentenceScore], count: int) -> dict[str, Any]:
     """What a report says of the per-sentence scores: the TSV's path and the worst lines."""
     return {"path": str(Path(path).resolve()), "worst_lines": [asdict(row) for row in worst_lines(rows, count)]}
 
 
-def worst_lines_table(worst: Sequence[Dict[str, Any]]) -> Table:
+def worst_lines_table(worst: Sequence[dict[str, Any]]) -> Table:
     """The worst lines of a `per_sentence_record` for the terminal: line, BLEU, chrF, hypothesis."""
     table = Table(["line", "BLEU", "chrF", "hypothesis (lowest sentence-BLEU first)"])
     for row in worst:

@@ -8,9 +8,9 @@ failed (their `failed.json`) are counted in the heading and listed with their re
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 from mtrain.evaluate.compare import Comparison, runs_table
 from mtrain.evaluate.curves import TRAIN_LOSS, VALID_BLEU, plot_curves, read_scalars
@@ -26,12 +26,13 @@ BLEU_PLOT = "valid_bleu.png"
 class SweepReport:
     markdown: Path
     table: Table
-    plots: List[Path] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison] = None,
-                       log: Callable[[str], None] = print) -> SweepReport:
+def write_sweep_report(
+    spec: str, out_dir: Path, comparison: Comparison | None = None, log: Callable[[str], None] = print
+) -> SweepReport:
     """Discover the runs of `spec`, write `report.md` and the PNG plots into `out_dir`.
 
     A `comparison` (from `compare.compare_runs`) adds its bootstrap columns to the table.
@@ -61,8 +62,9 @@ def write_sweep_report(spec: str, out_dir: Path, comparison: Optional[Comparison
     failures = failure_notes(runs)
 
     common = _common_overrides(runs, keys)
-    heading = (f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
-               + (f", {len(failures)} of them failed (see below)." if failures else "."))
+    heading = f"{len(runs)} run{'' if len(runs) == 1 else 's'}" + (
+        f", {len(failures)} of them failed (see below)." if failures else "."
+    )
     lines = [f"# Sweep report: {spec}", "", heading]
     if common:
         lines += ["", "Overrides shared by every run: " + " ".join(f"`{item}`" for item in common)]
@@ -93,9 +95,12 @@ def _short_label(spec: str, runs) -> str:
     return f"{len(runs)} runs in {parent or '.'}"
 
 
-def _common_overrides(runs, differing) -> List[str]:
+def _common_overrides(runs, differing) -> list[str]:
     if not runs:
         return []
-    first: Dict[str, str] = runs[0].overrides
-    return [f"{key}={value}" for key, value in first.items()
-            if key not in differing and all(run.overrides.get(key) == value for run in runs)]
+    first: dict[str, str] = runs[0].overrides
+    return [
+        f"{key}={value}"
+        for key, value in first.items()
+        if key not in differing and all(run.overrides.get(key) == value for run in runs)
+    ]

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 
 @dataclass
 class Table:
-    headers: List[str]
-    rows: List[List[str]] = field(default_factory=list)
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
 
     def add(self, *cells: object) -> None:
         self.rows.append([format_cell(cell) for cell in cells])
 
     def to_markdown(self) -> str:
-        def line(cells: List[str]) -> str:
+        def line(cells: list[str]) -> str:
             return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
         out = [line(self.headers), "|" + "|".join("---" for _ in self.headers) + "|"]
@@ -24,10 +23,10 @@ class Table:
     def to_text(self) -> str:
         widths = [len(h) for h in self.headers]
         for row in self.rows:
-            widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
 
-        def line(cells: List[str]) -> str:
-            return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip()
+        def line(cells: list[str]) -> str:
+            return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
         rule = "  ".join("-" * w for w in widths)
         return "\n".join([line(self.headers), rule] + [line(row) for row in self.rows])
@@ -55,7 +54,7 @@ def format_cell(value: object, digits: int = 2) -> str:
     return str(value)
 
 
-def format_duration(seconds: Optional[float]) -> str:
+def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = float(seconds)

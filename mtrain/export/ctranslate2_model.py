@@ -20,11 +20,12 @@ import datetime
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
-from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
 from mtrain.config import ModelConfig, to_plain
+from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
 from mtrain.tokenizer import Tokenizer
@@ -48,9 +49,15 @@ def vocabularies(tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
-def export_ctranslate2(state: Mapping[str, Any], model_cfg: ModelConfig, tokenizer: Tokenizer, out_dir: Path,
-                       quantization: Optional[str] = None, metadata: Optional[dict] = None,
-                       force: bool = False) -> Path:
+def export_ctranslate2(
+    state: Mapping[str, Any],
+    model_cfg: ModelConfig,
+    tokenizer: Tokenizer,
+    out_dir: Path,
+    quantization: str | None = None,
+    metadata: dict | None = None,
+    force: bool = False,
+) -> Path:
     """Convert a model (state_dict + its ModelConfig + tokenizer) into `out_dir`.
 
     The directory is written next to `out_dir` and renamed into place, so a failed export
@@ -95,16 +102,30 @@ def export_ctranslate2(state: Mapping[str, Any], model_cfg: ModelConfig, tokeniz
     return out_dir
 
 
-def export_run(run_dir: Path, out_dir: Path, which: str = "best", quantization: Optional[str] = None,
-               force: bool = False, checkpoint_path: Optional[Path] = None, weights: str = "auto") -> Path:
+def export_run(
+    run_dir: Path,
+    out_dir: Path,
+    which: str = "best",
+    quantization: str | None = None,
+    force: bool = False,
+    checkpoint_path: Path | None = None,
+    weights: str = "auto",
+) -> Path:
     """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`, with its
     `weights` (auto: the weights' average when the run kept one)."""
     from mtrain.train.checkpoint_files import load_run
 
     loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path, weights=weights)
     check_exportable(loaded.config.model)
-    return export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer, out_dir,
-                              quantization, metadata=run_metadata(loaded), force=force)
+    return export_ctranslate2(
+        loaded.model.state_dict(),
+        loaded.config.model,
+        loaded.tokenizer,
+        out_dir,
+        quantization,
+        metadata=run_metadata(loaded),
+        force=force,
+    )
 
 
 def run_metadata(loaded) -> dict:

@@ -30,8 +30,8 @@ model switch must be mapped here before its models export.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -53,10 +53,27 @@ from mtrain.model.positions import sinusoidal_table
 # ModelConfig keys that have no effect on inference, and those mapped by `build_spec`.
 INFERENCE_IRRELEVANT = {"dropout", "attention_dropout", "activation_dropout", "detach_memory", "attention_impl"}
 MAPPED = {
-    "encoder_layers", "decoder_layers", "layers", "d_model", "heads", "ffn_dim", "activation",
-    "norm_position", "norm_type", "shared_norm", "final_norm", "positions", "max_positions",
-    "cross_q_proj", "cross_k_proj", "cross_v_proj", "decoder_order", "scale_embeddings",
-    "tie_embeddings", "vocab_multiple", "output_vocab",
+    "encoder_layers",
+    "decoder_layers",
+    "layers",
+    "d_model",
+    "heads",
+    "ffn_dim",
+    "activation",
+    "norm_position",
+    "norm_type",
+    "shared_norm",
+    "final_norm",
+    "positions",
+    "max_positions",
+    "cross_q_proj",
+    "cross_k_proj",
+    "cross_v_proj",
+    "decoder_order",
+    "scale_embeddings",
+    "tie_embeddings",
+    "vocab_multiple",
+    "output_vocab",
 }
 # torch's defaults, which mtrain's norms use (mtrain.model.layers.make_norm).
 NORM_EPSILON = {NormType.layernorm: 1e-5, NormType.rmsnorm: 1e-6}
@@ -85,8 +102,13 @@ def check_exportable(cfg: ModelConfig) -> None:
         )
 
 
-def build_spec(state: Mapping[str, Tensor], cfg: ModelConfig, src_vocabulary: Sequence[str], tgt_vocabulary: Sequence[str],
-               special_pieces: Mapping[str, str]):
+def build_spec(
+    state: Mapping[str, Tensor],
+    cfg: ModelConfig,
+    src_vocabulary: Sequence[str],
+    tgt_vocabulary: Sequence[str],
+    special_pieces: Mapping[str, str],
+):
     """A validated `ctranslate2.specs.TransformerSpec` holding the weights of `state`.
 
     `state` is the model's state_dict, `cfg` its ModelConfig (as trained). The vocabularies
@@ -100,18 +122,28 @@ def build_spec(state: Mapping[str, Tensor], cfg: ModelConfig, src_vocabulary: Se
     encoder_layers, decoder_layers, final_norm = cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm
     pre_norm = cfg.norm_position == NormPosition.pre
     gated = Activation(cfg.activation).gated
-    activation = {Activation.relu: common_spec.Activation.RELU, Activation.gelu: common_spec.Activation.GELU,
-                  Activation.swiglu: common_spec.Activation.SWISH}[cfg.activation]
+    activation = {
+        Activation.relu: common_spec.Activation.RELU,
+        Activation.gelu: common_spec.Activation.GELU,
+        Activation.swiglu: common_spec.Activation.SWISH,
+    }[cfg.activation]
     common = dict(
         # The spec creates the final norm only for pre-norm; post-norm is switched on below.
-        pre_norm=True, no_final_norm=not final_norm, activation=activation,
-        ffn_glu=gated, rms_norm=cfg.norm_type == NormType.rmsnorm,
+        pre_norm=True,
+        no_final_norm=not final_norm,
+        activation=activation,
+        ffn_glu=gated,
+        rms_norm=cfg.norm_type == NormType.rmsnorm,
     )
     if cfg.positions == Positions.rope:
         common.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000.0)
     encoder = transformer_spec.TransformerEncoderSpec(encoder_layers, cfg.heads, **common)
     decoder = transformer_spec.TransformerDecoderSpec(
-        decoder_layers, cfg.heads, alignment_layer=-1, alignment_heads=0, **common  # 0: average all heads
+        decoder_layers,
+        cfg.heads,
+        alignment_layer=-1,
+        alignment_heads=0,
+        **common,  # 0: average all heads
     )
     encoder.pre_norm = decoder.pre_norm = pre_norm
 

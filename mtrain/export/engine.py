@@ -17,21 +17,22 @@ tokenizer of one of them (its tag at the start of every source: mtrain.decode.di
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import torch
 
 from mtrain.config import Engine
 from mtrain.data.tags import reserved_symbols
-from mtrain.errors import MtrainError
 from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.ensemble import EnsembleModel
+from mtrain.errors import MtrainError
+from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
 from mtrain.rundir import RunDir
 from mtrain.runtime import resolve_decode_precision
-from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import LoadedRun, load_checkpoint, load_run
 
@@ -44,25 +45,34 @@ class RunEngine:
     tokenizer: Any  # mtrain.tokenizer.Tokenizer
     precision: str  # as decoding runs: fp32|bf16|fp16 (torch), CTranslate2's compute type (int8, float32, ...)
     description: str  # what decodes, for the log: the checkpoint(s), update(s), the engine's weights
-    loaded: Optional[LoadedRun]  # run='s checkpoint and stored config; None for an export directory
-    members: List[LoadedRun] = field(default_factory=list)  # every checkpoint that decodes, run='s first
+    loaded: LoadedRun | None  # run='s checkpoint and stored config; None for an export directory
+    members: list[LoadedRun] = field(default_factory=list)  # every checkpoint that decodes, run='s first
     # What the run translates into (None: an export directory that does not say)
-    languages: Optional[RunLanguages] = None
+    languages: RunLanguages | None = None
 
-    def tokenizer_for(self, tgt_lang: Optional[str], key: str = "tgt_lang") -> Any:
+    def tokenizer_for(self, tgt_lang: str | None, key: str = "tgt_lang") -> Any:
         """The tokenizer that translates into `tgt_lang` (null: the run's one target language);
         MtrainError naming `key` for a language the run does not translate into."""
         if self.languages is None:
             if tgt_lang is not None:
-                raise MtrainError(f"{key}={tgt_lang}: {self.description} does not record the languages it "
-                                  "translates; leave tgt_lang unset")
+                raise MtrainError(
+                    f"{key}={tgt_lang}: {self.description} does not record the languages it "
+                    "translates; leave tgt_lang unset"
+                )
             return self.tokenizer
         return self.languages.tokenizer_for(self.tokenizer, self.languages.target(tgt_lang, key))
 
 
-def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, precision: str = "auto",
-                num_threads: Optional[int] = None, checkpoint: Union[str, Path] = "best",
-                weights: str = "auto", ensemble: Sequence[Union[str, Path]] = ()) -> RunEngine:
+def open_engine(
+    run: str | Path,
+    engine: Engine,
+    device: torch.device,
+    precision: str = "auto",
+    num_threads: int | None = None,
+    checkpoint: str | Path = "best",
+    weights: str = "auto",
+    ensemble: Sequence[str | Path] = (),
+) -> RunEngine:
     """The engine that decodes with `run`'s `checkpoint` (best|last|a name|a path) and its
     `weights` (auto: the weights' average when the run kept one, else the trained ones; ema; raw;
     for every member of an ensemble alike).
@@ -79,24 +89,35 @@ def open_engine(run: Union[str, Path], engine: Engine, device: torch.device, pre
         return _ensemble_engine(run, device, precision, checkpoint, ensemble, weights)
     if is_export_dir(Path(run)):
         if engine != Engine.ctranslate2:
-            raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
-                              f"directory of `mtrain fit`; decode it with engine=ctranslate2")
+            raise MtrainError(
+                f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
+                f"directory of `mtrain fit`; decode it with engine=ctranslate2"
+            )
         model = load_ctranslate2(Path(run), device, precision, num_threads)
-        return RunEngine(model, model.tokenizer, model.translator.compute_type, model.description, None,
-                         languages=model.languages)
+        return RunEngine(
+            model, model.tokenizer, model.translator.compute_type, model.description, None, languages=model.languages
+        )
     # A checkpoint to convert is read on the CPU: CTranslate2 loads the converted copy on `device`.
-    loaded = load_run(run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"),
-                      weights=weights)
+    loaded = load_run(
+        run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"), weights=weights
+    )
     languages = _languages_of(loaded)
     tokenizer = languages.reserving(loaded.tokenizer)
     if engine == Engine.ctranslate2:
         model = _converted(loaded, tokenizer, languages, device, precision, num_threads)
-        return RunEngine(model, tokenizer, model.translator.compute_type, model.description, loaded, [loaded],
-                         languages)
+        return RunEngine(
+            model, tokenizer, model.translator.compute_type, model.description, loaded, [loaded], languages
+        )
     resolved = resolve_decode_precision(precision, device)
-    return RunEngine(loaded.model, tokenizer, resolved,
-                     f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}", loaded,
-                     [loaded], languages)
+    return RunEngine(
+        loaded.model,
+        tokenizer,
+        resolved,
+        f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}), {resolved}",
+        loaded,
+        [loaded],
+        languages,
+    )
 
 
 def _languages_of(loaded: LoadedRun) -> RunLanguages:
@@ -107,28 +128,39 @@ def _weights_note(loaded: LoadedRun) -> str:
     return ", EMA weights" if loaded.weights == "ema" else ""
 
 
-def _ensemble_engine(run: Union[str, Path], device: torch.device, precision: str, checkpoint: Union[str, Path],
-                     ensemble: Sequence[Union[str, Path]], weights: str = "auto") -> RunEngine:
+def _ensemble_engine(
+    run: str | Path,
+    device: torch.device,
+    precision: str,
+    checkpoint: str | Path,
+    ensemble: Sequence[str | Path],
+    weights: str = "auto",
+) -> RunEngine:
     """run='s checkpoint and the `ensemble` members as one EnsembleModel. Every path and
     tokenizer is checked before the first model loads."""
     if is_export_dir(Path(run)):
-        raise MtrainError(f"run={run}: is a CTranslate2 model written by `mtrain export`; an ensemble decodes "
-                          "checkpoints of `mtrain fit` runs (engine=torch)")
+        raise MtrainError(
+            f"run={run}: is a CTranslate2 model written by `mtrain export`; an ensemble decodes "
+            "checkpoints of `mtrain fit` runs (engine=torch)"
+        )
     run_dir = RunDir(run)
     run_checkpoint = run_dir.find_checkpoint(str(checkpoint))
     run_tokenizer = _tokenizer_of(run_dir, f"run={run}")
     members = [(run_dir, run_checkpoint)] + [_resolve_member(str(entry), run_dir, run_tokenizer) for entry in ensemble]
-    loaded = [load_run(directory.path, device=device, checkpoint_path=path, weights=weights)
-              for directory, path in members]
+    loaded = [
+        load_run(directory.path, device=device, checkpoint_path=path, weights=weights) for directory, path in members
+    ]
     resolved = resolve_decode_precision(precision, device)
-    description = (f"an ensemble of {len(loaded)}: "
-                   + ", ".join(f"{member.checkpoint_path} (update {member.update}{_weights_note(member)})"
-                               for member in loaded)
-                   + f", {resolved}")
+    description = (
+        f"an ensemble of {len(loaded)}: "
+        + ", ".join(f"{member.checkpoint_path} (update {member.update}{_weights_note(member)})" for member in loaded)
+        + f", {resolved}"
+    )
     languages = _shared_languages(loaded)
     model = EnsembleModel([member.model for member in loaded])
-    return RunEngine(model, languages.reserving(loaded[0].tokenizer), resolved, description, loaded[0], loaded,
-                     languages)
+    return RunEngine(
+        model, languages.reserving(loaded[0].tokenizer), resolved, description, loaded[0], loaded, languages
+    )
 
 
 def _shared_languages(members: Sequence[LoadedRun]) -> RunLanguages:
@@ -138,10 +170,12 @@ def _shared_languages(members: Sequence[LoadedRun]) -> RunLanguages:
     for member in members[1:]:
         languages = _languages_of(member)
         if (languages.lang_tags, reserved_symbols(languages.data)) != (first.lang_tags, reserved_symbols(first.data)):
-            raise MtrainError(f"ensemble: {member.checkpoint_path} was trained with the tags "
-                              f"{reserved_symbols(languages.data) or 'none'} (data.lang_tags={languages.lang_tags}), "
-                              f"run={members[0].checkpoint_path} with {reserved_symbols(first.data) or 'none'} "
-                              f"(data.lang_tags={first.lang_tags}): the members of an ensemble must share the tags")
+            raise MtrainError(
+                f"ensemble: {member.checkpoint_path} was trained with the tags "
+                f"{reserved_symbols(languages.data) or 'none'} (data.lang_tags={languages.lang_tags}), "
+                f"run={members[0].checkpoint_path} with {reserved_symbols(first.data) or 'none'} "
+                f"(data.lang_tags={first.lang_tags}): the members of an ensemble must share the tags"
+            )
     return first
 
 
@@ -151,7 +185,7 @@ def _tokenizer_of(run_dir: RunDir, name: str) -> Tokenizer:
     return Tokenizer.load(run_dir.tokenizer_dir)
 
 
-def _resolve_member(entry: str, run_dir: RunDir, run_tokenizer: Tokenizer) -> Tuple[RunDir, Path]:
+def _resolve_member(entry: str, run_dir: RunDir, run_tokenizer: Tokenizer) -> tuple[RunDir, Path]:
     """The run directory whose tokenizer decodes `entry`, and `entry`'s checkpoint file.
 
     A directory: a run of `mtrain fit`, decoded with its best checkpoint. A file: a checkpoint;
@@ -163,8 +197,10 @@ def _resolve_member(entry: str, run_dir: RunDir, run_tokenizer: Tokenizer) -> Tu
         raise MtrainError(f"ensemble: {entry!r}: no such run directory or checkpoint file")
     if path.is_dir():
         if is_export_dir(path):
-            raise MtrainError(f"ensemble: {path}: is a CTranslate2 model written by `mtrain export`; ensemble "
-                              "members are run directories or checkpoint files of `mtrain fit`")
+            raise MtrainError(
+                f"ensemble: {path}: is a CTranslate2 model written by `mtrain export`; ensemble "
+                "members are run directories or checkpoint files of `mtrain fit`"
+            )
         member_dir = RunDir(path)
         try:
             checkpoint = member_dir.find_checkpoint("best")
@@ -179,9 +215,11 @@ def _resolve_member(entry: str, run_dir: RunDir, run_tokenizer: Tokenizer) -> Tu
         member_dir = owner
     tokenizer = _tokenizer_of(member_dir, f"ensemble: {path}")
     if tokenizer.fingerprint != run_tokenizer.fingerprint:
-        raise MtrainError(f"ensemble: {member_dir.tokenizer_dir} differs from run={run_dir.path}'s tokenizer "
-                          f"{run_dir.tokenizer_dir}: the members of an ensemble must share one tokenizer "
-                          "(the same token ids must mean the same pieces)")
+        raise MtrainError(
+            f"ensemble: {member_dir.tokenizer_dir} differs from run={run_dir.path}'s tokenizer "
+            f"{run_dir.tokenizer_dir}: the members of an ensemble must share one tokenizer "
+            "(the same token ids must mean the same pieces)"
+        )
     return member_dir, checkpoint
 
 
@@ -190,24 +228,41 @@ def _check_recorded_tokenizer(path: Path, run_dir: RunDir, run_tokenizer: Tokeni
     it recorded in training (`data_fingerprints`) must be that tokenizer's."""
     recorded = (load_checkpoint(path, mmap=True).get("data_fingerprints") or {}).get("tokenizer")
     if recorded is None:
-        raise MtrainError(f"ensemble: {path}: is not in a run's checkpoints/ and records no tokenizer fingerprint, "
-                          f"so nothing says it shares run={run_dir.path}'s tokenizer; give it from its run directory")
+        raise MtrainError(
+            f"ensemble: {path}: is not in a run's checkpoints/ and records no tokenizer fingerprint, "
+            f"so nothing says it shares run={run_dir.path}'s tokenizer; give it from its run directory"
+        )
     if recorded != run_tokenizer.fingerprint:
-        raise MtrainError(f"ensemble: {path} was trained with another tokenizer than run={run_dir.path}'s "
-                          f"{run_dir.tokenizer_dir} (fingerprint {recorded[:12]} vs {run_tokenizer.fingerprint[:12]}): "
-                          "the members of an ensemble must share one tokenizer")
+        raise MtrainError(
+            f"ensemble: {path} was trained with another tokenizer than run={run_dir.path}'s "
+            f"{run_dir.tokenizer_dir} (fingerprint {recorded[:12]} vs {run_tokenizer.fingerprint[:12]}): "
+            "the members of an ensemble must share one tokenizer"
+        )
 
 
-def _converted(loaded: LoadedRun, tokenizer: Tokenizer, languages: RunLanguages, device: torch.device,
-               precision: str, num_threads: Optional[int]) -> CTranslate2Model:
+def _converted(
+    loaded: LoadedRun,
+    tokenizer: Tokenizer,
+    languages: RunLanguages,
+    device: torch.device,
+    precision: str,
+    num_threads: int | None,
+) -> CTranslate2Model:
     """A loaded run converted in fp32 into a temporary directory and loaded from there
     (CTranslate2 quantizes on load when `precision` asks) with `tokenizer` (its tags banned)."""
     with tempfile.TemporaryDirectory(prefix="mtrain-ct2-") as scratch:
-        model_dir = export_ctranslate2(loaded.model.state_dict(), loaded.config.model, loaded.tokenizer,
-                                       Path(scratch) / "model", metadata=run_metadata(loaded))
+        model_dir = export_ctranslate2(
+            loaded.model.state_dict(),
+            loaded.config.model,
+            loaded.tokenizer,
+            Path(scratch) / "model",
+            metadata=run_metadata(loaded),
+        )
         # The weights are in memory once loaded; the run's tokenizer outlives the scratch copy.
         model = load_ctranslate2(model_dir, device, precision, num_threads, tokenizer)
     model.languages = languages
-    model.description = (f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}, converted), "
-                         f"{model.translator.compute_type}")
+    model.description = (
+        f"{loaded.checkpoint_path} (update {loaded.update}{_weights_note(loaded)}, converted), "
+        f"{model.translator.compute_type}"
+    )
     return model

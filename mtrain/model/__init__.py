@@ -14,4 +14,4 @@ from mtrain.model.instruments import StatisticsRecorder
 from mtrain.model.state import DecoderState
 from mtrain.model.transformer import Seq2SeqTransformer
 
-__all__ = ["build_model", "check_model_config", "DecoderState", "Seq2SeqTransformer", "StatisticsRecorder"]
+__all__ = ["DecoderState", "Seq2SeqTransformer", "StatisticsRecorder", "build_model", "check_model_config"]

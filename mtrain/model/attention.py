@@ -121,8 +121,9 @@ class DotProductAttention(nn.Module):
         self.attention_dropout = attention_dropout
         self.impl = impl
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         dropout_p = self.attention_dropout if self.training else 0.0
         return attend(q, k, v, bias, causal, dropout_p, _use_sdpa(self.impl, q), need_weights)
 
@@ -130,8 +131,9 @@ class DotProductAttention(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention; with rope, queries and keys are rotated by position."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: AttentionImpl,
-                 rotary: RotaryPositions | None):
+    def __init__(
+        self, d_model: int, heads: int, attention_dropout: float, impl: AttentionImpl, rotary: RotaryPositions | None
+    ):
         super().__init__()
         self.heads = heads
         self.rotary = rotary
@@ -141,8 +143,14 @@ class SelfAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.attention = DotProductAttention(attention_dropout, impl)
 
-    def forward(self, x: Tensor, bias: Tensor | None = None, causal: bool = False,
-                cache: LayerCache | None = None, offset: int = 0) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        bias: Tensor | None = None,
+        causal: bool = False,
+        cache: LayerCache | None = None,
+        offset: int = 0,
+    ) -> Tensor:
         """x (batch, length, d_model) -> (batch, length, d_model).
 
         `bias` (batch, 1, 1, length) masks padded keys; `causal` hides later positions. With a
@@ -168,8 +176,16 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Multi-head attention from decoder queries to the encoder output (`memory`)."""
 
-    def __init__(self, d_model: int, heads: int, attention_dropout: float, impl: AttentionImpl,
-                 q_proj: bool = True, k_proj: bool = True, v_proj: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        attention_dropout: float,
+        impl: AttentionImpl,
+        q_proj: bool = True,
+        k_proj: bool = True,
+        v_proj: bool = True,
+    ):
         super().__init__()
         self.heads = heads
         self.q_proj = nn.Linear(d_model, d_model) if q_proj else nn.Identity()
@@ -189,8 +205,9 @@ class CrossAttention(nn.Module):
             keys, values = self.k_proj(memory), self.v_proj(memory)
         return split_heads(keys, self.heads), split_heads(values, self.heads)
 
-    def forward(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """x (rows, tgt_len, d_model) -> output (rows, tgt_len, d_model) and, when asked,
         attention probabilities averaged over heads (rows, tgt_len, src_len).
 

@@ -13,8 +13,9 @@ from mtrain.errors import MtrainError
 from mtrain.model.transformer import Seq2SeqTransformer
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, *,
-                joint_vocab: bool) -> Seq2SeqTransformer:
+def build_model(
+    cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int, *, joint_vocab: bool
+) -> Seq2SeqTransformer:
     """The Transformer for these vocabularies; `joint_vocab` (the tokenizer's `.joint`: one
     vocabulary for both languages) lets `model.tie_embeddings` tie the source embedding too."""
     check_model_config(cfg)
@@ -24,5 +25,6 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_
         if not 0 <= pad_id < size:
             raise MtrainError(f"tokenizer.pad_id: {pad_id} is outside the {name} vocabulary of {size}")
     cfg = resolved_model(cfg)
-    return Seq2SeqTransformer(cfg, src_vocab_size, tgt_vocab_size, pad_id, joint_vocab,
-                              cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm)
+    return Seq2SeqTransformer(
+        cfg, src_vocab_size, tgt_vocab_size, pad_id, joint_vocab, cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm
+    )

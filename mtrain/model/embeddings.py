@@ -21,8 +21,9 @@ def padded_rows(vocab_size: int, multiple: int) -> int:
 class Embedding(nn.Module):
     """tokens -> Dropout(lookup(tokens) * sqrt(d_model) + positions)."""
 
-    def __init__(self, rows: int, d_model: int, pad_id: int, positions: nn.Module | None,
-                 scale: bool, dropout_p: float):
+    def __init__(
+        self, rows: int, d_model: int, pad_id: int, positions: nn.Module | None, scale: bool, dropout_p: float
+    ):
         super().__init__()
         self.tokens = nn.Embedding(rows, d_model, padding_idx=pad_id)
         # fairseq's initialisation: unit-norm rows in expectation, so that after the sqrt(d)

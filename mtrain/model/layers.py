@@ -60,14 +60,26 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = _norms(cfg, 3)
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_impl, rotary)
         self.cross_attn = CrossAttention(
-            cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_impl,
-            q_proj=cfg.cross_q_proj, k_proj=cfg.cross_k_proj, v_proj=cfg.cross_v_proj,
+            cfg.d_model,
+            cfg.heads,
+            cfg.attention_dropout,
+            cfg.attention_impl,
+            q_proj=cfg.cross_q_proj,
+            k_proj=cfg.cross_k_proj,
+            v_proj=cfg.cross_v_proj,
         )
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
 
-    def forward(self, x: Tensor, cross_keys: Tensor, cross_values: Tensor, src_bias: Tensor,
-                cache: LayerCache | None = None, offset: int = 0,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        cross_keys: Tensor,
+        cross_values: Tensor,
+        src_bias: Tensor,
+        cache: LayerCache | None = None,
+        offset: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """x (batch, tgt_len, d_model) -> same shape, and the cross-attention weights
         (batch, tgt_len, src_len) averaged over heads when `need_weights`.
 

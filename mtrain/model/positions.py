@@ -13,7 +13,6 @@ position `state.step`.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -118,7 +117,7 @@ class RotaryPositions(nn.Module):
         return _Rotate.apply(x, cos, signed_sin)
 
 
-def position_limit(model) -> Optional[int]:
+def position_limit(model) -> int | None:
     """How many positions the model can embed (None: no limit, e.g. positions=none).
 
     The model's `max_positions` if it has one, else the smallest `max_positions` of its

@@ -22,7 +22,7 @@ at position `state.step` and reuses the cached keys/values of earlier positions.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,8 +51,17 @@ def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
 class Seq2SeqTransformer(nn.Module):
     """Build with `mtrain.model.build_model`, which checks the config first."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int,
-                 joint_vocab: bool, encoder_layers: int, decoder_layers: int, final_norm: bool):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int,
+        joint_vocab: bool,
+        encoder_layers: int,
+        decoder_layers: int,
+        final_norm: bool,
+    ):
         super().__init__()
         d_model = cfg.d_model
         self.src_vocab_size, self.tgt_vocab_size, self.pad_id = src_vocab_size, tgt_vocab_size, pad_id
@@ -61,8 +70,12 @@ class Seq2SeqTransformer(nn.Module):
         rotary = RotaryPositions(d_model // cfg.heads, cfg.max_positions) if cfg.positions == Positions.rope else None
         src_rows = padded_rows(src_vocab_size, cfg.vocab_multiple)
         tgt_rows = padded_rows(tgt_vocab_size, cfg.vocab_multiple)
-        self.src_embed = Embedding(src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
-        self.tgt_embed = Embedding(tgt_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout)
+        self.src_embed = Embedding(
+            src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout
+        )
+        self.tgt_embed = Embedding(
+            tgt_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout
+        )
         self.encoder = nn.ModuleList(encoder_layer(cfg, rotary) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(decoder_layer(cfg, rotary) for _ in range(decoder_layers))
         self.encoder_norm = make_norm(cfg.norm_type, d_model) if final_norm else None
@@ -165,8 +178,13 @@ class Seq2SeqTransformer(nn.Module):
             caches.append(LayerCache(keys.contiguous(), values.contiguous()))
         return DecoderState(src_bias=padding_bias(src_padding_mask), layers=caches)
 
-    def decode_step(self, prev_tokens: Tensor, state: DecoderState, need_attention: bool = False,
-                    attention_layer: int | str = "last") -> Tensor | tuple[Tensor, Tensor]:
+    def decode_step(
+        self,
+        prev_tokens: Tensor,
+        state: DecoderState,
+        need_attention: bool = False,
+        attention_layer: int | str = "last",
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Logits (batch, padded vocab) for the token after `prev_tokens` (batch,).
 
         prev_tokens sit at position `state.step` ([bos] at step 0); the step advances by one.
@@ -177,9 +195,16 @@ class Seq2SeqTransformer(nn.Module):
         wanted = _attention_layers(attention_layer, len(self.decoder)) if need_attention else set()
         x = self.tgt_embed(prev_tokens[:, None], offset=state.step)
         attention = []
-        for index, (layer, cache) in enumerate(zip(self.decoder, state.layers)):
-            x, weights = layer(x, cache.cross_keys, cache.cross_values, state.src_bias,
-                               cache=cache, offset=state.step, need_weights=index in wanted)
+        for index, (layer, cache) in enumerate(zip(self.decoder, state.layers, strict=True)):
+            x, weights = layer(
+                x,
+                cache.cross_keys,
+                cache.cross_values,
+                state.src_bias,
+                cache=cache,
+                offset=state.step,
+                need_weights=index in wanted,
+            )
             if weights is not None:
                 attention.append(weights[:, 0])  # (batch, src_len)
         state.step += 1

@@ -15,8 +15,8 @@ The default config (pre-norm, raw residual, self_cross_ffn) gets the standard la
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from torch import Tensor, nn
 
@@ -74,9 +74,16 @@ class VariantDecoderLayer(DecoderLayer):
         self.residual = residual_for(cfg)
         self.order = DecoderOrder(cfg.decoder_order).sublayers  # e.g. ("cross", "self", "ffn")
 
-    def forward(self, x: Tensor, cross_keys: Tensor, cross_values: Tensor, src_bias: Tensor,
-                cache: LayerCache | None = None, offset: int = 0,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        cross_keys: Tensor,
+        cross_values: Tensor,
+        src_bias: Tensor,
+        cache: LayerCache | None = None,
+        offset: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         weights = None
 
         def cross_attn(h: Tensor) -> Tensor:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 import sentencepiece as spm
 
@@ -44,10 +44,10 @@ class Tokenizer:
 
     # Ids that start every source `encode_src` returns, and the ids of every tag symbol of the
     # run, which decoding never emits (mtrain.decode.directions); () for a plain tokenizer.
-    source_prefix: Tuple[int, ...] = ()
-    tag_ids: Tuple[int, ...] = ()
+    source_prefix: tuple[int, ...] = ()
+    tag_ids: tuple[int, ...] = ()
 
-    def __init__(self, files: Dict[str, Path]) -> None:
+    def __init__(self, files: dict[str, Path]) -> None:
         """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}."""
         self.files = dict(files)
         self.joint = JOINT_MODEL in self.files
@@ -71,7 +71,7 @@ class Tokenizer:
             digest.update(name.encode() + self.files[name].read_bytes())
         self.fingerprint = digest.hexdigest()  # identifies the vocabulary in cache keys
 
-    def encode_src(self, text: str) -> List[int]:
+    def encode_src(self, text: str) -> list[int]:
         """Source ids without the eos that the encoded corpus appends (after `source_prefix`)."""
         ids = self._src.encode(text)
         return [*self.source_prefix, *ids] if self.source_prefix else ids
@@ -82,17 +82,18 @@ class Tokenizer:
         piece_id = self.piece_id(symbol)
         if self._src.id_to_piece(piece_id) != symbol:  # an unknown piece maps to unk
             source_model = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
-            raise MtrainError(f"tokenizer: {symbol!r} is not a piece of {source_model}; the tokenizer was "
-                              "trained without that tag")
+            raise MtrainError(
+                f"tokenizer: {symbol!r} is not a piece of {source_model}; the tokenizer was trained without that tag"
+            )
         return piece_id
 
-    def target_symbol_ids(self, symbols: Sequence[str]) -> List[int]:
+    def target_symbol_ids(self, symbols: Sequence[str]) -> list[int]:
         """The target ids of those `symbols` the target vocabulary holds (a separate target
         vocabulary holds no tags)."""
         ids = [self._tgt.piece_to_id(symbol) for symbol in symbols]
-        return [i for i, symbol in zip(ids, symbols) if self._tgt.id_to_piece(i) == symbol]
+        return [i for i, symbol in zip(ids, symbols, strict=True) if self._tgt.id_to_piece(i) == symbol]
 
-    def with_tags(self, source_prefix: Sequence[int], tag_ids: Sequence[int]) -> "Tokenizer":
+    def with_tags(self, source_prefix: Sequence[int], tag_ids: Sequence[int]) -> Tokenizer:
         """This tokenizer (sharing its models) with `source_prefix` at the start of every source
         and `tag_ids` never emitted; the fingerprint stays the vocabulary's."""
         tagged = copy.copy(self)
@@ -100,7 +101,7 @@ class Tokenizer:
         tagged.tag_ids = tuple(int(i) for i in tag_ids)
         return tagged
 
-    def encode_tgt(self, text: str) -> List[int]:
+    def encode_tgt(self, text: str) -> list[int]:
         """Target ids without bos/eos."""
         return self._tgt.encode(text)
 
@@ -112,10 +113,10 @@ class Tokenizer:
         """The source-side id of one piece (a tag symbol such as `<2en>`); unk_id when absent."""
         return self._src.piece_to_id(piece)
 
-    def src_pieces(self, ids: Sequence[int]) -> List[str]:
+    def src_pieces(self, ids: Sequence[int]) -> list[str]:
         return [self._src.id_to_piece(int(i)) for i in ids]
 
-    def tgt_pieces(self, ids: Sequence[int]) -> List[str]:
+    def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
         return [self._tgt.id_to_piece(int(i)) for i in ids]
 
     def save(self, directory: Path) -> None:
@@ -126,15 +127,13 @@ class Tokenizer:
             shutil.copyfile(path, directory / name)
 
     @classmethod
-    def load(cls, directory: Path) -> "Tokenizer":
+    def load(cls, directory: Path) -> Tokenizer:
         directory = Path(directory)
         if (directory / JOINT_MODEL).is_file():
             return cls({JOINT_MODEL: directory / JOINT_MODEL})
         if (directory / SRC_MODEL).is_file() and (directory / TGT_MODEL).is_file():
             return cls({SRC_MODEL: directory / SRC_MODEL, TGT_MODEL: directory / TGT_MODEL})
-        raise MtrainError(
-            f"{directory}: no tokenizer here (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})"
-        )
+        raise MtrainError(f"{directory}: no tokenizer here (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
 
 
 def _load_model(path: Path) -> spm.SentencePieceProcessor:

@@ -26,8 +26,9 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -75,7 +76,7 @@ def load_given_tokenizer(path: str, log: Callable[[str], Any] = print) -> Tokeni
 def train_or_load_tokenizer(
     cfg: TokenizerConfig,
     data: DataConfig,
-    source: Optional[ParallelSource] = None,
+    source: ParallelSource | None = None,
     log: Callable[[str], Any] = print,
     corpora: Sequence[TrainingCorpus] = (),
 ) -> Tokenizer:
@@ -90,14 +91,24 @@ def train_or_load_tokenizer(
         source = source or resolve_source(data)
         corpora = [TrainingCorpus("data", data.name, data, source)]
         languages = sorted([data.src, data.tgt]) if cfg.joint else [data.src, data.tgt]
-        inputs: List[Any] = [source.fingerprint("train"), languages, data.train_limit]
+        inputs: list[Any] = [source.fingerprint("train"), languages, data.train_limit]
     else:
-        languages = sorted({lang for corpus in corpora for lang in corpus.direction}) if cfg.joint \
+        languages = (
+            sorted({lang for corpus in corpora for lang in corpus.direction})
+            if cfg.joint
             else [corpora[0].cfg.src, corpora[0].cfg.tgt]
-        inputs = [[(corpus.source.fingerprint("train"), corpus.direction, corpus.cfg.train_limit) for corpus in corpora],
-                  languages]
+        )
+        inputs = [
+            [(corpus.source.fingerprint("train"), corpus.direction, corpus.cfg.train_limit) for corpus in corpora],
+            languages,
+        ]
     key = fingerprint(
-        "tokenizer", CACHE_FORMAT, cfg, *inputs, data.clean.normalize, data.invalid_utf8,
+        "tokenizer",
+        CACHE_FORMAT,
+        cfg,
+        *inputs,
+        data.clean.normalize,
+        data.invalid_utf8,
         *([symbols] if symbols else []),  # no tags: the key (and cache entry) of a plain corpus as before
     )
     entry = cache_root(data.cache_dir) / "tokenizers" / f"{data.name}-{'-'.join(languages)}-{key[:16]}"
@@ -121,8 +132,9 @@ def train_or_load_tokenizer(
     return Tokenizer.load(entry)
 
 
-def _write_training_text(staging: Path, corpora: Sequence[TrainingCorpus], data: DataConfig, symbols: List[str],
-                         joint: bool) -> Dict[str, Path]:
+def _write_training_text(
+    staging: Path, corpora: Sequence[TrainingCorpus], data: DataConfig, symbols: list[str], joint: bool
+) -> dict[str, Path]:
     """Stream the training sentences of every corpus into text file(s); returns {model file name: text file}.
     Each pair is written in sorted language order (a joint vocabulary does not depend on the direction)."""
     normalize = normalizer(data.clean.normalize)
@@ -137,7 +149,8 @@ def _write_training_text(staging: Path, corpora: Sequence[TrainingCorpus], data:
             stats = ReadStats()
             swap = joint and corpus.cfg.src > corpus.cfg.tgt
             for line, (src, tgt) in enumerate(
-                    itertools.islice(corpus.source.pairs("train", stats), corpus.cfg.train_limit), start=1):
+                itertools.islice(corpus.source.pairs("train", stats), corpus.cfg.train_limit), start=1
+            ):
                 first, second = (tgt, src) if swap else (src, tgt)
                 for position, sentence in enumerate((first, second)):
                     if not sentence:
@@ -156,13 +169,17 @@ def _write_training_text(staging: Path, corpora: Sequence[TrainingCorpus], data:
     return texts
 
 
-def _refuse_a_symbol_in_text(sentence: str, symbols: List[str], data: DataConfig, corpus: TrainingCorpus,
-                             line: int) -> None:
+def _refuse_a_symbol_in_text(
+    sentence: str, symbols: list[str], data: DataConfig, corpus: TrainingCorpus, line: int
+) -> None:
     """A tag symbol that real text contains would be read as the tag: name the key that made it."""
     for symbol in symbols:
         if symbol in sentence:
-            keys = [f"data.corpora[{index}].tag" for index, entry in enumerate(data.corpora)
-                    if entry.tag and corpus_tag(entry.tag) == symbol]
+            keys = [
+                f"data.corpora[{index}].tag"
+                for index, entry in enumerate(data.corpora)
+                if entry.tag and corpus_tag(entry.tag) == symbol
+            ]
             key = keys[0] if keys else "data.lang_tags"
             raise MtrainError(
                 f"{key}: the tag symbol {symbol} occurs in the training text of {corpus.key} (name "
@@ -214,12 +231,16 @@ def sentencepiece_hint(message: str) -> str:
     """What to change for a SentencePiece training error, from its message."""
     too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
     if too_high:
-        return (f"the corpus has too few distinct pieces for {too_high.group(1)}: lower tokenizer.vocab_size "
-                f"to at most {too_high.group(2)}")
+        return (
+            f"the corpus has too few distinct pieces for {too_high.group(1)}: lower tokenizer.vocab_size "
+            f"to at most {too_high.group(2)}"
+        )
     if "smaller than required_chars" in message or "increase vocab_size" in message.lower():
         return "the corpus has more characters than the vocabulary can hold: raise tokenizer.vocab_size or lower tokenizer.character_coverage"
     if "sentences_.empty()" in message:
-        return ("no line of the training text was usable: every line is longer than SentencePiece accepts "
-                "(4,192 bytes). A file with CR-only line ends, or all text on one line, reads as one giant "
-                "line: give the corpus one sentence per line with LF or CRLF line ends")
+        return (
+            "no line of the training text was usable: every line is longer than SentencePiece accepts "
+            "(4,192 bytes). A file with CR-only line ends, or all text on one line, reads as one giant "
+            "line: give the corpus one sentence per line with LF or CRLF line ends"
+        )
     return "check the training text, or change tokenizer.vocab_size"

@@ -9,7 +9,6 @@ and for every benchmark script, so a benchmark times exactly what a user runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -38,7 +37,7 @@ class TrainingParts:
     out_of_memory: OutOfMemoryGuard
     device: torch.device
     precision: Precision
-    ema: Optional[WeightAverage] = None  # train.ema_decay's average of the weights
+    ema: WeightAverage | None = None  # train.ema_decay's average of the weights
 
     @property
     def validated_model(self) -> torch.nn.Module:
@@ -48,15 +47,17 @@ class TrainingParts:
     def describe(self, train_cfg: TrainConfig, ranks: int) -> str:
         """The line a fit starts with: the model's size, where and how it trains, the batch budget."""
         params = sum(p.numel() for p in self.model.parameters())
-        return (f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
-                f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
-                f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
-                f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
-                f"{self.batches.describe()}"
-                + ("" if self.ema is None else f" | EMA of the weights, decay {self.ema.decay} (validated and decoded)"))
+        return (
+            f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
+            f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
+            f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
+            f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
+            f"{self.batches.describe()}"
+            + ("" if self.ema is None else f" | EMA of the weights, decay {self.ema.decay} (validated and decoded)")
+        )
 
 
-def batch_pad_multiple(configured: Optional[int], device: torch.device, precision: Precision) -> int:
+def batch_pad_multiple(configured: int | None, device: torch.device, precision: Precision) -> int:
     """`train.pad_to_multiple`, with null resolved per device and precision (see its comment)."""
     if configured is not None:  # config_checks has made sure it is >= 1
         return configured
@@ -65,8 +66,9 @@ def batch_pad_multiple(configured: Optional[int], device: torch.device, precisio
     return 4 if precision is Precision.bf16 else 1
 
 
-def build_network(model: torch.nn.Module, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext,
-                  device: torch.device) -> torch.nn.Module:
+def build_network(
+    model: torch.nn.Module, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
+) -> torch.nn.Module:
     """The model and its loss as one module, in DDP under torchrun, compiled if asked."""
     network: torch.nn.Module = TranslationLoss(model, pad_id, train_cfg.label_smoothing)
     if dist.enabled:
@@ -88,19 +90,33 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torc
     )
 
 
-def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpora: TrainingCorpora,
-                special_ids: SpecialIds, device: torch.device, precision: Precision,
-                dist: Optional[DistributedContext] = None, prefetch: Optional[bool] = None) -> TrainingParts:
+def build_parts(
+    model: torch.nn.Module,
+    train_cfg: TrainConfig,
+    seed: int,
+    corpora: TrainingCorpora,
+    special_ids: SpecialIds,
+    device: torch.device,
+    precision: Precision,
+    dist: DistributedContext | None = None,
+    prefetch: bool | None = None,
+) -> TrainingParts:
     """Everything an update needs. `corpora`: the training split's segmentations (one, or one
     per subword-sampling copy), or a `CorpusMixture` of several corpora (`training_corpora`);
     `prefetch` (default: on CUDA) collates the next batches in a background thread; on a CPU
     that thread would take cores from the update itself."""
     dist = dist or DistributedContext()
     batches = BatchSource(
-        corpora, special_ids, device, max_tokens=train_cfg.max_tokens, update_freq=train_cfg.update_freq,
-        max_epochs=train_cfg.max_epochs, seed=seed,
+        corpora,
+        special_ids,
+        device,
+        max_tokens=train_cfg.max_tokens,
+        update_freq=train_cfg.update_freq,
+        max_epochs=train_cfg.max_epochs,
+        seed=seed,
         pad_to_multiple=batch_pad_multiple(train_cfg.pad_to_multiple, device, precision),
-        num_replicas=dist.world_size, rank=dist.rank,
+        num_replicas=dist.world_size,
+        rank=dist.rank,
         prefetch=device.type == "cuda" if prefetch is None else prefetch,
     )
     return TrainingParts(
@@ -114,6 +130,7 @@ def build_parts(model: torch.nn.Module, train_cfg: TrainConfig, seed: int, corpo
         out_of_memory=OutOfMemoryGuard(train_cfg.max_oom_batches),
         device=device,
         precision=precision,
-        ema=None if train_cfg.ema_decay is None else WeightAverage(model, train_cfg.ema_decay,
-                                                                   train_cfg.ema_start_update),
+        ema=None
+        if train_cfg.ema_decay is None
+        else WeightAverage(model, train_cfg.ema_decay, train_cfg.ema_start_update),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,12 +19,13 @@ from omegaconf.errors import OmegaConfBaseException
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write
 
-_OTHER_CHECKPOINT = ("use another checkpoint (translate/eval: checkpoint=last|best|update_N|PATH; to resume "
-                     "training from an older one: train.resume=true train.resume_from=update_N)")
+_OTHER_CHECKPOINT = (
+    "use another checkpoint (translate/eval: checkpoint=last|best|update_N|PATH; to resume "
+    "training from an older one: train.resume=true train.resume_from=update_N)"
+)
 
 
-def save_checkpoint(path: Union[str, Path], state: Dict[str, Any],
-                    then: str = "then resume with train.resume=true") -> None:
+def save_checkpoint(path: str | Path, state: dict[str, Any], then: str = "then resume with train.resume=true") -> None:
     """Write `state` to `path` atomically (`mtrain.rundir.atomic_write`): a crash at any
     moment leaves the old file intact. `then`: what to do after a failed write (training resumes)."""
     try:
@@ -36,7 +37,7 @@ def save_checkpoint(path: Union[str, Path], state: Dict[str, Any],
         ) from error
 
 
-def load_checkpoint(path: Union[str, Path], map_location: Any = "cpu", mmap: bool = False) -> Dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with weights_only=True; a corrupt file is a clear MtrainError.
 
     `mmap=True` maps the tensors from the file instead of reading them (read-only uses: the
@@ -57,15 +58,14 @@ def load_checkpoint(path: Union[str, Path], map_location: Any = "cpu", mmap: boo
         ) from error
     if damaged is not None:
         raise MtrainError(
-            f"{path}: corrupted checkpoint (record {damaged} fails its CRC-32 check); "
-            f"{_OTHER_CHECKPOINT}"
+            f"{path}: corrupted checkpoint (record {damaged} fails its CRC-32 check); {_OTHER_CHECKPOINT}"
         )
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise MtrainError(f"{path}: not an mtrain checkpoint (no 'model' state dict)")
     return state
 
 
-def _damaged_record(path: Path) -> Optional[str]:
+def _damaged_record(path: Path) -> str | None:
     """The first record of a checkpoint whose bytes fail the CRC-32 that torch.save wrote.
 
     torch.load does not check these sums, so a flipped bit inside a tensor would load as a
@@ -77,7 +77,7 @@ def _damaged_record(path: Path) -> Optional[str]:
         return archive.testzip()
 
 
-def stored_config(state: Dict[str, Any], path: Path) -> DictConfig:
+def stored_config(state: dict[str, Any], path: Path) -> DictConfig:
     """The FitConfig a checkpoint was trained with, its `model` section checked against this
     version's ModelConfig: an unknown key or a wrong type is an MtrainError naming the key;
     a key added after the checkpoint was written takes its default (the old behaviour)."""
@@ -98,7 +98,7 @@ def stored_config(state: Dict[str, Any], path: Path) -> DictConfig:
     return config
 
 
-def decode_weights(state: Dict[str, Any], path: Path, weights: str = "auto") -> Tuple[Dict[str, Any], str]:
+def decode_weights(state: dict[str, Any], path: Path, weights: str = "auto") -> tuple[dict[str, Any], str]:
     """The state dict a checkpoint decodes with and its name ("ema" or "raw"): `weights=auto`
     takes the weights' average when the run kept one (train.ema_decay), `raw` the trained
     weights, `ema` the average or an MtrainError naming the checkpoint."""
@@ -106,8 +106,10 @@ def decode_weights(state: Dict[str, Any], path: Path, weights: str = "auto") -> 
     if weights == "raw" or (weights == "auto" and "ema" not in state):
         return state["model"], "raw"
     if "ema" not in state:
-        raise MtrainError(f"{path}: weights=ema, but the checkpoint holds no average of the weights (its run "
-                          "trained without train.ema_decay); decode with weights=auto or weights=raw")
+        raise MtrainError(
+            f"{path}: weights=ema, but the checkpoint holds no average of the weights (its run "
+            "trained without train.ema_decay); decode with weights=auto or weights=raw"
+        )
     return state["ema"], "ema"
 
 
@@ -124,10 +126,10 @@ class LoadedRun:
 
 
 def load_run(
-    run_dir: Union[str, Path],
+    run_dir: str | Path,
     which: str = "best",
-    device: Union[str, torch.device] = "cpu",
-    checkpoint_path: Optional[Path] = None,
+    device: str | torch.device = "cpu",
+    checkpoint_path: Path | None = None,
     weights: str = "auto",
 ) -> LoadedRun:
     """Rebuild the model of a run from its checkpoint and tokenizer, in eval mode, with the
@@ -145,8 +147,13 @@ def load_run(
         raise MtrainError(f"run={run_dir}: no tokenizer/ directory; the run directory is incomplete")
     tokenizer = Tokenizer.load(tokenizer_dir)
     try:
-        model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                            joint_vocab=tokenizer.joint)
+        model = build_model(
+            config.model,
+            tokenizer.src_vocab_size,
+            tokenizer.tgt_vocab_size,
+            tokenizer.pad_id,
+            joint_vocab=tokenizer.joint,
+        )
     except MtrainError as error:
         raise MtrainError(f"{path}: the model config stored in the checkpoint is invalid: {error}") from error
     try:

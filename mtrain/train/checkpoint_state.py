@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -25,8 +25,14 @@ from mtrain.train.schedule import learning_rate_change
 log = logging.getLogger("mtrain")
 
 
-def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-            state: TrainState, record: Dict[str, Any], ema: Optional[WeightAverage] = None) -> Dict[str, Any]:
+def capture(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    state: TrainState,
+    record: dict[str, Any],
+    ema: WeightAverage | None = None,
+) -> dict[str, Any]:
     """The checkpoint of a trainer at `state`; `record` holds the config and the fingerprints."""
     from mtrain import __version__
 
@@ -44,7 +50,7 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     }
 
 
-def without_optimizer(checkpoint: Dict[str, Any]) -> Dict[str, Any]:
+def without_optimizer(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """What `best.pt` and `update_N.pt` hold: the checkpoint less the optimiser's state.
 
     Adam's two moments per parameter are 2/3 of a full checkpoint, and only a resume reads
@@ -53,12 +59,17 @@ def without_optimizer(checkpoint: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in checkpoint.items() if key != "optimizer"}
 
 
-def has_optimizer_state(checkpoint: Dict[str, Any]) -> bool:
+def has_optimizer_state(checkpoint: dict[str, Any]) -> bool:
     return "optimizer" in checkpoint
 
 
-def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler, ema: Optional[WeightAverage] = None) -> TrainState:
+def restore(
+    checkpoint: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: WeightAverage | None = None,
+) -> TrainState:
     """Load a checkpoint's tensors and random state into the parts; returns its TrainState.
     (`mtrain.train.checkpointer.check_resumable_*` have checked that it fits first.)
     A checkpoint without the optimiser's state (`without_optimizer`) leaves the optimiser
@@ -69,8 +80,11 @@ def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch
         ema.load_state_dict(checkpoint["ema"])
     elif ema is not None:
         ema.reset_to(model)
-        log.warning("the checkpoint of update %s holds no average of the weights (trained without "
-                    "train.ema_decay): the average starts from its weights", checkpoint.get("update"))
+        log.warning(
+            "the checkpoint of update %s holds no average of the weights (trained without "
+            "train.ema_decay): the average starts from its weights",
+            checkpoint.get("update"),
+        )
     if has_optimizer_state(checkpoint):
         optimizer.load_state_dict(checkpoint["optimizer"])
     scaler.load_state_dict(checkpoint["scaler"])
@@ -78,24 +92,33 @@ def restore(checkpoint: Dict[str, Any], model: torch.nn.Module, optimizer: torch
     return TrainState(**checkpoint["trainer"])
 
 
-def warn_of_an_inexact_resume(checkpoint: Dict[str, Any], train_cfg: TrainConfig, state: TrainState) -> None:
+def warn_of_an_inexact_resume(checkpoint: dict[str, Any], train_cfg: TrainConfig, state: TrainState) -> None:
     """Say what makes continuing from `checkpoint` (restored at `state`) differ from the run it
     came from: no optimiser state (a warm start), or train.* settings (a larger max_time, ...)
     that move the learning rate of the next update."""
     if not has_optimizer_state(checkpoint):
-        log.warning("the checkpoint of update %d holds the weights only (no optimiser state): training goes "
-                    "on from its weights, data position and clock with Adam's moments started afresh, which "
-                    "is not an exact resume (last.pt resumes exactly)", state.update)
+        log.warning(
+            "the checkpoint of update %d holds the weights only (no optimiser state): training goes "
+            "on from its weights, data position and clock with Adam's moments started afresh, which "
+            "is not an exact resume (last.pt resumes exactly)",
+            state.update,
+        )
     try:
         saved = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
-    except Exception:  # noqa: BLE001 - no train section, or one of another mtrain version: nothing to compare
+    except Exception:
         return
     change = learning_rate_change(saved, train_cfg, state.update + 1, state.train_seconds)
     if change is not None:
-        log.warning("the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
-                    "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
-                    "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
-                    state.update + 1, change[1], _schedule_settings(train_cfg), _schedule_settings(saved), change[0])
+        log.warning(
+            "the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
+            "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
+            "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
+            state.update + 1,
+            change[1],
+            _schedule_settings(train_cfg),
+            _schedule_settings(saved),
+            change[0],
+        )
 
 
 def _schedule_settings(cfg: TrainConfig) -> str:

@@ -19,7 +19,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,7 +38,7 @@ RESUME_SECTIONS = ("model", "tokenizer")
 class Checkpointer:
     """Writes a run's checkpoints; `due()` says when the wall-clock interval has passed."""
 
-    def __init__(self, run: RunDir, keep_last: int, save_every_seconds: Optional[float]) -> None:
+    def __init__(self, run: RunDir, keep_last: int, save_every_seconds: float | None) -> None:
         self.run = run
         self.keep_last = max(1, keep_last)
         self.save_every_seconds = save_every_seconds
@@ -46,10 +46,11 @@ class Checkpointer:
 
     def due(self) -> bool:
         """Whether `train.save_every` has passed since the last save."""
-        return (self.save_every_seconds is not None
-                and time.monotonic() - self._last_save_time >= self.save_every_seconds)
+        return (
+            self.save_every_seconds is not None and time.monotonic() - self._last_save_time >= self.save_every_seconds
+        )
 
-    def save(self, state: Dict[str, Any], update: int, best: bool) -> Path:
+    def save(self, state: dict[str, Any], update: int, best: bool) -> Path:
         """Write `state` as last.pt and, without the optimiser's state, as update_N.pt (and
         best.pt); returns update_N.pt's path."""
         path = self.run.update_checkpoint(update)
@@ -84,12 +85,12 @@ def _copy_atomic(source: Path, target: Path) -> None:
         atomic_write(target, lambda out: shutil.copyfileobj(handle, out, 1 << 24))
 
 
-def data_fingerprints(corpus: str, tokenizer: str) -> Dict[str, str]:
+def data_fingerprints(corpus: str, tokenizer: str) -> dict[str, str]:
     """What a checkpoint records of the data it was trained on (see `check_resumable`)."""
     return {"corpus": corpus, "tokenizer": tokenizer}
 
 
-def check_resumable_config(state: Dict[str, Any], cfg: DictConfig, path: Path) -> None:
+def check_resumable_config(state: dict[str, Any], cfg: DictConfig, path: Path) -> None:
     """Refuse, with one line naming the key, to continue a checkpoint with other model or
     tokenizer settings."""
     saved = dict(state.get("config", {}))
@@ -97,9 +98,11 @@ def check_resumable_config(state: Dict[str, Any], cfg: DictConfig, path: Path) -
     # Older runs stored `layers`/`final_norm` unresolved: compare what was built on both sides.
     try:
         saved["model"] = to_plain(OmegaConf.structured(resolved_model(saved.get("model", {}))))
-    except Exception as error:  # noqa: BLE001 - an unknown key or a wrong type in the stored config
-        raise MtrainError(f"{path}: its stored model config does not fit this mtrain version "
-                          f"({str(error).splitlines()[0]}); start a new run") from error
+    except Exception as error:
+        raise MtrainError(
+            f"{path}: its stored model config does not fit this mtrain version "
+            f"({str(error).splitlines()[0]}); start a new run"
+        ) from error
     current["model"] = to_plain(OmegaConf.structured(resolved_model(current.get("model", {}))))
     for section in RESUME_SECTIONS:
         old, new = saved.get(section, {}), current.get(section, {})
@@ -111,7 +114,7 @@ def check_resumable_config(state: Dict[str, Any], cfg: DictConfig, path: Path) -
                 )
 
 
-def check_resumable_data(state: Dict[str, Any], fingerprints: Dict[str, str], path: Path) -> None:
+def check_resumable_data(state: dict[str, Any], fingerprints: dict[str, str], path: Path) -> None:
     """Refuse to continue a checkpoint on another encoded corpus or tokenizer vocabulary:
     continuing old weights on new token ids trains a model whose embeddings mean other pieces."""
     stored = state.get("data_fingerprints")

@@ -7,9 +7,9 @@ variables the context is a single process (rank 0 of 1) and every helper is a no
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,7 @@ class DistributedContext:
         """Sum a Python number over all ranks."""
         return self.sum_each([value])[0]
 
-    def sum_each(self, values: Sequence[float]) -> List[float]:
+    def sum_each(self, values: Sequence[float]) -> list[float]:
         """Sum each of several Python numbers over all ranks, in one collective."""
         if not self.enabled:
             return list(values)

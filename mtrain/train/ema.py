@@ -18,7 +18,7 @@ weights (`ema`), and decoding picks it unless told `weights=raw` (`checkpoint_fi
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,8 +35,8 @@ class WeightAverage:
         self.module = copy.deepcopy(model).eval()
         for parameter in self.module.parameters():
             parameter.requires_grad_(False)
-        self._averaged: List[torch.Tensor] = [p.detach() for p in self.module.parameters()]
-        self._weights: List[torch.Tensor] = [p.detach() for p in model.parameters()]
+        self._averaged: list[torch.Tensor] = [p.detach() for p in self.module.parameters()]
+        self._weights: list[torch.Tensor] = [p.detach() for p in model.parameters()]
 
     def decay_at(self, update: int) -> float:
         """d_n of update `update` (1-based); 0 before ema_start_update (a copy)."""
@@ -52,13 +52,13 @@ class WeightAverage:
         if self._averaged and self._averaged[0].is_cuda:  # one kernel launch for all the tensors
             torch._foreach_lerp_(self._averaged, self._weights, weight)
         else:  # on a CPU the foreach form ran 4.5x slower than a loop (torch 2.13; docs/PERFORMANCE.md)
-            for averaged, weights in zip(self._averaged, self._weights):
+            for averaged, weights in zip(self._averaged, self._weights, strict=True):
                 averaged.lerp_(weights, weight)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return self.module.state_dict()
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state)
 
     def reset_to(self, model: nn.Module) -> None:

@@ -10,8 +10,8 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from types import FrameType
-from typing import Iterator, Optional
 
 import torch
 
@@ -40,7 +40,7 @@ class StopSignal:
         self.requested = False
         self.signum = 0
         self._previous = {}
-        self._interruptible: Optional[str] = None  # the phase a signal stops at once
+        self._interruptible: str | None = None  # the phase a signal stops at once
 
     @property
     def name(self) -> str:
@@ -72,7 +72,7 @@ class StopSignal:
         finally:
             self._interruptible = None
 
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             log.warning("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
             os._exit(128 + signum)
@@ -84,8 +84,8 @@ class StopSignal:
             log.warning("%s received: stopping the %s", signal.Signals(signum).name, phase)
             raise StopRequested()
         log.warning(
-            "%s received: finishing this update, writing a checkpoint, then exiting "
-            "(send it again to exit at once)", signal.Signals(signum).name
+            "%s received: finishing this update, writing a checkpoint, then exiting (send it again to exit at once)",
+            signal.Signals(signum).name,
         )
 
 
@@ -117,8 +117,12 @@ class NonFiniteGuard:
         self._new_skipped.zero_()
         self._longest.copy_(self._consecutive)
         if new_skipped:
-            log.warning("non-finite loss or gradient: %d update(s) up to update %d skipped (weights and "
-                        "optimizer state left as they were)", new_skipped, update)
+            log.warning(
+                "non-finite loss or gradient: %d update(s) up to update %d skipped (weights and "
+                "optimizer state left as they were)",
+                new_skipped,
+                update,
+            )
         if longest >= self.max_consecutive:
             raise TrainingDiverged(
                 f"training diverged: {longest} consecutive updates had a non-finite loss or "
@@ -135,9 +139,7 @@ class TrainingDiverged(MtrainError):
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in str(error) or "can't allocate memory" in str(error)
-    )
+    return isinstance(error, RuntimeError) and ("out of memory" in str(error) or "can't allocate memory" in str(error))
 
 
 class OutOfMemoryGuard:

@@ -8,8 +8,6 @@ at no cost in speed for 10 (docs/PERFORMANCE.md). The peaks go to metrics.json.
 
 from __future__ import annotations
 
-from typing import Dict
-
 from mtrain.runtime import peak_host_memory_mb, release_free_host_memory
 
 # Updates between returns of freed host memory to the OS on a CPU run: every update costs
@@ -22,13 +20,13 @@ class HostMemory:
 
     def __init__(self, trim_every: int) -> None:
         self.trim_every = trim_every  # 0: never (a GPU run: its activations live on the device)
-        self.peaks: Dict[str, int] = {}  # MB per phase: training, validation
+        self.peaks: dict[str, int] = {}  # MB per phase: training, validation
 
     def after_update(self, update: int) -> None:
         if self.trim_every and update % self.trim_every == 0:
             release_free_host_memory()
 
-    def note_peak(self, phase: str) -> Dict[str, int]:
+    def note_peak(self, phase: str) -> dict[str, int]:
         """Fold the process's peak resident memory since the last note into `phase`'s and start a
         new peak; returns the peaks so far (empty where the system does not say)."""
         peak = peak_host_memory_mb(reset=True)

@@ -29,9 +29,10 @@ its own record (`resumed_config`): the parent is never read again.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -47,12 +48,18 @@ from mtrain.train.checkpoint_state import has_optimizer_state
 
 # Model keys a fine-tune may set to other values than the parent's: regularisation, training-only
 # switches and how the same computation runs. Every other key fixes the weights' shapes or meaning.
-FREE_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout", "detach_memory", "attention_impl",
-                   "output_vocab")
+FREE_MODEL_KEYS = (
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "detach_memory",
+    "attention_impl",
+    "output_vocab",
+)
 # Positions without a learned table hold no weights per position: their range may change.
 _TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.rope, Positions.none)
 
-Lineage = Dict[str, Any]  # what a run records of its parent (see the module docstring)
+Lineage = dict[str, Any]  # what a run records of its parent (see the module docstring)
 
 
 @dataclass
@@ -60,8 +67,8 @@ class Parent:
     """What a new run takes from the run it starts from."""
 
     checkpoint: Path
-    state_dict: Dict[str, torch.Tensor]  # the chosen weights (init_weights)
-    optimizer: Optional[Dict[str, Any]]  # Adam's state, with init_keep_optimizer
+    state_dict: dict[str, torch.Tensor]  # the chosen weights (init_weights)
+    optimizer: dict[str, Any] | None  # Adam's state, with init_keep_optimizer
     config: DictConfig  # the parent's FitConfig, as its checkpoint recorded it
     tokenizer: Tokenizer
     lineage: Lineage
@@ -82,19 +89,27 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
     except MtrainError as error:
         raise MtrainError(f"{source}: {error}") from error
     if _identity(checkpoint) != before:  # a parent still training replaced it: the sha256 would lie
-        raise MtrainError(f"{source}: {checkpoint} was replaced while it was read (is its run still training?); "
-                          "try again, or name a checkpoint that stays (update_N.pt)")
+        raise MtrainError(
+            f"{source}: {checkpoint} was replaced while it was read (is its run still training?); "
+            "try again, or name a checkpoint that stays (update_N.pt)"
+        )
     if run is None:
-        raise MtrainError(f"{source}: a checkpoint outside a run's checkpoints/ directory; the fine-tune needs "
-                          "the parent run's tokenizer/: give the run directory or a checkpoint inside it")
+        raise MtrainError(
+            f"{source}: a checkpoint outside a run's checkpoints/ directory; the fine-tune needs "
+            "the parent run's tokenizer/: give the run directory or a checkpoint inside it"
+        )
     weights = str(getattr(weights, "value", weights))
     if weights == "ema" and "ema" not in state:
-        raise MtrainError(f"init_weights=ema: {checkpoint} holds no average of the weights (its run trained "
-                          "without train.ema_decay); use init_weights=auto or init_weights=raw")
+        raise MtrainError(
+            f"init_weights=ema: {checkpoint} holds no average of the weights (its run trained "
+            "without train.ema_decay); use init_weights=auto or init_weights=raw"
+        )
     if keep_optimizer and not has_optimizer_state(state):
-        raise MtrainError(f"init_keep_optimizer=true: {checkpoint} holds no optimiser state (only a run's "
-                          f"last.pt keeps Adam's moments); give init_from={run.checkpoint('last')}, or drop "
-                          "init_keep_optimizer")
+        raise MtrainError(
+            f"init_keep_optimizer=true: {checkpoint} holds no optimiser state (only a run's "
+            f"last.pt keeps Adam's moments); give init_from={run.checkpoint('last')}, or drop "
+            "init_keep_optimizer"
+        )
     state_dict, chosen = decode_weights(state, checkpoint, weights)
     tokenizer = _parent_tokenizer(run, state, source)
     _check_tags(tokenizer, data_cfg, source)
@@ -108,19 +123,20 @@ def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: An
         "tokenizer": tokenizer.fingerprint,
         "config": state["config"],  # as the checkpoint recorded it (plain containers)
     }
-    return Parent(checkpoint, state_dict, state["optimizer"] if keep_optimizer else None, config, tokenizer,
-                  lineage)
+    return Parent(checkpoint, state_dict, state["optimizer"] if keep_optimizer else None, config, tokenizer, lineage)
 
 
-def _parent_files(path: Path, source: str) -> Tuple[Optional[RunDir], Path]:
+def _parent_files(path: Path, source: str) -> tuple[RunDir | None, Path]:
     """(the parent's RunDir, its checkpoint file): a run directory's best checkpoint (last.pt
     before its first validation), or a checkpoint file; the run is None for a file outside a
     run's checkpoints/ (no tokenizer beside it)."""
     if path.is_dir():
         run = RunDir(path)
         if not run.has_checkpoints():
-            raise MtrainError(f"{source}: no checkpoints in {run.checkpoint_dir}; is it a run directory written "
-                              "by `mtrain fit`? Give a run directory or a checkpoint file")
+            raise MtrainError(
+                f"{source}: no checkpoints in {run.checkpoint_dir}; is it a run directory written "
+                "by `mtrain fit`? Give a run directory or a checkpoint file"
+            )
         try:
             return run, run.find_checkpoint("best")
         except MtrainError as error:  # update_N.pt only: name one
@@ -131,16 +147,20 @@ def _parent_files(path: Path, source: str) -> Tuple[Optional[RunDir], Path]:
     return (run if run.checkpoint_dir.resolve() == path.parent.resolve() else None), path
 
 
-def _parent_tokenizer(run: RunDir, state: Dict[str, Any], source: str) -> Tokenizer:
+def _parent_tokenizer(run: RunDir, state: dict[str, Any], source: str) -> Tokenizer:
     if not run.tokenizer_dir.is_dir():
-        raise MtrainError(f"{source}: the parent run has no tokenizer/ ({run.tokenizer_dir}), so its token ids "
-                          "cannot be read; the run directory is incomplete: restore tokenizer/ or choose another parent")
+        raise MtrainError(
+            f"{source}: the parent run has no tokenizer/ ({run.tokenizer_dir}), so its token ids "
+            "cannot be read; the run directory is incomplete: restore tokenizer/ or choose another parent"
+        )
     tokenizer = Tokenizer.load(run.tokenizer_dir)
     recorded = (state.get("data_fingerprints") or {}).get("tokenizer")
     if recorded is not None and recorded != tokenizer.fingerprint:
-        raise MtrainError(f"{source}: {run.tokenizer_dir} is not the tokenizer its checkpoint was trained with "
-                          f"(fingerprint {tokenizer.fingerprint[:12]} vs {recorded[:12]} recorded): its ids would "
-                          "name other pieces; restore the run's own tokenizer/ or choose another parent")
+        raise MtrainError(
+            f"{source}: {run.tokenizer_dir} is not the tokenizer its checkpoint was trained with "
+            f"(fingerprint {tokenizer.fingerprint[:12]} vs {recorded[:12]} recorded): its ids would "
+            "name other pieces; restore the run's own tokenizer/ or choose another parent"
+        )
     return tokenizer
 
 
@@ -152,9 +172,11 @@ def _check_tags(tokenizer: Tokenizer, data_cfg: Any, source: str) -> None:
     pieces = set(tokenizer.src_pieces(range(tokenizer.src_vocab_size)))
     missing = [symbol for symbol in symbols if symbol not in pieces]
     if missing:
-        raise MtrainError(f"{source}: the parent's tokenizer has no piece {', '.join(missing)}, which this run's "
-                          "data.lang_tags/data.corpora tags put on every source; fine-tune without that tag, or "
-                          "start a new run whose tokenizer reserves it")
+        raise MtrainError(
+            f"{source}: the parent's tokenizer has no piece {', '.join(missing)}, which this run's "
+            "data.lang_tags/data.corpora tags put on every source; fine-tune without that tag, or "
+            "start a new run whose tokenizer reserves it"
+        )
 
 
 def _identity(path: Path) -> tuple:
@@ -163,45 +185,52 @@ def _identity(path: Path) -> tuple:
 
 
 # ----------------------------------------------------------------------------- the config
-def explicit_keys(command_line: Sequence[str], section: str) -> List[str]:
+def explicit_keys(command_line: Sequence[str], section: str) -> list[str]:
     """The keys of `section` that the command line's overrides set (`model.dropout=0.2`,
     `+model.x=`, `++model.x=`, `~model.x`), in order; the section itself (`model=NAME`) as ""."""
-    keys: List[str] = []
+    keys: list[str] = []
     for entry in command_line:
         key = str(entry).split("=", 1)[0].lstrip("+~").strip()
         if key == section:
             keys.append("")
         elif key.startswith(section + "."):
-            keys.append(key[len(section) + 1:])
+            keys.append(key[len(section) + 1 :])
     return keys
 
 
-def inherited_config(cfg: FitConfig, parent_config: DictConfig, command_line: Sequence[str], source: str,
-                     check_fixed: bool = True) -> FitConfig:
+def inherited_config(
+    cfg: FitConfig, parent_config: DictConfig, command_line: Sequence[str], source: str, check_fixed: bool = True
+) -> FitConfig:
     """`cfg` whose model section is `parent_config`'s with the command line's explicit model keys on
     top, and whose tokenizer section is `parent_config`'s. With `check_fixed`, an explicit key that
     would change the weights' shapes or meaning, or the tokenizer, is refused (one line)."""
     model_keys, tokenizer_keys = explicit_keys(command_line, "model"), explicit_keys(command_line, "tokenizer")
     for section, keys in (("model", model_keys), ("tokenizer", tokenizer_keys)):
         if "" in keys:
-            raise MtrainError(f"{section}: a {section} preset on the command line, but with {source} the {section} "
-                              f"is the parent's; drop it (single keys such as model.dropout=0.2 may change)")
+            raise MtrainError(
+                f"{section}: a {section} preset on the command line, but with {source} the {section} "
+                f"is the parent's; drop it (single keys such as model.dropout=0.2 may change)"
+            )
     parent_model = resolved_model(parent_config.model)
     explicit = {key: getattr(cfg.model, key) for key in model_keys}
     model = resolved_model(dataclasses.replace(parent_model, **explicit))
     try:
-        parent_tokenizer = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TokenizerConfig),
-                                                               parent_config.get("tokenizer", {})))
-    except Exception as error:  # noqa: BLE001 - an unknown key or a wrong type in the stored config
-        raise MtrainError(f"{source}: the parent's tokenizer config does not fit this mtrain version "
-                          f"({str(error).splitlines()[0]})") from error
+        parent_tokenizer = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(TokenizerConfig), parent_config.get("tokenizer", {}))
+        )
+    except Exception as error:
+        raise MtrainError(
+            f"{source}: the parent's tokenizer config does not fit this mtrain version ({str(error).splitlines()[0]})"
+        ) from error
     if check_fixed:
         _check_fixed_model_keys(parent_model, model, model_keys, source)
         for key in tokenizer_keys:
             if getattr(cfg.tokenizer, key) != getattr(parent_tokenizer, key):
-                raise MtrainError(f"tokenizer.{key}={_shown(getattr(cfg.tokenizer, key))}: {source} reuses the parent's "
-                                  f"tokenizer, trained with tokenizer.{key}={_shown(getattr(parent_tokenizer, key))}; "
-                                  "drop the override")
+                raise MtrainError(
+                    f"tokenizer.{key}={_shown(getattr(cfg.tokenizer, key))}: {source} reuses the parent's "
+                    f"tokenizer, trained with tokenizer.{key}={_shown(getattr(parent_tokenizer, key))}; "
+                    "drop the override"
+                )
     return dataclasses.replace(cfg, model=model, tokenizer=parent_tokenizer)
 
 
@@ -215,18 +244,23 @@ def _check_fixed_model_keys(parent: ModelConfig, model: ModelConfig, explicit: S
         old, new = getattr(parent, key), getattr(model, key)
         if old == new:
             continue
-        given = f"model.{key}={_shown(new)}" if key in explicit else f"model.layers={model.layers} (model.{key}={_shown(new)})"
-        raise MtrainError(f"{given}: the weights of {source} have model.{key}={_shown(old)}, and a fine-tune keeps "
-                          f"the parent's shapes and layers; drop the override (model.{', model.'.join(FREE_MODEL_KEYS)} "
-                          "may change)")
+        given = (
+            f"model.{key}={_shown(new)}"
+            if key in explicit
+            else f"model.layers={model.layers} (model.{key}={_shown(new)})"
+        )
+        raise MtrainError(
+            f"{given}: the weights of {source} have model.{key}={_shown(old)}, and a fine-tune keeps "
+            f"the parent's shapes and layers; drop the override (model.{', model.'.join(FREE_MODEL_KEYS)} "
+            "may change)"
+        )
 
 
 def _shown(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def resumed_config(cfg: FitConfig, checkpoint: Dict[str, Any], path: Path,
-                   command_line: Sequence[str]) -> FitConfig:
+def resumed_config(cfg: FitConfig, checkpoint: dict[str, Any], path: Path, command_line: Sequence[str]) -> FitConfig:
     """The config a resume of a run started with init_from continues with: model and tokenizer
     sections and the init_* keys from the run's own checkpoint (the command line's explicit model
     keys on top, for `check_resumable_config` to judge as for any resume). Other runs: `cfg`."""
@@ -235,8 +269,12 @@ def resumed_config(cfg: FitConfig, checkpoint: Dict[str, Any], path: Path,
         return cfg
     stored = stored_config(checkpoint, path)
     cfg = inherited_config(cfg, stored, command_line, f"the run's own checkpoint {path}", check_fixed=False)
-    return dataclasses.replace(cfg, init_from=stored.get("init_from"), init_weights=DecodeWeights(stored.get("init_weights", "auto")),
-                               init_keep_optimizer=bool(stored.get("init_keep_optimizer", False)))
+    return dataclasses.replace(
+        cfg,
+        init_from=stored.get("init_from"),
+        init_weights=DecodeWeights(stored.get("init_weights", "auto")),
+        init_keep_optimizer=bool(stored.get("init_keep_optimizer", False)),
+    )
 
 
 # ----------------------------------------------------------------------------- the model
@@ -247,20 +285,24 @@ def load_parent_weights(model: torch.nn.Module, parent: Parent) -> None:
     own = set(model.state_dict())
     state = {key: value for key, value in parent.state_dict.items() if key in own or key != "output_allowed"}
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=True)
     except RuntimeError as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise MtrainError(f"{parent.checkpoint}: its weights do not fit the model of its recorded config "
-                          f"({lines[1] if len(lines) > 1 else lines[0]}); was it written by another mtrain "
-                          "version?") from error
+        raise MtrainError(
+            f"{parent.checkpoint}: its weights do not fit the model of its recorded config "
+            f"({lines[1] if len(lines) > 1 else lines[0]}); was it written by another mtrain "
+            "version?"
+        ) from error
     missing = [key for key in missing if key != "output_allowed"]
     if missing or unexpected:
-        raise MtrainError(f"{parent.checkpoint}: its weights do not fit the model of its recorded config "
-                          f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}); was it written by "
-                          "another mtrain version?")
+        raise MtrainError(
+            f"{parent.checkpoint}: its weights do not fit the model of its recorded config "
+            f"(missing {missing[:3]}, unexpected {list(unexpected)[:3]}); was it written by "
+            "another mtrain version?"
+        )
 
 
-def output_pieces(parent: Optional[Parent]) -> List[int]:
+def output_pieces(parent: Parent | None) -> list[int]:
     """The pieces the parent's softmax ranged over with model.output_vocab=target ([] otherwise)."""
     if parent is None or "output_allowed" not in parent.state_dict:
         return []
@@ -276,6 +318,8 @@ def keep_parent_optimizer(optimizer: torch.optim.Optimizer, parent: Parent) -> N
     own = optimizer.state_dict()
     counts = [len(group["params"]) for group in own["param_groups"]]
     if counts != [len(group["params"]) for group in saved["param_groups"]]:
-        raise MtrainError(f"init_keep_optimizer=true: the optimiser state of {parent.checkpoint} is for another "
-                          "set of parameters; drop init_keep_optimizer")
+        raise MtrainError(
+            f"init_keep_optimizer=true: the optimiser state of {parent.checkpoint} is for another "
+            "set of parameters; drop init_keep_optimizer"
+        )
     optimizer.load_state_dict({"state": saved["state"], "param_groups": own["param_groups"]})

@@ -3,8 +3,6 @@ statistics of one update every `train.instrument_every`, to TensorBoard (ablatio
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
 import torch
 
 from mtrain.model import StatisticsRecorder
@@ -14,7 +12,7 @@ from mtrain.train.metric_log import MetricLogger
 class InstrumentLog:
     """`arm(update)` before an update's forward; `record(update)` after its backward."""
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, every: int, metrics: Optional[MetricLogger]) -> None:
+    def __init__(self, model: torch.nn.Module, enabled: bool, every: int, metrics: MetricLogger | None) -> None:
         self.model = model
         self.enabled = enabled
         self.every = every
@@ -32,12 +30,13 @@ class InstrumentLog:
         """Log the gradient norms (after unscaling, before clipping) and the activation statistics."""
         if not self.armed:
             return
-        values: Dict[str, Optional[float]] = {}
+        values: dict[str, float | None] = {}
         for name, parameters in self.model.gradient_norm_groups().items():
             grads = [p.grad for p in parameters if p.grad is not None]
             values[f"grad_norm/{name}"] = (
                 float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-                if grads else 0.0
+                if grads
+                else 0.0
             )
         for name, value in self._statistics.statistics.items():
             values[f"activations/{name}"] = value

@@ -12,8 +12,6 @@ wrap, so that every parameter's gradient is produced inside the wrapped forward.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 from torch import Tensor, nn
 
@@ -50,8 +48,15 @@ class _FusedOutputLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor,  # type: ignore[override]
-                vocab_ids: Optional[Tensor], label_smoothing: float, compute_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,  # type: ignore[override]
+        vocab_ids: Tensor | None,
+        label_smoothing: float,
+        compute_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
         rows = hidden.shape[0]
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         h = hidden.to(compute_dtype)
@@ -61,8 +66,9 @@ class _FusedOutputLoss(torch.autograd.Function):
         h32 = h.float()  # the operands as the products see them, in fp32
         target_weights = w.index_select(0, targets).float()  # (rows, d)
         target_logits = (h32 * target_weights).sum(-1)
-        grad_softmax_weight = (torch.zeros(softmax_weight.shape, device=weight.device, dtype=torch.float32)
-                               if needs_grad else None)
+        grad_softmax_weight = (
+            torch.zeros(softmax_weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
+        )
         log_normalisers, grad_hiddens = [], []
         for h_chunk in h.tensor_split(_chunk_count(rows, vocab, h)):
             logits = torch.mm(h_chunk, softmax_weight.t()).float()
@@ -109,8 +115,14 @@ class _FusedOutputLoss(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # type: ignore[override]
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
-        return ((grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype),
-                None, None, None, None)
+        return (
+            (grad_hidden * grad_loss).to(hidden_dtype),
+            (grad_weight * grad_loss).to(weight_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def output_loss(
@@ -119,9 +131,9 @@ def output_loss(
     targets: Tensor,
     pad_id: int,
     label_smoothing: float,
-    num_tokens: Optional[int] = None,
-    vocab_ids: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+    num_tokens: int | None = None,
+    vocab_ids: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of the logits `hidden @ weight.T` at the
     non-pad targets; the NLL is detached (it is reported, not trained on).
 
@@ -143,8 +155,14 @@ def output_loss(
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
-        return _FusedOutputLoss.apply(flat_hidden.index_select(0, rows), weight, flat_targets.index_select(0, rows),
-                                      vocab_ids, label_smoothing, compute_dtype)
+        return _FusedOutputLoss.apply(
+            flat_hidden.index_select(0, rows),
+            weight,
+            flat_targets.index_select(0, rows),
+            vocab_ids,
+            label_smoothing,
+            compute_dtype,
+        )
 
 
 class TranslationLoss(nn.Module):
@@ -156,9 +174,22 @@ class TranslationLoss(nn.Module):
         self.pad_id = pad_id
         self.label_smoothing = label_smoothing
 
-    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor, tgt_output: Tensor,
-                num_tgt_tokens: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_padding_mask: Tensor,
+        tgt_input: Tensor,
+        tgt_output: Tensor,
+        num_tgt_tokens: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """(summed loss, summed NLL) of a teacher-forced batch."""
         hidden = self.model.decoder_states(src_tokens, src_padding_mask, tgt_input)
-        return output_loss(hidden, self.model.output_weight, tgt_output, self.pad_id, self.label_smoothing,
-                           num_tgt_tokens, self.model.output_ids)
+        return output_loss(
+            hidden,
+            self.model.output_weight,
+            tgt_output,
+            self.pad_id,
+            self.label_smoothing,
+            num_tgt_tokens,
+            self.model.output_ids,
+        )

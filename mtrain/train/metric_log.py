@@ -11,8 +11,9 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -24,8 +25,15 @@ log = logging.getLogger("mtrain")
 class MetricLogger:
     """Log lines (rank 0), TensorBoard scalars under `tensorboard_dir`, and a tqdm bar on a terminal."""
 
-    def __init__(self, tensorboard_dir: Optional[Path], total_updates: Optional[int], initial_update: int,
-                 flops_per_token: Callable[[int, int], float], peak_flops: Optional[float], ranks: int = 1) -> None:
+    def __init__(
+        self,
+        tensorboard_dir: Path | None,
+        total_updates: int | None,
+        initial_update: int,
+        flops_per_token: Callable[[int, int], float],
+        peak_flops: float | None,
+        ranks: int = 1,
+    ) -> None:
         self.writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -41,23 +49,29 @@ class MetricLogger:
             from tqdm import tqdm
 
             # disable=None: shown on a terminal, silent in logs and pipes.
-            self.progress = tqdm(total=total_updates, initial=initial_update, unit="upd",
-                                 dynamic_ncols=True, disable=None, leave=False)
-        self._log_redirect: Optional[contextlib.AbstractContextManager] = None
+            self.progress = tqdm(
+                total=total_updates, initial=initial_update, unit="upd", dynamic_ncols=True, disable=None, leave=False
+            )
+        self._log_redirect: contextlib.AbstractContextManager | None = None
         if self.progress is not None and not self.progress.disable:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             # On a terminal, log lines written past the bar would land in the middle of it:
             # the console handlers (Hydra's, on the root logger) write through tqdm.write while
             # the bar is shown, which clears the bar, prints the line and draws the bar again.
-            consoles = [logger for logger in (logging.getLogger(), log) if any(
-                isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
-                for handler in logger.handlers)]
+            consoles = [
+                logger
+                for logger in (logging.getLogger(), log)
+                if any(
+                    isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr)
+                    for handler in logger.handlers
+                )
+            ]
             if consoles:  # (a logger without a console handler would gain one: lines twice)
                 self._log_redirect = logging_redirect_tqdm(loggers=consoles)
                 self._log_redirect.__enter__()
 
-    def update(self, stats: Dict[str, Any]) -> None:
+    def update(self, stats: dict[str, Any]) -> None:
         """One finished update's statistics (tensors are not read here)."""
         self.window.add(stats)
         if self.progress is not None:
@@ -70,7 +84,7 @@ class MetricLogger:
     def resume(self) -> None:
         self.window.resume()
 
-    def log_train(self, update: int, epoch: int, lr: float, seconds_left: Optional[float] = None) -> None:
+    def log_train(self, update: int, epoch: int, lr: float, seconds_left: float | None = None) -> None:
         """A log line and scalars for the window of updates since the last call;
         `seconds_left` of a time budget shows on the progress bar."""
         window, self.window = self.window, Window()
@@ -93,16 +107,27 @@ class MetricLogger:
         if self.writer is not None:
             log.info(
                 "train | update %d | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s",
-                update, epoch, values["loss"], lr, values["grad_norm"],
-                values["tgt_tokens_per_s"], values["src_tgt_tokens_per_s"],
+                update,
+                epoch,
+                values["loss"],
+                lr,
+                values["grad_norm"],
+                values["tgt_tokens_per_s"],
+                values["src_tgt_tokens_per_s"],
                 f" | mfu {100 * values['mfu']:.1f}%" if values.get("mfu") is not None else "",
             )
 
-    def log_valid(self, update: int, results: Dict[str, float], seconds: float) -> None:
+    def log_valid(self, update: int, results: dict[str, float], seconds: float) -> None:
         self.scalars("valid", results, update)
         details = "".join(f" | {key} {value:.2f}" for key, value in results.items() if key not in ("loss", "ppl"))
-        log.info("valid | update %d | loss %.3f | ppl %.2f%s | %.1f s",
-                 update, results.get("loss", float("nan")), results.get("ppl", float("nan")), details, seconds)
+        log.info(
+            "valid | update %d | loss %.3f | ppl %.2f%s | %.1f s",
+            update,
+            results.get("loss", float("nan")),
+            results.get("ppl", float("nan")),
+            details,
+            seconds,
+        )
 
     def log_draw(self, draw: Any, update: int) -> None:
         """An epoch's draw from several corpora (mtrain.batches.mixture.EpochDraw), as its first
@@ -111,7 +136,7 @@ class MetricLogger:
         for label, shares in draw.shares().items():
             self.scalars(f"draw/{label}", shares, update)
 
-    def scalars(self, prefix: str, values: Dict[str, Optional[float]], step: int) -> None:
+    def scalars(self, prefix: str, values: dict[str, float | None], step: int) -> None:
         if self.writer is None:
             return
         for key, value in values.items():
@@ -147,9 +172,9 @@ class Window:
         self.job_src_tokens = 0
         self.sentences = 0
         self.start = time.perf_counter()
-        self.paused_at: Optional[float] = None
+        self.paused_at: float | None = None
 
-    def add(self, stats: Dict[str, Any]) -> None:
+    def add(self, stats: dict[str, Any]) -> None:
         self.updates += 1
         self.loss_sum = self.loss_sum + stats["loss_sum"]
         self.nll_sum = self.nll_sum + stats["nll_sum"]
@@ -172,7 +197,7 @@ class Window:
             self.start += time.perf_counter() - self.paused_at  # the pause does not count
             self.paused_at = None
 
-    def summary(self) -> Dict[str, float]:
+    def summary(self) -> dict[str, float]:
         seconds = max(time.perf_counter() - self.start, 1e-9)
         good = max(self.updates - int(self.skipped), 1)
         good_tokens = self.tgt_tokens - int(self.skipped_tgt_tokens)

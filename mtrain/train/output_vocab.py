@@ -12,7 +12,7 @@ starts and saved with the model (`Seq2SeqTransformer.output_allowed`).
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from torch import nn
@@ -24,9 +24,14 @@ from mtrain.tokenizer import SpecialIds
 log = logging.getLogger("mtrain")
 
 
-def restrict_to_training_targets(model: nn.Module, output_vocab: OutputVocab, train: EncodedCorpus,
-                                 special_ids: SpecialIds, copies: Sequence[EncodedCorpus] = (),
-                                 keep: Sequence[int] = ()) -> Optional[int]:
+def restrict_to_training_targets(
+    model: nn.Module,
+    output_vocab: OutputVocab,
+    train: EncodedCorpus,
+    special_ids: SpecialIds,
+    copies: Sequence[EncodedCorpus] = (),
+    keep: Sequence[int] = (),
+) -> int | None:
     """Restrict `model`'s softmax when the config asks for it; returns the pieces kept (None: all).
 
     `copies`: the sampled segmentations training also sees (`data.subword_sampling`), whose
@@ -38,6 +43,10 @@ def restrict_to_training_targets(model: nn.Module, output_vocab: OutputVocab, tr
     for copy in copies:
         pieces = np.union1d(pieces, copy.target_pieces())
     kept = model.restrict_output(pieces.tolist())
-    log.info("output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets%s)",
-             kept, model.tgt_vocab_size, f" and the {len(keep)} its parent could emit" if len(keep) else "")
+    log.info(
+        "output vocabulary: %d of %d pieces (model.output_vocab=target: those of the training targets%s)",
+        kept,
+        model.tgt_vocab_size,
+        f" and the {len(keep)} its parent could emit" if len(keep) else "",
+    )
     return kept

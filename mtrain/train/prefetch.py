@@ -10,8 +10,8 @@ the work for the batches the trainer says come next, and hands back exactly what
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, Hashable, Iterable, Tuple
 
 import numpy as np
 
@@ -28,9 +28,9 @@ class BatchPrefetcher:
         self.prepare = prepare
         self.depth = depth
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrain-prefetch")
-        self._pending: Dict[Key, Future] = {}
+        self._pending: dict[Key, Future] = {}
 
-    def get(self, key: Key, indices: np.ndarray, upcoming: Iterable[Tuple[Key, np.ndarray]]) -> Batch:
+    def get(self, key: Key, indices: np.ndarray, upcoming: Iterable[tuple[Key, np.ndarray]]) -> Batch:
         future = self._pending.pop(key, None)
         batch = future.result() if future is not None else self.prepare(key, indices)
         for next_key, next_indices in upcoming:

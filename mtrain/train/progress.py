@@ -8,7 +8,6 @@ every checkpoint as a plain dict). The rules are plain functions of it and of th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
 
 from mtrain.config import TrainConfig
 from mtrain.durations import parse_duration
@@ -27,7 +26,7 @@ class TrainState:
     validations_without_gain: int = 0
     skipped_updates: int = 0
 
-    def record_validation(self, results: Dict[str, float]) -> bool:
+    def record_validation(self, results: dict[str, float]) -> bool:
         """Fold a validation's results into best and patience; True when it is the best so far.
 
         The score is BLEU when measured, else minus the loss (higher is better either way);
@@ -43,7 +42,7 @@ class TrainState:
         return False
 
 
-def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: Optional[bool] = None) -> Optional[str]:
+def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: bool | None = None) -> str | None:
     """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
 
     `out_of_time` overrides the max_time test (ranks agree on it); by default it is

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,9 +18,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state() -> Dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     """All random generators' states, as tensors and plain values (weights_only-safe)."""
-    state: Dict[str, Any] = {
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": _numpy_state_to_plain(np.random.get_state()),
         "python": _python_state_to_plain(random.getstate()),
@@ -30,7 +30,7 @@ def rng_state() -> Dict[str, Any]:
     return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(_plain_to_numpy_state(state["numpy"]))
     random.setstate(_plain_to_python_state(state["python"]))
@@ -38,21 +38,26 @@ def set_rng_state(state: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _numpy_state_to_plain(state: tuple) -> Dict[str, Any]:
+def _numpy_state_to_plain(state: tuple) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = state
-    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached": float(cached)}
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
-def _plain_to_numpy_state(plain: Dict[str, Any]) -> tuple:
+def _plain_to_numpy_state(plain: dict[str, Any]) -> tuple:
     keys = plain["keys"].numpy().astype(np.uint32)
     return (plain["name"], keys, plain["pos"], plain["has_gauss"], plain["cached"])
 
 
-def _python_state_to_plain(state: tuple) -> Dict[str, Any]:
+def _python_state_to_plain(state: tuple) -> dict[str, Any]:
     version, internal, gauss = state
     return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
 
 
-def _plain_to_python_state(plain: Dict[str, Any]) -> tuple:
+def _plain_to_python_state(plain: dict[str, Any]) -> tuple:
     return (plain["version"], tuple(int(x) for x in plain["internal"].tolist()), plain["gauss"])

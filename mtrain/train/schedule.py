@@ -15,13 +15,12 @@ trainer warns with both values when a resume changes the learning rate
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 from mtrain.config import Scheduler, TrainConfig
 from mtrain.durations import parse_budget_share, parse_duration
 
 
-def warmup_share(cfg: TrainConfig) -> Optional[float]:
+def warmup_share(cfg: TrainConfig) -> float | None:
     """The share of the time budget spent warming up, or None to warm up by updates.
 
     `train.warmup_time` is "N%" of `train.max_time` or a duration ("60s", "2m"). It applies
@@ -97,8 +96,9 @@ def lr_at(cfg: TrainConfig, update: int, train_seconds: float) -> float:
     return LearningRateSchedule(cfg).lr(update, train_seconds / max_seconds if max_seconds else 0.0)
 
 
-def learning_rate_change(saved: TrainConfig, current: TrainConfig, update: int,
-                         train_seconds: float) -> Optional[Tuple[float, float]]:
+def learning_rate_change(
+    saved: TrainConfig, current: TrainConfig, update: int, train_seconds: float
+) -> tuple[float, float] | None:
     """(saved lr, current lr) of update `update` when the checkpoint's training settings and
     the current ones give it learning rates more than 1% apart (a resume with another budget
     or schedule); None when they agree."""

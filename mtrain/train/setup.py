@@ -16,8 +16,9 @@ between the second and the third (nothing is written before every refusal has ha
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,8 +30,8 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
-from mtrain.train.batch_source import training_corpora
 from mtrain.tokenizer import Tokenizer
+from mtrain.train.batch_source import training_corpora
 from mtrain.train.builders import build_parts
 from mtrain.train.checkpointer import Checkpointer, data_fingerprints
 from mtrain.train.distributed import DistributedContext
@@ -69,7 +70,7 @@ class FitSetup:
     trainer: Trainer
 
 
-def resolve_machine(cfg: FitConfig, dist: Optional[DistributedContext] = None) -> Machine:
+def resolve_machine(cfg: FitConfig, dist: DistributedContext | None = None) -> Machine:
     """The device (the local rank's GPU under torchrun), the precisions and the CPU threads."""
     dist = dist or DistributedContext()
     device = resolve_device(cfg.train.device, dist.local_rank)
@@ -78,8 +79,9 @@ def resolve_machine(cfg: FitConfig, dist: Optional[DistributedContext] = None) -
     return Machine(device, precision, decode_precision_of_training(precision, device), dist)
 
 
-def prepare_fit_data(cfg: FitConfig, machine: Machine, progress: Callable[[str], Any] = log.info,
-                     tokenizer: Optional[Tokenizer] = None) -> PreparedData:
+def prepare_fit_data(
+    cfg: FitConfig, machine: Machine, progress: Callable[[str], Any] = log.info, tokenizer: Tokenizer | None = None
+) -> PreparedData:
     """Rank 0 prepares (tokenizer, encoded cache) and reports `progress`; the others then read
     the same cache. Validation and test pairs longer than the model embeds are refused.
     A given `tokenizer` (init_from: the parent's) encodes the data; none is trained."""
@@ -93,11 +95,20 @@ def prepare_fit_data(cfg: FitConfig, machine: Machine, progress: Callable[[str],
     return data
 
 
-def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Optional[RunDir] = None,
-              validation: Optional[ValidationFactory] = None, resume_state: Optional[Dict[str, Any]] = None,
-              stop_signal: Optional[StopSignal] = None, host_memory_trim_every: Optional[int] = None,
-              model: Optional[torch.nn.Module] = None, init: Optional[Parent] = None,
-              lineage: Optional[Lineage] = None) -> FitSetup:
+def build_fit(
+    cfg: FitConfig,
+    machine: Machine,
+    data: PreparedData,
+    *,
+    run: RunDir | None = None,
+    validation: ValidationFactory | None = None,
+    resume_state: dict[str, Any] | None = None,
+    stop_signal: StopSignal | None = None,
+    host_memory_trim_every: int | None = None,
+    model: torch.nn.Module | None = None,
+    init: Parent | None = None,
+    lineage: Lineage | None = None,
+) -> FitSetup:
     """The model and a ready trainer on `data`. With `run` (rank 0), checkpoints and metrics go
     there; `resume_state` (a checked checkpoint) continues; `host_memory_trim_every` overrides the
     default (every 10 updates on a CPU, never on a GPU); `model` replaces the one `cfg.model`
@@ -108,16 +119,30 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
     tokenizer = data.tokenizer
     seed_everything(cfg.seed)
     if model is None:
-        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
-                            joint_vocab=tokenizer.joint)
+        model = build_model(
+            cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+        )
         if init is not None:
             load_parent_weights(model, init)
-        restrict_to_training_targets(model, cfg.model.output_vocab, data.train, tokenizer.special_ids,
-                                     copies=[*data.train_copies, *(part.corpus for part in data.train_parts)],
-                                     keep=output_pieces(init))
+        restrict_to_training_targets(
+            model,
+            cfg.model.output_vocab,
+            data.train,
+            tokenizer.special_ids,
+            copies=[*data.train_copies, *(part.corpus for part in data.train_parts)],
+            keep=output_pieces(init),
+        )
     model = model.to(device)
-    parts = build_parts(model, cfg.train, cfg.seed, training_corpora(data, cfg.data.sampling_temperature),
-                        tokenizer.special_ids, device, machine.precision, dist)
+    parts = build_parts(
+        model,
+        cfg.train,
+        cfg.seed,
+        training_corpora(data, cfg.data.sampling_temperature),
+        tokenizer.special_ids,
+        device,
+        machine.precision,
+        dist,
+    )
     if init is not None:
         keep_parent_optimizer(parts.optimizer, init)
     lineage = lineage if lineage is not None else init.lineage if init is not None else None
@@ -125,26 +150,37 @@ def build_fit(cfg: FitConfig, machine: Machine, data: PreparedData, *, run: Opti
     if run is not None and dist.is_main:
         checkpointer = Checkpointer(run, cfg.train.keep_last, parse_duration(cfg.train.save_every, "train.save_every"))
         checkpointer.remove_stale_temporary_files()
-        metrics = MetricLogger(run.tensorboard_dir, cfg.train.max_updates,
-                               resume_state["update"] if resume_state else 0, model.flops_per_token,
-                               peak_flops(device, machine.precision), ranks=dist.world_size)
+        metrics = MetricLogger(
+            run.tensorboard_dir,
+            cfg.train.max_updates,
+            resume_state["update"] if resume_state else 0,
+            model.flops_per_token,
+            peak_flops(device, machine.precision),
+            ranks=dist.world_size,
+        )
     if host_memory_trim_every is None:
         host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0
     trainer = Trainer(
-        cfg.train, parts, dist,
+        cfg.train,
+        parts,
+        dist,
         validate=validation(parts.validated_model, model) if validation is not None else no_validation,
-        checkpointer=checkpointer, metrics=metrics,
-        record={"config": to_plain(cfg),
-                "data_fingerprints": data_fingerprints(data.fingerprint, tokenizer.fingerprint),
-                **({"init": lineage} if lineage else {})},
-        stop_signal=stop_signal, host_memory=HostMemory(host_memory_trim_every),
+        checkpointer=checkpointer,
+        metrics=metrics,
+        record={
+            "config": to_plain(cfg),
+            "data_fingerprints": data_fingerprints(data.fingerprint, tokenizer.fingerprint),
+            **({"init": lineage} if lineage else {}),
+        },
+        stop_signal=stop_signal,
+        host_memory=HostMemory(host_memory_trim_every),
     )
     if resume_state is not None:
         trainer.load_state(resume_state)
     return FitSetup(machine, data, model, trainer)
 
 
-def setup_fit(cfg: FitConfig, data: Optional[PreparedData] = None, **build_options: Any) -> FitSetup:
+def setup_fit(cfg: FitConfig, data: PreparedData | None = None, **build_options: Any) -> FitSetup:
     """`resolve_machine`, `prepare_fit_data` (unless `data` is given) and `build_fit`, in one
     process without torchrun: what benchmark scripts run."""
     machine = resolve_machine(cfg)

@@ -8,7 +8,7 @@ stay tensors until a log interval reads them (`tests/test_host_sync.py`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
@@ -23,14 +23,15 @@ from mtrain.train.instrument_log import InstrumentLog
 class UpdateStep:
     """`step(batches, update)`: update number `update` over `batches` (gradient accumulation)."""
 
-    def __init__(self, parts: TrainingParts, dist: DistributedContext, clip_norm: float,
-                 instruments: InstrumentLog) -> None:
+    def __init__(
+        self, parts: TrainingParts, dist: DistributedContext, clip_norm: float, instruments: InstrumentLog
+    ) -> None:
         self.parts = parts
         self.dist = dist
         self.clip_norm = clip_norm if clip_norm > 0 else float("inf")
         self.instruments = instruments
 
-    def __call__(self, batches: List[Batch], update: int) -> Dict[str, Any]:
+    def __call__(self, batches: list[Batch], update: int) -> dict[str, Any]:
         parts, optimizer = self.parts, self.parts.optimizer
         parts.network.train()
         optimizer.zero_grad(set_to_none=True)
@@ -84,8 +85,9 @@ class UpdateStep:
     def forward_loss(self, batch: Batch):
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
         with autocast(self.parts.device, self.parts.precision):
-            return self.parts.network(batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output,
-                                      batch.num_tgt_tokens)
+            return self.parts.network(
+                batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output, batch.num_tgt_tokens
+            )
 
     def _step_unless(self, skipped: torch.Tensor) -> None:
         """optimizer.step(), skipped on the device when `skipped` is True.

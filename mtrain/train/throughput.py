@@ -11,8 +11,7 @@ matrix-product rate of `measured_cpu_matmul_flops` to set it against).
 from __future__ import annotations
 
 import time
-from functools import lru_cache
-from typing import Optional
+from functools import cache
 
 import torch
 
@@ -31,7 +30,7 @@ _GPU_PEAK_TFLOPS = {
 }
 
 
-def peak_flops(device: torch.device, precision: Precision) -> Optional[float]:
+def peak_flops(device: torch.device, precision: Precision) -> float | None:
     """Datasheet peak FLOP/s of `device` at `precision`; None for a CPU or an unknown GPU."""
     if device.type != "cuda":
         return None
@@ -42,7 +41,7 @@ def peak_flops(device: torch.device, precision: Precision) -> Optional[float]:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def measured_cpu_matmul_flops(precision: Precision, size: int = 1024, repeats: int = 4, trials: int = 5) -> float:
     """FLOP/s of a large square matmul on this CPU with the current thread count.
 
@@ -64,8 +63,8 @@ def measured_cpu_matmul_flops(precision: Precision, size: int = 1024, repeats: i
 
 
 def model_flops_utilization(
-    flops_per_target_token: float, target_tokens_per_second: float, peak: Optional[float]
-) -> Optional[float]:
+    flops_per_target_token: float, target_tokens_per_second: float, peak: float | None
+) -> float | None:
     """Share (0..1) of the peak that the model's useful FLOPs reach; None without a peak, and
     None for a share above 1: the peak is then wrong (a GPU name matched to another's
     datasheet, clocks above spec), and an impossible figure must never be printed."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from mtrain.batches import Batch
 from mtrain.config import TrainConfig
-from mtrain.errors import MtrainError
 from mtrain.durations import parse_duration
+from mtrain.errors import MtrainError
 from mtrain.runtime import release_free_host_memory
 from mtrain.train import checkpoint_state
 from mtrain.train.builders import TrainingParts
@@ -32,10 +33,10 @@ from mtrain.train.step import UpdateStep
 
 log = logging.getLogger("mtrain")
 
-Validate = Callable[[], Dict[str, float]]  # {loss, ppl, ...; bleu when measured}
+Validate = Callable[[], dict[str, float]]  # {loss, ppl, ...; bleu when measured}
 
 
-def no_validation() -> Dict[str, float]:
+def no_validation() -> dict[str, float]:
     """The `validate` of benchmarks, which time updates and never validate."""
     raise RuntimeError("this trainer was built without validation (a benchmark)")
 
@@ -49,10 +50,19 @@ class TrainingInterrupted(MtrainError):
 
 
 class Trainer:
-    def __init__(self, train_cfg: TrainConfig, parts: TrainingParts, dist: DistributedContext, *,
-                 validate: Validate = no_validation, checkpointer: Optional[Checkpointer] = None,
-                 metrics: Optional[MetricLogger] = None, record: Optional[Dict[str, Any]] = None,
-                 stop_signal: Optional[StopSignal] = None, host_memory: Optional[HostMemory] = None) -> None:
+    def __init__(
+        self,
+        train_cfg: TrainConfig,
+        parts: TrainingParts,
+        dist: DistributedContext,
+        *,
+        validate: Validate = no_validation,
+        checkpointer: Checkpointer | None = None,
+        metrics: MetricLogger | None = None,
+        record: dict[str, Any] | None = None,
+        stop_signal: StopSignal | None = None,
+        host_memory: HostMemory | None = None,
+    ) -> None:
         """`checkpointer` and `metrics` are rank 0's (None elsewhere); `validate` runs on rank 0;
         `record` is stored in every checkpoint (the config, the data fingerprints); `stop_signal`
         may be installed before the trainer exists (a signal then stops training at its first
@@ -75,14 +85,14 @@ class Trainer:
         self.state = TrainState()
         self.max_seconds = parse_duration(train_cfg.max_time)
         self.rhythm = ValidationRhythm(train_cfg)
-        self.last_validation: Dict[str, float] = {}
-        self._clock_origin: Optional[float] = None  # perf_counter() at train_seconds == 0
+        self.last_validation: dict[str, float] = {}
+        self._clock_origin: float | None = None  # perf_counter() at train_seconds == 0
         self._last_saved_update = -1
         self._logged_train = False
         self.exhausted = False  # max_epochs done: `run_update` found no more batches
 
     # ----------------------------------------------------------------- one update
-    def run_update(self) -> Optional[Dict[str, Any]]:
+    def run_update(self) -> dict[str, Any] | None:
         """The next update, on the training clock. Returns its statistics (tensors, not floats:
         nothing here waits for the device), or None when there was none: the epochs are done
         (`exhausted`), or the batches ran out of memory and were skipped."""
@@ -106,10 +116,10 @@ class Trainer:
             self.metrics.update(stats)
         return stats
 
-    def _guarded_step(self, batches: List[Batch]) -> Optional[Dict[str, Any]]:
+    def _guarded_step(self, batches: list[Batch]) -> dict[str, Any] | None:
         try:
             stats = self.step(batches, self.state.update + 1)
-        except Exception as error:  # noqa: BLE001 - only out-of-memory is handled here
+        except Exception as error:
             if not is_out_of_memory(error):
                 raise
             self.optimizer.zero_grad(set_to_none=True)
@@ -126,7 +136,7 @@ class Trainer:
             group["lr"] = lr
 
     # ----------------------------------------------------------------- the loop
-    def fit(self) -> Dict[str, Any]:
+    def fit(self) -> dict[str, Any]:
         """Train until a stop condition; returns the training summary for metrics.json.
 
         A stop signal writes a checkpoint (no validation; one during a validation stops it)
@@ -145,8 +155,11 @@ class Trainer:
                     stop_reason = f"max_epochs={self.cfg.max_epochs} reached"
                     break
                 if self.cfg.compile and not self._logged_train:  # the first update compiles the model
-                    log.info("torch.compile: the first update took %.1f s (tracing and code generation; "
-                             "variable shapes are compiled once, as dynamic)", time.perf_counter() - step_start)
+                    log.info(
+                        "torch.compile: the first update took %.1f s (tracing and code generation; "
+                        "variable shapes are compiled once, as dynamic)",
+                        time.perf_counter() - step_start,
+                    )
                 if stats is None:  # out of memory: batch skipped
                     continue
                 # The first update of a process is logged too: progress shows at once.
@@ -165,25 +178,28 @@ class Trainer:
             if stop_reason == "stop signal":
                 if self._last_saved_update != self.state.update:
                     self.save_without_validation()
-                log.info("training stopped: stop signal (update %d, %.0f s)", self.state.update,
-                         self.state.train_seconds)
+                log.info(
+                    "training stopped: stop signal (update %d, %.0f s)", self.state.update, self.state.train_seconds
+                )
                 raise TrainingInterrupted(
                     f"stopped by {self.stop_signal.name} at update {self.state.update}; checkpoint written, "
-                    "continue with train.resume=true", 128 + self.stop_signal.signum)
+                    "continue with train.resume=true",
+                    128 + self.stop_signal.signum,
+                )
         finally:
             if self._owns_stop_signal:
                 self.stop_signal.uninstall()
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
         return self.summary(stop_reason)
 
-    def _stop_reason(self) -> Optional[str]:
+    def _stop_reason(self) -> str | None:
         if self.dist.any(self.stop_signal.requested):
             return "stop signal"
         # Ranks agree on the clock: one rank past max_time stops them all.
         out_of_time = self.max_seconds is not None and self.state.train_seconds >= self.max_seconds
         return budget_reason(self.state, self.cfg, self.dist.any(out_of_time))
 
-    def _signal_stop(self) -> Optional[str]:  # a signal during a validation, on any rank
+    def _signal_stop(self) -> str | None:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
 
     def _validation_due(self) -> bool:
@@ -202,17 +218,18 @@ class Trainer:
         self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
             seconds_left = None if self.max_seconds is None else self.max_seconds - self.state.train_seconds
-            self.metrics.log_train(self.state.update, self.state.epoch, self.optimizer.param_groups[0]["lr"],
-                                   seconds_left)
+            self.metrics.log_train(
+                self.state.update, self.state.epoch, self.optimizer.param_groups[0]["lr"], seconds_left
+            )
         self._logged_train = True
 
     # ----------------------------------------------------------------- validation and checkpoints
-    def validate_and_save(self) -> Dict[str, float]:
+    def validate_and_save(self) -> dict[str, float]:
         """Validate (rank 0), save checkpoints, and share the outcome with every rank.
 
         A stop signal during the validation stops it: the update is saved without a score
         (as at an update boundary), `stop_signal.requested` is set, and {} is returned."""
-        results: Dict[str, float] = {}
+        results: dict[str, float] = {}
         self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
             self.metrics.pause()
@@ -259,18 +276,19 @@ class Trainer:
         # validation and saving are off the training clock
         self._clock_origin = time.perf_counter() - self.state.train_seconds
 
-    def checkpoint_state(self) -> Dict[str, Any]:
-        return checkpoint_state.capture(self.model, self.optimizer, self.parts.scaler, self.state, self.record,
-                                        self.parts.ema)
+    def checkpoint_state(self) -> dict[str, Any]:
+        return checkpoint_state.capture(
+            self.model, self.optimizer, self.parts.scaler, self.state, self.record, self.parts.ema
+        )
 
-    def load_state(self, checkpoint: Dict[str, Any]) -> None:
+    def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint (checked by `checkpointer.check_resumable_*` first)."""
-        self.state = checkpoint_state.restore(checkpoint, self.model, self.optimizer, self.parts.scaler,
-                                              self.parts.ema)
+        self.state = checkpoint_state.restore(checkpoint, self.model, self.optimizer, self.parts.scaler, self.parts.ema)
         self._last_saved_update = self.state.update
         self.rhythm.last_seconds = self.state.train_seconds
-        log.info("resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch,
-                 self.state.batch_in_epoch)
+        log.info(
+            "resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch, self.state.batch_in_epoch
+        )
         checkpoint_state.warn_of_an_inexact_resume(checkpoint, self.cfg, self.state)
 
     def release_training_memory(self) -> None:
@@ -282,7 +300,7 @@ class Trainer:
         if self.parts.device.type == "cpu":
             release_free_host_memory()
 
-    def summary(self, stop_reason: Optional[str] = None, diverged: bool = False) -> Dict[str, Any]:
+    def summary(self, stop_reason: str | None = None, diverged: bool = False) -> dict[str, Any]:
         """Where training is, for metrics.json (also after TrainingDiverged)."""
         valid = dict(self.last_validation, best_update=self.state.best_update)
         if self.cfg.valid_bleu:

@@ -4,7 +4,7 @@ validation of a multilingual run, one per direction, folded into one (`mean_over
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -16,8 +16,15 @@ from mtrain.train.loss import TranslationLoss
 
 
 @torch.inference_mode()
-def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: SpecialIds, max_tokens: int,
-                    label_smoothing: float, device: torch.device, precision: Precision) -> Dict[str, float]:
+def validation_loss(
+    model: torch.nn.Module,
+    corpus: EncodedCorpus,
+    special_ids: SpecialIds,
+    max_tokens: int,
+    label_smoothing: float,
+    device: torch.device,
+    precision: Precision,
+) -> dict[str, float]:
     """{loss, nll_loss, ppl} per target token of `corpus` (the model is left in eval mode)."""
     model.eval()
     loss_sum = nll_sum = tokens = 0.0
@@ -26,8 +33,9 @@ def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: 
     for indices in sampler.batches(0):
         batch = collate(corpus, indices, special_ids.pad, special_ids.bos, special_ids.eos).to(device)
         with autocast(device, precision):
-            loss, nll = objective(batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output,
-                                  batch.num_tgt_tokens)
+            loss, nll = objective(
+                batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output, batch.num_tgt_tokens
+            )
         loss_sum += float(loss)
         nll_sum += float(nll)
         tokens += batch.num_tgt_tokens
@@ -41,7 +49,7 @@ def validation_loss(model: torch.nn.Module, corpus: EncodedCorpus, special_ids: 
 PER_DIRECTION = ("ppl", "bleu")
 
 
-def mean_over_directions(results: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
+def mean_over_directions(results: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """One validation from each direction's (`{"de-en": {loss, ppl, bleu, ...}, ...}`): every
     key the mean over the directions (a perplexity the geometric mean: exp of the mean log),
     so that `bleu` -- what best.pt and patience follow -- is the mean BLEU; then each
@@ -50,7 +58,7 @@ def mean_over_directions(results: Mapping[str, Mapping[str, float]]) -> Dict[str
     if len(results) == 1:
         return dict(next(iter(results.values())))
     first = next(iter(results.values()))
-    combined: Dict[str, float] = {}
+    combined: dict[str, float] = {}
     for key in first:
         values = [direction[key] for direction in results.values()]
         if key.endswith("ppl"):
