@@ -42,8 +42,24 @@ def multi30k_slice(tmp_path_factory, data_dir) -> Path:
     return out
 
 
+def test_threads() -> int:
+    """Threads one test may use: the cores shared among pytest-xdist's parallel workers, at most 2.
+
+    Two workers on 2 cores each wanting 2 OpenMP threads spin against each other (a run with
+    2 threads beside other work slowed 5-10x); one thread each keeps both cores busy without it.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, (os.cpu_count() or 1) // workers))
+
+
+test_threads.__test__ = False  # a helper, not a test, though tests import it by this name
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Subprocesses (`mtrain ...`, torchrun) inherit this unless a test sets its own.
+    os.environ.setdefault("OMP_NUM_THREADS", str(test_threads()))
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
-    # Tests share 2 cores; more threads than that only adds contention.
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    return
+    torch.set_num_threads(test_threads())

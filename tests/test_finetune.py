@@ -24,7 +24,7 @@ from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import load_checkpoint, load_run
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
-from tests.conftest import write_head
+from tests.conftest import test_threads, write_head
 from tests.test_fit import compose_fit, mtrain, run_fit, scalars
 from tests.test_run_safety import one_error_line, snapshot
 
@@ -33,7 +33,7 @@ QUICK = [
     "train.max_tokens=1024",
     "train.lr=3e-3",
     "train.warmup_updates=2",
-    "train.num_threads=2",
+    f"train.num_threads={test_threads()}",
     "train.valid_bleu=false",
     "train.log_every=1",
     "data.splits.test=null",

@@ -18,6 +18,7 @@ from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
 from mtrain.train.checkpoint_files import load_run
+from tests.conftest import test_threads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ TINY = [
     "train.max_tokens=1024",
     "train.lr=3e-3",
     "train.warmup_updates=20",
-    "train.num_threads=2",
+    f"train.num_threads={test_threads()}",
     "train.precision=fp32",
     "decode.beam=2",
     "decode.max_len_b=5",

@@ -17,8 +17,10 @@ file decode fast. With stdin and stderr both terminals a prompt goes to stderr.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -39,6 +41,8 @@ log = logging.getLogger("mtrain.translate")
 CHUNK_LINES = 10_000  # lines sorted and batched together; output appears chunk by chunk
 EOS_PIECE = "</s>"
 PROMPT = "> "
+POLL_S = 0.2  # how soon a Ctrl-C is acted on while waiting for a typed line
+READ_BYTES = 1 << 16
 
 
 @dataclass
@@ -94,18 +98,42 @@ def is_interactive(cfg: TranslateConfig) -> bool:
     return cfg.input is None and sys.stdin is not None and sys.stdin.isatty()
 
 
-def prompted_lines(stream: BinaryIO, prompt: str) -> Iterator[bytes]:
-    """The stream's lines, `prompt` written to stderr before each is read; a newline after the
-    last (Ctrl-D), so the shell's prompt starts on a line of its own."""
+def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
+    """The stream's lines, each as soon as it is complete; with a `prompt`, that is written to
+    stderr before each line is read, and a newline after the last (Ctrl-D), so the shell's
+    prompt starts on a line of its own.
+
+    Waits in select() with a timeout instead of blocking in read(): Ctrl-C is a SIGINT to the
+    process, which the kernel may hand to any of its threads, and a main thread blocked in
+    read() is then never woken, so the KeyboardInterrupt would wait for the next typed line.
+    Returning to Python every POLL_S raises it within that time, whichever thread took it.
+    """
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # an in-memory stream: nothing to wait for
+        fd = None
+    pending = b""
     while True:
-        sys.stderr.write(prompt)
-        sys.stderr.flush()
-        raw = stream.readline()
-        if not raw:
-            sys.stderr.write("\n")
+        if prompt is not None:
+            sys.stderr.write(prompt)
             sys.stderr.flush()
-            return
-        yield raw
+        while b"\n" not in pending:
+            if fd is None:
+                data = stream.readline()
+            elif select.select([fd], [], [], POLL_S)[0]:
+                data = os.read(fd, READ_BYTES)
+            else:
+                continue
+            if not data:  # end of input (Ctrl-D at a terminal)
+                if pending:
+                    yield pending
+                if prompt is not None:
+                    sys.stderr.write("\n")
+                    sys.stderr.flush()
+                return
+            pending += data
+        line, _, pending = pending.partition(b"\n")
+        yield line + b"\n"
 
 
 def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.device, precision: str) -> StreamReport:
@@ -123,11 +151,11 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
     stats = InputRepairs()
     truncated = 0
     source = open_input(cfg.input)
-    lines = source
+    lines: Iterable[bytes] = source
     if interactive:
         log.info("interactive: each line is translated as it is read; Ctrl-D ends")
-        if cfg.input is None and sys.stdin.isatty() and sys.stderr.isatty():
-            lines = prompted_lines(source, PROMPT)
+        at_terminal = cfg.input is None and sys.stdin.isatty() and sys.stderr.isatty()
+        lines = typed_lines(source, PROMPT if at_terminal else None)
 
     def translate_into(sink: TextIO) -> None:
         nonlocal truncated
