@@ -1,6 +1,7 @@
 """`mtrain eval`: score a run (decode + sacreBLEU), a hypothesis file, or compare runs.
 
     mtrain eval run=RUN split=test [average_last=3]     decode, score, write RUN/eval/test.*
+    mtrain eval run=RUN split=test lowercase=true        scored otherwise: RUN/eval/test.lc.* (test.* stays)
     mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
     mtrain eval run=RUN ensemble=[RUN_B,c.pt] out=DIR    an ensemble of run= and the members, report in DIR
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
@@ -55,7 +56,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
     `average_last`; with `ensemble`, that and the members together), score it, write
-    `eval/<split>.{json,md,hyp}` (or into `out`); the report."""
+    `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
+    `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
     from mtrain.decode.threads import set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
@@ -121,6 +123,14 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         "threads": threads,
     }
     translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
+    report_name = scored_report_name(
+        cfg, cfg.split if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}"
+    )
+    if _scoring_settings(cfg):
+        log(
+            f"scoring with {_scoring_settings(cfg)}: the report is {report_name}.*, beside any of the "
+            "default scoring (which `mtrain report` reads)"
+        )
     return score_split(
         run,
         cfg.split,
@@ -137,7 +147,24 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         report_dir,
         cfg.per_sentence,
         cfg.worst_lines,
-        report_name=None if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}",
+        report_name=report_name,
+    )
+
+
+def scored_report_name(cfg: EvalConfig, name: str) -> str:
+    """`name` for a report of sacreBLEU's default scoring, else `name` and the settings that
+    differ (`test.lc` for lowercase=true: mtrain.evaluate.report.scored_name)."""
+    from mtrain.evaluate.report import scored_name
+
+    return scored_name(name, str(cfg.tokenize), cfg.lowercase, cfg.chrf_word_order)
+
+
+def _scoring_settings(cfg: EvalConfig) -> str:
+    defaults = EvalConfig()
+    return " ".join(
+        f"{key}={str(getattr(cfg, key)).lower()}"
+        for key in ("tokenize", "lowercase", "chrf_word_order")
+        if getattr(cfg, key) != getattr(defaults, key)
     )
 
 
@@ -199,7 +226,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
             "out" if cfg.out is not None else f"hyp={hyp_path}",
             advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR",
         )
-        tsv = sentences_path(tsv_dir, hyp_path.name)
+        tsv = sentences_path(tsv_dir, scored_report_name(cfg, hyp_path.name))
     if cfg.ref:
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]
