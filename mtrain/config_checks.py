@@ -41,6 +41,7 @@ from mtrain.config import (
 )
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
+from mtrain.rundir import is_export_dir
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -448,10 +449,12 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
 
 
 def _check_decoding_precision(cfg: DictConfig) -> None:
-    """`precision` of translate/eval: mtrain's precisions with engine=torch (CTranslate2 also
-    takes its compute types, checked by mtrain.decode.ct2_engine)."""
+    """`precision` of translate/eval/serve: mtrain's precisions with engine=torch (CTranslate2,
+    and so an `mtrain export` directory as run=, also takes its compute types, checked by
+    mtrain.decode.ct2_engine)."""
     allowed = [member.value for member in Precision]
-    if cfg.engine == Engine.torch and cfg.precision not in allowed:
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))  # CTranslate2 decodes it, whatever engine says
+    if cfg.engine == Engine.torch and cfg.precision not in allowed and not exported:
         raise MtrainError(
             f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
             + did_you_mean(str(cfg.precision), allowed)

@@ -17,6 +17,10 @@ Every name below is spelled here and nowhere else:
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
     .lock                    held by the one process writing the run (`RunLock`)
 
+An `mtrain export` directory is no run directory: `is_export_dir` knows it by its
+`EXPORT_METADATA_FILE` (mtrain.export writes it, mtrain.decode.ct2_engine reads it), so a
+command given one as run= (and the config checks) can tell it apart.
+
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
 to a temporary file in the same directory, are fsynced, and are renamed over the target.
 """
@@ -36,6 +40,14 @@ from mtrain.errors import MtrainError
 
 _UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
 TMP_SUFFIX = ".tmp"
+
+# What `mtrain export` writes beside the model: where it came from, special tokens, position limit.
+EXPORT_METADATA_FILE = "mtrain_export.json"
+
+
+def is_export_dir(path: str | Path) -> bool:
+    """Whether `path` is a directory written by `mtrain export` (a CTranslate2 model)."""
+    return (Path(path) / EXPORT_METADATA_FILE).is_file()
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:

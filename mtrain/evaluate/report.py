@@ -200,6 +200,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"- **Checkpoint**: average of {sources} -> `{checkpoint['path']}` (update {checkpoint['update']})"
         )
+    elif checkpoint.get("export"):
+        lines.append(
+            f"- **Checkpoint**: `{checkpoint['path']}` (update {checkpoint['update']}), as exported to "
+            f"`{checkpoint['export']}`"
+        )
     else:
         lines.append(f"- **Checkpoint**: `{checkpoint['path']}` ({checkpoint['which']}, update {checkpoint['update']})")
     if checkpoint.get("ensemble"):
