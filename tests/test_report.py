@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -772,6 +773,36 @@ def test_plots_of_short_runs_get_a_readable_axis():
     assert high - low >= 0.5 and low < 0.004658 and high > 0.004668
     low, high = readable_limits([40.0, 20.0])  # a real spread is kept, with a margin
     assert low < 20.0 and high > 40.0 and high - low < 30.0
+
+
+def test_plots_keep_legend_and_ticks_readable_for_any_labels(tmp_path):
+    """The legend sits below the axes, outside them, its labels wrapped: the whole figure (title,
+    legend, tick labels) lies inside the saved image, the legend covers neither the curves nor the
+    axes' labels, and no two update ticks touch, at 100k updates too."""
+    from mtrain.evaluate.curves import TRAIN_LOSS, curves_figure, update_label
+    from mtrain.evaluate.runs import RunSummary
+
+    label = "data.local_dir=/home/someone/corpora/" + "a_very_long_directory_name/" * 8
+    summaries = [
+        RunSummary(f"2024-05-01_12-00-{i:02d}", tmp_path / str(i), {"sweep": label + str(i)}) for i in range(16)
+    ]
+    curves = {
+        run.name: {TRAIN_LOSS: [(step, 9 - step / 20_000 - i / 10) for step in range(0, 120_001, 4000)]}
+        for i, run in enumerate(summaries)
+    }
+    title = "Training loss (" + "/home/someone/multirun/2024-05-01/12-00-00" * 3 + ")"
+    figure = curves_figure(summaries, curves, TRAIN_LOSS, ["sweep"], "training loss", title)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    tight = figure.get_tightbbox(renderer).transformed(figure.dpi_scale_trans)
+    page = figure.bbox
+    assert page.x0 <= tight.x0 and tight.x1 <= page.x1 and page.y0 <= tight.y0 and tight.y1 <= page.y1, (tight, page)
+    axes, legend = figure.axes[0], figure.legends[0]
+    assert not legend.get_window_extent(renderer).overlaps(axes.get_tightbbox(renderer))
+    assert axes.get_window_extent(renderer).height / figure.dpi > 3.5  # the curves keep their room
+    ticks = sorted((t.get_window_extent(renderer) for t in axes.get_xticklabels() if t.get_text()), key=lambda b: b.x0)
+    assert len(ticks) >= 3 and all(a.x1 < b.x0 for a, b in itertools.pairwise(ticks))
+    assert [update_label(u) for u in (900, 15_000, 120_000, 2_500_000)] == ["900", "15k", "120k", "2.5M"]
 
 
 def test_a_report_that_scores_differently_says_what_it_replaces(tmp_path):
