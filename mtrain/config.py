@@ -494,6 +494,8 @@ class EvalConfig:
     # checkpoint (average_lastN.pt); null: the run's eval/ and checkpoints/ (a read-only run needs out=)
     out: str | None = None
     metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf", "ter"])
+    # sacreBLEU's settings; other than these defaults, run='s report names them (eval/test.lc.json
+    # for lowercase=true, test.tok-intl, test.chrf++) and leaves the default eval/test.* alone
     tokenize: str = "13a"
     lowercase: bool = False
     chrf_word_order: int = 0  # 2 gives chrF++

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from mtrain.config import (
 )
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
+from mtrain.rundir import is_export_dir
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -84,16 +86,75 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
         if key not in known:
             raise MtrainError(
                 f"{prefix}{key}: unknown config key (not in {schema.__name__}); check its spelling"
-                + did_you_mean(str(key), known, prefix)
+                + did_you_mean_key(f"{prefix}{key}", [f"{prefix}{name}" for name in schema_keys(schema)])
             )
         if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
             check_known_keys(cfg[key], f"{prefix}{key}.")
 
 
-def did_you_mean(word: str, candidates: list[str], prefix: str = "") -> str:
-    """' (did you mean <prefix><closest>?)', or '' when nothing is close."""
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+# Words that name a model's size in a preset's name, smallest first: `transformer_tiny` is
+# nearest `transformer_small`, though spelt more like `transformer_big`.
+SIZE_WORDS = ("tiny", "small", "base", "medium", "big", "large", "huge")
+
+
+def did_you_mean(word: str, candidates: Sequence[str], prefix: str = "") -> str:
+    """' (did you mean <prefix><closest>?)', or '' when nothing is close. A name that differs
+    from candidates only in its size word gets the nearest sizes (`closest_sizes`)."""
+    close = closest_sizes(word, candidates) or difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return _suggestion(close, prefix)
+
+
+def did_you_mean_key(key: str, known: Sequence[str]) -> str:
+    """' (did you mean <key>?)' for an unknown dotted config key, or '' when none is close:
+    the known keys whose last part is `key`'s (`beam` -> decode.beam, as fairseq habits type
+    it; `-` read as `_`, so `max-tokens` -> train.max_tokens), else the closest whole key
+    (`train.max_tiem` -> train.max_time), else the keys whose last part is closest (`max_tiem`)."""
+
+    def last_part(name: str) -> str:
+        return name.rsplit(".", 1)[-1].replace("-", "_").lower()
+
+    def by_likeness(names: list[str]) -> list[str]:
+        return sorted(names, key=lambda name: -difflib.SequenceMatcher(None, key, name).ratio())
+
+    same_last = [name for name in known if last_part(name) == last_part(key) and name != key]
+    if same_last:
+        return _suggestion(by_likeness(same_last))
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return _suggestion(close)
+    close_last = difflib.get_close_matches(
+        last_part(key), sorted({last_part(name) for name in known}), n=1, cutoff=0.75
+    )
+    return _suggestion(by_likeness([name for name in known if close_last and last_part(name) == close_last[0]]))
+
+
+def closest_sizes(word: str, candidates: Sequence[str]) -> list[str]:
+    """The candidates that differ from `word` only in a size word (SIZE_WORDS, between `_`, `-`
+    or `.`), the nearest size(s) first: `transformer_tiny` -> [transformer_small]; [] when
+    `word` has no size word or no candidate differs from it only there."""
+    parts = re.split(r"([_.-])", word)
+    sized = [i for i, part in enumerate(parts) if part.lower() in SIZE_WORDS]
+    if len(sized) != 1:
+        return []
+    index, size = sized[0], SIZE_WORDS.index(parts[sized[0]].lower())
+    distance: dict[str, int] = {}
+    for candidate in candidates:
+        other = re.split(r"([_.-])", candidate)
+        if (
+            candidate != word
+            and len(other) == len(parts)
+            and other[index].lower() in SIZE_WORDS
+            and all(a == b for i, (a, b) in enumerate(zip(parts, other, strict=True)) if i != index)
+        ):
+            distance[candidate] = abs(SIZE_WORDS.index(other[index].lower()) - size)
+    nearest = min(distance.values(), default=None)
+    return [candidate for candidate, d in distance.items() if d == nearest]
+
+
+def _suggestion(names: Sequence[str], prefix: str = "", most: int = 3) -> str:
+    if not names:
+        return ""
+    return f" (did you mean {' or '.join(f'{prefix}{name}' for name in names[:most])}?)"
 
 
 def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:
@@ -388,10 +449,12 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
 
 
 def _check_decoding_precision(cfg: DictConfig) -> None:
-    """`precision` of translate/eval: mtrain's precisions with engine=torch (CTranslate2 also
-    takes its compute types, checked by mtrain.decode.ct2_engine)."""
+    """`precision` of translate/eval/serve: mtrain's precisions with engine=torch (CTranslate2,
+    and so an `mtrain export` directory as run=, also takes its compute types, checked by
+    mtrain.decode.ct2_engine)."""
     allowed = [member.value for member in Precision]
-    if cfg.engine == Engine.torch and cfg.precision not in allowed:
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))  # CTranslate2 decodes it, whatever engine says
+    if cfg.engine == Engine.torch and cfg.precision not in allowed and not exported:
         raise MtrainError(
             f"precision: {cfg.precision!r} is not one of {'|'.join(allowed)} with engine=torch"
             + did_you_mean(str(cfg.precision), allowed)

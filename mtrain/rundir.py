@@ -17,8 +17,13 @@ Every name below is spelled here and nowhere else:
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
     .lock                    held by the one process writing the run (`RunLock`)
 
+An `mtrain export` directory is no run directory: `is_export_dir` knows it by its
+`EXPORT_METADATA_FILE` (mtrain.export writes it, mtrain.decode.ct2_engine reads it), so a
+command given one as run= (and the config checks) can tell it apart.
+
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
 to a temporary file in the same directory, are fsynced, and are renamed over the target.
+`atomic_link` gives a file a second name the same way (best.pt and the update_N.pt it equals).
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ from mtrain.errors import MtrainError
 
 _UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
 TMP_SUFFIX = ".tmp"
+
+# What `mtrain export` writes beside the model: where it came from, special tokens, position limit.
+EXPORT_METADATA_FILE = "mtrain_export.json"
+
+
+def is_export_dir(path: str | Path) -> bool:
+    """Whether `path` is a directory written by `mtrain export` (a CTranslate2 model)."""
+    return (Path(path) / EXPORT_METADATA_FILE).is_file()
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -60,6 +73,39 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_link(source: str | Path, target: str | Path) -> bool:
+    """Make `target` a second name of `source`'s file (a hard link: the bytes are stored once),
+    atomically: the link is made under a temporary name beside `target` and renamed over it, so
+    `target` is at every moment the old file or the new one. True when linked; False when the file
+    system refuses hard links, and `target` was written as a copy instead (`atomic_write`).
+
+    Safe because every writer of a run's files renames a new file into place (`atomic_write`):
+    rewriting one name gives it a new file and leaves the other name's bytes alone, and deleting
+    one name leaves the other whole. Writing *into* one of the names (`cp new best.pt`,
+    `torch.save(state, "best.pt")`) would change both: replace such a file with `mv`.
+    """
+    source, target = Path(source), Path(target)
+    tmp_name = target.parent / f".{target.name}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    try:
+        os.link(source, tmp_name)
+    except OSError:  # no hard links here (some network and FUSE file systems): a copy of its own
+        with open(source, "rb") as handle:
+            atomic_write(target, lambda out: _copy(handle, out))
+        return False
+    try:
+        os.replace(tmp_name, target)
+        _fsync_directory(target.parent)
+    except BaseException:
+        tmp_name.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _copy(source: IO[bytes], target: IO[bytes]) -> None:
+    while block := source.read(1 << 24):
+        target.write(block)
 
 
 def _create_temporary_file(path: Path) -> tuple[int, str]:
@@ -230,13 +276,16 @@ class RunDir:
         return found
 
     def disk_use_mb(self) -> dict[str, float]:
-        """How much the run's files take (MB of their sizes): `total`, and `checkpoints` of it."""
+        """How much the run's files take (MB of their sizes, a hard-linked file once): `total`, and
+        `checkpoints` of it."""
 
         def megabytes(directory: Path) -> float:
             files = (
                 [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()] if directory.is_dir() else []
             )
-            return round(sum(p.stat().st_size for p in files) / 1e6, 1)
+            # A file with two names (best.pt, a hard link of an update_N.pt) takes its space once.
+            sizes = {(stat.st_dev, stat.st_ino): stat.st_size for stat in (p.stat() for p in files)}
+            return round(sum(sizes.values()) / 1e6, 1)
 
         return {"total": megabytes(self.path), "checkpoints": megabytes(self.checkpoint_dir)}
 

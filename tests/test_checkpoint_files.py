@@ -71,7 +71,7 @@ def test_find_checkpoint(tmp_path):
 
 def test_checkpointer_keeps_the_optimiser_state_only_in_last(tmp_path):
     """last.pt resumes (everything); update_N.pt and best.pt hold the rest without Adam's
-    moments; each file is its own, and old update_N.pt are pruned to keep_last."""
+    moments; best.pt is a hard link of its update_N.pt, and old update_N.pt are pruned to keep_last."""
     from mtrain.train.checkpointer import Checkpointer
 
     run = RunDir(tmp_path / "run")
@@ -93,6 +93,43 @@ def test_checkpointer_keeps_the_optimiser_state_only_in_last(tmp_path):
     update_3 = load_checkpoint(run.update_checkpoint(3))
     assert "optimizer" not in update_3 and torch.equal(update_3["model"]["w"], last["model"]["w"])
     assert run.update_checkpoint(3).stat().st_size < 0.5 * run.checkpoint("last").stat().st_size
+    # best.pt and update_2.pt are one file with two names: stored once, counted once.
+    best_file, update_2 = run.checkpoint("best").stat(), run.update_checkpoint(2).stat()
+    assert best_file.st_ino == update_2.st_ino and best_file.st_nlink == 2
     use = run.disk_use_mb()
-    assert use["checkpoints"] == round(sum(p.stat().st_size for p in run.checkpoint_dir.iterdir()) / 1e6, 1)
+    assert use["checkpoints"] == round(
+        sum(p.stat().st_size for p in run.checkpoint_dir.iterdir() if p.name != "best.pt") / 1e6, 1
+    )
     assert use["total"] >= use["checkpoints"] > 0
+
+
+def test_a_linked_best_checkpoint_survives_rewrites_and_pruning(tmp_path, monkeypatch):
+    """Writing one name anew (last.pt at every save; update_N.pt again after a resume from an
+    earlier one) never changes the file best.pt names; pruning its update_N.pt leaves it whole;
+    where hard links are refused, best.pt is a copy."""
+    from mtrain.train.checkpointer import Checkpointer
+
+    def state(update: int, value: float) -> dict:
+        return {"model": {"w": torch.full((1000,), value)}, "optimizer": {}, "update": update}
+
+    run = RunDir(tmp_path / "run")
+    checkpointer = Checkpointer(run, keep_last=1, save_every_seconds=None)
+    checkpointer.save(state(2, 2.0), 2, best=True)
+    best = run.checkpoint("best")
+    assert best.stat().st_ino == run.update_checkpoint(2).stat().st_ino
+    checkpointer.save(state(2, -1.0), 2, best=False)  # update_2.pt and last.pt written again (a resume)
+    assert torch.equal(load_checkpoint(best)["model"]["w"], torch.full((1000,), 2.0))
+    assert load_checkpoint(run.update_checkpoint(2))["model"]["w"][0] == -1.0
+    assert best.stat().st_ino != run.update_checkpoint(2).stat().st_ino and best.stat().st_nlink == 1
+    checkpointer.save(state(4, 4.0), 4, best=True)
+    checkpointer.save(state(6, 6.0), 6, best=False)  # keep_last=1: update_4.pt goes, best.pt stays
+    assert [p.name for p in run.update_checkpoints()] == ["update_6.pt"]
+    assert load_checkpoint(best)["update"] == 4 and best.stat().st_nlink == 1
+    assert load_checkpoint(run.checkpoint("last"))["update"] == 6 and not list(run.checkpoint_dir.glob(".*.tmp"))
+
+    def no_links(*_):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)  # a file system without hard links
+    checkpointer.save(state(8, 8.0), 8, best=True)
+    assert load_checkpoint(best)["update"] == 8 and best.stat().st_ino != run.update_checkpoint(8).stat().st_ino

@@ -93,6 +93,21 @@ BAD_OVERRIDES = [
     (["decode.sampling=top_p"], "decode.sampling: 'top_p' is not one of none|topk|topp", "(did you mean topp?)"),
     (["train.precision=bf61"], "train.precision:", "(did you mean bf16?)"),
     (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
+    # fairseq habits: a key without its section, `-` for `_`; the nearest size, not the nearest spelling
+    (["lr=1e-3"], "lr: unknown config key", "(did you mean train.lr?)"),
+    (["max-tokens=4096"], "max-tokens: unknown config key", "(did you mean train.max_tokens or decode.max_tokens?)"),
+    (["max_tiem=3m"], "max_tiem: unknown config key", "(did you mean train.max_time?)"),
+    (["+beam=5"], "beam: unknown config key", "(did you mean decode.beam?)"),
+    (
+        ["model=transformer_tiny"],
+        "model: no preset named 'transformer_tiny'",
+        "(did you mean model=transformer_small?)",
+    ),
+    (
+        ["model=transformer_medium"],
+        "model: no preset named",
+        "(did you mean model=transformer_base or model=transformer_big?)",
+    ),
     (
         ["experiment=multi30k_cp"],
         "experiment: no preset named 'multi30k_cp'",
@@ -137,6 +152,22 @@ def test_an_override_hydra_cannot_apply_is_one_line_with_a_suggestion(overrides,
     status, lines = run_check("fit", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
     assert_refused(status, lines, start, part)
     assert not (tmp_path / "run").exists()
+
+
+def test_suggestions_prefer_the_last_part_of_a_key_and_the_nearest_size():
+    from mtrain.config_checks import closest_sizes, did_you_mean, did_you_mean_key
+
+    keys = ["seed", "decode.beam", "decode.valid_beam", "decode.seed", "train.lr", "train.max_time"]
+    assert did_you_mean_key("beam", keys) == " (did you mean decode.beam?)"
+    assert did_you_mean_key("train.beam", keys) == " (did you mean decode.beam?)"  # not train.lr's spelling
+    assert did_you_mean_key("train.seed", keys) == " (did you mean seed or decode.seed?)"
+    assert did_you_mean_key("train.max_tiem", keys) == " (did you mean train.max_time?)"
+    assert did_you_mean_key("warmup", keys) == ""
+    presets = ["transformer_base", "transformer_big", "transformer_iwslt", "transformer_small"]
+    assert closest_sizes("transformer_tiny", presets) == ["transformer_small"]
+    assert closest_sizes("transformer_huge", presets) == ["transformer_big"]
+    assert closest_sizes("transformer_wmt", presets) == [] and closest_sizes("tiny", ["small"]) == ["small"]
+    assert did_you_mean("transfomer_base", presets, "model=") == " (did you mean model=transformer_base?)"
 
 
 def test_several_values_for_a_list_key_suggest_the_list(capsys):
@@ -241,6 +272,12 @@ def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
             "train.max_tokes: unknown config key; check its spelling (did you mean train.max_tokens?)",
         ),
         (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
+        (
+            ["fit", "model=transformer_tiny"],
+            "model: no preset named 'transformer_tiny' (the presets: transformer_base, transformer_big, "
+            "transformer_iwslt, transformer_small) (did you mean model=transformer_small?)",
+        ),
+        (["translate", "beam=5"], "beam: unknown config key; check its spelling (did you mean decode.beam?)"),
         (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
     ],
 )

@@ -447,6 +447,49 @@ def test_eval_with_ctranslate2_reports_the_same_translations(run_dir):
     assert reports["ctranslate2"]["metrics"]["bleu"]["score"] == reports["torch"]["metrics"]["bleu"]["score"]
 
 
+def test_an_export_directory_as_run_is_decoded_by_ctranslate2_and_says_so(
+    exported, model, tokenizer, corpus, tmp_path, monkeypatch, capsys
+):
+    """translate and eval given run=EXPORT_DIR (no engine=) decode it with CTranslate2, and say
+    so; eval reads the split its run was tested on and records the exported checkpoint."""
+    import sys
+
+    from mtrain.cli import main as cli
+    from mtrain.cli.common import check_before_run
+
+    def mtrain(*argv: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["mtrain", *argv])
+        cli.main()
+
+    source = corpus / "test.de"
+    sentences = source.read_text(encoding="utf-8").splitlines()
+    expected = [h[0].text for h in translate_sentences(model, tokenizer, sentences, DecodeConfig(beam=4), CPU)]
+    output = tmp_path / "out.en"
+    quick = ["decode.beam=4", "num_threads=1", "device=cpu"]
+    mtrain("translate", f"run={exported}", f"input={source}", f"output={output}", *quick)
+    logged = capsys.readouterr().err  # translate logs to stderr
+    assert f"run={exported} is a CTranslate2 model written by `mtrain export`: decoding it with engine=ctranslate2" in (
+        logged
+    )
+    assert output.read_text(encoding="utf-8").splitlines() == expected
+    check_before_run("translate", [f"run={exported}", "precision=int8"])  # CTranslate2's compute types pass
+
+    reports = tmp_path / "reports"
+    mtrain("eval", f"run={exported}", "split=test", f"out={reports}", "metrics=[bleu]", *quick)
+    printed = capsys.readouterr().out
+    assert "decoding it with engine=ctranslate2" in printed
+    report = json.loads((reports / "test.json").read_text(encoding="utf-8"))
+    assert report["decode"]["engine"] == "ctranslate2" and report["sentences"] == len(sentences)
+    assert (reports / "test.hyp").read_text(encoding="utf-8").splitlines() == expected
+    assert report["checkpoint"]["export"] == str(exported.resolve()) and report["checkpoint"]["update"] == 200
+    assert report["checkpoint"]["path"].endswith("best.pt")
+    for refused, key in ((["average_last=2"], "average_last=2"), (["checkpoint=last"], "checkpoint=last")):
+        with pytest.raises(SystemExit) as stop:
+            mtrain("eval", f"run={exported}", "split=test", f"out={reports}", *refused, *quick)
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.startswith(f"mtrain: error: {key}: ")
+
+
 def test_a_restricted_output_vocabulary_exports_as_a_bias_and_scores_the_same(tokenizer, tmp_path):
     """model.output_vocab=target: CTranslate2 gives the pieces outside the restriction
     probability 0 as mtrain does, and the same log-probabilities to the others."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -116,12 +117,13 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     run_cli(monkeypatch, "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu", "chrf_word_order=2")
     printed = capsys.readouterr().out
     eval_dir = tiny_run / "eval"
-    report = json.loads((eval_dir / "test.json").read_text(encoding="utf-8"))
-    hyps = (eval_dir / "test.hyp").read_text(encoding="utf-8").splitlines()
+    assert "the report is test.chrf++.*" in printed  # chrF++, not the default chrF: a report of its own
+    report = json.loads((eval_dir / "test.chrf++.json").read_text(encoding="utf-8"))
+    hyps = (eval_dir / "test.chrf++.hyp").read_text(encoding="utf-8").splitlines()
     corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
 
     # Metrics with signatures, equal to scoring the saved hypotheses against the test file.
-    expected = score_files(eval_dir / "test.hyp", [corpus / "test.en"], chrf_word_order=2)
+    expected = score_files(eval_dir / "test.chrf++.hyp", [corpus / "test.en"], chrf_word_order=2)
     assert report["metrics"] == expected
     assert set(report["metrics"]) == {"bleu", "chrf", "ter"}
     assert report["metrics"]["chrf"]["name"] == "chrF2++"
@@ -143,7 +145,7 @@ def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_pa
     assert report["split"] == "test" and report["split_name"] == "test" and report["language_pair"] == "de-en"
     assert report["scoring"] == {"tokenize": "13a", "lowercase": False, "chrf_word_order": 2}
     # The Markdown report says the same; the terminal shows the table.
-    markdown = (eval_dir / "test.md").read_text(encoding="utf-8")
+    markdown = (eval_dir / "test.chrf++.md").read_text(encoding="utf-8")
     for needle in (
         "| BLEU |",
         report["metrics"]["bleu"]["signature"],
@@ -328,12 +330,15 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
         f"out={out}",
     )
     assert "sentence scores: " in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["test.hyp", "test.json", "test.md", "test.sentences.tsv"]
+    name = "test.lc.chrf++"  # lowercased chrF++: the report names its scoring
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"{name}.{kind}" for kind in ("hyp", "json", "md", "sentences.tsv")
+    ]
     corpus = Path(OmegaConf.load(tiny_run / "config.yaml").data.local_dir)
     sources = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
     refs = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
-    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
-    rows = _tsv_rows(out / "test.sentences.tsv")
+    hyps = (out / f"{name}.hyp").read_text(encoding="utf-8").splitlines()
+    rows = _tsv_rows(out / f"{name}.sentences.tsv")
     assert [int(row[0]) for row in rows] == list(range(1, 17))
     assert [row[4:] for row in rows] == [[s, h, r] for s, h, r in zip(sources, hyps, refs, strict=True)]
     # sacreBLEU's own sentence scorers, with the corpus metrics' settings.
@@ -350,8 +355,8 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
     assert [h[0].text for h in decoded] == hyps
     assert [float(row[3]) for row in rows] == pytest.approx([h[0].score for h in decoded], abs=1e-4)
 
-    report = json.loads((out / "test.json").read_text(encoding="utf-8"))
-    assert report["per_sentence"]["path"] == str((out / "test.sentences.tsv").resolve())
+    report = json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
+    assert report["per_sentence"]["path"] == str((out / f"{name}.sentences.tsv").resolve())
     worst = report["per_sentence"]["worst_lines"]
     lowest = sorted(rows, key=lambda row: (float(row[1]), float(row[2]), int(row[0])))[:3]
     assert [w["line"] for w in worst] == [int(row[0]) for row in lowest]
@@ -359,8 +364,8 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
         max(w["bleu"] for w in worst)
         <= min(float(row[1]) for row in rows if int(row[0]) not in {w["line"] for w in worst}) + 5e-5
     )
-    markdown = (out / "test.md").read_text(encoding="utf-8")
-    assert "## The 3 lines of lowest sentence-BLEU" in markdown and str(out / "test.sentences.tsv") in markdown
+    markdown = (out / f"{name}.md").read_text(encoding="utf-8")
+    assert "## The 3 lines of lowest sentence-BLEU" in markdown and str(out / f"{name}.sentences.tsv") in markdown
     assert all(f"| {w['line']} | {w['bleu']:.2f} | {w['chrf']:.2f} |" in markdown for w in worst)
 
     # Without per_sentence, an earlier TSV there goes: it scored the hypotheses replaced now.
@@ -373,9 +378,35 @@ def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run
         "device=cpu",
         f"out={out}",
         "metrics=[bleu]",
+        "chrf_word_order=2",
+        "lowercase=true",
     )
-    assert not (out / "test.sentences.tsv").exists()
-    assert "per_sentence" not in json.loads((out / "test.json").read_text(encoding="utf-8"))
+    assert not (out / f"{name}.sentences.tsv").exists()
+    assert "per_sentence" not in json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_reports_of_other_scoring_settings_keep_their_own_names(tiny_run, monkeypatch, capsys, tmp_path):
+    """lowercase=true (or tokenize=, chrf_word_order=) writes test.lc.* beside test.*: the
+    default report, which `mtrain report` and the comparison read, is never replaced by it."""
+    from mtrain.evaluate.report import scored_name
+    from mtrain.evaluate.runs import load_run_summary
+
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out, ignore=shutil.ignore_patterns("eval", "average_*"))
+    common = ["eval", f"run={out}", "split=test", "decode.beam=1", "device=cpu", "metrics=[bleu,chrf]"]
+    run_cli(monkeypatch, *common)
+    default = (out / "eval" / "test.json").read_bytes()
+    capsys.readouterr()
+    run_cli(monkeypatch, *common, "lowercase=true")
+    printed = capsys.readouterr().out
+    assert "scoring with lowercase=true: the report is test.lc.*" in printed
+    assert (out / "eval" / "test.json").read_bytes() == default
+    lowercased = json.loads((out / "eval" / "test.lc.json").read_text(encoding="utf-8"))
+    assert lowercased["scoring"]["lowercase"] is True and (out / "eval" / "test.lc.md").is_file()
+    assert scored_name("test.de-en", "intl", True, 2) == "test.de-en.lc.tok-intl.chrf++"
+    assert scored_name("test", "13a", False, 0) == "test"
+    summary = load_run_summary(out)
+    assert summary.score("test", "chrf") == json.loads(default)["metrics"]["chrf"]["score"]
 
 
 def test_eval_hyp_per_sentence_writes_beside_the_hypotheses_or_into_out(tiny_run, tmp_path, monkeypatch, capsys):
@@ -742,6 +773,36 @@ def test_plots_of_short_runs_get_a_readable_axis():
     assert high - low >= 0.5 and low < 0.004658 and high > 0.004668
     low, high = readable_limits([40.0, 20.0])  # a real spread is kept, with a margin
     assert low < 20.0 and high > 40.0 and high - low < 30.0
+
+
+def test_plots_keep_legend_and_ticks_readable_for_any_labels(tmp_path):
+    """The legend sits below the axes, outside them, its labels wrapped: the whole figure (title,
+    legend, tick labels) lies inside the saved image, the legend covers neither the curves nor the
+    axes' labels, and no two update ticks touch, at 100k updates too."""
+    from mtrain.evaluate.curves import TRAIN_LOSS, curves_figure, update_label
+    from mtrain.evaluate.runs import RunSummary
+
+    label = "data.local_dir=/home/someone/corpora/" + "a_very_long_directory_name/" * 8
+    summaries = [
+        RunSummary(f"2024-05-01_12-00-{i:02d}", tmp_path / str(i), {"sweep": label + str(i)}) for i in range(16)
+    ]
+    curves = {
+        run.name: {TRAIN_LOSS: [(step, 9 - step / 20_000 - i / 10) for step in range(0, 120_001, 4000)]}
+        for i, run in enumerate(summaries)
+    }
+    title = "Training loss (" + "/home/someone/multirun/2024-05-01/12-00-00" * 3 + ")"
+    figure = curves_figure(summaries, curves, TRAIN_LOSS, ["sweep"], "training loss", title)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    tight = figure.get_tightbbox(renderer).transformed(figure.dpi_scale_trans)
+    page = figure.bbox
+    assert page.x0 <= tight.x0 and tight.x1 <= page.x1 and page.y0 <= tight.y0 and tight.y1 <= page.y1, (tight, page)
+    axes, legend = figure.axes[0], figure.legends[0]
+    assert not legend.get_window_extent(renderer).overlaps(axes.get_tightbbox(renderer))
+    assert axes.get_window_extent(renderer).height / figure.dpi > 3.5  # the curves keep their room
+    ticks = sorted((t.get_window_extent(renderer) for t in axes.get_xticklabels() if t.get_text()), key=lambda b: b.x0)
+    assert len(ticks) >= 3 and all(a.x1 < b.x0 for a, b in itertools.pairwise(ticks))
+    assert [update_label(u) for u in (900, 15_000, 120_000, 2_500_000)] == ["900", "15k", "120k", "2.5M"]
 
 
 def test_a_report_that_scores_differently_says_what_it_replaces(tmp_path):

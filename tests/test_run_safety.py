@@ -1,5 +1,5 @@
 """A run is never damaged: one writer at a time, refusals write nothing, resume checks its data,
-checkpoints never alias.
+last.pt never aliases another checkpoint (best.pt shares its update_N.pt's file, written anew by rename).
 
 Each refusal goes through the `mtrain` command, as a user meets it, and is checked against a
 hash of every file of the run directory (train.log and the lock included) before and after.
@@ -240,6 +240,21 @@ def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp
     )
     assert result.returncode == 2 and "test_2099" in one_error_line(result)
     assert not run_dir.exists() or not list(run_dir.iterdir())  # no train.log, no lock file
+
+
+def test_best_pt_is_its_update_checkpoint_stored_once(finished_run):
+    """`mtrain fit` links best.pt to the update_N.pt it equals (one file, two names), never to
+    last.pt, and metrics.json counts the file once."""
+    import json
+
+    run = RunDir(finished_run[1])
+    best = run.checkpoint("best")
+    same = run.update_checkpoint(load_checkpoint(best)["update"])
+    assert best.stat().st_ino == same.stat().st_ino and best.stat().st_nlink == 2
+    assert run.checkpoint("last").stat().st_nlink == 1
+    files = {(p.stat().st_ino, p.stat().st_size) for p in run.checkpoint_dir.iterdir()}
+    use = json.loads(run.metrics_file.read_text(encoding="utf-8"))["disk_use_mb"]
+    assert use["checkpoints"] == pytest.approx(sum(size for _, size in files) / 1e6, abs=0.1)
 
 
 def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, caplog):

@@ -311,9 +311,8 @@ def test_an_export_directory_is_served_and_sigterm_finishes_the_request_in_fligh
         )
     ]
     # A batch of fewer than 6 sentences waits 2 s for company: time to send SIGTERM while one is queued.
-    server = Server(
-        f"run={export}", "engine=ctranslate2", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000", cwd=tmp_path
-    )
+    # No engine=: an export directory is CTranslate2's to decode.
+    server = Server(f"run={export}", *DECODE, "max_batch_sentences=6", "max_wait_ms=2000", cwd=tmp_path)
     try:
         assert server.health()["engine"] == "ctranslate2" and server.health()["tgt_lang"] == "en"
         assert server.post({"text": SENTENCES, "tgt_lang": "en"}).json()["translations"] == best  # a full batch

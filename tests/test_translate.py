@@ -111,7 +111,7 @@ def test_translate_sentences_keeps_order_and_matches_one_by_one(model, tokenizer
     cfg = DecodeConfig(beam=3, nbest=2, max_len_a=0.5, max_len_b=3, max_tokens=40)  # several batches
     together = translate_sentences(model, tokenizer, SENTENCES + [""], cfg, "cpu")
     assert len(together) == len(SENTENCES) + 1
-    for sentence, hyps in zip(SENTENCES, together, strict=True):
+    for sentence, hyps in zip(SENTENCES, together[:-1], strict=True):  # the last is the blank line
         alone = translate_sentences(model, tokenizer, [sentence], cfg, "cpu")[0]
         assert [h.tokens for h in alone] == [h.tokens for h in hyps]
         assert [h.text for h in alone] == [h.text for h in hyps] == [tokenizer.decode_tgt(h.tokens) for h in hyps]
@@ -417,15 +417,19 @@ def test_output_appears_only_once_complete(tmp_path):
     assert out.read_text(encoding="utf-8") == "a b\nc\n"
 
 
-def test_an_export_directory_without_engine_ctranslate2_says_which_engine(tmp_path):
+def test_an_export_directory_holds_one_model_so_checkpoint_is_refused(tmp_path):
+    """An `mtrain export` directory is decoded by CTranslate2 whatever engine= says
+    (tests/test_export.py); choosing one of a run's checkpoints there is refused, naming the key."""
     from mtrain.cli.translate import run_translate
     from mtrain.decode.ct2_engine import METADATA_FILE
 
     export = tmp_path / "m30k_ct2"
     export.mkdir()
     (export / METADATA_FILE).write_text("{}", encoding="utf-8")
-    cfg = TranslateConfig(run=str(export), device="cpu")
-    with pytest.raises(MtrainError, match=r"is a CTranslate2 model written by `mtrain export`.*engine=ctranslate2"):
+    cfg = TranslateConfig(run=str(export), device="cpu", checkpoint="last")
+    with pytest.raises(
+        MtrainError, match=r"^checkpoint=last: run=.* is a CTranslate2 model written by `mtrain export`"
+    ):
         run_translate(cfg)
 
 

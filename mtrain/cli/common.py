@@ -39,6 +39,7 @@ from mtrain.config_checks import (
     check_config,
     check_writable_dir,
     did_you_mean,
+    did_you_mean_key,
     list_item_schema,
     schema_keys,
     takes_a_list,
@@ -238,7 +239,7 @@ def composition_error_message(error: Exception, config_name: str) -> str:
             keys = [
                 f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(list_item_schema(schema, item.group(1)))
             ]
-        return f"{read.key}: unknown config key; check its spelling" + did_you_mean(read.key, keys)
+        return f"{read.key}: unknown config key; check its spelling" + did_you_mean_key(read.key, keys)
     if read.kind is ErrorKind.NOT_A_CHOICE:
         return f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}" + did_you_mean(
             read.value, list(read.allowed)

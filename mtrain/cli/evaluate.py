@@ -1,6 +1,7 @@
 """`mtrain eval`: score a run (decode + sacreBLEU), a hypothesis file, or compare runs.
 
     mtrain eval run=RUN split=test [average_last=3]     decode, score, write RUN/eval/test.*
+    mtrain eval run=RUN split=test lowercase=true        scored otherwise: RUN/eval/test.lc.* (test.* stays)
     mtrain eval run=RUN split=test out=DIR               the same, written into DIR (a read-only run)
     mtrain eval run=RUN ensemble=[RUN_B,c.pt] out=DIR    an ensemble of run= and the members, report in DIR
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
@@ -28,7 +29,7 @@ from mtrain.cli.common import mtrain_app
 from mtrain.config import EvalConfig, to_plain, with_values
 from mtrain.config_checks import check_writable_dir
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir
+from mtrain.rundir import RunDir, is_export_dir
 
 if TYPE_CHECKING:
     from mtrain.decode.directions import RunLanguages
@@ -55,7 +56,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
 def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`run=`: decode `cfg.split` of `cfg.run` (its `checkpoint`, or the average of its last
     `average_last`; with `ensemble`, that and the members together), score it, write
-    `eval/<split>.{json,md,hyp}` (or into `out`); the report."""
+    `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
+    `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
     from mtrain.decode.threads import set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
@@ -70,9 +72,16 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
     report_dir = check_output_dirs(run, cfg)  # before any averaging or decoding
+    exported = is_export_dir(run.path)  # an `mtrain export` directory: CTranslate2 decodes its one model
+    if exported and cfg.average_last > 0:
+        raise MtrainError(
+            f"average_last={cfg.average_last}: run={run.path} is a CTranslate2 model written by `mtrain export`, "
+            "one model; average a run's checkpoints (run=RUN_DIR average_last=N), or export the average"
+        )
     device = resolve_device(cfg.device)
     averaged_from: list[str] | None = None
     split: SplitText | None = None
+    checkpoint: str | Path
     if cfg.average_last > 0:
         sources_ckpts = last_checkpoints(run.path, cfg.average_last)
         # A run trained without the split, or a direction it cannot translate, is refused before an average is written.
@@ -82,33 +91,44 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         averaged_from = [str(path) for path in sources_ckpts]
         log(f"averaged {', '.join(p.name for p in sources_ckpts)} into {checkpoint}")
     else:
-        checkpoint = run.find_checkpoint(cfg.checkpoint)
+        checkpoint = cfg.checkpoint if exported else run.find_checkpoint(cfg.checkpoint)
     threads = set_decode_threads(cfg.num_threads)  # once there is something to decode
     engine = open_engine(
-        run.path, cfg.engine, device, cfg.precision, threads, checkpoint, cfg.weights, ensemble=cfg.ensemble
+        run.path,
+        cfg.engine,
+        device,
+        cfg.precision,
+        threads,
+        checkpoint,
+        cfg.weights,
+        ensemble=cfg.ensemble,
+        announce=log,
     )
-    loaded = engine.loaded  # a checkpoint, never an export directory: that has no checkpoints/ to find
+    if engine.loaded is not None:
+        run_data, split_run = engine.loaded.config.data, run
+        checkpoint_info = {
+            "path": str(checkpoint),
+            "which": "average" if averaged_from else cfg.checkpoint,
+            "update": engine.loaded.update,
+            "averaged_from": averaged_from,
+            "weights": engine.loaded.weights,
+        }
+    else:
+        run_data, split_run, checkpoint_info = exported_model(run, engine.model.metadata)
     direction, tgt_lang = scored_direction(cfg, engine.languages)
-    data_cfg = loaded.config.data
+    data_cfg = run_data
     if direction is not None:  # a multilingual run's direction: its own report, its languages in it
         data_cfg = with_values(data_cfg, src=direction[0], tgt=direction[1])
     if split is None:
-        split = read_run_split(run, loaded.config.data, cfg.split, direction)
+        split = read_run_split(split_run, run_data, cfg.split, direction)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(
         f"decoding {len(split.sources)} sentences of {cfg.split} with "
-        f"{engine.description if cfg.ensemble else checkpoint} "
-        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={cfg.engine}, {threads} CPU threads)"
+        f"{engine.description if cfg.ensemble or exported else checkpoint} "
+        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={engine.engine}, {threads} CPU threads)"
     )
-    checkpoint_info = {
-        "path": str(checkpoint),
-        "which": "average" if averaged_from else cfg.checkpoint,
-        "update": loaded.update,
-        "averaged_from": averaged_from,
-        "weights": loaded.weights,
-    }
     if cfg.ensemble:  # run='s checkpoint (above) first, then the other members
         checkpoint_info["ensemble"] = [
             {"path": str(member.checkpoint_path), "update": member.update} for member in engine.members
@@ -117,10 +137,18 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         **to_plain(cfg.decode),
         "device": str(device),
         "precision": engine.precision,
-        "engine": str(cfg.engine),
+        "engine": str(engine.engine),
         "threads": threads,
     }
     translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
+    report_name = scored_report_name(
+        cfg, cfg.split if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}"
+    )
+    if _scoring_settings(cfg):
+        log(
+            f"scoring with {_scoring_settings(cfg)}: the report is {report_name}.*, beside any of the "
+            "default scoring (which `mtrain report` reads)"
+        )
     return score_split(
         run,
         cfg.split,
@@ -137,7 +165,50 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         report_dir,
         cfg.per_sentence,
         cfg.worst_lines,
-        report_name=None if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}",
+        report_name=report_name,
+    )
+
+
+def exported_model(run: RunDir, metadata: dict[str, Any]) -> tuple[Any, RunDir, dict[str, Any]]:
+    """What an `mtrain export` directory (`run`) was exported from, by its metadata: the data
+    config of its run, the run directory whose data/ holds the split (the run it came from, when
+    it is still there; else `run`, whose split is then read as the data config says), and the
+    report's checkpoint record (the exported checkpoint, its update and weights)."""
+    from omegaconf import OmegaConf
+
+    if not isinstance(metadata.get("data"), dict):
+        raise MtrainError(
+            f"run={run.path}: this export does not record its run's data config (an older mtrain wrote it); "
+            f"translate the split with `mtrain translate run={run.path}` and score the file with hyp=... ref=..."
+        )
+    checkpoint = Path(str(metadata.get("checkpoint", "")))
+    origin = RunDir(checkpoint.parent.parent)
+    split_run = origin if checkpoint.parent.name == "checkpoints" and origin.data_dir.is_dir() else run
+    record = {
+        "path": str(checkpoint),
+        "which": "export",
+        "update": metadata.get("update"),
+        "averaged_from": None,
+        "weights": metadata.get("weights"),
+        "export": str(run.path.resolve()),
+    }
+    return OmegaConf.create(metadata["data"]), split_run, record
+
+
+def scored_report_name(cfg: EvalConfig, name: str) -> str:
+    """`name` for a report of sacreBLEU's default scoring, else `name` and the settings that
+    differ (`test.lc` for lowercase=true: mtrain.evaluate.report.scored_name)."""
+    from mtrain.evaluate.report import scored_name
+
+    return scored_name(name, str(cfg.tokenize), cfg.lowercase, cfg.chrf_word_order)
+
+
+def _scoring_settings(cfg: EvalConfig) -> str:
+    defaults = EvalConfig()
+    return " ".join(
+        f"{key}={str(getattr(cfg, key)).lower()}"
+        for key in ("tokenize", "lowercase", "chrf_word_order")
+        if getattr(cfg, key) != getattr(defaults, key)
     )
 
 
@@ -199,7 +270,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
             "out" if cfg.out is not None else f"hyp={hyp_path}",
             advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR",
         )
-        tsv = sentences_path(tsv_dir, hyp_path.name)
+        tsv = sentences_path(tsv_dir, scored_report_name(cfg, hyp_path.name))
     if cfg.ref:
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]

@@ -2,7 +2,7 @@
 
     mtrain export run=outputs/DATE/TIME format=ctranslate2 out=model_ct2
     mtrain export run=outputs/DATE/TIME out=model_ct2_int8 quantization=int8 checkpoint=last
-    mtrain translate run=model_ct2 engine=ctranslate2 input=test.de output=test.en
+    mtrain translate run=model_ct2 input=test.de output=test.en     # CTranslate2 decodes an export
 
 The work is in `mtrain.export`; what is exported and what is refused is listed in
 `mtrain/export/ctranslate2_spec.py`.
@@ -34,7 +34,7 @@ def run_export(cfg: ExportConfig) -> Path:
     )
     print(
         f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; "
-        f"translate with: mtrain translate run={out} engine=ctranslate2 input=FILE"
+        f"translate with: mtrain translate run={out} input=FILE (CTranslate2 decodes it)"
     )
     return out
 

@@ -46,7 +46,7 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
             "mtrain translate run=runs/m30k input=test.de output=test.hyp",
             "cat test.de | mtrain translate run=runs/m30k decode.beam=1 > test.hyp",
             "mtrain translate run=runs/m30k input=test.de decode.nbest=5     # n-best TSV",
-            "mtrain translate run=runs/m30k_ct2 engine=ctranslate2 input=test.de",
+            "mtrain translate run=runs/m30k_ct2 input=test.de     # an `mtrain export` directory: CTranslate2",
             "mtrain translate run=runs/m30k_multi tgt_lang=fr input=test.de     # a multilingual run",
         ],
         "hidden": ["decode.valid_beam"],  # the beam of training's validation
@@ -58,7 +58,7 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
         "together in batches; it listens on 127.0.0.1 unless host= says otherwise.",
         "examples": [
             "mtrain serve run=runs/m30k port=8080",
-            "mtrain serve run=runs/m30k_ct2 engine=ctranslate2 host=0.0.0.0",
+            "mtrain serve run=runs/m30k_ct2 host=0.0.0.0     # an `mtrain export` directory: CTranslate2",
             "curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{\"text\": [\"Ein Hund.\"]}'",
         ],
         "hidden": ["decode.valid_beam"],

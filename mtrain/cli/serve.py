@@ -2,7 +2,7 @@
 
     mtrain serve run=RUN_DIR                          # http://127.0.0.1:8080
     mtrain serve run=RUN_DIR host=0.0.0.0 port=9000 decode.beam=4
-    mtrain serve run=EXPORTED_DIR engine=ctranslate2  # from `mtrain export`
+    mtrain serve run=EXPORTED_DIR                     # from `mtrain export`: CTranslate2 decodes it
     curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
@@ -38,8 +38,7 @@ def run_serve(cfg: ServeConfig) -> None:
 
     if cfg.run is None:
         raise MtrainError(
-            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
-            "directory with engine=ctranslate2"
+            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
         )
     listener = listen(cfg.host, cfg.port)
     try:

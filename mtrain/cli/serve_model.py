@@ -103,8 +103,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
 
     if cfg.run is None:
         raise MtrainError(
-            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` "
-            "directory with engine=ctranslate2"
+            "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
         )
     # The ensemble and weights keys reach open_engine only when set, so an opener without them still serves run= alone.
     extra = {}
@@ -127,7 +126,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             device,
             opened.precision,
             opened.description,
-            str(cfg.engine),
+            str(getattr(opened, "engine", cfg.engine)),
             None,
             None,
             limit,
@@ -145,7 +144,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         device,
         opened.precision,
         opened.description,
-        str(cfg.engine),
+        str(getattr(opened, "engine", cfg.engine)),
         src,
         tgt,
         limit,

@@ -5,7 +5,7 @@
     mtrain translate run=RUN_DIR input=test.de decode.nbest=5 decode.beam=5   # n-best TSV
     mtrain translate run=RUN_DIR input=some.de attention=att/ attention_layer=all
     mtrain translate run=RUN_DIR input=test.de engine=ctranslate2 [precision=int8]
-    mtrain translate run=EXPORTED_DIR input=test.de engine=ctranslate2   # from `mtrain export`
+    mtrain translate run=EXPORTED_DIR input=test.de      # from `mtrain export`: CTranslate2 decodes it
     mtrain translate run=RUN_A ensemble=[RUN_B,c.pt] input=test.de    # an ensemble of 3 (run= and the members)
     mtrain translate run=RUN_DIR            # at a terminal: type a line, get its translation
     mtrain translate run=MULTILINGUAL_RUN tgt_lang=fr input=test.de   # a run with data.lang_tags: into French
@@ -43,9 +43,17 @@ def run_translate(cfg: TranslateConfig) -> None:
     check_paths(cfg.input, cfg.output)
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
-    # run= may also be a directory written by `mtrain export` (engine=ctranslate2).
+    # run= may also be a directory written by `mtrain export` (decoded by CTranslate2, announced).
     engine = open_engine(
-        cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, cfg.weights, ensemble=cfg.ensemble
+        cfg.run,
+        cfg.engine,
+        device,
+        cfg.precision,
+        threads,
+        cfg.checkpoint,
+        cfg.weights,
+        ensemble=cfg.ensemble,
+        announce=log.info,
     )
     # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
@@ -53,7 +61,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         "translating with %s on %s, engine=%s, beam %d, %d CPU thread%s%s",
         engine.description,
         device,
-        cfg.engine,
+        engine.engine,
         cfg.decode.beam,
         threads,
         "" if threads == 1 else "s",
@@ -70,7 +78,7 @@ def run_translate(cfg: TranslateConfig) -> None:
 
         settings = {
             **to_plain(cfg.decode),
-            "engine": str(to_plain(cfg.engine)),
+            "engine": str(to_plain(engine.engine)),
             "precision": engine.precision,
             "checkpoint": cfg.checkpoint,
             "weights": str(to_plain(cfg.weights)),

@@ -49,9 +49,10 @@ from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.directions import RunLanguages, single_direction
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
+from mtrain.rundir import EXPORT_METADATA_FILE
 
 # What `mtrain export` writes next to the model: where it came from, special tokens, position limit.
-METADATA_FILE = "mtrain_export.json"
+METADATA_FILE = EXPORT_METADATA_FILE
 
 # length_penalty=0 for CTranslate2: exactly 0 would select its other stopping rule (see above).
 UNNORMALISED = 1e-9
@@ -68,10 +69,18 @@ class CTranslate2Model:
     """A CTranslate2 translator and what decoding with mtrain's semantics needs from it."""
 
     def __init__(
-        self, translator, tokenizer, max_positions: int, description: str = "", languages: RunLanguages | None = None
+        self,
+        translator,
+        tokenizer,
+        max_positions: int,
+        description: str = "",
+        languages: RunLanguages | None = None,
+        metadata: dict | None = None,
     ) -> None:
-        """`tokenizer`: its `tag_ids` are never produced (`RunLanguages.reserving`)."""
+        """`tokenizer`: its `tag_ids` are never produced (`RunLanguages.reserving`).
+        `metadata`: the export directory's METADATA_FILE (where the weights came from)."""
         self.translator = translator
+        self.metadata = metadata or {}
         self.tokenizer = tokenizer
         self.languages = languages  # what the model translates into (None: unknown, an old export)
         self.max_positions = max_positions  # read by `position_limit` (input truncation)
@@ -246,7 +255,7 @@ def load_ctranslate2(
     except (RuntimeError, ValueError) as error:
         raise MtrainError(f"{model_dir}: CTranslate2 cannot load this model on {device} ({error})") from error
     description = f"{model_dir} ({metadata.get('quantization', 'float32')} weights, {translator.compute_type} compute)"
-    return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description, languages)
+    return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description, languages, metadata)
 
 
 def export_languages(metadata: dict) -> RunLanguages | None:
@@ -258,7 +267,3 @@ def export_languages(metadata: dict) -> RunLanguages | None:
     if len(parts) == 2 and all(parts):
         return single_direction(parts[0], parts[1])
     return None
-
-
-def is_export_dir(path: Path) -> bool:
-    return (Path(path) / METADATA_FILE).is_file()

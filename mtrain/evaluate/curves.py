@@ -6,16 +6,33 @@ step. A resumed run appends a new event file; the later value wins for a repeate
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import RunSummary, describe
 from mtrain.rundir import RunDir
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 MIN_AXIS_SPAN = 0.5  # loss or BLEU points: a smaller y range is noise, not a trend
+
+# The plots' layout on an 8-inch-wide figure: the axes' height, characters per line of the
+# legend (at its small font) and of the title, and the height of a legend line and of the
+# space between entries; tick labels closer than TICK_GAP_PIXELS count as touching.
+AXES_INCHES = 4.0
+LEGEND_WIDTH = 100
+TITLE_WIDTH = 70
+LEGEND_LINE_INCHES = 0.17
+LEGEND_ENTRY_INCHES = 0.07
+TICK_GAP_PIXELS = 4
 
 TRAIN_LOSS = "train/loss"
 VALID_BLEU = "valid/bleu"
@@ -79,24 +96,41 @@ def plot_curves(
     title: str,
 ) -> bool:
     """All runs' curves of one tag on one figure, saved as PNG; False when no run has it."""
+    import matplotlib.pyplot as plt
+
+    figure = curves_figure(runs, curves, tag, keys, ylabel, title)
+    if figure is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def curves_figure(
+    runs: Sequence[RunSummary],
+    curves: dict[str, dict[str, Curve]],
+    tag: str,
+    keys: Sequence[str],
+    ylabel: str,
+    title: str,
+) -> Figure | None:
+    """The figure `plot_curves` saves (None when no run has `tag`): the curves on one axes, the
+    legend below it, outside, its labels wrapped, and the figure as tall as the legend needs,
+    so a label of any length and any number of runs fit without covering a curve or being cut;
+    the update ticks thinned (then slanted) until no two labels touch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(figsize=(8, 5))
-    plotted = 0
+    lines: list[tuple[list[int], list[float], str]] = []
     all_values: list[float] = []
     healthy_values: list[float] = []  # values of runs that did not diverge
-    # Line styles cycle too: runs that train alike (same seed, a small change) overlap, and a
-    # dashed line over a solid one keeps both visible.
-    styles = ["-", "--", ":", "-."]
     for run in runs:
         curve = curves.get(run.name, {}).get(tag, [])
         if not curve:
             continue
-        steps = [step for step, _ in curve]
         values = [value for _, value in curve]
         finite = [v for v in values if math.isfinite(v)]
         all_values += finite
@@ -104,18 +138,37 @@ def plot_curves(
             healthy_values += finite
         difference = describe(run, keys)
         label = run.name + ("" if difference == "-" else f": {difference}") + (" (diverged)" if run.diverged else "")
+        lines.append(([step for step, _ in curve], values, label))
+    if not lines:
+        return None
+
+    columns, width = (
+        (2, LEGEND_WIDTH // 2) if max(len(label) for *_, label in lines) <= LEGEND_WIDTH // 2 else (1, LEGEND_WIDTH)
+    )
+    labels = [textwrap.fill(label, width, break_on_hyphens=False) for *_, label in lines]
+    title = textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False)
+    # Legend rows fill each column top-down: the tallest column sets the legend's height.
+    per_column = math.ceil(len(labels) / columns)
+    legend_lines = max(
+        sum(label.count("\n") + 1 for label in labels[start : start + per_column])
+        for start in range(0, len(labels), per_column)
+    )
+    legend_height = LEGEND_LINE_INCHES * legend_lines + LEGEND_ENTRY_INCHES * per_column + 0.3
+    title_height = 0.25 * (title.count("\n") + 1)
+    figure = plt.figure(figsize=(8, AXES_INCHES + title_height + legend_height), layout="constrained")
+    axes = figure.add_subplot()
+    # Line styles cycle too: runs that train alike (same seed, a small change) overlap, and a
+    # dashed line over a solid one keeps both visible.
+    styles = ["-", "--", ":", "-."]
+    for index, ((steps, values, _), label) in enumerate(zip(lines, labels, strict=True)):
         axes.plot(
             steps,
             values,
-            styles[plotted % len(styles)],
-            marker="o" if len(curve) < 20 else None,
+            styles[index % len(styles)],
+            marker="o" if len(steps) < 20 else None,
             markersize=3,
             label=label,
         )
-        plotted += 1
-    if not plotted:
-        plt.close(figure)
-        return False
     if tag == TRAIN_LOSS and healthy_values and max(all_values) > 2 * max(healthy_values):
         # A diverged run's loss explodes; keep the scale of the runs that trained.
         low, high = min(all_values), max(healthy_values)
@@ -123,14 +176,47 @@ def plot_curves(
     elif all_values:
         axes.set_ylim(*readable_limits(all_values))
     axes.ticklabel_format(axis="y", useOffset=False, style="plain")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
     axes.set_xlabel("update")
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return True
+    figure.legend(loc="outside lower center", ncols=columns, fontsize="small", frameon=False)
+    # The estimate above, corrected once drawn: the axes keep their height whatever the legend takes.
+    figure.canvas.draw()
+    axes_height = axes.get_window_extent().height / figure.dpi
+    figure.set_size_inches(8, figure.get_size_inches()[1] + AXES_INCHES - axes_height)
+    _fit_update_ticks(figure, axes)
+    return figure
+
+
+def update_label(update: float, _position: object = None) -> str:
+    """An update number as a tick label: 900, 15k, 2.5M (12,000-wide labels would run together)."""
+    if abs(update) >= 1_000_000:
+        return f"{update / 1_000_000:g}M"
+    if abs(update) >= 10_000:
+        return f"{update / 1000:g}k"
+    return f"{update:g}"
+
+
+def _fit_update_ticks(figure: Figure, axes: Axes) -> None:
+    """Whole-number update ticks, fewer of them (then slanted) until no two labels overlap."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axes.xaxis.set_major_formatter(FuncFormatter(update_label))
+    for bins in ("auto", 6, 4, 3):
+        axes.xaxis.set_major_locator(MaxNLocator(nbins=bins, integer=True))  # updates are whole numbers
+        if not _tick_labels_overlap(figure, axes):
+            return
+    for label in axes.get_xticklabels():
+        label.set_rotation(30)
+        label.set_horizontalalignment("right")
+
+
+def _tick_labels_overlap(figure: Figure, axes: Axes) -> bool:
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = sorted(
+        (label.get_window_extent(renderer) for label in axes.get_xticklabels() if label.get_text()),
+        key=lambda box: box.x0,
+    )
+    return any(left.x1 + TICK_GAP_PIXELS > right.x0 for left, right in itertools.pairwise(boxes))

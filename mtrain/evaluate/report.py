@@ -27,6 +27,27 @@ if TYPE_CHECKING:  # scoring imports this module
     from mtrain.evaluate.scoring import Scored
 
 
+# sacreBLEU's defaults, as `mtrain eval` and fit's test decode score: a report scored so is
+# `<split>.json`; one scored otherwise names what differs (`scored_name`).
+DEFAULT_TOKENIZE = "13a"
+
+
+def scored_name(name: str, tokenize: str = DEFAULT_TOKENIZE, lowercase: bool = False, chrf_word_order: int = 0) -> str:
+    """The name of a report (`<name>.json|md|hyp`) scored with these settings: `name` with
+    sacreBLEU's defaults, else `name` and what differs, `test.lc` (lowercase=true),
+    `test.tok-intl` (tokenize=intl), `test.chrf++` (chrf_word_order=2; sacreBLEU's chrF2++),
+    `test.lc.tok-intl`...: a report scored otherwise never replaces the default one, which
+    `mtrain report` and `mtrain eval runs=` read (and metrics.json's test score matches)."""
+    parts = [name]
+    if lowercase:
+        parts.append("lc")
+    if str(tokenize) != DEFAULT_TOKENIZE:
+        parts.append(f"tok-{tokenize}")
+    if chrf_word_order:
+        parts.append("chrf" + "+" * int(chrf_word_order))
+    return ".".join(parts)
+
+
 def metrics_table(scores: dict[str, dict[str, Any]]) -> Table:
     table = Table(["metric", "score", "signature"])
     for values in scores.values():
@@ -95,20 +116,26 @@ def save_split_report(
 
 
 def replaced_report_note(path: Path, report: dict[str, Any]) -> str | None:
-    """What an earlier report at `path` said, when the new one scores differently (never
-    replace a report silently: a poorer number must say what changed)."""
+    """What an earlier report at `path` said, when the new one scores differently in any metric
+    both hold (never replace a report silently: a poorer number must say what changed)."""
     if not path.is_file():
         return None
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
-        old_bleu = float(old["metrics"]["bleu"]["score"])
-        new_bleu = float(report["metrics"]["bleu"]["score"])
-    except (OSError, ValueError, KeyError, TypeError):
+        scores = {
+            values["name"]: (float(old["metrics"][metric]["score"]), float(values["score"]))
+            for metric, values in report["metrics"].items()
+            if metric in old.get("metrics", {})
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if abs(old_bleu - new_bleu) < 0.005:
+    changed = {name: pair for name, pair in scores.items() if abs(pair[0] - pair[1]) >= 0.005}
+    if not changed:
         return None
+    before = ", ".join(f"{name} {old_score:.2f}" for name, (old_score, _) in changed.items())
+    after = ", ".join(f"{new_score:.2f}" for _, new_score in changed.values())
     return (
-        f"{path}: replacing BLEU {old_bleu:.2f} ({_what_was_decoded(old)}) with {new_bleu:.2f} "
+        f"{path}: replacing {before} ({_what_was_decoded(old)}) with {after} "
         f"({_what_was_decoded(report)}); the earlier hypotheses are replaced too"
     )
 
@@ -172,6 +199,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         sources = ", ".join(Path(p).name for p in checkpoint["averaged_from"])
         lines.append(
             f"- **Checkpoint**: average of {sources} -> `{checkpoint['path']}` (update {checkpoint['update']})"
+        )
+    elif checkpoint.get("export"):
+        lines.append(
+            f"- **Checkpoint**: `{checkpoint['path']}` (update {checkpoint['update']}), as exported to "
+            f"`{checkpoint['export']}`"
         )
     else:
         lines.append(f"- **Checkpoint**: `{checkpoint['path']}` ({checkpoint['which']}, update {checkpoint['update']})")

@@ -3,11 +3,12 @@
 
 engine=torch: the run's checkpoint loaded into mtrain's model, or, with `ensemble=`, that
 checkpoint and the members' decoding together (`mtrain.decode.ensemble`; every member's
-tokenizer is checked against run='s before any model loads). engine=ctranslate2: an
-`mtrain export` directory loaded, or the run's checkpoint converted on the fly. The
-CTranslate2 engine itself (`mtrain.decode.ct2_engine`) only loads directories that
-`mtrain export` wrote; converting a checkpoint is this package's job, which is why the
-opener lives here, above decoding and below the commands.
+tokenizer is checked against run='s before any model loads). engine=ctranslate2: the run's
+checkpoint converted on the fly. An `mtrain export` directory as run= is loaded by CTranslate2
+whichever engine was asked (the one engine that reads it; a switch from engine=torch, the
+default, is announced). The CTranslate2 engine itself (`mtrain.decode.ct2_engine`) only loads
+directories that `mtrain export` wrote; converting a checkpoint is this package's job, which
+is why the opener lives here, above decoding and below the commands.
 
 The engine's tokenizer bans every tag symbol of the run from the output; `RunEngine.languages`
 says which languages the run translates into, and `RunEngine.tokenizer_for(tgt_lang)` is the
@@ -16,8 +17,9 @@ tokenizer of one of them (its tag at the start of every source: mtrain.decode.di
 
 from __future__ import annotations
 
+import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,15 +28,17 @@ import torch
 
 from mtrain.config import Engine
 from mtrain.data.tags import reserved_symbols
-from mtrain.decode.ct2_engine import CTranslate2Model, is_export_dir, load_ctranslate2
+from mtrain.decode.ct2_engine import CTranslate2Model, load_ctranslate2
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.ensemble import EnsembleModel
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
-from mtrain.rundir import RunDir
+from mtrain.rundir import RunDir, is_export_dir
 from mtrain.runtime import resolve_decode_precision
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import LoadedRun, load_checkpoint, load_run
+
+log = logging.getLogger("mtrain")
 
 
 @dataclass
@@ -49,6 +53,7 @@ class RunEngine:
     members: list[LoadedRun] = field(default_factory=list)  # every checkpoint that decodes, run='s first
     # What the run translates into (None: an export directory that does not say)
     languages: RunLanguages | None = None
+    engine: Engine = Engine.torch  # the engine that decodes (an export directory: ctranslate2, whatever was asked)
 
     def tokenizer_for(self, tgt_lang: str | None, key: str = "tgt_lang") -> Any:
         """The tokenizer that translates into `tgt_lang` (null: the run's one target language);
@@ -72,12 +77,14 @@ def open_engine(
     checkpoint: str | Path = "best",
     weights: str = "auto",
     ensemble: Sequence[str | Path] = (),
+    announce: Callable[[str], None] = log.info,
 ) -> RunEngine:
     """The engine that decodes with `run`'s `checkpoint` (best|last|a name|a path) and its
     `weights` (auto: the weights' average when the run kept one, else the trained ones; ema; raw;
     for every member of an ensemble alike).
 
-    With engine=ctranslate2, `run` may also be a directory written by `mtrain export`.
+    `run` may also be a directory written by `mtrain export`: CTranslate2 decodes it, whatever
+    `engine` says (`announce`d when engine=torch was asked, the default).
     `precision`: mtrain's precision names (auto resolved for `device`); CTranslate2 also takes
     its compute types (int8, ...; mtrain.decode.ct2_engine).
     `ensemble`: more members decoding with run='s checkpoint (engine=torch), each a run
@@ -88,15 +95,7 @@ def open_engine(
             raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
         return _ensemble_engine(run, device, precision, checkpoint, ensemble, weights)
     if is_export_dir(Path(run)):
-        if engine != Engine.ctranslate2:
-            raise MtrainError(
-                f"run={run}: is a CTranslate2 model written by `mtrain export`, not a run "
-                f"directory of `mtrain fit`; decode it with engine=ctranslate2"
-            )
-        model = load_ctranslate2(Path(run), device, precision, num_threads)
-        return RunEngine(
-            model, model.tokenizer, model.translator.compute_type, model.description, None, languages=model.languages
-        )
+        return _export_engine(Path(run), engine, device, precision, num_threads, str(checkpoint), weights, announce)
     # A checkpoint to convert is read on the CPU: CTranslate2 loads the converted copy on `device`.
     loaded = load_run(
         run, which=str(checkpoint), device=device if engine == Engine.torch else torch.device("cpu"), weights=weights
@@ -106,7 +105,7 @@ def open_engine(
     if engine == Engine.ctranslate2:
         model = _converted(loaded, tokenizer, languages, device, precision, num_threads)
         return RunEngine(
-            model, tokenizer, model.translator.compute_type, model.description, loaded, [loaded], languages
+            model, tokenizer, model.translator.compute_type, model.description, loaded, [loaded], languages, engine
         )
     resolved = resolve_decode_precision(precision, device)
     return RunEngine(
@@ -117,6 +116,43 @@ def open_engine(
         loaded,
         [loaded],
         languages,
+    )
+
+
+def _export_engine(
+    directory: Path,
+    engine: Engine,
+    device: torch.device,
+    precision: str,
+    num_threads: int | None,
+    checkpoint: str,
+    weights: str,
+    announce: Callable[[str], None],
+) -> RunEngine:
+    """An `mtrain export` directory, decoded by CTranslate2 (the one engine that reads it). It
+    holds one model: `checkpoint` and `weights` other than their defaults are refused."""
+    weights = str(getattr(weights, "value", weights))
+    what = f"run={directory}: is a CTranslate2 model written by `mtrain export` (one model, not a run directory)"
+    if checkpoint != "best":
+        raise MtrainError(
+            f"checkpoint={checkpoint}: {what}; drop checkpoint=, or export that checkpoint "
+            "(mtrain export run=RUN_DIR checkpoint=... out=DIR)"
+        )
+    if weights != "auto":
+        raise MtrainError(f"weights={weights}: {what}, exported with its weights; drop weights=, or export them")
+    if engine != Engine.ctranslate2:
+        announce(
+            f"run={directory} is a CTranslate2 model written by `mtrain export`: decoding it with engine=ctranslate2"
+        )
+    model = load_ctranslate2(directory, device, precision, num_threads)
+    return RunEngine(
+        model,
+        model.tokenizer,
+        model.translator.compute_type,
+        model.description,
+        None,
+        languages=model.languages,
+        engine=Engine.ctranslate2,
     )
 
 

@@ -112,7 +112,7 @@ def warn_of_an_inexact_resume(checkpoint: dict[str, Any], train_cfg: TrainConfig
         log.warning(
             "the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
             "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
-            "train.max_time spent, so another budget moves the run along its curve (README: Resume)",
+            "train.max_time spent, so another budget moves the run along its curve (docs/TRAINING.md: Resume)",
             state.update + 1,
             change[1],
             _schedule_settings(train_cfg),

@@ -7,16 +7,19 @@ that averaging, export, translate and eval read. `train.resume_from=update_N` wa
 from one (its weights, data position and clock, Adam's moments afresh; the trainer warns).
 
 Each save writes `last.pt` (atomically) and loads it back to verify it, then `update_N.pt`
-likewise, then copies that to `best.pt` when it is the best. The copies are files of their
-own, never hard links: replacing one by hand (or by a tool) can never change another. Old
+likewise, then, when it is the best, makes `best.pt` a hard link of it (`rundir.atomic_link`;
+a copy where the file system has no hard links): identical checkpoints are stored once. Every
+write renames a new file into place, so a later save of one name never changes the other, and
+pruning `update_N.pt` leaves `best.pt` whole (the file lives while a name holds it). Old
 `update_N.pt` files beyond `train.keep_last` are pruned only after the new ones are known good.
+By hand, replace a checkpoint with `mv`, never by writing into it (`cp x best.pt` would also
+change the `update_N.pt` it shares its bytes with).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import resolved_model, to_plain
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir, atomic_write
+from mtrain.rundir import RunDir, atomic_link
 from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 from mtrain.train.checkpoint_state import without_optimizer
 
@@ -61,7 +64,7 @@ class Checkpointer:
             load_checkpoint(target, mmap=True)
         if best:
             try:
-                _copy_atomic(path, self.run.checkpoint("best"))
+                atomic_link(path, self.run.checkpoint("best"))
             except OSError as error:
                 raise MtrainError(
                     f"{self.run.checkpoint('best')}: could not write checkpoint ({error.strerror or error}); "
@@ -78,11 +81,6 @@ class Checkpointer:
         for path in self.run.stale_temporary_files():
             log.info("removing %s (left by an interrupted write)", path)
             path.unlink()
-
-
-def _copy_atomic(source: Path, target: Path) -> None:
-    with open(source, "rb") as handle:
-        atomic_write(target, lambda out: shutil.copyfileobj(handle, out, 1 << 24))
 
 
 def data_fingerprints(corpus: str, tokenizer: str) -> dict[str, str]:
