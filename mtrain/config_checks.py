@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import os
 import re
+import types
 import typing
 from collections.abc import Iterator, Sequence
 from enum import Enum
@@ -175,7 +176,7 @@ def takes_a_list(schema: type | None, key: str) -> bool:
         if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
             return True
         field_type = typing.get_type_hints(field_type)[name]
-    while typing.get_origin(field_type) is typing.Union:  # Optional[List[str]]
+    while typing.get_origin(field_type) in (typing.Union, types.UnionType):  # list[str] | None
         field_type = next(arg for arg in typing.get_args(field_type) if arg is not type(None))
     return typing.get_origin(field_type) in (list, tuple) or field_type in (list, tuple)
 
@@ -188,7 +189,7 @@ def list_item_schema(schema: type | None, key: str) -> type | None:
         if not (dataclasses.is_dataclass(field_type) and name in {f.name for f in dataclasses.fields(field_type)}):
             return None
         field_type = typing.get_type_hints(field_type)[name]
-    if typing.get_origin(field_type) in (list, list):
+    if typing.get_origin(field_type) is list:
         item = typing.get_args(field_type)[0]
         return item if dataclasses.is_dataclass(item) else None
     return None
