@@ -38,7 +38,7 @@ _UPDATE_NAME = re.compile(r"^update_(\d+)\.pt$")
 TMP_SUFFIX = ".tmp"
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
 
     A crash at any moment leaves either the old file or the new one, never a mix; an error
