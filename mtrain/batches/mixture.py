@@ -179,10 +179,11 @@ class CorpusMixture:
     def draw(self, seed: int, epoch: int) -> np.ndarray:
         """The global indices epoch `epoch` trains on (duplicates where a corpus is repeated);
         a function of (seed, epoch) alone."""
+        # starts[:-1]: the last start is the total, not a corpus
         drawn = [
             start + draw_corpus(size, count, np.random.default_rng([seed, epoch, i]))
             for i, (start, size, count) in enumerate(
-                zip(self.corpus.starts, self.corpus.sizes, self.counts, strict=True)
+                zip(self.corpus.starts[:-1], self.corpus.sizes, self.counts, strict=True)
             )
         ]
         return np.concatenate(drawn)
