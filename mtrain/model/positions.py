@@ -124,7 +124,7 @@ class RotaryPositions(nn.Module):
         return rotated
 
 
-def position_limit(model: nn.Module) -> int | None:
+def position_limit(model: object) -> int | None:
     """How many positions the model can embed (None: no limit, e.g. positions=none).
 
     The model's `max_positions` if it has one, else the smallest `max_positions` of its
@@ -133,5 +133,7 @@ def position_limit(model: nn.Module) -> int | None:
     limit = getattr(model, "max_positions", None)
     if isinstance(limit, int):
         return limit
+    if not isinstance(model, nn.Module):  # an engine that states no limit
+        return None
     limits = [found for m in model.modules() if isinstance(found := getattr(m, "max_positions", None), int)]
     return min(limits) if limits else None
