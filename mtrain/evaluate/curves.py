@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import RunSummary, describe
@@ -23,7 +24,7 @@ VALID_BLEU = "valid/bleu"
 Curve = list[tuple[int, float]]  # (update, value), sorted by update
 
 
-def _accumulators(run_dir: Path):
+def _accumulators(run_dir: Path) -> Iterator[Any]:  # EventAccumulator (tensorboard is untyped)
     """One loaded EventAccumulator per directory of event files under `<run>/tb/`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
