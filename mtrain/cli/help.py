@@ -17,6 +17,7 @@ import re
 import shutil
 import textwrap
 import tokenize
+import types
 import typing
 from collections.abc import Sequence
 from functools import cache
@@ -244,7 +245,7 @@ def _docstring(schema: type) -> str:
 
 def _type_name(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):  # Optional[int] and int | None
         names = [_type_name(arg) for arg in args if arg is not type(None)]
         return "|".join(names) + ("|null" if type(None) in args else "")
     if origin in (list, list):
