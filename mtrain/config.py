@@ -30,7 +30,7 @@ class Choice(str, Enum):
     """
 
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
@@ -106,7 +106,7 @@ class DecoderOrder(Choice):
     self_ffn_cross = "self_ffn_cross"
 
     @property
-    def sublayers(self) -> tuple:
+    def sublayers(self) -> tuple[str, ...]:
         """The decoder layer's sublayers in the order they run, e.g. ("cross", "self", "ffn")."""
         return tuple(self.value.split("_"))
 
@@ -645,6 +645,7 @@ def resolved_model(cfg: Any) -> ModelConfig:
     """
     if not isinstance(cfg, ModelConfig):
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg))
+    assert isinstance(cfg, ModelConfig)  # to_object of a ModelConfig node builds the dataclass
     layers = cfg.layers
     final_norm = cfg.final_norm if cfg.final_norm is not None else cfg.norm_position == NormPosition.pre
     return dataclasses.replace(
@@ -659,5 +660,5 @@ def with_resolved_model(cfg: FitConfig) -> FitConfig:
     """A copy of a FitConfig (or its composed node) as the dataclass, whose `model` section says
     what is built (see resolved_model), for what a run records (config.yaml, checkpoints);
     `cfg` itself is left as composed."""
-    typed = to_typed(cfg)
+    typed: FitConfig = to_typed(cfg)
     return dataclasses.replace(typed, model=resolved_model(typed.model))

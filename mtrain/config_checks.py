@@ -164,7 +164,7 @@ def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:
         key = f"{prefix}{field.name}"
         yield key
         field_type = typing.get_type_hints(schema)[field.name]
-        if dataclasses.is_dataclass(field_type):
+        if isinstance(field_type, type) and dataclasses.is_dataclass(field_type):
             yield from schema_keys(field_type, f"{key}.")
 
 
@@ -191,7 +191,7 @@ def list_item_schema(schema: type | None, key: str) -> type | None:
         field_type = typing.get_type_hints(field_type)[name]
     if typing.get_origin(field_type) is list:
         item = typing.get_args(field_type)[0]
-        return item if dataclasses.is_dataclass(item) else None
+        return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
     return None
 
 
@@ -606,7 +606,7 @@ def _check_choices(section: Any, schema: type, prefix: str) -> None:
             )
 
 
-def _choice_type(field_type: Any) -> type | None:
+def _choice_type(field_type: Any) -> type[Enum] | None:
     for candidate in (field_type, *typing.get_args(field_type)):  # Optional[X] is Union[X, None]
         if isinstance(candidate, type) and issubclass(candidate, Enum):
             return candidate

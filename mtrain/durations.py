@@ -31,4 +31,7 @@ def parse_budget_share(text: str | None, budget: str | None, key: str = "train.w
             return float(text[:-1]) / 100.0
         except ValueError:
             raise MtrainError(f"{key}={text!r}: not a share; write e.g. 9% or a duration such as 60s") from None
-    return parse_duration(text, key) / parse_duration(budget)
+    seconds, budget_seconds = parse_duration(text, key), parse_duration(budget)
+    if seconds is None or budget_seconds is None:  # a blank budget ("") is unset too
+        return None
+    return seconds / budget_seconds

@@ -16,8 +16,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # Hydra's private API, imported where it is used
+    from hydra._internal.config_repository import ConfigRepository
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
@@ -71,7 +75,7 @@ def has_primary_config(config_dir: str, config_name: str) -> bool:
     return _repository(config_dir).config_exists(config_name)
 
 
-def _repository(config_dir: str):  # -> hydra._internal.config_repository.ConfigRepository
+def _repository(config_dir: str) -> ConfigRepository:
     from hydra._internal.config_repository import ConfigRepository
     from hydra._internal.utils import create_automatic_config_search_path
 
@@ -179,7 +183,8 @@ def read_composition_error(error: Exception) -> CompositionError:
         )
     ambiguous = re.match(r"Ambiguous value for argument '([^=]+)=(.*)'", first)
     if ambiguous:
-        return CompositionError(ErrorKind.SEVERAL_VALUES, first, *ambiguous.groups())
+        key, value = ambiguous.groups()
+        return CompositionError(ErrorKind.SEVERAL_VALUES, first, key, value)
     cause = error.__cause__
     full_key: str | None = getattr(cause, "full_key", None)
     if not full_key:

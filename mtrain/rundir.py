@@ -51,7 +51,7 @@ def is_export_dir(path: str | Path) -> bool:
     return (Path(path) / EXPORT_METADATA_FILE).is_file()
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
 
     A crash at any moment leaves either the old file or the new one, never a mix; an error

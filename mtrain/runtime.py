@@ -117,7 +117,7 @@ def decode_precision_of_training(precision: Precision, device: torch.device) -> 
     return Precision.fp32 if precision is Precision.fp32 else resolve_decode_precision(Precision.auto, device)
 
 
-def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractContextManager:
+def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractContextManager[object]:
     """The autocast context for a resolved precision (a no-op for fp32)."""
     if not Precision(precision).is_low:
         return contextlib.nullcontext()

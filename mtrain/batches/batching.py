@@ -100,7 +100,7 @@ def round_up(lengths: Any, multiple: int) -> Any:
 
 
 def collate(
-    corpus: Any, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1
+    corpus: Any, indices: Sequence[int] | np.ndarray, pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1
 ) -> Batch:
     """The padded tensors of the pairs at `indices` of an EncodedCorpus or a ConcatenatedCorpus
     (teacher forcing); src_len and tgt_len are rounded up to multiples of `pad_to_multiple`."""

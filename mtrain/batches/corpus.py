@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class EncodedCorpus:
     def from_sequences(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> EncodedCorpus:
         """An in-memory corpus (`src` sequences already end with eos): tests, small inputs."""
 
-        def pack(sequences: Sequence[Sequence[int]]) -> tuple:
+        def pack(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
             lengths = np.array([len(s) for s in sequences], dtype=np.int64)
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             tokens = np.fromiter((t for s in sequences for t in s), np.int32, int(offsets[-1]))
@@ -116,13 +117,13 @@ class EncodedCorpus:
         """The distinct target token ids, ascending (what `model.output_vocab=target` keeps)."""
         return np.unique(np.asarray(self.tgt_tokens))
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # Pickled into DataLoader workers: send the path, not a copy of the mapped arrays.
         if self.directory is None:
             return self.__dict__
         return {"directory": self.directory}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         if set(state) == {"directory"}:
             state = EncodedCorpus.open(state["directory"]).__dict__
         self.__dict__.update(state)

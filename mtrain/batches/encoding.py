@@ -15,11 +15,11 @@ import multiprocessing
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from mtrain.config import CleanConfig
 from mtrain.data.cleaning import KEEP, classify_pairs, count_reasons, normalizer, pair_hashes, reject_where
 from mtrain.data.overlap import text_hashes
 
@@ -61,10 +61,10 @@ class ChunkEncoder:
         self.src_prefix = [int(token) for token in src_prefix]
         self.drop_sources = drop_sources
         self.dtype = np.dtype(dtype)
-        self.clean = SimpleNamespace(**clean) if clean is not None else None
-        self._processors: tuple | None = None
+        self.clean = CleanConfig(**clean) if clean is not None else None
+        self._processors: tuple[Any, Any] | None = None  # (source, target) SentencePieceProcessor
 
-    def _load(self) -> tuple:
+    def _load(self) -> tuple[Any, Any]:
         if self._processors is None:  # once per process
             import sentencepiece as spm
 
@@ -73,7 +73,7 @@ class ChunkEncoder:
             self._processors = (src, tgt)
         return self._processors
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_processors": None}  # SentencePiece objects are reloaded
 
     def __call__(self, pairs: Sequence[Pair]) -> EncodedChunk:
@@ -159,7 +159,7 @@ def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[list[Pair]], workers: 
             yield encoder(chunk)
         return
     with multiprocessing.get_context().Pool(workers, initializer=_install, initargs=(encoder,)) as pool:
-        pending: deque = deque()
+        pending: deque[Any] = deque()  # multiprocessing's AsyncResult of each chunk
         for chunk in chunks:
             pending.append(pool.apply_async(_encode_in_worker, (chunk,)))
             if len(pending) >= 2 * workers:

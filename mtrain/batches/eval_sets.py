@@ -48,7 +48,7 @@ def eval_set(
     source: ParallelSource,
     data: DataConfig,
     tokenizer: Tokenizer,
-    model_files: tuple,
+    model_files: tuple[str, str],
     tag_ids: list[int],
     log: Log,
 ) -> EvalSet:
@@ -84,7 +84,7 @@ def _encode(
     source: ParallelSource,
     data: DataConfig,
     tokenizer: Tokenizer,
-    model_files: tuple,
+    model_files: tuple[str, str],
     tag_ids: list[int],
     log: Log,
 ) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,9 @@ class CorpusPart:
     tag: str | None = None
 
 
-def corpus_shares(sizes: Sequence[int], weights: Sequence[float], temperature: float) -> np.ndarray:
+def corpus_shares(
+    sizes: Sequence[int] | np.ndarray, weights: Sequence[float] | np.ndarray, temperature: float
+) -> np.ndarray:
     """Each corpus's share of an epoch, summing to 1: proportional to weight * size^(1/temperature)."""
     sizes = np.asarray(sizes, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)
@@ -52,7 +55,7 @@ def corpus_shares(sizes: Sequence[int], weights: Sequence[float], temperature: f
     mass = weights * sizes ** (1.0 / temperature)  # an empty corpus gets nothing, whatever its weight
     if not mass.sum() > 0:
         raise ValueError("no corpus can be drawn from: every one is empty or weighs 0")
-    return mass / mass.sum()
+    return mass / float(mass.sum())
 
 
 def draw_counts(shares: np.ndarray, total: int) -> np.ndarray:
@@ -109,11 +112,11 @@ class ConcatenatedCorpus:
 
     def src(self, i: int) -> np.ndarray:
         (part,), (local,) = self.locate(np.array([i]))
-        return self.parts[part].src(int(local))
+        return self.parts[int(part)].src(int(local))
 
     def tgt(self, i: int) -> np.ndarray:
         (part,), (local,) = self.locate(np.array([i]))
-        return self.parts[part].tgt(int(local))
+        return self.parts[int(part)].tgt(int(local))
 
     def target_pieces(self) -> np.ndarray:
         """The distinct target token ids of all parts, ascending."""
@@ -179,10 +182,11 @@ class CorpusMixture:
     def draw(self, seed: int, epoch: int) -> np.ndarray:
         """The global indices epoch `epoch` trains on (duplicates where a corpus is repeated);
         a function of (seed, epoch) alone."""
+        # starts[:-1]: the last start is the total, not a corpus
         drawn = [
             start + draw_corpus(size, count, np.random.default_rng([seed, epoch, i]))
             for i, (start, size, count) in enumerate(
-                zip(self.corpus.starts, self.corpus.sizes, self.counts, strict=True)
+                zip(self.corpus.starts[:-1], self.corpus.sizes, self.counts, strict=True)
             )
         ]
         return np.concatenate(drawn)
@@ -224,7 +228,7 @@ class MixtureSampler:
     ) -> None:
         self.mixture = mixture
         self.seed = seed
-        self.options = dict(
+        self.options: dict[str, Any] = dict(
             max_tokens=max_tokens,
             seed=seed,
             shuffle=True,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mtrain.batches.corpus import EncodedCorpus
-from mtrain.batches.eval_sets import eval_set
+from mtrain.batches.eval_sets import EvalSet, eval_set
 from mtrain.batches.mixture import ConcatenatedCorpus, CorpusPart
 from mtrain.batches.sampling import SAMPLING_FORMAT, build_copies, check_sampling_config, open_copies, sampling_enabled
 from mtrain.batches.training_set import EncodedTrainingSet, training_set
@@ -64,7 +64,7 @@ class DirectionData:
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    train: EncodedCorpus
+    train: EncodedCorpus | ConcatenatedCorpus  # the concatenation of data.corpora's entries
     valid: EncodedCorpus
     test: EncodedCorpus | None  # None without a test split (data.splits.test=null)
     valid_text: ParallelText  # raw source/reference sentences for BLEU
@@ -83,7 +83,7 @@ class PreparedData:
     # per direction its valid/test counts
     summary: dict[str, Any] = field(default_factory=dict)
 
-    def training_corpora(self) -> list[EncodedCorpus]:
+    def training_corpora(self) -> list[EncodedCorpus | ConcatenatedCorpus]:
         """Every segmentation training may see: `train`, and its sampled copies."""
         return [self.train, *self.train_copies]
 
@@ -112,7 +112,7 @@ def prepare_data(
         )
     else:
         log(f"tokenizer: the given one ({', '.join(str(path) for path in tokenizer.files.values())})")
-    model_files = tuple(str(path) for path in _model_files(tokenizer))
+    model_files = _model_files(tokenizer)
     drop = bool(data_cfg.clean.drop_eval_overlap)
     if drop:  # the evaluation sets decide which training pairs are dropped: encode them first
         evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
@@ -127,6 +127,7 @@ def prepare_data(
     directions = []
     for direction in run_directions(data_cfg):
         valid, test = evals[direction]
+        assert valid.corpus is not None  # only the test split can be switched off (data.splits.test=null)
         tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
         directions.append(
             DirectionData(direction[0], direction[1], tag_ids, valid.corpus, valid.text, test.corpus, test.text)
@@ -174,8 +175,8 @@ def tag_ids_of(
 
 
 def _evaluation_sets(
-    data_cfg: DataConfig, sources: dict[Direction, Any], tokenizer: Tokenizer, model_files: tuple, log: Log
-) -> dict[Direction, tuple]:
+    data_cfg: DataConfig, sources: dict[Direction, Any], tokenizer: Tokenizer, model_files: tuple[str, str], log: Log
+) -> dict[Direction, tuple[EvalSet, ...]]:
     """(valid, test) EvalSets of every direction trained."""
     evals = {}
     for direction, source in sources.items():
@@ -187,12 +188,12 @@ def _evaluation_sets(
     return evals
 
 
-def _union(pair: tuple) -> EvalHashes:
+def _union(pair: tuple[EvalSet, ...]) -> EvalHashes:
     return pair[0].hashes.union(pair[1].hashes)
 
 
 def _summary(
-    corpora: list[TrainingCorpus], sets: list[EncodedTrainingSet], evals: dict[Direction, tuple], log: Log
+    corpora: list[TrainingCorpus], sets: list[EncodedTrainingSet], evals: dict[Direction, tuple[EvalSet, ...]], log: Log
 ) -> dict[str, Any]:
     """Per corpus: counts, overlap and provenance; per direction: the eval sets' counts. Logged."""
     several = len(corpora) > 1 or corpora[0].key != "data"
@@ -262,6 +263,7 @@ def _log_training(record: dict[str, Any], where: str, log: Log) -> None:
 def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTrainingSet, log: Log) -> None:
     """Build (or reuse) the cached sampled segmentations of the training split (`mtrain.batches.sampling`)."""
     sampling = cfg.subword_sampling
+    assert isinstance(data.train, EncodedCorpus)  # config_checks refuses sampling with several data.corpora
     key = fingerprint(
         "sampled", SAMPLING_FORMAT, encoded.key, float(sampling.alpha), sampling.nbest_size, sampling.copies
     )
@@ -275,7 +277,7 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTra
             build_copies(
                 staging,
                 data.train,
-                tuple(str(path) for path in _model_files(data.tokenizer)),
+                _model_files(data.tokenizer),
                 data.tokenizer.eos_id,
                 sampling,
                 cfg.num_workers,
@@ -298,9 +300,9 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTra
     )
 
 
-def _model_files(tokenizer: Tokenizer) -> tuple:
+def _model_files(tokenizer: Tokenizer) -> tuple[str, str]:
     """(source model, target model) paths: what a worker process needs to encode."""
     files = tokenizer.files
     if tokenizer.joint:
-        return files[JOINT_MODEL], files[JOINT_MODEL]
-    return files[SRC_MODEL], files[TGT_MODEL]
+        return str(files[JOINT_MODEL]), str(files[JOINT_MODEL])
+    return str(files[SRC_MODEL]), str(files[TGT_MODEL])

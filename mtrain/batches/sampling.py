@@ -66,6 +66,7 @@ def build_copies(
     workers: int,
 ) -> None:
     """Write copy_0 .. copy_{copies-1} of `train` into `staging`, each a corpus directory."""
+    assert train.directory is not None  # a cache entry on disk (workers open it by its path)
     tasks = [
         (staging / f"copy_{k}", train.directory, model_files, eos_id, float(cfg.alpha), int(cfg.nbest_size), _SEED + k)
         for k in range(cfg.copies)
@@ -82,7 +83,7 @@ def open_copies(directory: Path, copies: int) -> list[EncodedCorpus]:
     return [EncodedCorpus.open(directory / f"copy_{k}") for k in range(copies)]
 
 
-def _write_copy(task: tuple) -> None:
+def _write_copy(task: tuple[Path, Path, tuple[str, str], int, float, int, int]) -> None:
     """One sampled segmentation of the training split (a picklable task for a worker process)."""
     import sentencepiece as spm
 
@@ -109,4 +110,7 @@ def _write_copy(task: tuple) -> None:
 
 
 def _sample(processor: Any, texts: list[str], alpha: float, nbest_size: int) -> list[list[int]]:
-    return processor.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size, num_threads=1)
+    ids: list[list[int]] = processor.encode(
+        texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size, num_threads=1
+    )  # (SentencePiece's stub types every encode as Any)
+    return ids

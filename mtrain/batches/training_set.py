@@ -58,7 +58,7 @@ def training_set(
     corpus: TrainingCorpus,
     data: DataConfig,
     tokenizer: Tokenizer,
-    model_files: tuple,
+    model_files: tuple[str, str],
     tag_ids: list[int],
     drop: EvalHashes | None,
     log: Log,
@@ -88,13 +88,13 @@ def training_set(
         start = time.perf_counter()
         with build_entry(entry, log) as staging:
             counts = _encode(staging, corpus, data, tokenizer, model_files, tag_ids, drop, log)
-            stored = {"train": counts, "seconds": round(time.perf_counter() - start, 2)}
+            stored: dict[str, Any] = {"train": counts, "seconds": round(time.perf_counter() - start, 2)}
             (staging / "summary.json").write_text(json.dumps(stored, indent=1), encoding="utf-8")
         rate = counts["read"] / max(stored["seconds"], 1e-9)
         log(f"data: encoded in {stored['seconds']:.1f} s ({rate:,.0f} training pairs/s) -> {entry}")
     summary = json.loads((entry / "summary.json").read_text(encoding="utf-8"))["train"]
-    hashes = [_map_hashes(entry / "train" / name) for name in HASH_FILES]
-    return EncodedTrainingSet(EncodedCorpus.open(entry / "train"), *hashes, summary, entry, key, hit)
+    src_hashes, pair_hashes = (_map_hashes(entry / "train" / name) for name in HASH_FILES)
+    return EncodedTrainingSet(EncodedCorpus.open(entry / "train"), src_hashes, pair_hashes, summary, entry, key, hit)
 
 
 def _map_hashes(path: Path) -> np.ndarray:
@@ -108,7 +108,7 @@ def _encode(
     corpus: TrainingCorpus,
     data: DataConfig,
     tokenizer: Tokenizer,
-    model_files: tuple,
+    model_files: tuple[str, str],
     tag_ids: list[int],
     drop: EvalHashes | None,
     log: Log,
@@ -129,11 +129,12 @@ def _encode(
     deduplicator = Deduplicator() if data.clean.deduplicate else None
     writer = CorpusWriter(staging / "train", dtype)
     hash_files = {name: open(staging / "train" / name, "wb") for name in HASH_FILES}
-    rejected: Counter = Counter(dict.fromkeys(REASONS, 0))
+    rejected: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
     read, next_progress, start = 0, PROGRESS_EVERY, time.perf_counter()
     where = "train" if corpus.key == "data" else f"train [{corpus.label}]"
     try:
         for chunk in encode_chunks(encoder, chunked(pairs, data.chunk_size), data.num_workers):
+            assert chunk.hashes is not None  # the training split is encoded with data.clean: hashed
             rejected.update(chunk.rejected)
             read += len(chunk.src_lengths) + sum(chunk.rejected.values())
             if deduplicator is not None:
@@ -170,6 +171,7 @@ def _encode(
 
 def _subset(chunk: EncodedChunk, keep: np.ndarray) -> EncodedChunk:
     """The pairs of `chunk` where `keep` is True."""
+    assert chunk.hashes is not None and chunk.src_hashes is not None  # a training chunk (see _encode)
     return EncodedChunk(
         src_tokens=chunk.src_tokens[np.repeat(keep, chunk.src_lengths)],
         src_lengths=chunk.src_lengths[keep],

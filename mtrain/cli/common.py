@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -54,6 +54,8 @@ from mtrain.hydra_internals import (
     read_composition_error,
 )
 from mtrain.rundir import RunDir, atomic_write_text
+
+TaskConfig = TypeVar("TaskConfig")  # a command's config dataclass (FitConfig, EvalConfig, ...)
 
 
 def find_config_dir(package: Path = Path(__file__).resolve().parents[1]) -> Path:  # noqa: B008 - fixed per install
@@ -101,12 +103,13 @@ class SweepOutcome:
 _sweep = SweepOutcome()
 
 
-def mtrain_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[..., Any]]:
+def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Callable[..., Any]]:
     """Decorate `task(cfg)` into the `main()` of the command whose config is configs/<config_name>.yaml:
     checks before the run (see the module docstring), then Hydra, then `task` with MtrainError
     as one line. `main(cfg)` runs `task` on a given config (as Hydra's `cfg_passthrough`)."""
 
-    def decorate(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
+    def decorate(task: Callable[[TaskConfig], Any]) -> Callable[..., Any]:
+        # Hydra passes a DictConfig; user_errors_as_messages hands `task` the command's dataclass.
         app = hydra.main(config_path=CONFIG_DIR, config_name=config_name, version_base="1.3")(
             user_errors_as_messages(task)
         )
@@ -150,8 +153,8 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             if job_dir is not None:
                 log.error("job failed: %s", error)
                 _record_failed_job(job_dir, str(error), type(error).__name__)
-                if getattr(error, "exit_status", 2) > 128:
-                    _sweep.exit_status = error.exit_status
+                if (status := getattr(error, "exit_status", 2)) > 128:
+                    _sweep.exit_status = status
                 return None
             sys.exit(getattr(error, "exit_status", 2))  # a stop signal exits 128 + its number
         except Exception as error:  # a bug: Hydra shows it, with its traceback, once the other jobs ran
@@ -235,10 +238,8 @@ def composition_error_message(error: Exception, config_name: str) -> str:
         schema = APP_SCHEMAS.get(config_name)
         keys = list(schema_keys(schema)) if schema is not None and not read.key.startswith("hydra.") else []
         item = re.match(r"(.+)(\[\d+\]\.)", read.key)  # data.corpora[0].nmae: the item's keys
-        if item and list_item_schema(schema, item.group(1)) is not None:
-            keys = [
-                f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(list_item_schema(schema, item.group(1)))
-            ]
+        if item and (item_schema := list_item_schema(schema, item.group(1))) is not None:
+            keys = [f"{item.group(1)}{item.group(2)}{key}" for key in schema_keys(item_schema)]
         return f"{read.key}: unknown config key; check its spelling" + did_you_mean_key(read.key, keys)
     if read.kind is ErrorKind.NOT_A_CHOICE:
         return f"{read.key}: '{read.value}' is not one of {'|'.join(read.allowed)}" + did_you_mean(

@@ -68,6 +68,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     from mtrain.runtime import resolve_device
 
     metrics = check_metric_names(cfg.metrics)
+    assert cfg.run is not None  # (main: run= chose this mode)
     run = RunDir(cfg.run)
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
@@ -115,6 +116,8 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         }
     else:
         run_data, split_run, checkpoint_info = exported_model(run, engine.model.metadata)
+    if engine.languages is None:  # an export written before exports recorded their languages
+        raise MtrainError(f"run={run.path}: the export does not record its languages; export the run again to score it")
     direction, tgt_lang = scored_direction(cfg, engine.languages)
     data_cfg = run_data
     if direction is not None:  # a multilingual run's direction: its own report, its languages in it
@@ -260,6 +263,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     )
 
     metrics = check_metric_names(cfg.metrics)
+    assert cfg.hyp is not None  # (main: hyp= chose this mode)
     hyp_path = Path(cfg.hyp)
     hyps = read_lines(hyp_path, "hyp")
     tsv = None
@@ -283,7 +287,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
     scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     log(metrics_table(scores).to_text())
-    result = {
+    result: dict[str, Any] = {
         "hypotheses": file_record(hyp_path, "hypotheses"),
         "data": split.files,
         "sentences": len(hyps),
@@ -307,7 +311,8 @@ def compare(cfg: EvalConfig) -> dict[str, Any]:
 
     if (cfg.src_lang is None) != (cfg.tgt_lang is None):
         raise MtrainError("runs= with src_lang or tgt_lang compares one direction: give both (src_lang=de tgt_lang=en)")
-    direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None else None
+    direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None and cfg.tgt_lang is not None else None
+    assert cfg.runs is not None  # (main: runs= chose this mode)
     runs = discover_runs(cfg.runs)
     refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
     baseline = cfg.baseline or default_baseline(runs, str(to_plain(cfg.split)), direction)

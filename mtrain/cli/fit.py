@@ -90,7 +90,9 @@ def _check_and_fit(
     resume_path = _check_run_dir(run, cfg)
     resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
     parent = None
-    if resume_state is not None:  # a run started with init_from continues with its own model and tokenizer
+    if (
+        resume_state is not None and resume_path is not None
+    ):  # a run started with init_from continues with its own model and tokenizer
         cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:
@@ -161,7 +163,7 @@ def _fit(
     for split in ("valid", "test") if data.test is not None else ("valid",):
         for direction in data.directions:
             check_references([getattr(direction, f"{split}_text").tgt], split_name(cfg, split, data, direction))
-    if resume_state is not None:
+    if resume_state is not None and resume_path is not None:
         check_resumable_data(resume_state, data_fingerprints(data.fingerprint, data.tokenizer.fingerprint), resume_path)
 
     # Every check has passed: from here on the run directory is written.
@@ -292,7 +294,7 @@ def _check_run_dir(run: RunDir, cfg: FitConfig) -> Path | None:
     if not run.checkpoint("last").is_file():
         if cfg.init_from is None and run.parent_file.is_file():  # else it would start from scratch
             raise MtrainError(
-                f"{run.path}: this run started from init_from={OmegaConf.load(run.parent_file).get('from')} "
+                f"{run.path}: this run started from init_from={OmegaConf.select(OmegaConf.load(run.parent_file), 'from')} "
                 f"({run.parent_file.name}) but has no checkpoint yet; start it again with that init_from= "
                 "(nothing was written)"
             )

@@ -158,7 +158,9 @@ def _groups(config_dir: Path, config_name: str, overrides: Sequence[str]) -> lis
     """(group, chosen preset) for each group in the command's defaults list."""
     from omegaconf import OmegaConf
 
-    defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{config_name}.yaml")).get("defaults", [])
+    primary = OmegaConf.to_container(OmegaConf.load(config_dir / f"{config_name}.yaml"))
+    assert isinstance(primary, dict)  # a primary config file is a mapping
+    defaults = primary.get("defaults", [])
     chosen = dict(
         override.split("=", 1) for override in overrides if "=" in override and "." not in override.split("=")[0]
     )
@@ -212,11 +214,12 @@ def _rows(cfg: Any, prefix: str):
     """(key, type, value, description) for every key of `cfg`, nested sections after plain keys."""
     from omegaconf import OmegaConf
 
-    schema = OmegaConf.get_type(cfg)
+    schema: type | None = OmegaConf.get_type(cfg)  # (`type`, not type[Any]: lru_cache hashes it)
     fields = {field.name: field for field in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     hints = typing.get_type_hints(schema) if fields else {}
-    notes = field_descriptions(schema) if fields else {}
+    notes = field_descriptions(schema) if fields and schema is not None else {}
     values = OmegaConf.to_container(cfg, resolve=False)  # as written: `${...}` and `???` shown, not resolved
+    assert isinstance(values, dict)  # `cfg` is a section
     sections = []
     for key in cfg:
         if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):
@@ -225,7 +228,9 @@ def _rows(cfg: Any, prefix: str):
         kind = _type_name(hints[key]) if key in hints else "any"
         yield f"{prefix}{key}", kind, _value_text(values[key]), notes.get(key, "")
     for key in sections:
-        yield f"{prefix}{key}.*", "", "", _docstring(OmegaConf.get_type(cfg, key))
+        section_schema = OmegaConf.get_type(cfg, key)
+        assert section_schema is not None  # a dataclass (above)
+        yield f"{prefix}{key}.*", "", "", _docstring(section_schema)
         yield from _rows(cfg[key], f"{prefix}{key}.")
 
 
@@ -284,7 +289,7 @@ def field_descriptions(schema: type) -> dict[str, str]:
         match = re.match(r"    (\w+)\s*:", line)
         if not match:
             continue
-        above = []
+        above: list[str] = []
         previous = row - 1
         while previous in comments and comments[previous][1]:
             above.insert(0, comments[previous][0])

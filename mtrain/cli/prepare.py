@@ -26,6 +26,7 @@ def main(cfg: FitConfig) -> None:
         cfg.data, cfg.tokenizer, log=lambda message: print(message, flush=True), tokenizer=tokenizer
     )
     for part in prepared.train_parts:  # one cache entry per training corpus (the first is `directory`)
+        assert part.corpus.directory is not None  # (cached on disk)
         print(f"prepared: {part.corpus.directory.parent}", flush=True)
 
 

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -248,10 +248,10 @@ def response_body(hypotheses: list[list[Any]], nbest: int) -> dict:
     return body
 
 
-def describe_validation_error(errors: list[dict]) -> tuple[int, str]:
+def describe_validation_error(errors: Sequence[Any]) -> tuple[int, str]:
     """(status, one line naming the field) for FastAPI's validation errors: 400 for a body that
     is not JSON, 422 for a wrong field."""
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    first: dict[str, Any] = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", first.get("msg", ""))
         return 400, f'body: malformed JSON ({reason}); send a JSON object such as {{"text": ["..."]}}'

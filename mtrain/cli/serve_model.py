@@ -106,7 +106,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
         )
     # The ensemble and weights keys reach open_engine only when set, so an opener without them still serves run= alone.
-    extra = {}
+    extra: dict[str, Any] = {}
     if cfg.ensemble:
         extra["ensemble"] = list(cfg.ensemble)
     if cfg.weights != DecodeWeights.auto:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections.abc import Callable, Sequence
+from typing import Literal, cast
 
 import numpy as np
 
@@ -46,7 +47,9 @@ def normalizer(form: str | None) -> Callable[[str], str]:
     """Unicode normalisation to `form` (NFKC, NFC), or the identity when null."""
     if form is None:
         return lambda text: text
-    return lambda text: unicodedata.normalize(form, text)
+    # unicodedata's stub takes the four form names as literals; it checks the name itself.
+    unicode_form = cast(Literal["NFC", "NFD", "NFKC", "NFKD"], str(form))
+    return lambda text: unicodedata.normalize(unicode_form, text)
 
 
 def classify_pairs(
@@ -80,7 +83,7 @@ def reject_where(codes: np.ndarray, reason: str, condition: np.ndarray) -> None:
     codes[(codes == KEEP) & condition] = _CODE[reason]
 
 
-def count_reasons(codes: np.ndarray) -> dict:
+def count_reasons(codes: np.ndarray) -> dict[str, int]:
     counts = np.bincount(codes, minlength=len(REASONS) + 1)
     return {reason: int(counts[code]) for reason, code in _CODE.items()}
 

@@ -81,7 +81,7 @@ def training_corpora(data: DataConfig, data_source: ParallelSource | None = None
     (resolved by the caller) for the single-corpus case."""
     if not data.corpora:
         return [TrainingCorpus("data", data.name, data, data_source or resolve_source(data))]
-    corpora = []
+    corpora: list[TrainingCorpus] = []
     names = [corpus.name or data.name for corpus in data.corpora]
     for index, corpus in enumerate(data.corpora):
         cfg = corpus_config(data, index)
@@ -120,12 +120,12 @@ def evaluation_sources(data: DataConfig, corpora: list[TrainingCorpus]) -> dict[
     first_local: Path | None = None
     for src, tgt in run_directions(data):
         key = next(c.key for c in corpora if c.direction == (src, tgt))
-        # Only valid/test are read from data; its training split need not exist.
-        cfg = dataclasses.replace(
-            data, src=src, tgt=tgt, corpora=[], splits=dataclasses.replace(data.splits, train=None)
-        )
+        # Only valid/test are read from data; its training split need not exist (None: not
+        # looked for, as in corpus_config; the schema keeps str, so a user cannot null it).
+        splits = dataclasses.replace(data.splits, train=None)  # type: ignore[arg-type]
+        cfg = dataclasses.replace(data, src=src, tgt=tgt, corpora=[], splits=splits)
         if first_local is not None:  # the same folder for every direction: no Hub lookup per direction
-            source: ParallelSource = LocalSource(first_local, cfg)
+            source = LocalSource(first_local, cfg)
             _check_evaluation_files(source, cfg, key)
             sources[(src, tgt)] = source if cfg.splits.test is not None else WithoutTestSplit(source)
             continue

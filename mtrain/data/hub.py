@@ -68,7 +68,8 @@ def parquet_export_files(dataset_id: str, config: str | None, split: str) -> lis
     base = str(local) if local.is_dir() else f"hf://datasets/{dataset_id}@{PARQUET_EXPORT}"
     folder = config or "default"  # the export names a dataset without configs "default"
     try:
-        return resolve_pattern(f"{folder}/{split}/*.parquet", base_path=base)
+        files: list[str] = resolve_pattern(f"{folder}/{split}/*.parquet", base_path=base)  # (`datasets` is untyped)
+        return files
     except FileNotFoundError:
         pass
     try:
@@ -147,6 +148,7 @@ class HubSource:
 
     def _load_or_read_export(self, hub_split: str) -> Any:
         """The split at data.hub.revision; the parquet export when that holds a loading script."""
+        assert self.hub.id is not None  # a HubSource is made only for a set data.hub.id (sources.py)
         try:
             return load_hub_split(self.hub.id, self.hub.config, hub_split, self.hub.revision)
         except RuntimeError as error:

@@ -11,6 +11,7 @@ train, valid, test) and has a cheap fingerprint of that split, used as a cache k
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ class WithoutTestSplit:
     def fingerprint(self, split: str) -> str:
         return "no test split" if split == "test" else self.source.fingerprint(split)
 
-    def pairs(self, split: str, stats: ReadStats):
+    def pairs(self, split: str, stats: ReadStats) -> Iterator[Pair]:
         return iter(()) if split == "test" else self.source.pairs(split, stats)
 
     def __getattr__(self, name: str) -> Any:
@@ -126,7 +127,7 @@ def _refuse_a_language_the_local_copy_lacks(cfg: DataConfig, directory: Path) ->
         )
 
 
-def _local_languages(cfg: DataConfig, directory: Path) -> set:
+def _local_languages(cfg: DataConfig, directory: Path) -> set[str]:
     """The languages whose files for every split (data.pattern) are all in `directory`."""
     found = None
     for split in ("train", "valid", "test"):

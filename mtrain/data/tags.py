@@ -44,7 +44,7 @@ def run_directions(data: DataConfig) -> list[Direction]:
 
 def reserved_symbols(data: DataConfig) -> list[str]:
     """The tag symbols the tokenizer must hold as single pieces, sorted (a stable key)."""
-    symbols = set()
+    symbols: set[str] = set()
     if data.lang_tags:
         symbols.update(lang_tag(tgt) for _, tgt in run_directions(data))
     symbols.update(corpus_tag(corpus.tag) for corpus in data.corpora if corpus.tag)

@@ -39,7 +39,7 @@ class _Request(Generic[Item, Result, Setting]):
     items: Sequence[Item]
     setting: Setting
     key: Hashable
-    future: Future
+    future: Future[list[Result]]
     arrived: float
     taken: int = 0  # items handed to a batch so far
     results: list[Any] = field(default_factory=list)  # one per item, filled as batches finish
@@ -79,7 +79,7 @@ class Batcher(Generic[Item, Result, Setting]):
         self._key = key
         self.max_batch_items = max_batch_items
         self.max_wait_s = max(0.0, max_wait_s)
-        self._waiting: deque[_Request] = deque()  # oldest first
+        self._waiting: deque[_Request[Item, Result, Setting]] = deque()  # oldest first
         self._lock = threading.Condition()
         self._closed = False
         self._requests = self._batches = self._items = self._largest = 0
@@ -88,7 +88,7 @@ class Batcher(Generic[Item, Result, Setting]):
 
     def submit(self, items: Sequence[Item], setting: Setting) -> Future[list[Result]]:
         """A future of `items`' results, in their order; raises BatcherClosed after close()."""
-        future: Future = Future()
+        future: Future[list[Result]] = Future()
         with self._lock:
             if self._closed:
                 raise BatcherClosed("the batcher is closed")
@@ -123,7 +123,7 @@ class Batcher(Generic[Item, Result, Setting]):
             if batch[0]:  # empty when every request of it was cancelled meanwhile
                 self._decode_batch(*batch)
 
-    def _next_batch(self) -> tuple[list[tuple[_Request, int, int]], Any] | None:
+    def _next_batch(self) -> tuple[list[tuple[_Request[Item, Result, Setting], int, int]], Any] | None:
         """The next batch as (request, start, end) slices and their setting; None once closed
         and drained. Waits, holding no lock while asleep, for items or for the oldest's deadline."""
         with self._lock:
@@ -146,7 +146,7 @@ class Batcher(Generic[Item, Result, Setting]):
         if len(kept) != len(self._waiting):
             self._waiting = deque(kept)
 
-    def _take(self, key: Hashable) -> list[tuple[_Request, int, int]]:
+    def _take(self, key: Hashable) -> list[tuple[_Request[Item, Result, Setting], int, int]]:
         """Up to max_batch_items items of the requests with `key`, oldest first (lock held)."""
         slices, room = [], self.max_batch_items
         for request in list(self._waiting):
@@ -162,7 +162,7 @@ class Batcher(Generic[Item, Result, Setting]):
                 self._waiting.remove(request)
         return slices
 
-    def _decode_batch(self, slices: list[tuple[_Request, int, int]], setting: Any) -> None:
+    def _decode_batch(self, slices: list[tuple[_Request[Item, Result, Setting], int, int]], setting: Any) -> None:
         items = [item for request, start, end in slices for item in request.items[start:end]]
         try:
             results = self._decode(items, setting)
@@ -183,7 +183,7 @@ class Batcher(Generic[Item, Result, Setting]):
             if request.done == len(request.items):
                 _resolve(request.future, result=request.results)
 
-    def _fail(self, requests: list[_Request], error: BaseException) -> None:
+    def _fail(self, requests: list[_Request[Item, Result, Setting]], error: BaseException) -> None:
         with self._lock:
             for request in requests:
                 if request in self._waiting:  # its remaining items will not be decoded either
@@ -192,7 +192,7 @@ class Batcher(Generic[Item, Result, Setting]):
             _resolve(request.future, error=error)
 
 
-def _resolve(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+def _resolve(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     """Set a future's outcome unless it is already done (the handler may have cancelled it)."""
     try:
         if error is not None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,6 +51,7 @@ from mtrain.decode.directions import RunLanguages, single_direction
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.rundir import EXPORT_METADATA_FILE
+from mtrain.tokenizer import Tokenizer
 
 # What `mtrain export` writes next to the model: where it came from, special tokens, position limit.
 METADATA_FILE = EXPORT_METADATA_FILE
@@ -70,12 +72,12 @@ class CTranslate2Model:
 
     def __init__(
         self,
-        translator,
-        tokenizer,
+        translator: Any,  # a ctranslate2.Translator (the library has no type annotations)
+        tokenizer: Tokenizer,
         max_positions: int,
         description: str = "",
         languages: RunLanguages | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         """`tokenizer`: its `tag_ids` are never produced (`RunLanguages.reserving`).
         `metadata`: the export directory's METADATA_FILE (where the weights came from)."""
@@ -128,7 +130,7 @@ class CTranslate2Model:
         limit = int((torch.tensor(float(src_len)) * cfg.max_len_a + cfg.max_len_b).long())
         return max(0, min(limit, self.max_positions - 1))
 
-    def _options(self, cfg: DecodeConfig, attention_layer) -> dict:
+    def _options(self, cfg: DecodeConfig, attention_layer: int | str | None) -> dict[str, Any]:
         if not cfg.early_stopping:
             raise MtrainError(
                 "decode.early_stopping=false: CTranslate2's beam search stops once `beam` hypotheses "
@@ -139,7 +141,7 @@ class CTranslate2Model:
                 f"attention_layer={attention_layer}: with engine=ctranslate2 only the last decoder "
                 "layer's attention is available; use attention_layer=last or engine=torch"
             )
-        options = dict(
+        options: dict[str, Any] = dict(
             # All `beam` finished hypotheses come back, so those cut at the limit can be
             # rescored and re-ranked (see `_hypotheses`); `nbest` of them are kept.
             num_hypotheses=cfg.beam if cfg.sampling == Sampling.none else cfg.nbest,
@@ -167,7 +169,7 @@ class CTranslate2Model:
         return options
 
     def _hypotheses(
-        self, src_pieces: list[list[str]], outputs, max_len: int, cfg: DecodeConfig
+        self, src_pieces: list[list[str]], outputs: Sequence[Any], max_len: int, cfg: DecodeConfig
     ) -> list[list[Hypothesis]]:
         """mtrain's hypotheses from CTranslate2's results, best first, `cfg.nbest` per sentence.
 
@@ -215,7 +217,7 @@ def compute_type(precision: str) -> str:
     return COMPUTE_TYPES[precision]
 
 
-def import_ctranslate2():
+def import_ctranslate2() -> Any:  # the ctranslate2 module (it has no type annotations)
     """The ctranslate2 module, or an MtrainError saying how to install it."""
     try:
         import ctranslate2
@@ -228,11 +230,13 @@ def import_ctranslate2():
 
 
 def load_ctranslate2(
-    model_dir: Path, device: torch.device, precision: str = "auto", num_threads: int | None = None, tokenizer=None
+    model_dir: Path,
+    device: torch.device,
+    precision: str = "auto",
+    num_threads: int | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> CTranslate2Model:
     """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given)."""
-    from mtrain.tokenizer import Tokenizer
-
     ctranslate2 = import_ctranslate2()
     model_dir = Path(model_dir)
     metadata_path = model_dir / METADATA_FILE
@@ -258,7 +262,7 @@ def load_ctranslate2(
     return CTranslate2Model(translator, tokenizer, int(metadata["max_positions"]), description, languages, metadata)
 
 
-def export_languages(metadata: dict) -> RunLanguages | None:
+def export_languages(metadata: dict[str, Any]) -> RunLanguages | None:
     """What an export directory translates: its run's data config (`data`, recorded since
     multilingual runs), else its `language_pair`; None when neither is recorded."""
     if isinstance(metadata.get("data"), dict):

@@ -25,6 +25,7 @@ decodes it as it decodes one model: bf16/fp16 casts every member's Linear weight
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,11 +33,14 @@ from torch import Tensor, nn
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 
+if TYPE_CHECKING:
+    from mtrain.model import DecoderState, Seq2SeqTransformer
+
 
 class EnsembleState:
     """One decoder state per member, advanced and reordered together."""
 
-    def __init__(self, states: list) -> None:
+    def __init__(self, states: list[DecoderState]) -> None:
         self.states = states
 
     @property
@@ -55,7 +59,7 @@ class EnsembleState:
 class EnsembleModel(nn.Module):
     """The members' mean log-probabilities as one decodable model (eval mode)."""
 
-    def __init__(self, members: Sequence[nn.Module]) -> None:
+    def __init__(self, members: Sequence[Seq2SeqTransformer]) -> None:
         super().__init__()
         if not members:
             raise ValueError("an ensemble needs at least one model")
@@ -74,13 +78,13 @@ class EnsembleModel(nn.Module):
 
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> list[Tensor]:
         """One memory (batch, src_len, d_model of that member) per member."""
-        return [member.encode(src_tokens, src_padding_mask) for member in self.members]
+        return [member.encode(src_tokens, src_padding_mask) for member in self._members()]
 
     def start_decoding(self, memories: list[Tensor], src_padding_mask: Tensor) -> EnsembleState:
         return EnsembleState(
             [
                 member.start_decoding(memory, src_padding_mask)
-                for member, memory in zip(self.members, memories, strict=True)
+                for member, memory in zip(self._members(), memories, strict=True)
             ]
         )
 
@@ -97,10 +101,10 @@ class EnsembleModel(nn.Module):
             member.decode_step(
                 prev_tokens, member_state, need_attention=need_attention, attention_layer=attention_layer
             )
-            for member, member_state in zip(self.members, state.states, strict=True)
+            for member, member_state in zip(self._members(), state.states, strict=True)
         ]
         if not need_attention:
-            return self._combine(outputs)
+            return self._combine(cast("list[Tensor]", outputs))  # without need_attention: logits alone
         logits, attention = zip(*outputs, strict=True)
         return self._combine(list(logits)), _mean_attention(list(attention), attention_layer)
 
@@ -108,6 +112,9 @@ class EnsembleModel(nn.Module):
         """Teacher-forced scores (batch, tgt_len, vocab), combined as `decode_step` combines them:
         the recomputing decoder (`use_cache=False`) and exhaustive-search tests use it."""
         return self._combine([member(src_tokens, src_padding_mask, tgt_input) for member in self.members])
+
+    def _members(self) -> list[Seq2SeqTransformer]:
+        return cast("list[Seq2SeqTransformer]", self.members)  # (a ModuleList yields Module)
 
     def _combine(self, logits: list[Tensor]) -> Tensor:
         if len(logits) == 1:
@@ -117,6 +124,7 @@ class EnsembleModel(nn.Module):
             torch.log_softmax(member_logits, dim=-1, dtype=torch.float32)[..., : self.tgt_vocab_size]
             for member_logits in logits
         )
+        assert isinstance(total, Tensor)  # a sum of two or more tensors
         return total / len(logits)
 
 

@@ -41,8 +41,8 @@ from mtrain.config import DecodeConfig, Sampling
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
 from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
 from mtrain.decode.sampling import SamplingSearch
-from mtrain.decode.search import BeamSearch, GreedySearch, SearchAlgorithm
-from mtrain.decode.step_functions import CachedStep, RecomputeStep
+from mtrain.decode.search import BeamSearch, Choices, GreedySearch, SearchAlgorithm
+from mtrain.decode.step_functions import CachedStep, DecodingModel, RecomputeStep
 from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
@@ -76,7 +76,7 @@ class _Finished:
 
 @torch.inference_mode()
 def generate(
-    model,
+    model: DecodingModel,
     src_tokens: Tensor,
     src_padding_mask: Tensor,
     cfg: DecodeConfig,
@@ -120,7 +120,6 @@ def generate(
     expand = torch.arange(batch, device=device).repeat_interleave(width)
     step_class = CachedStep if use_cache else RecomputeStep
     step_fn = step_class(model, src_tokens, memory, src_padding_mask, width, attention_layer)
-    need_attention = attention_layer is not None
 
     sentence = torch.arange(batch, device=device)  # (n,) which input sentence each active one is
     row_max_len = max_len.index_select(0, expand)  # (rows,)
@@ -166,7 +165,7 @@ def generate(
                     score=normalised[which, pos],
                     attention=(
                         torch.cat([attention_history, attention], dim=1).index_select(0, rows)
-                        if need_attention
+                        if attention_history is not None and attention is not None  # (set together)
                         else None
                     ),
                 )
@@ -199,7 +198,7 @@ def generate(
         if width > 1 or kept_sentences is not None:  # greedy with no sentence done: nothing moves
             step_fn.reorder(index, kept_sentences)
         prefix = torch.cat([prefix.index_select(0, index), next_tokens.view(-1, 1)], dim=1)
-        if need_attention:
+        if attention_history is not None and attention is not None:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
         row_max_len = row_max_len.index_select(0, index)
         scores = next_scores
@@ -207,7 +206,7 @@ def generate(
     return _collect(finished, batch, cfg.nbest, src_lengths)
 
 
-def _next_live(choices, chosen_rows: Tensor, continues: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+def _next_live(choices: Choices, chosen_rows: Tensor, continues: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
     """The first `width` choices per sentence that do not end the hypothesis.
 
     Returns rows (n, width) to extend, tokens (n, width) and scores (n, width); when fewer

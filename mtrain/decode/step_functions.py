@@ -15,9 +15,24 @@ finished sentences in one index operation), `sentences` the sentences that stay 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
+
+
+class DecodingModel(Protocol):
+    """What decoding calls: mtrain's Seq2SeqTransformer, or an EnsembleModel of them (whose
+    memory is a list of the members' and whose state holds one DecoderState per member)."""
+
+    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> Any: ...
+
+    def start_decoding(self, memory: Any, src_padding_mask: Tensor) -> Any: ...
+
+    def decode_step(
+        self, prev_tokens: Tensor, state: Any, need_attention: bool = False, attention_layer: int | str = "last"
+    ) -> Tensor | tuple[Tensor, Tensor]: ...
+
+    def __call__(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor: ...
 
 
 class StepFunction(Protocol):
@@ -42,9 +57,9 @@ class CachedStep:
 
     def __init__(
         self,
-        model,
+        model: DecodingModel,
         src_tokens: Tensor,
-        memory: Tensor,
+        memory: Any,  # what model.encode returned
         src_padding_mask: Tensor,
         width: int,
         attention_layer: int | str | None = None,
@@ -64,6 +79,7 @@ class CachedStep:
             tokens = tokens[:: self.width]  # one [bos] per sentence
         if self.attention_layer is None:
             logits, attention = self.model.decode_step(tokens, self.state), None
+            assert isinstance(logits, Tensor)  # without need_attention: the logits alone
         else:
             logits, attention = self.model.decode_step(
                 tokens, self.state, need_attention=True, attention_layer=self.attention_layer
@@ -92,9 +108,9 @@ class RecomputeStep:
 
     def __init__(
         self,
-        model,
+        model: DecodingModel,
         src_tokens: Tensor,
-        memory: Tensor,
+        memory: Any,  # what model.encode returned
         src_padding_mask: Tensor,
         width: int,
         attention_layer: int | str | None = None,

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
 
 import torch
 from tqdm import tqdm
@@ -32,9 +32,14 @@ from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.textio import InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks, write_output
-from mtrain.decode.translator import as_engine, translate_encoded
+from mtrain.decode.translator import Engine, as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
+from mtrain.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.model import Seq2SeqTransformer
 
 log = logging.getLogger("mtrain.translate")
 
@@ -53,7 +58,7 @@ class StreamReport:
     undecodable_lines: int
 
 
-def encode_line(tokenizer, text: str, line_number: int, limit: int) -> tuple[list[int] | None, bool]:
+def encode_line(tokenizer: Tokenizer, text: str, line_number: int, limit: int) -> tuple[list[int] | None, bool]:
     """Source ids with eos (None for a blank line), cut to `limit` ids with a warning;
     and whether the line was cut."""
     if not text.strip():
@@ -136,7 +141,13 @@ def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
         yield line + b"\n"
 
 
-def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.device, precision: str) -> StreamReport:
+def translate_stream(
+    model: Seq2SeqTransformer | EnsembleModel | Engine,
+    tokenizer: Tokenizer,
+    cfg: TranslateConfig,
+    device: torch.device,
+    precision: str,
+) -> StreamReport:
     """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null)."""
     limit = cfg.max_input_tokens
     model_limit = position_limit(model)
@@ -208,7 +219,14 @@ def translate_stream(model, tokenizer, cfg: TranslateConfig, device: torch.devic
     return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines)
 
 
-def _draw(directory: Path, tokenizer, sources: list, hyps: list[list[Hypothesis]], first_line: int, layer) -> None:
+def _draw(
+    directory: Path,
+    tokenizer: Tokenizer,
+    sources: list[list[int] | None],
+    hyps: list[list[Hypothesis]],
+    first_line: int,
+    layer: int | str,
+) -> None:
     """One PNG per translated line: `<line number>.png` (1-based, blank lines have none)."""
     for offset, (ids, sentence_hyps) in enumerate(zip(sources, hyps, strict=True)):
         best = sentence_hyps[0]

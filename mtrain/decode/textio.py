@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import IO, BinaryIO, TextIO
 
 from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
@@ -113,7 +113,7 @@ def write_output(path: str | None, produce: Callable[[TextIO], None]) -> None:
     check_paths(None, path)
     file = Path(path)
 
-    def write(handle: BinaryIO) -> None:
+    def write(handle: IO[bytes]) -> None:
         sink = io.TextIOWrapper(handle, encoding="utf-8", newline="\n")
         produce(sink)
         sink.flush()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -22,8 +23,14 @@ from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.runtime import autocast
 
+if TYPE_CHECKING:
+    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.model import Seq2SeqTransformer
 
-def with_linear_weights_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def with_linear_weights_in(model: ModuleT, dtype: torch.dtype) -> ModuleT:
     """A copy of `model` in eval mode whose Linear weights and biases are cast to `dtype`;
     every other parameter and buffer is shared with `model`, not copied.
 
@@ -45,12 +52,12 @@ class TorchEngine:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Seq2SeqTransformer | EnsembleModel,
         pad_id: int,
         bos_id: int,
         eos_id: int,
         device: torch.device | str,
-        precision: Precision = Precision.fp32,
+        precision: Precision | str = Precision.fp32,
         use_cache: bool = True,
         banned_ids: Sequence[int] = (),
     ) -> None:

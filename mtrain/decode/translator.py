@@ -17,13 +17,18 @@ An engine (`Engine`) decodes one batch: `TorchEngine` (mtrain's own model, `gene
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
+from mtrain.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.model import Seq2SeqTransformer
 
 __all__ = ["Engine", "TorchEngine", "as_engine", "token_budget_batches", "translate_encoded", "translate_sentences"]
 
@@ -41,7 +46,11 @@ class Engine(Protocol):
 
 
 def as_engine(
-    model, tokenizer, device: torch.device | str, precision: Precision | str = Precision.fp32, use_cache: bool = True
+    model: Seq2SeqTransformer | EnsembleModel | Engine,
+    tokenizer: Tokenizer,
+    device: torch.device | str,
+    precision: Precision | str = Precision.fp32,
+    use_cache: bool = True,
 ) -> Engine:
     """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
     (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)
@@ -81,15 +90,15 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
 
 
 def translate_encoded(
-    model,
-    tokenizer,
+    model: Seq2SeqTransformer | EnsembleModel | Engine,
+    tokenizer: Tokenizer,
     sources: Sequence[Sequence[int] | None],
     cfg: DecodeConfig,
     device: torch.device | str,
     precision: Precision | str = Precision.fp32,
     attention_layer: int | str | None = None,
     use_cache: bool = True,
-    on_batch: Callable[[int], None] | None = None,
+    on_batch: Callable[[int], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate encoded sources (ids ending in eos; None for an empty input).
 
@@ -103,11 +112,11 @@ def translate_encoded(
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
-    lengths = [len(sources[i]) for i in to_decode]
+    lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
         for i, sentence_hyps in zip(
-            indices, engine.translate_batch([sources[i] for i in indices], cfg, attention_layer), strict=True
+            indices, engine.translate_batch([sources[i] or () for i in indices], cfg, attention_layer), strict=True
         ):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
@@ -118,8 +127,8 @@ def translate_encoded(
 
 
 def translate_sentences(
-    model,
-    tokenizer,
+    model: Seq2SeqTransformer | EnsembleModel | Engine,
+    tokenizer: Tokenizer,
     sentences: Sequence[str],
     cfg: DecodeConfig,
     device: torch.device | str,

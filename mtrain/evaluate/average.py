@@ -63,20 +63,20 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     averages are averaged too, so the result decodes as they do (`weights=raw` the mean of
     the trained weights).
     """
-    paths = [Path(p) for p in paths]
-    if not paths:
+    files = [Path(p) for p in paths]
+    if not files:
         raise MtrainError("average: no checkpoints given")
-    states = [load_checkpoint(path, map_location="cpu", mmap=True) for path in paths]  # optimiser states never read
-    for state, path in zip(states[1:], paths[1:], strict=True):
-        _check_same_run(states[0], paths[0], state, path)
+    states = [load_checkpoint(path, map_location="cpu", mmap=True) for path in files]  # optimiser states never read
+    for state, path in zip(states[1:], files[1:], strict=True):
+        _check_same_run(states[0], files[0], state, path)
     result = {key: value for key, value in states[-1].items() if key not in _TRAINING_STATE}
-    result["model"] = _mean_of([state["model"] for state in states], paths)
+    result["model"] = _mean_of([state["model"] for state in states], files)
     if all("ema" in state for state in states):
-        result["ema"] = _mean_of([state["ema"] for state in states], paths)
+        result["ema"] = _mean_of([state["ema"] for state in states], files)
     else:
         for key in ("ema", "ema_decay", "decode_weights"):
             result.pop(key, None)
-    result["averaged_from"] = [str(path) for path in paths]
+    result["averaged_from"] = [str(path) for path in files]
     return result
 
 

@@ -103,6 +103,8 @@ def paired_bootstrap(
     for name, display in zip(names, display_names, strict=True):
         for index, ((system, hyps), result) in enumerate(zip(named_hyps, scores[display], strict=True)):
             identical = index > 0 and list(hyps) == baseline_hyps
+            assert not isinstance(result, str)  # (the "System" column holds the names)
+            assert result.mean is not None and result.ci is not None  # a bootstrap test's results have both
             results[system][name] = PairedResult(
                 float(result.score),
                 float(result.mean),
@@ -150,13 +152,13 @@ def compare_runs(
         report = reports[run.name]
         return None if report is None else run.hyp_path(report)
 
-    with_hyps = [run for run in ordered if hyp_path(run) is not None and hyp_path(run).is_file()]
+    with_hyps = [run for run in ordered if (path := hyp_path(run)) is not None and path.is_file()]
     comparison.skipped = {
         run.name: "the job failed"
         if run.failure
         else f"it does not translate {direction_name}"
-        if hyp_path(run) is None
-        else f"no {hyp_path(run).relative_to(run.path)}"
+        if (path := hyp_path(run)) is None
+        else f"no {path.relative_to(run.path)}"
         for run in ordered
         if run not in with_hyps
     }
@@ -175,8 +177,10 @@ def compare_runs(
             return comparison
     named_hyps = []
     for run in with_hyps:
-        hyps = read_lines(hyp_path(run), "hypotheses")
-        check_lengths(len(hyps), [len(stream) for stream in refs], str(hyp_path(run)))
+        path = hyp_path(run)
+        assert path is not None  # (with_hyps)
+        hyps = read_lines(path, "hypotheses")
+        check_lengths(len(hyps), [len(stream) for stream in refs], str(path))
         named_hyps.append((run.name, hyps))
     comparison.paired, comparison.signatures = paired_bootstrap(
         named_hyps, refs, metrics, num_samples, tokenize, lowercase, chrf_word_order

@@ -10,9 +10,9 @@ import itertools
 import logging
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import RunSummary, describe
@@ -40,7 +40,7 @@ VALID_BLEU = "valid/bleu"
 Curve = list[tuple[int, float]]  # (update, value), sorted by update
 
 
-def _accumulators(run_dir: Path):
+def _accumulators(run_dir: Path) -> Iterator[Any]:  # EventAccumulator (tensorboard is untyped)
     """One loaded EventAccumulator per directory of event files under `<run>/tb/`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -15,8 +15,10 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
+from sacrebleu.metrics.bleu import BLEU
+from sacrebleu.metrics.chrf import CHRF
+from sacrebleu.metrics.ter import TER
 
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir

@@ -82,7 +82,7 @@ def discover_runs(spec: str) -> list[RunSummary]:
     )
 
 
-def _run_order(path: Path) -> tuple:
+def _run_order(path: Path) -> tuple[int, int, str]:
     # Hydra numbers jobs 0, 1, ..., 10: sort numerically, not as strings.
     return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
 

@@ -82,7 +82,8 @@ def translate_and_score(
     model_scores = None
     if outputs and not any(isinstance(output, str) for output in outputs):
         model_scores = [
-            float(output.score) if source.strip() else None for source, output in zip(sources, outputs, strict=True)
+            float(output.score) if source.strip() and not isinstance(output, str) else None
+            for source, output in zip(sources, outputs, strict=True)
         ]
     scores = score_corpus(hypotheses, references, metrics, tokenize, lowercase, chrf_word_order)
     return Scored(hypotheses, scores, seconds, model_scores)

@@ -8,13 +8,13 @@ failed (their `failed.json`) are counted in the heading and listed with their re
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtrain.evaluate.compare import Comparison, runs_table
 from mtrain.evaluate.curves import TRAIN_LOSS, VALID_BLEU, plot_curves, read_scalars
-from mtrain.evaluate.runs import differing_overrides, discover_runs, failure_notes
+from mtrain.evaluate.runs import RunSummary, differing_overrides, discover_runs, failure_notes
 from mtrain.evaluate.tables import Table
 
 REPORT_FILE = "report.md"
@@ -87,7 +87,7 @@ def write_sweep_report(
     return SweepReport(markdown, table, plots, notes)
 
 
-def _short_label(spec: str, runs) -> str:
+def _short_label(spec: str, runs: Sequence[RunSummary]) -> str:
     """The sweep directory, or for a list of run directories their common parent and count."""
     if "," not in spec:
         return spec
@@ -95,7 +95,7 @@ def _short_label(spec: str, runs) -> str:
     return f"{len(runs)} runs in {parent or '.'}"
 
 
-def _common_overrides(runs, differing) -> list[str]:
+def _common_overrides(runs: Sequence[RunSummary], differing: Sequence[str]) -> list[str]:
     if not runs:
         return []
     first: dict[str, str] = runs[0].overrides

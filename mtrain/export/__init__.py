@@ -9,7 +9,8 @@ model is `mtrain.decode.ct2_engine`, which reads the directory without importing
 imported only when an export or a CTranslate2 decode runs.
 """
 
-from mtrain.export.ctranslate2_model import METADATA_FILE, export_ctranslate2, export_run
+from mtrain.decode.ct2_engine import METADATA_FILE
+from mtrain.export.ctranslate2_model import export_ctranslate2, export_run
 from mtrain.export.ctranslate2_spec import check_exportable
 
 __all__ = ["METADATA_FILE", "check_exportable", "export_ctranslate2", "export_run"]

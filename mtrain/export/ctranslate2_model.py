@@ -22,13 +22,16 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtrain.config import ModelConfig, to_plain
 from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
 from mtrain.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mtrain.train.checkpoint_files import LoadedRun
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
@@ -55,7 +58,7 @@ def export_ctranslate2(
     tokenizer: Tokenizer,
     out_dir: Path,
     quantization: str | None = None,
-    metadata: dict | None = None,
+    metadata: dict[str, Any] | None = None,
     force: bool = False,
 ) -> Path:
     """Convert a model (state_dict + its ModelConfig + tokenizer) into `out_dir`.
@@ -128,7 +131,7 @@ def export_run(
     )
 
 
-def run_metadata(loaded) -> dict:
+def run_metadata(loaded: LoadedRun) -> dict[str, Any]:
     """What `mtrain_export.json` says about the origin of the weights."""
     from mtrain import __version__
 

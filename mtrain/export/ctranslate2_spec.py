@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ def build_spec(
     src_vocabulary: Sequence[str],
     tgt_vocabulary: Sequence[str],
     special_pieces: Mapping[str, str],
-):
+) -> Any:  # ctranslate2's specs (and every `spec` below) are untyped
     """A validated `ctranslate2.specs.TransformerSpec` holding the weights of `state`.
 
     `state` is the model's state_dict, `cfg` its ModelConfig (as trained). The vocabularies
@@ -187,7 +188,7 @@ def _numpy(tensor: Tensor) -> np.ndarray:
     return tensor.contiguous().numpy()
 
 
-def _set_embeddings(stack, weight: Tensor, scale: float) -> None:
+def _set_embeddings(stack: Any, weight: Tensor, scale: float) -> None:
     embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
     embeddings.weight = _numpy(weight)
     stack.scale_embeddings = np.float32(scale)
@@ -202,26 +203,26 @@ def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -
     return np.zeros((cfg.max_positions, cfg.d_model), dtype=np.float32)  # positions=none
 
 
-def _set_norm(spec, state: Mapping[str, Tensor], prefix: str) -> None:
+def _set_norm(spec: Any, state: Mapping[str, Tensor], prefix: str) -> None:
     spec.gamma = _numpy(state[f"{prefix}.weight"])
     if hasattr(spec, "beta"):  # layernorm (rmsnorm has no bias)
         spec.beta = _numpy(state[f"{prefix}.bias"])
 
 
-def _set_linear(spec, state: Mapping[str, Tensor], prefixes: Sequence[str]) -> None:
+def _set_linear(spec: Any, state: Mapping[str, Tensor], prefixes: Sequence[str]) -> None:
     """One Linear, or several concatenated on the output dim (fused QKV / KV)."""
     spec.weight = _numpy(torch.cat([state[f"{p}.weight"] for p in prefixes]))
     spec.bias = _numpy(torch.cat([state[f"{p}.bias"] for p in prefixes]))
 
 
-def _set_self_attention(spec, state: Mapping[str, Tensor], layer: str) -> None:
+def _set_self_attention(spec: Any, state: Mapping[str, Tensor], layer: str) -> None:
     _set_norm(spec.layer_norm, state, f"{layer}.self_attn_norm")
     attention = f"{layer}.self_attn"
     _set_linear(spec.linear[0], state, [f"{attention}.q_proj", f"{attention}.k_proj", f"{attention}.v_proj"])
     _set_linear(spec.linear[1], state, [f"{attention}.out_proj"])
 
 
-def _set_cross_attention(spec, state: Mapping[str, Tensor], layer: str, d_model: int) -> None:
+def _set_cross_attention(spec: Any, state: Mapping[str, Tensor], layer: str, d_model: int) -> None:
     _set_norm(spec.layer_norm, state, f"{layer}.cross_attn_norm")
     attention = f"{layer}.cross_attn"
 
@@ -239,7 +240,7 @@ def _set_cross_attention(spec, state: Mapping[str, Tensor], layer: str, d_model:
     _set_linear(spec.linear[2], state, [f"{attention}.out_proj"])
 
 
-def _set_ffn(spec, state: Mapping[str, Tensor], layer: str, glu: bool) -> None:
+def _set_ffn(spec: Any, state: Mapping[str, Tensor], layer: str, glu: bool) -> None:
     _set_norm(spec.layer_norm, state, f"{layer}.ffn_norm")
     ffn = f"{layer}.ffn"
     if glu:

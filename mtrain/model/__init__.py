@@ -9,7 +9,8 @@ orders), `flops.py` (FLOPs per token), `instruments.py` (activation statistics, 
 hooks).
 """
 
-from mtrain.model.build import build_model, check_model_config
+from mtrain.config_checks import check_model_config
+from mtrain.model.build import build_model
 from mtrain.model.instruments import StatisticsRecorder
 from mtrain.model.state import DecoderState
 from mtrain.model.transformer import Seq2SeqTransformer

@@ -170,7 +170,8 @@ class SelfAttention(nn.Module):
             k, v = cache.extend(k, v)
             causal = False  # the single new query may see every cached key
         output, _ = self.attention(q, k, v, bias, causal)
-        return self.out_proj(merge_heads(output))
+        projected: Tensor = self.out_proj(merge_heads(output))
+        return projected
 
 
 class CrossAttention(nn.Module):

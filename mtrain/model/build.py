@@ -25,6 +25,7 @@ def build_model(
         if not 0 <= pad_id < size:
             raise MtrainError(f"tokenizer.pad_id: {pad_id} is outside the {name} vocabulary of {size}")
     cfg = resolved_model(cfg)
+    assert cfg.final_norm is not None  # resolved_model decides null (auto)
     return Seq2SeqTransformer(
         cfg, src_vocab_size, tgt_vocab_size, pad_id, joint_vocab, cfg.encoder_layers, cfg.decoder_layers, cfg.final_norm
     )

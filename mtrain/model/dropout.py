@@ -25,6 +25,8 @@ would split the graph) and inductor generates its own mask inside the fused kern
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -51,14 +53,14 @@ class _Dropout(torch.autograd.Function):
     """y * mask * scale."""
 
     @staticmethod
-    def forward(ctx, y: Tensor, p: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, y: Tensor, p: float) -> Tensor:
         mask, scale = keep_mask(y, p)
         ctx.save_for_backward(mask)
         ctx.scale = scale
         return torch.mul(y, mask).mul_(scale)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (mask,) = ctx.saved_tensors
         return torch.mul(grad, mask).mul_(ctx.scale), None
 
@@ -67,14 +69,14 @@ class _DropoutAdd(torch.autograd.Function):
     """x + y * mask * scale in one pass; x may be fp32 while y is bf16 (autocast)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, p: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, y: Tensor, p: float) -> Tensor:
         mask, scale = keep_mask(y, p)
         ctx.save_for_backward(mask)
         ctx.scale = scale
         return torch.addcmul(x, y, mask, value=scale)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         (mask,) = ctx.saved_tensors
         # Cast first so the multiplies run in y's (possibly narrower) dtype; out of place,
         # since `grad` itself is x's gradient (and `.to` returns it when dtypes match).
@@ -87,7 +89,8 @@ def dropout(y: Tensor, p: float, training: bool) -> Tensor:
         return y
     if y.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(y, p, training=True)
-    return _Dropout.apply(y, p)
+    dropped: Tensor = _Dropout.apply(y, p)
+    return dropped
 
 
 def dropout_add(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
@@ -96,4 +99,5 @@ def dropout_add(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
         return x + y
     if y.device.type != "cpu" or torch.compiler.is_compiling():
         return x + F.dropout(y, p, training=True)
-    return _DropoutAdd.apply(x, y, p)
+    summed: Tensor = _DropoutAdd.apply(x, y, p)
+    return summed

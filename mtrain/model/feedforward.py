@@ -43,4 +43,5 @@ class FeedForward(nn.Module):
         else:
             hidden = F.relu(self.up(x))
         hidden = dropout(hidden, self.activation_dropout, self.training)
-        return self.down(hidden)
+        output: Tensor = self.down(hidden)
+        return output

@@ -23,11 +23,12 @@ restricted output vocabulary's size with `model.output_vocab=target`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from torch import nn
 
 if TYPE_CHECKING:
+    from mtrain.model.layers import DecoderLayer
     from mtrain.model.transformer import Seq2SeqTransformer
 
 
@@ -42,7 +43,7 @@ def training_flops_per_target_token(model: Seq2SeqTransformer, src_len: int, tgt
     forward = 0
     for layer in model.encoder:
         forward += S * 2 * matmul_weights(layer) + 4 * S * S * d
-    for layer in model.decoder:
+    for layer in cast("list[DecoderLayer]", model.decoder):  # (a ModuleList yields Module)
         memory_side = matmul_weights(layer.cross_attn.k_proj) + matmul_weights(layer.cross_attn.v_proj)
         forward += T * 2 * (matmul_weights(layer) - memory_side) + S * 2 * memory_side
         forward += 4 * T * T * d + 4 * T * S * d

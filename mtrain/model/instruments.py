@@ -28,7 +28,8 @@ from mtrain.model.layers import DecoderLayer, EncoderLayer
 
 
 def _first(output: Any) -> Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    first: Tensor = output[0] if isinstance(output, tuple) else output
+    return first
 
 
 @torch.no_grad()
@@ -37,16 +38,18 @@ def _moments(x: Tensor) -> tuple[float, float]:
     return x.mean().item(), x.std().item()
 
 
-def _record_sublayer_input(stats: dict[str, float], name: str, module: nn.Module, args: tuple) -> None:
+def _record_sublayer_input(stats: dict[str, float], name: str, module: nn.Module, args: tuple[Any, ...]) -> None:
     stats[f"{name}.input_mean"], stats[f"{name}.input_std"] = _moments(args[0])
 
 
-def _record_sublayer_output(stats: dict[str, float], name: str, module: nn.Module, args: tuple, output: Any) -> None:
+def _record_sublayer_output(
+    stats: dict[str, float], name: str, module: nn.Module, args: tuple[Any, ...], output: Any
+) -> None:
     stats[f"{name}.output_std"] = _moments(_first(output))[1]
 
 
 @torch.no_grad()
-def _record_entropy(stats: dict[str, float], name: str, module: nn.Module, args: tuple, output: Any) -> None:
+def _record_entropy(stats: dict[str, float], name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
     """Entropy of the attention probabilities (before dropout), recomputed from the kernel's
     positional arguments (q, k, v, bias, causal, ...): the fused sdpa kernel never returns them."""
     q, k, _, bias, causal = args[:5]
@@ -54,7 +57,7 @@ def _record_entropy(stats: dict[str, float], name: str, module: nn.Module, args:
     stats[f"{name}.entropy"] = torch.special.entr(weights).sum(-1).mean().item()
 
 
-def _record_residual(stats: dict[str, float], name: str, module: nn.Module, args: tuple, output: Any) -> None:
+def _record_residual(stats: dict[str, float], name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
     stats[f"{name}.residual_mean"], stats[f"{name}.residual_std"] = _moments(_first(output))
 
 
@@ -73,7 +76,8 @@ class StatisticsRecorder:
     def arm(self) -> None:
         """Record the next forward pass (clearing `statistics`), then stop."""
         self.disarm()
-        self.statistics = stats = {}
+        stats: dict[str, float] = {}  # filled by the hooks below
+        self.statistics = stats
         for name, module in self._model.named_modules():
             if isinstance(module, (SelfAttention, CrossAttention, FeedForward)):
                 self._handles.append(module.register_forward_pre_hook(partial(_record_sublayer_input, stats, name)))

@@ -13,6 +13,7 @@ position `state.step`.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
 
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoids (Vaswani et al. 2017); not saved in checkpoints, since they are recomputed."""
+
+    table: Tensor  # a buffer (register_buffer below)
 
     def __init__(self, d_model: int, max_positions: int):
         super().__init__()
@@ -78,12 +81,12 @@ class _Rotate(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, signed_sin)
         return _rotate(x, cos, signed_sin)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         cos, signed_sin = ctx.saved_tensors
         return _rotate(grad, cos, -signed_sin), None, None
 
@@ -97,6 +100,9 @@ class RotaryPositions(nn.Module):
 
     One instance is shared by every self-attention module of the model.
     """
+
+    cos: Tensor  # buffers (register_buffer below)
+    signed_sin: Tensor
 
     def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0):
         super().__init__()
@@ -114,10 +120,11 @@ class RotaryPositions(nn.Module):
         # Cast the small tables, not x, so bf16 activations stay bf16.
         cos = self.cos[offset : offset + length, None, :].to(x.dtype)
         signed_sin = self.signed_sin[offset : offset + length, None, :].to(x.dtype)
-        return _Rotate.apply(x, cos, signed_sin)
+        rotated: Tensor = _Rotate.apply(x, cos, signed_sin)
+        return rotated
 
 
-def position_limit(model) -> int | None:
+def position_limit(model: object) -> int | None:
     """How many positions the model can embed (None: no limit, e.g. positions=none).
 
     The model's `max_positions` if it has one, else the smallest `max_positions` of its
@@ -126,5 +133,7 @@ def position_limit(model) -> int | None:
     limit = getattr(model, "max_positions", None)
     if isinstance(limit, int):
         return limit
-    limits = [m.max_positions for m in model.modules() if isinstance(getattr(m, "max_positions", None), int)]
+    if not isinstance(model, nn.Module):  # an engine that states no limit
+        return None
+    limits = [found for m in model.modules() if isinstance(found := getattr(m, "max_positions", None), int)]
     return min(limits) if limits else None

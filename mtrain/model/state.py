@@ -31,7 +31,7 @@ class LayerCache:
 
     def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append this step's self-attention keys/values; return all of them so far."""
-        if self.self_keys is not None:
+        if self.self_keys is not None and self.self_values is not None:  # (set together)
             keys = torch.cat([self.self_keys, keys], dim=2)
             values = torch.cat([self.self_values, values], dim=2)
         self.self_keys, self.self_values = keys, values
@@ -43,7 +43,7 @@ class LayerCache:
         if sentences is not None:
             self.cross_keys = self.cross_keys.index_select(0, sentences)
             self.cross_values = self.cross_values.index_select(0, sentences)
-        if self.self_keys is not None:
+        if self.self_keys is not None and self.self_values is not None:
             self.self_keys = self.self_keys.index_select(0, rows)
             self.self_values = self.self_values.index_select(0, rows)
 

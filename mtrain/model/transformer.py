@@ -23,6 +23,7 @@ at position `state.step` and reuses the cached keys/values of earlier positions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ from mtrain.model.positions import LearnedPositions, RotaryPositions, Sinusoidal
 from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import DecoderState, LayerCache
 from mtrain.model.variants import decoder_layer, encoder_layer
+
+if TYPE_CHECKING:
+    from mtrain.model.layers import DecoderLayer
 
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
@@ -93,6 +97,7 @@ class Seq2SeqTransformer(nn.Module):
         # The softmax's rows, ascending (None: all of them). Derived from `output_allowed`
         # and rebuilt after every load, so it is not saved: it can never go stale.
         self.output_ids: Tensor | None
+        self.output_allowed: Tensor  # with output_vocab=target only (restrict_output checks)
         self.register_buffer("output_ids", None, persistent=False)
         if cfg.output_vocab == OutputVocab.target:
             # 1 where a piece may be output; every real piece until `restrict_output` says
@@ -116,7 +121,7 @@ class Seq2SeqTransformer(nn.Module):
         memory = to_compute_dtype(memory)  # once, not once per layer and projection
         src_bias = padding_bias(src_padding_mask)
         x = self.tgt_embed(tgt_input)
-        for layer in self.decoder:
+        for layer in cast("list[DecoderLayer]", self.decoder):  # (a ModuleList yields Module)
             keys, values = layer.cross_attn.project_memory(memory)
             x, _ = layer(x, keys, values, src_bias)
         return self._final_decoder_norm(x)
@@ -148,7 +153,8 @@ class Seq2SeqTransformer(nn.Module):
         x = self.src_embed(src_tokens)
         for layer in self.encoder:
             x = layer(x, src_bias)
-        return x if self.encoder_norm is None else self.encoder_norm(x)
+        memory: Tensor = x if self.encoder_norm is None else self.encoder_norm(x)
+        return memory
 
     def _final_decoder_norm(self, x: Tensor) -> Tensor:
         return x if self.decoder_norm is None else self.decoder_norm(x)
@@ -160,7 +166,7 @@ class Seq2SeqTransformer(nn.Module):
             states = to_compute_dtype(states)
             weight = self.output_proj.weight.index_select(0, self.output_ids).to(states.dtype)
             allowed = F.linear(states, weight)
-            logits = allowed.new_full((*allowed.shape[:-1], self.output_proj.out_features), float("-inf"))
+            logits: Tensor = allowed.new_full((*allowed.shape[:-1], self.output_proj.out_features), float("-inf"))
             return logits.index_copy_(-1, self.output_ids, allowed)
         logits = self.output_proj(states)
         if logits.shape[-1] > self.tgt_vocab_size:
@@ -172,7 +178,7 @@ class Seq2SeqTransformer(nn.Module):
         """Decoding state for a batch; computes each layer's cross-attention keys/values once."""
         memory = to_compute_dtype(memory)
         caches = []
-        for layer in self.decoder:
+        for layer in cast("list[DecoderLayer]", self.decoder):  # (a ModuleList yields Module)
             # Contiguous once here, rather than copied inside every step's matmul.
             keys, values = layer.cross_attn.project_memory(memory)
             caches.append(LayerCache(keys.contiguous(), values.contiguous()))
@@ -220,11 +226,11 @@ class Seq2SeqTransformer(nn.Module):
         """Training FLOPs per target token for a pair of these lengths (see `mtrain.model.flops`)."""
         return training_flops_per_target_token(self, src_len, tgt_len)
 
-    def gradient_norm_groups(self) -> dict[str, list[nn.Parameter]]:
+    def gradient_norm_groups(self) -> dict[str, list[Tensor]]:
         """Parameter groups whose gradient norms the trainer may log. Groups can overlap
         (a tied embedding is in both embedding groups; a cross-attention projection is also in
         its layer's group)."""
-        groups = {
+        groups: dict[str, list[Tensor]] = {
             "encoder.embeddings": list(self.src_embed.parameters()),
             "decoder.embeddings": list(self.tgt_embed.parameters()),
         }

@@ -36,7 +36,8 @@ def pre_norm(x: Tensor, sublayer: Sublayer, norm: nn.Module, p: float, training:
 
 
 def post_norm(x: Tensor, sublayer: Sublayer, norm: nn.Module, p: float, training: bool) -> Tensor:
-    return norm(dropout_add(x, sublayer(x), p, training))
+    normed: Tensor = norm(dropout_add(x, sublayer(x), p, training))
+    return normed
 
 
 def normalized_residual(x: Tensor, sublayer: Sublayer, norm: nn.Module, p: float, training: bool) -> Tensor:
@@ -88,10 +89,11 @@ class VariantDecoderLayer(DecoderLayer):
 
         def cross_attn(h: Tensor) -> Tensor:
             nonlocal weights
+            attended: Tensor
             attended, weights = self.cross_attn(h, cross_keys, cross_values, src_bias, need_weights)
             return attended
 
-        sublayers = {
+        sublayers: dict[str, tuple[Sublayer, nn.Module]] = {
             "self": (partial(self.self_attn, causal=True, cache=cache, offset=offset), self.self_attn_norm),
             "cross": (cross_attn, self.cross_attn_norm),
             "ffn": (self.ffn, self.ffn_norm),

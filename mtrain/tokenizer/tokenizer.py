@@ -103,11 +103,13 @@ class Tokenizer:
 
     def encode_tgt(self, text: str) -> list[int]:
         """Target ids without bos/eos."""
-        return self._tgt.encode(text)
+        ids: list[int] = self._tgt.encode(text)  # (SentencePiece's stub types every encode as Any)
+        return ids
 
     def decode_tgt(self, ids: Sequence[int]) -> str:
         """Detokenized text; pad/bos/eos are dropped (unk renders as SentencePiece's ⁇)."""
-        return self._tgt.decode([int(i) for i in ids if int(i) not in self._specials])
+        text: str = self._tgt.decode([int(i) for i in ids if int(i) not in self._specials])
+        return text
 
     def piece_id(self, piece: str) -> int:
         """The source-side id of one piece (a tag symbol such as `<2en>`); unk_id when absent."""

@@ -190,7 +190,7 @@ def _refuse_a_symbol_in_text(
 def _train_model(cfg: TokenizerConfig, text_file: Path, model_file: Path, symbols: Sequence[str] = ()) -> None:
     spm.set_random_generator_seed(SAMPLING_SEED)
     # Passed only when there are tags, so a corpus without them trains exactly as before.
-    reserved = {"user_defined_symbols": list(symbols)} if symbols else {}
+    reserved: dict[str, Any] = {"user_defined_symbols": list(symbols)} if symbols else {}
     try:
         spm.SentencePieceTrainer.train(
             input=str(text_file),

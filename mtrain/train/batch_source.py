@@ -64,9 +64,9 @@ class BatchSource:
         )
         self.samplers: list[TokenBatchSampler | MixtureSampler]
         self.mixture = corpora if isinstance(corpora, CorpusMixture) else None
-        if self.mixture is not None:  # one view of all corpora, a new draw from it each epoch
-            self.corpora: list[Any] = [self.mixture.corpus]
-            self.samplers = [MixtureSampler(self.mixture, **options)]
+        if isinstance(corpora, CorpusMixture):  # one view of all corpora, a new draw from it each epoch
+            self.corpora: list[Any] = [corpora.corpus]
+            self.samplers = [MixtureSampler(corpora, **options)]
         else:  # one sampler per segmentation: each cuts its batches from its own lengths
             self.corpora = list(corpora)
             self.samplers = [

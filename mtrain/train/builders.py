@@ -9,11 +9,13 @@ and for every benchmark script, so a benchmark times exactly what a user runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mtrain.config import Precision, TrainConfig
+from mtrain.model import Seq2SeqTransformer
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
 from mtrain.train.distributed import DistributedContext
@@ -27,7 +29,7 @@ from mtrain.train.schedule import LearningRateSchedule
 class TrainingParts:
     """What the trainer's update runs (built by `build_parts`)."""
 
-    model: torch.nn.Module  # the bare model: checkpoints, validation, statistics
+    model: Seq2SeqTransformer  # the bare model: checkpoints, validation, statistics
     network: torch.nn.Module  # what the step calls: model + loss, DDP-wrapped and/or compiled
     optimizer: torch.optim.Optimizer
     schedule: LearningRateSchedule
@@ -40,7 +42,7 @@ class TrainingParts:
     ema: WeightAverage | None = None  # train.ema_decay's average of the weights
 
     @property
-    def validated_model(self) -> torch.nn.Module:
+    def validated_model(self) -> Seq2SeqTransformer:
         """What validation, best.pt and the test decode judge: the average when there is one."""
         return self.ema.module if self.ema is not None else self.model
 
@@ -67,14 +69,15 @@ def batch_pad_multiple(configured: int | None, device: torch.device, precision: 
 
 
 def build_network(
-    model: torch.nn.Module, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
+    model: Seq2SeqTransformer, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
 ) -> torch.nn.Module:
     """The model and its loss as one module, in DDP under torchrun, compiled if asked."""
     network: torch.nn.Module = TranslationLoss(model, pad_id, train_cfg.label_smoothing)
     if dist.enabled:
         network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
     if train_cfg.compile:
-        network = torch.compile(network, dynamic=True)
+        # (torch types compile's result as the callable it was given; for a Module it is one)
+        network = cast(torch.nn.Module, torch.compile(network, dynamic=True))
     return network
 
 
@@ -82,7 +85,7 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torc
     return torch.optim.AdamW(
         model.parameters(),
         lr=train_cfg.lr,
-        betas=tuple(train_cfg.betas),
+        betas=(train_cfg.betas[0], train_cfg.betas[1]),  # two: config_checks
         eps=train_cfg.eps,
         weight_decay=train_cfg.weight_decay,
         # one kernel per parameter instead of ~6 (CPU too: +2% per fp32 update, docs/PERFORMANCE.md)
@@ -91,7 +94,7 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torc
 
 
 def build_parts(
-    model: torch.nn.Module,
+    model: Seq2SeqTransformer,
     train_cfg: TrainConfig,
     seed: int,
     corpora: TrainingCorpora,

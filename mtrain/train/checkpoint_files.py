@@ -10,7 +10,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +18,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write
+
+if TYPE_CHECKING:
+    from mtrain.model import Seq2SeqTransformer
 
 _OTHER_CHECKPOINT = (
     "use another checkpoint (translate/eval: checkpoint=last|best|update_N|PATH; to resume "
@@ -117,7 +120,7 @@ def decode_weights(state: dict[str, Any], path: Path, weights: str = "auto") -> 
 class LoadedRun:
     """A trained model ready to decode, with what is needed to use it."""
 
-    model: torch.nn.Module
+    model: Seq2SeqTransformer
     tokenizer: Any  # mtrain.tokenizer.Tokenizer
     config: DictConfig
     checkpoint_path: Path

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from mtrain.config import resolved_model, to_plain
+from mtrain.config import FitConfig, resolved_model, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_link
 from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
@@ -88,7 +88,7 @@ def data_fingerprints(corpus: str, tokenizer: str) -> dict[str, str]:
     return {"corpus": corpus, "tokenizer": tokenizer}
 
 
-def check_resumable_config(state: dict[str, Any], cfg: DictConfig, path: Path) -> None:
+def check_resumable_config(state: dict[str, Any], cfg: FitConfig, path: Path) -> None:
     """Refuse, with one line naming the key, to continue a checkpoint with other model or
     tokenizer settings."""
     saved = dict(state.get("config", {}))

@@ -23,11 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from mtrain.model import Seq2SeqTransformer
+
 
 class WeightAverage:
     """The moving average of `model`'s parameters; `module` decodes and validates with it."""
 
-    def __init__(self, model: nn.Module, decay: float, start_update: int = 0) -> None:
+    def __init__(self, model: Seq2SeqTransformer, decay: float, start_update: int = 0) -> None:
         self.decay = decay
         self.start_update = start_update
         # A copy that shares nothing with the model; its buffers (position tables, the output

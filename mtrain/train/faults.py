@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.requested = False
         self.signum = 0
-        self._previous = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler it had (signal.signal's answer)
         self._interruptible: str | None = None  # the phase a signal stops at once
 
     @property

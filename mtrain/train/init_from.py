@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtrain.config import DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model
+from mtrain.config import DataConfig, DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model
 from mtrain.data.provenance import file_sha256
 from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
@@ -74,7 +74,7 @@ class Parent:
     lineage: Lineage
 
 
-def load_parent(init_from: str, weights: Any, keep_optimizer: bool, data_cfg: Any) -> Parent:
+def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bool, data_cfg: DataConfig) -> Parent:
     """The parent named by `init_from` (a run directory or a checkpoint file), checked: its
     checkpoint loads, holds the weights and optimiser state asked for, and has a tokenizer
     that is the one it was trained with and that holds `data_cfg`'s tag symbols."""
@@ -164,7 +164,7 @@ def _parent_tokenizer(run: RunDir, state: dict[str, Any], source: str) -> Tokeni
     return tokenizer
 
 
-def _check_tags(tokenizer: Tokenizer, data_cfg: Any, source: str) -> None:
+def _check_tags(tokenizer: Tokenizer, data_cfg: DataConfig, source: str) -> None:
     """The tag symbols this run's data puts on its sources must be pieces of the parent's vocabulary."""
     symbols = reserved_symbols(data_cfg)
     if not symbols:
@@ -179,7 +179,7 @@ def _check_tags(tokenizer: Tokenizer, data_cfg: Any, source: str) -> None:
         )
 
 
-def _identity(path: Path) -> tuple:
+def _identity(path: Path) -> tuple[int, int, int]:
     stat = path.stat()
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
@@ -222,6 +222,7 @@ def inherited_config(
         raise MtrainError(
             f"{source}: the parent's tokenizer config does not fit this mtrain version ({str(error).splitlines()[0]})"
         ) from error
+    assert isinstance(parent_tokenizer, TokenizerConfig)  # to_object builds the schema's dataclass
     if check_fixed:
         _check_fixed_model_keys(parent_model, model, model_keys, source)
         for key in tokenizer_keys:

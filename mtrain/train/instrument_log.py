@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from mtrain.model import StatisticsRecorder
+from mtrain.model import Seq2SeqTransformer, StatisticsRecorder
 from mtrain.train.metric_log import MetricLogger
 
 
 class InstrumentLog:
     """`arm(update)` before an update's forward; `record(update)` after its backward."""
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, every: int, metrics: MetricLogger | None) -> None:
+    def __init__(self, model: Seq2SeqTransformer, enabled: bool, every: int, metrics: MetricLogger | None) -> None:
         self.model = model
         self.enabled = enabled
         self.every = every

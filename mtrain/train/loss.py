@@ -12,8 +12,12 @@ wrap, so that every parameter's gradient is produced inside the wrapped forward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
+
+from mtrain.model import Seq2SeqTransformer
 
 # Logits elements per chunk: 256 rows x 8k vocabulary (8 MiB fp32) stays in a CPU's L3
 # cache; a GPU takes 32M elements (128 MiB) at a time, few launches per batch.
@@ -49,10 +53,10 @@ class _FusedOutputLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx,
+        ctx: Any,
         hidden: Tensor,
         weight: Tensor,
-        targets: Tensor,  # type: ignore[override]
+        targets: Tensor,
         vocab_ids: Tensor | None,
         label_smoothing: float,
         compute_dtype: torch.dtype,
@@ -78,6 +82,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             log_normalisers.append(logits[:, 0] - log_probs[:, 0])
             if not needs_grad:
                 continue
+            assert grad_softmax_weight is not None  # allocated when needs_grad
             probs = log_probs.exp_().to(compute_dtype)
             grad_hiddens.append(torch.mm(probs, softmax_weight).float())
             if compute_dtype == torch.float32:
@@ -95,6 +100,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             mean_logits = h32 @ (column_sum / vocab)
             loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
         if needs_grad:
+            assert grad_softmax_weight is not None
             grad_hidden = torch.cat(grad_hiddens)
             if eps != 0.0:
                 grad_hidden -= (eps / vocab) * column_sum
@@ -112,7 +118,7 @@ class _FusedOutputLoss(torch.autograd.Function):
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return (
@@ -155,7 +161,7 @@ def output_loss(
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
-        return _FusedOutputLoss.apply(
+        losses: tuple[Tensor, Tensor] = _FusedOutputLoss.apply(
             flat_hidden.index_select(0, rows),
             weight,
             flat_targets.index_select(0, rows),
@@ -163,12 +169,13 @@ def output_loss(
             label_smoothing,
             compute_dtype,
         )
+    return losses
 
 
 class TranslationLoss(nn.Module):
     """A Seq2SeqTransformer and its training loss, as one module (what DDP/compile wrap)."""
 
-    def __init__(self, model: nn.Module, pad_id: int, label_smoothing: float) -> None:
+    def __init__(self, model: Seq2SeqTransformer, pad_id: int, label_smoothing: float) -> None:
         super().__init__()
         self.model = model
         self.pad_id = pad_id

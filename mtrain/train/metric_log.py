@@ -11,7 +11,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class MetricLogger:
             self.progress = tqdm(
                 total=total_updates, initial=initial_update, unit="upd", dynamic_ncols=True, disable=None, leave=False
             )
-        self._log_redirect: contextlib.AbstractContextManager | None = None
+        self._log_redirect: contextlib.AbstractContextManager[None] | None = None
         if self.progress is not None and not self.progress.disable:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -95,7 +95,9 @@ class MetricLogger:
         mean_tgt = window.tgt_tokens / max(window.sentences, 1)
         flops = self.flops_per_token(max(1, round(mean_src)), max(1, round(mean_tgt)))
         # Tokens/s are the job's (all ranks); each rank has its own device and peak.
-        values["mfu"] = model_flops_utilization(flops, values["tgt_tokens_per_s"] / self.ranks, self.peak_flops)
+        mfu = model_flops_utilization(flops, values["tgt_tokens_per_s"] / self.ranks, self.peak_flops)
+        if mfu is not None:  # None: the device's peak is unknown (not logged)
+            values["mfu"] = mfu
         values["lr"] = lr
         self.last_train_loss = values["loss"]
         self.scalars("train", values, update)
@@ -136,7 +138,7 @@ class MetricLogger:
         for label, shares in draw.shares().items():
             self.scalars(f"draw/{label}", shares, update)
 
-    def scalars(self, prefix: str, values: dict[str, float | None], step: int) -> None:
+    def scalars(self, prefix: str, values: Mapping[str, float | None], step: int) -> None:
         if self.writer is None:
             return
         for key, value in values.items():

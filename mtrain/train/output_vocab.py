@@ -15,17 +15,17 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-from torch import nn
 
 from mtrain.batches import EncodedCorpus
 from mtrain.config import OutputVocab
+from mtrain.model import Seq2SeqTransformer
 from mtrain.tokenizer import SpecialIds
 
 log = logging.getLogger("mtrain")
 
 
 def restrict_to_training_targets(
-    model: nn.Module,
+    model: Seq2SeqTransformer,
     output_vocab: OutputVocab,
     train: EncodedCorpus,
     special_ids: SpecialIds,

@@ -10,14 +10,14 @@ the work for the batches the trainer says come next, and hands back exactly what
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from mtrain.batches import Batch
 
-Key = Hashable  # (epoch, batch position): names one batch of the sampler's order
+Key = tuple[int, int]  # (epoch, batch position): names one batch of the sampler's order
 
 
 class BatchPrefetcher:
@@ -28,7 +28,7 @@ class BatchPrefetcher:
         self.prepare = prepare
         self.depth = depth
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtrain-prefetch")
-        self._pending: dict[Key, Future] = {}
+        self._pending: dict[Key, Future[Batch]] = {}
 
     def get(self, key: Key, indices: np.ndarray, upcoming: Iterable[tuple[Key, np.ndarray]]) -> Batch:
         future = self._pending.pop(key, None)

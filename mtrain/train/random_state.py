@@ -22,7 +22,7 @@ def rng_state() -> dict[str, Any]:
     """All random generators' states, as tensors and plain values (weights_only-safe)."""
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": _numpy_state_to_plain(np.random.get_state()),
+        "numpy": _numpy_state_to_plain(np.random.get_state(legacy=True)),
         "python": _python_state_to_plain(random.getstate()),
     }
     if torch.cuda.is_available():
@@ -38,7 +38,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _numpy_state_to_plain(state: tuple) -> dict[str, Any]:
+def _numpy_state_to_plain(state: dict[str, Any] | tuple[str, np.ndarray, int, int, float]) -> dict[str, Any]:
+    assert isinstance(state, tuple)  # the global generator is an MT19937: legacy=True gives its 5-tuple
     name, keys, pos, has_gauss, cached = state
     return {
         "name": name,
@@ -49,15 +50,15 @@ def _numpy_state_to_plain(state: tuple) -> dict[str, Any]:
     }
 
 
-def _plain_to_numpy_state(plain: dict[str, Any]) -> tuple:
+def _plain_to_numpy_state(plain: dict[str, Any]) -> tuple[str, np.ndarray, int, int, float]:
     keys = plain["keys"].numpy().astype(np.uint32)
     return (plain["name"], keys, plain["pos"], plain["has_gauss"], plain["cached"])
 
 
-def _python_state_to_plain(state: tuple) -> dict[str, Any]:
+def _python_state_to_plain(state: tuple[Any, ...]) -> dict[str, Any]:
     version, internal, gauss = state
     return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
 
 
-def _plain_to_python_state(plain: dict[str, Any]) -> tuple:
+def _plain_to_python_state(plain: dict[str, Any]) -> tuple[Any, ...]:
     return (plain["version"], tuple(int(x) for x in plain["internal"].tolist()), plain["gauss"])

@@ -27,7 +27,7 @@ from mtrain.batches import PreparedData, prepare_data
 from mtrain.config import FitConfig, Positions, Precision, to_plain
 from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
-from mtrain.model import build_model
+from mtrain.model import Seq2SeqTransformer, build_model
 from mtrain.rundir import RunDir
 from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
 from mtrain.tokenizer import Tokenizer
@@ -49,7 +49,7 @@ log = logging.getLogger("mtrain")
 # What builds a run's validation from its model (mtrain fit's: loss and BLEU, mtrain.cli.fit).
 # It is given the model validation judges and the trained one: the same model, or with
 # train.ema_decay the weights' average and the trained weights (whose loss is logged beside).
-ValidationFactory = Callable[[torch.nn.Module, torch.nn.Module], Validate]
+ValidationFactory = Callable[[Seq2SeqTransformer, Seq2SeqTransformer], Validate]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Machine:
 class FitSetup:
     machine: Machine
     data: PreparedData
-    model: torch.nn.Module
+    model: Seq2SeqTransformer
     trainer: Trainer
 
 
@@ -105,7 +105,7 @@ def build_fit(
     resume_state: dict[str, Any] | None = None,
     stop_signal: StopSignal | None = None,
     host_memory_trim_every: int | None = None,
-    model: torch.nn.Module | None = None,
+    model: Seq2SeqTransformer | None = None,
     init: Parent | None = None,
     lineage: Lineage | None = None,
 ) -> FitSetup:

@@ -8,9 +8,10 @@ stay tensors until a log interval reads them (`tests/test_host_sync.py`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtrain.batches import Batch
 from mtrain.config import Precision
@@ -46,7 +47,8 @@ class UpdateStep:
         nll_sum = torch.zeros((), device=parts.device)
         for index, batch in enumerate(batches):
             last = index == len(batches) - 1
-            sync = contextlib.nullcontext() if last or not self.dist.enabled else parts.network.no_sync()
+            # (with dist.enabled the network is a DistributedDataParallel, or compiled around one)
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else cast(DDP, parts.network).no_sync()
             with sync:
                 loss, nll = self.forward_loss(batch)
                 parts.scaler.scale(loss * scale).backward()
@@ -82,12 +84,13 @@ class UpdateStep:
             "sentences": sum(batch.src_tokens.size(0) for batch in batches),
         }
 
-    def forward_loss(self, batch: Batch):
+    def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
         with autocast(self.parts.device, self.parts.precision):
-            return self.parts.network(
+            losses: tuple[torch.Tensor, torch.Tensor] = self.parts.network(
                 batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output, batch.num_tgt_tokens
             )
+        return losses
 
     def _step_unless(self, skipped: torch.Tensor) -> None:
         """optimizer.step(), skipped on the device when `skipped` is True.
@@ -98,10 +101,11 @@ class UpdateStep:
         """
         optimizer = self.parts.optimizer
         if optimizer.defaults.get("fused"):
-            optimizer.found_inf = skipped.to(torch.float32)
+            # An attribute the fused kernels read but Optimizer does not declare (GradScaler sets it too).
+            optimizer.found_inf = skipped.to(torch.float32)  # type: ignore[attr-defined]
             try:
                 optimizer.step()
             finally:
-                del optimizer.found_inf
+                del optimizer.found_inf  # type: ignore[attr-defined]
         elif not bool(skipped):
             optimizer.step()

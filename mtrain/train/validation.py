@@ -10,6 +10,7 @@ import torch
 
 from mtrain.batches import EncodedCorpus, TokenBatchSampler, collate
 from mtrain.config import Precision
+from mtrain.model import Seq2SeqTransformer
 from mtrain.runtime import autocast
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.loss import TranslationLoss
@@ -17,7 +18,7 @@ from mtrain.train.loss import TranslationLoss
 
 @torch.inference_mode()
 def validation_loss(
-    model: torch.nn.Module,
+    model: Seq2SeqTransformer,
     corpus: EncodedCorpus,
     special_ids: SpecialIds,
     max_tokens: int,
