@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ from mtrain.errors import MtrainError
 def check_config(cfg: DictConfig) -> None:
     """Raise MtrainError("<key>: <why>") for the first bad value of a command's config."""
     check_known_keys(cfg)
+    check_finite(cfg)
     schema = OmegaConf.get_type(cfg)
     if schema is FitConfig:
         _check_fit(cfg)
@@ -88,6 +90,21 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
             )
         if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
             check_known_keys(cfg[key], f"{prefix}{key}.")
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """Refuse inf and nan in every number of a config, its sections and lists (data.corpora[i],
+    train.betas) included: no key means anything by them, and a range check such as `> 0`
+    lets inf through (a weight of inf ends in a traceback once the corpora are encoded)."""
+    items = enumerate(cfg) if OmegaConf.is_list(cfg) else ((key, cfg[key]) for key in cfg)
+    for key, value in items:
+        name = f"{prefix}[{key}]" if OmegaConf.is_list(cfg) else f"{prefix}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MtrainError(f"{name}: {value} must be a finite number")
+        if OmegaConf.is_list(value):
+            check_finite(value, name)
+        elif OmegaConf.is_dict(value):
+            check_finite(value, f"{name}.")
 
 
 def did_you_mean(word: str, candidates: list[str], prefix: str = "") -> str:
@@ -203,11 +220,6 @@ def _check_data(data: DictConfig) -> None:
     _optional_at_least(data, "train_limit", 1, prefix="data")
     _at_least(data, "num_workers", 1, prefix="data")
     _at_least(data, "chunk_size", 1, prefix="data")
-    if not data.sampling_temperature > 0:
-        raise MtrainError(
-            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
-            "by size; larger: flatter, towards uniform)"
-        )
     if len(data.corpora) > 1 and data.subword_sampling.alpha > 0:
         raise MtrainError(
             "data.subword_sampling.alpha: subword sampling trains on one corpus; with several data.corpora set it to 0"
@@ -226,17 +238,17 @@ SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
 def check_corpora(data: Any, tokenizer: Any) -> None:
     """data.corpora, data.sampling_temperature, data.lang_tags and the tags against the
     tokenizer: a config node or the dataclasses (`prepare_data` checks library callers too)."""
-    if not data.sampling_temperature > 0:
+    if not (math.isfinite(data.sampling_temperature) and data.sampling_temperature > 0):
         raise MtrainError(
-            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: draw in "
-            "proportion to size times weight; larger: flatter)"
+            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 and finite (1: draw "
+            "in proportion to size times weight; larger: flatter, e.g. 100 for nearly uniform)"
         )
     lang_symbols = {f"<2{corpus.tgt or data.tgt}>" for corpus in data.corpora} | {f"<2{data.tgt}>"}
     directions = []
     for index, corpus in enumerate(data.corpora):
         key = f"data.corpora[{index}]"
-        if not corpus.weight > 0:
-            raise MtrainError(f"{key}.weight: {corpus.weight} must be > 0 (its share of the training draw)")
+        if not (math.isfinite(corpus.weight) and corpus.weight > 0):
+            raise MtrainError(f"{key}.weight: {corpus.weight} must be > 0 and finite (its share of the training draw)")
         if corpus.train_limit is not None and corpus.train_limit < 1:
             raise MtrainError(f"{key}.train_limit: {corpus.train_limit} must be >= 1 (or null: data.train_limit)")
         src, tgt = corpus.src or data.src, corpus.tgt or data.tgt

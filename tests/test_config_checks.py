@@ -80,6 +80,14 @@ BAD_FIT_VALUES = [
     (["data.clean.max_len=0"], "data.clean.max_len"),
     (["data.clean.max_len_ratio=0.5"], "data.clean.max_len_ratio"),
     (["data.train_limit=0"], "data.train_limit"),
+    # inf and nan (issue 40): a range check such as `> 0` lets inf through
+    (["data.corpora=[{name: multi30k, weight: inf}]"], "data.corpora[0].weight"),
+    (["data.corpora=[{name: multi30k}, {name: bt, weight: nan}]"], "data.corpora[1].weight"),
+    (["data.corpora=[{name: multi30k, weight: -inf}]"], "data.corpora[0].weight"),
+    (["data.sampling_temperature=inf"], "data.sampling_temperature"),
+    (["train.betas=[0.9,nan]"], "train.betas[1]"),
+    (["train.lr=inf"], "train.lr"),
+    (["decode.max_len_a=inf"], "decode.max_len_a"),
 ]
 
 # (overrides, the start of the one error line, a part of it)
@@ -242,6 +250,7 @@ def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ),
         (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
         (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
+        (["fit", "data.corpora=[{name: multi30k}, {name: bt, weight: inf}]"], "data.corpora[1].weight: inf"),
     ],
 )
 def test_the_command_prints_one_line_and_exits_2(argv, start, tmp_path):
