@@ -15,7 +15,7 @@ import difflib
 import math
 import os
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -275,6 +275,14 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
                 raise MtrainError(
                     f"{key}.tag: {symbol} is also a target-language tag (data.lang_tags=true); choose another name"
                 )
+    ambiguous = source_with_several_targets(directions)
+    if ambiguous is not None and not data.lang_tags:
+        src, targets = ambiguous
+        raise MtrainError(
+            f"data.lang_tags: false, but data.corpora translates {src} into {' and '.join(targets)}: without "
+            "a target-language tag the model cannot know which to write; set data.lang_tags=true (with "
+            "tokenizer.joint=true)"
+        )
     if data.lang_tags and not tokenizer.joint:
         raise MtrainError(
             "data.lang_tags: the language tags need one vocabulary for all languages; set tokenizer.joint=true"
@@ -291,6 +299,17 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
             "data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
             "set it to 0 with several data.corpora, a corpus tag or data.lang_tags"
         )
+
+
+def source_with_several_targets(directions: Sequence[tuple[str, str]]) -> tuple[str, list[str]] | None:
+    """The first source language that `directions` translate into more than one language, with
+    those languages; None when each source has one target. Without data.lang_tags such a run
+    has nothing to tell it which of them to write."""
+    for src, _ in directions:
+        targets = [tgt for source, tgt in directions if source == src]
+        if len(targets) > 1:
+            return src, targets
+    return None
 
 
 def _check_tokenizer(tokenizer: DictConfig) -> None:

@@ -88,6 +88,8 @@ BAD_FIT_VALUES = [
     (["train.betas=[0.9,nan]"], "train.betas[1]"),
     (["train.lr=inf"], "train.lr"),
     (["decode.max_len_a=inf"], "decode.max_len_a"),
+    # one source into two languages: nothing would tell the model which to write
+    (["tokenizer.joint=true", "data.corpora=[{src: de, tgt: en}, {src: de, tgt: fr}]"], "data.lang_tags"),
 ]
 
 # (overrides, the start of the one error line, a part of it)
@@ -251,6 +253,10 @@ def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["fit", "model=transfomer"], "model: no preset named 'transfomer'"),
         (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
         (["fit", "data.corpora=[{name: multi30k}, {name: bt, weight: inf}]"], "data.corpora[1].weight: inf"),
+        (
+            ["fit", "tokenizer.joint=true", "data.corpora=[{src: de, tgt: en}, {src: de, tgt: fr}]"],
+            "data.lang_tags: false, but data.corpora translates de into en and fr: without a target-language tag",
+        ),
     ],
 )
 def test_the_command_prints_one_line_and_exits_2(argv, start, tmp_path):
