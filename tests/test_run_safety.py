@@ -344,3 +344,17 @@ def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_
         tmp_path / "run",
     )
     assert sorted(scalars(tmp_path / "run", "valid/loss")) == [1, 2, 3]  # by time, not by the update count
+
+
+# ----------------------------------------------------------------------------- issue 40
+# Each refusal through the `mtrain` command, with every file it could reach hashed before and
+# after; its variants in process, through the function the command runs first.
+def test_a_run_given_where_a_sweep_is_expected_is_a_table_of_that_run(run_copy):
+    _, run_dir = run_copy
+    compared = mtrain("eval", f"runs={run_dir}")
+    reported = mtrain("report", str(run_dir), "bootstrap_samples=0")
+    for result in (compared, reported):
+        assert result.returncode == 0, result.stderr[-3000:]
+        table = result.stdout.splitlines()
+        assert table[2].split()[0] == run_dir.name and ".hydra" not in result.stdout, result.stdout
+    assert ".hydra" not in (run_dir / "report" / "report.md").read_text(encoding="utf-8")
