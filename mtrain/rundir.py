@@ -251,6 +251,18 @@ class RunDir:
         )
 
 
+def enclosing_run(path: str | Path) -> RunDir | None:
+    """The run directory that `path` lies in, at any depth (symbolic links resolved): the nearest
+    directory above it holding config.yaml and checkpoints/, as `mtrain fit` leaves one; None
+    when there is none. Commands that write a file given on the command line refuse to replace
+    one of a run's with it."""
+    for directory in Path(path).resolve().parents:
+        run = RunDir(directory)
+        if run.config_file.is_file() and run.checkpoint_dir.is_dir():
+            return run
+    return None
+
+
 class RunLock:
     """The one writer of a run directory: an exclusive `flock` on its `.lock` file.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -18,6 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.cli.evaluate import score_hypotheses
+from mtrain.cli.translate import run_translate
+from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
@@ -358,3 +362,46 @@ def test_a_run_given_where_a_sweep_is_expected_is_a_table_of_that_run(run_copy):
         table = result.stdout.splitlines()
         assert table[2].split()[0] == run_dir.name and ".hydra" not in result.stdout, result.stdout
     assert ".hydra" not in (run_dir / "report" / "report.md").read_text(encoding="utf-8")
+
+
+def test_translate_never_writes_over_what_it_reads(run_copy, tmp_path):
+    _, run_dir = run_copy
+    source = tmp_path / "in.de"
+    source.write_text("ein Hund läuft\n", encoding="utf-8")
+    before = snapshot(tmp_path)  # the input and the run
+    result = mtrain("translate", f"run={run_dir}", f"input={source}", f"output={source}", "device=cpu")
+    assert result.returncode == 2
+    assert one_error_line(result) == (
+        f"mtrain: error: output={source} would replace input={source}; write it elsewhere (nothing was written)"
+    )
+    assert snapshot(tmp_path) == before  # no translation, no provenance record beside it
+
+    (tmp_path / "link.de").symlink_to(source)
+    os.link(source, tmp_path / "hard.de")
+    (tmp_path / "in.de.mtrain.json").write_text("{}", encoding="utf-8")
+    other_run = tmp_path / "other"
+    shutil.copytree(run_dir / "checkpoints", other_run / "checkpoints")
+    shutil.copyfile(run_dir / "config.yaml", other_run / "config.yaml")
+    before = snapshot(tmp_path)
+    for input_file, output, replaced in (
+        (source, tmp_path / "link.de", f"input={source} (the same file by another name)"),
+        (source, tmp_path / "hard.de", f"input={source} (the same file by another name)"),
+        (source, run_dir / "checkpoints" / "best.pt", f"a file of run={run_dir}"),
+        (source, other_run / "config.yaml", f"a file of the run directory {other_run}"),
+        (tmp_path / "in.de.mtrain.json", tmp_path / "in.de", f"input={tmp_path / 'in.de.mtrain.json'}"),
+    ):
+        with pytest.raises(MtrainError) as error:
+            run_translate(TranslateConfig(run=str(run_dir), input=str(input_file), output=str(output)))
+        assert str(error.value).startswith(f"output={output}") and f" would replace {replaced}; " in str(error.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_eval_never_scores_a_file_against_itself_nor_writes_over_a_reference(tmp_path):
+    hyp, ref = tmp_path / "out.en", tmp_path / "out.en.sentences.tsv"  # a reference where the TSV goes
+    hyp.write_text("a dog runs\n", encoding="utf-8")
+    ref.write_text("a dog runs fast\n", encoding="utf-8")
+    with pytest.raises(MtrainError, match=rf"^ref={re.escape(str(hyp))}: is the hyp= file itself"):
+        score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(hyp)]), log=lambda _: None)
+    with pytest.raises(MtrainError, match=rf"^the sentence scores {re.escape(str(ref))} would replace ref="):
+        score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(ref)], per_sentence=True), log=lambda _: None)
+    assert ref.read_text(encoding="utf-8") == "a dog runs fast\n"
