@@ -25,6 +25,7 @@ from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
+from mtrain.export import export_run
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
 from tests.test_faults import start_fit, wait_for
@@ -405,3 +406,29 @@ def test_eval_never_scores_a_file_against_itself_nor_writes_over_a_reference(tmp
     with pytest.raises(MtrainError, match=rf"^the sentence scores {re.escape(str(ref))} would replace ref="):
         score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(ref)], per_sentence=True), log=lambda _: None)
     assert ref.read_text(encoding="utf-8") == "a dog runs fast\n"
+
+
+def test_export_replaces_a_previous_export_and_nothing_else(run_copy, tmp_path):
+    _, run_dir = run_copy
+    before, run_before = snapshot(tmp_path), snapshot(run_dir)
+    result = mtrain("export", f"run={run_dir}", f"out={run_dir}", "force=true")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"mtrain: error: out={run_dir}: is run={run_dir} itself; ")
+    for out, reason in (
+        (tmp_path, f"holds run={run_dir}"),  # the run's parent
+        (run_dir / "checkpoints", "is not a directory `mtrain export` wrote"),
+        (run_dir / "config.yaml", "is a file"),
+    ):
+        with pytest.raises(MtrainError, match=rf"^out={re.escape(str(out))}: {re.escape(reason)}; .* whatever force"):
+            export_run(run_dir, out, force=True)
+    assert snapshot(tmp_path) == before
+
+    exported = tmp_path / "exports" / "ct2"
+    export_run(run_dir, exported)
+    with pytest.raises(MtrainError, match="already exists; choose another directory or pass force=true"):
+        export_run(run_dir, exported)
+    export_run(run_dir, exported, force=True)  # what force is for
+    shutil.copyfile(run_dir / "checkpoints" / "best.pt", exported / "best.pt")
+    with pytest.raises(MtrainError, match=r": holds a checkpoint or a run"):
+        export_run(run_dir, exported, force=True)
+    assert (exported / "best.pt").is_file() and snapshot(run_dir) == run_before
