@@ -41,6 +41,7 @@ from mtrain.config import (
 )
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
+from mtrain.rundir import RunDir, training_checkpoint_of
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -71,6 +72,7 @@ def check_config(cfg: DictConfig) -> None:
         _check_eval_out(cfg)
     elif schema is AverageConfig:
         _at_least(cfg, "last", 1)
+        _check_average_out(cfg)
     elif schema is ReportConfig:
         _at_least(cfg, "bootstrap_samples", 0, "(0 leaves the bootstrap columns out)")
 
@@ -458,6 +460,32 @@ def _check_translate(cfg: DictConfig) -> None:
         raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
+
+
+def _check_average_out(cfg: DictConfig) -> None:
+    """The average's file (out=, else run='s average_last<N>.pt) replaces an existing file only
+    with force=true, and a run's own training checkpoint never: last.pt without its optimiser
+    state would end the next resume."""
+    if cfg.out:
+        out, key = Path(cfg.out), f"out={cfg.out}"
+    elif cfg.run and not cfg.checkpoints:
+        out = RunDir(cfg.run).checkpoint(f"average_last{cfg.last}")
+        key = f"run={cfg.run} last={cfg.last}: {out}"
+    else:
+        return  # nothing to average, or no out= for checkpoints=[...]: said when the command runs
+    run = training_checkpoint_of(out)
+    if run is not None:
+        raise MtrainError(
+            f"{key}: is {out.resolve().name} of the run {run.path}, which training writes and a resume reads; an "
+            "average never replaces it, whatever force says: write it to another file (nothing was written)"
+        )
+    if out.is_dir():
+        raise MtrainError(f"{key}: is a directory; give a file name")
+    if out.exists() and not cfg.force:
+        raise MtrainError(
+            f"{key}: already exists; pass force=true to replace it, or write the average to another "
+            "file with out=FILE (nothing was written)"
+        )
 
 
 def _check_serve(cfg: DictConfig) -> None:

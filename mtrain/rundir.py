@@ -263,6 +263,17 @@ def enclosing_run(path: str | Path) -> RunDir | None:
     return None
 
 
+def training_checkpoint_of(path: str | Path) -> RunDir | None:
+    """The run whose own training checkpoint `path` is (symbolic links resolved): `last.pt`,
+    `best.pt` or `update_<N>.pt` in its checkpoints/, which training writes and a resume reads;
+    None for any other path (`average_lastN.pt` beside them included)."""
+    resolved = Path(path).resolve()
+    run = enclosing_run(resolved)
+    if run is None or resolved.parent != run.checkpoint_dir.resolve():
+        return None
+    return run if resolved.name in ("last.pt", "best.pt") or _UPDATE_NAME.match(resolved.name) else None
+
+
 class RunLock:
     """The one writer of a run directory: an exclusive `flock` on its `.lock` file.
 

@@ -23,11 +23,13 @@ from mtrain.cli.evaluate import score_hypotheses
 from mtrain.cli.translate import run_translate
 from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
+from mtrain.evaluate.average import average_to_file, last_checkpoints
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.export import export_run
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
+from tests.test_config_checks import assert_refused, run_check
 from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
@@ -432,3 +434,38 @@ def test_export_replaces_a_previous_export_and_nothing_else(run_copy, tmp_path):
     with pytest.raises(MtrainError, match=r": holds a checkpoint or a run"):
         export_run(run_dir, exported, force=True)
     assert (exported / "best.pt").is_file() and snapshot(run_dir) == run_before
+
+
+def test_average_never_replaces_a_run_checkpoint_and_a_weights_only_file_is_not_resumed(run_copy, tmp_path, capsys):
+    common, run_dir = run_copy
+    run = RunDir(run_dir)
+    before = snapshot(run_dir)
+    result = mtrain("average", f"run={run_dir}", "last=2", f"out={run.checkpoint('last')}", "force=true")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(
+        f"mtrain: error: out={run.checkpoint('last')}: is last.pt of the run {run_dir}, which training writes"
+    )
+    assert snapshot(run_dir) == before
+
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(b"not to be lost")
+    (tmp_path / "best_link.pt").symlink_to(run.checkpoint("best"))
+    for out, refusal in (
+        (mine, f"out={mine}: already exists; pass force=true"),
+        (tmp_path / "best_link.pt", f"out={tmp_path / 'best_link.pt'}: is best.pt of the run {run_dir}"),
+        (run.update_checkpoint(2), f"out={run.update_checkpoint(2)}: is update_2.pt of the run"),
+    ):
+        assert_refused(*run_check("average", [f"run={run_dir}", "last=2", f"out={out}"], capsys), refusal)
+    assert run_check("average", [f"run={run_dir}", "last=2", f"out={mine}", "force=true"], capsys) == (0, [])
+
+    # last.pt replaced by an average (as `average out=last.pt` did before it was refused)
+    average_to_file(last_checkpoints(run_dir, 2), tmp_path / "average.pt")
+    shutil.copyfile(tmp_path / "average.pt", run.checkpoint("last"))
+    before = snapshot(run_dir)
+    result = mtrain("fit", *common, "train.max_updates=6", "train.resume=true", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(
+        f"mtrain: error: {run.checkpoint('last')}: holds weights only (an average of 2 checkpoints), "
+        "not a point of training to resume"
+    )
+    assert snapshot(run_dir) == before
