@@ -440,7 +440,12 @@ def _check_ensemble(cfg: DictConfig) -> None:
         raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
     if OmegaConf.get_type(cfg) is not EvalConfig:
         return
-    if cfg.runs or cfg.hyp or not cfg.run:
+    if not (cfg.run or cfg.runs or cfg.hyp):
+        raise MtrainError(
+            "ensemble: decodes with run=RUN and the members: write run=A ensemble=[B,...] out=DIR "
+            "(run= gives the tokenizer and the split)"
+        )
+    if cfg.runs or cfg.hyp:
         raise MtrainError(
             "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
             "(drop ensemble=, or evaluate a run with run=RUN)"

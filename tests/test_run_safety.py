@@ -1,5 +1,6 @@
 """A run is never damaged: one writer at a time, refusals write nothing, resume checks its data,
-checkpoints never alias.
+checkpoints never alias; no command destroys what it reads (issue 40: translate's input,
+a run exported or averaged over).
 
 Each refusal goes through the `mtrain` command, as a user meets it, and is checked against a
 hash of every file of the run directory (train.log and the lock included) before and after.
@@ -246,7 +247,7 @@ def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 2 and "test_2099" in one_error_line(result)
-    assert not run_dir.exists() or not list(run_dir.iterdir())  # no train.log, no lock file
+    assert not run_dir.exists()  # the directory Hydra made for it is removed again, while empty
 
 
 def test_checkpoints_are_separate_files_and_resume_from_picks_one(run_copy, caplog):
@@ -356,6 +357,21 @@ def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_
 # ----------------------------------------------------------------------------- issue 40
 # Each refusal through the `mtrain` command, with every file it could reach hashed before and
 # after; its variants in process, through the function the command runs first.
+def test_a_refused_init_from_leaves_no_run_directory(tmp_path, multi30k_slice):
+    parent = tmp_path / "parent.pt"
+    parent.write_bytes(b"PK\x03\x04 the first bytes of a checkpoint")  # a truncated copy
+    result = mtrain(
+        "fit",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *FAST,
+        f"init_from={parent}",
+        f"hydra.run.dir={tmp_path / 'runs' / 'child'}",
+    )
+    assert result.returncode == 2 and one_error_line(result).startswith(f"mtrain: error: init_from={parent}: ")
+    assert not (tmp_path / "runs").exists()  # the run directory and the parent Hydra made for it
+
+
 def test_a_run_given_where_a_sweep_is_expected_is_a_table_of_that_run(run_copy):
     _, run_dir = run_copy
     compared = mtrain("eval", f"runs={run_dir}")
@@ -397,6 +413,14 @@ def test_translate_never_writes_over_what_it_reads(run_copy, tmp_path):
             run_translate(TranslateConfig(run=str(run_dir), input=str(input_file), output=str(output)))
         assert str(error.value).startswith(f"output={output}") and f" would replace {replaced}; " in str(error.value)
     assert snapshot(tmp_path) == before
+
+
+def test_an_ensemble_without_run_says_how_it_is_written(tmp_path):
+    result = mtrain("translate", f"ensemble=[{tmp_path / 'a'},{tmp_path / 'b'}]", "input=x.de")
+    assert result.returncode == 2
+    assert one_error_line(result).endswith(
+        f"an ensemble is written run=A ensemble=[B,...], here run={tmp_path / 'a'} ensemble=[{tmp_path / 'b'}]"
+    )
 
 
 def test_eval_never_scores_a_file_against_itself_nor_writes_over_a_reference(tmp_path):
