@@ -552,6 +552,7 @@ class AverageConfig:
     last: int = 3  # what train.keep_last keeps by default
     checkpoints: list[str] = field(default_factory=list)  # or exactly these files
     out: str | None = None  # default: <run>/checkpoints/average_last<N>.pt
+    force: bool = False  # replace an existing `out` (never a run's last.pt, best.pt or update_<N>.pt)
 
 
 @dataclass

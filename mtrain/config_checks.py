@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -42,12 +43,13 @@ from mtrain.config import (
 )
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
-from mtrain.rundir import is_export_dir
+from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
 
 
 def check_config(cfg: DictConfig) -> None:
     """Raise MtrainError("<key>: <why>") for the first bad value of a command's config."""
     check_known_keys(cfg)
+    check_finite(cfg)
     schema = OmegaConf.get_type(cfg)
     if schema is FitConfig:
         _check_fit(cfg)
@@ -72,6 +74,7 @@ def check_config(cfg: DictConfig) -> None:
         _check_eval_out(cfg)
     elif schema is AverageConfig:
         _at_least(cfg, "last", 1)
+        _check_average_out(cfg)
     elif schema is ReportConfig:
         _at_least(cfg, "bootstrap_samples", 0, "(0 leaves the bootstrap columns out)")
 
@@ -91,6 +94,21 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
             )
         if dataclasses.is_dataclass(OmegaConf.get_type(cfg, key)):  # a section (read without resolving)
             check_known_keys(cfg[key], f"{prefix}{key}.")
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """Refuse inf and nan in every number of a config, its sections and lists (data.corpora[i],
+    train.betas) included: no key means anything by them, and a range check such as `> 0`
+    lets inf through (a weight of inf ends in a traceback once the corpora are encoded)."""
+    items = enumerate(cfg) if OmegaConf.is_list(cfg) else ((key, cfg[key]) for key in cfg)
+    for key, value in items:
+        name = f"{prefix}[{key}]" if OmegaConf.is_list(cfg) else f"{prefix}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MtrainError(f"{name}: {value} must be a finite number")
+        if OmegaConf.is_list(value):
+            check_finite(value, name)
+        elif OmegaConf.is_dict(value):
+            check_finite(value, f"{name}.")
 
 
 # Words that name a model's size in a preset's name, smallest first: `transformer_tiny` is
@@ -265,11 +283,6 @@ def _check_data(data: DictConfig) -> None:
     _optional_at_least(data, "train_limit", 1, prefix="data")
     _at_least(data, "num_workers", 1, prefix="data")
     _at_least(data, "chunk_size", 1, prefix="data")
-    if not data.sampling_temperature > 0:
-        raise MtrainError(
-            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: corpora drawn "
-            "by size; larger: flatter, towards uniform)"
-        )
     if len(data.corpora) > 1 and data.subword_sampling.alpha > 0:
         raise MtrainError(
             "data.subword_sampling.alpha: subword sampling trains on one corpus; with several data.corpora set it to 0"
@@ -288,17 +301,17 @@ SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
 def check_corpora(data: Any, tokenizer: Any) -> None:
     """data.corpora, data.sampling_temperature, data.lang_tags and the tags against the
     tokenizer: a config node or the dataclasses (`prepare_data` checks library callers too)."""
-    if not data.sampling_temperature > 0:
+    if not (math.isfinite(data.sampling_temperature) and data.sampling_temperature > 0):
         raise MtrainError(
-            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 (1: draw in "
-            "proportion to size times weight; larger: flatter)"
+            f"data.sampling_temperature: {data.sampling_temperature} must be > 0 and finite (1: draw "
+            "in proportion to size times weight; larger: flatter, e.g. 100 for nearly uniform)"
         )
     lang_symbols = {f"<2{corpus.tgt or data.tgt}>" for corpus in data.corpora} | {f"<2{data.tgt}>"}
     directions = []
     for index, corpus in enumerate(data.corpora):
         key = f"data.corpora[{index}]"
-        if not corpus.weight > 0:
-            raise MtrainError(f"{key}.weight: {corpus.weight} must be > 0 (its share of the training draw)")
+        if not (math.isfinite(corpus.weight) and corpus.weight > 0):
+            raise MtrainError(f"{key}.weight: {corpus.weight} must be > 0 and finite (its share of the training draw)")
         if corpus.train_limit is not None and corpus.train_limit < 1:
             raise MtrainError(f"{key}.train_limit: {corpus.train_limit} must be >= 1 (or null: data.train_limit)")
         src, tgt = corpus.src or data.src, corpus.tgt or data.tgt
@@ -325,6 +338,14 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
                 raise MtrainError(
                     f"{key}.tag: {symbol} is also a target-language tag (data.lang_tags=true); choose another name"
                 )
+    ambiguous = source_with_several_targets(directions)
+    if ambiguous is not None and not data.lang_tags:
+        src, targets = ambiguous
+        raise MtrainError(
+            f"data.lang_tags: false, but data.corpora translates {src} into {' and '.join(targets)}: without "
+            "a target-language tag the model cannot know which to write; set data.lang_tags=true (with "
+            "tokenizer.joint=true)"
+        )
     if data.lang_tags and not tokenizer.joint:
         raise MtrainError(
             "data.lang_tags: the language tags need one vocabulary for all languages; set tokenizer.joint=true"
@@ -341,6 +362,17 @@ def check_corpora(data: Any, tokenizer: Any) -> None:
             "data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
             "set it to 0 with several data.corpora, a corpus tag or data.lang_tags"
         )
+
+
+def source_with_several_targets(directions: Sequence[tuple[str, str]]) -> tuple[str, list[str]] | None:
+    """The first source language that `directions` translate into more than one language, with
+    those languages; None when each source has one target. Without data.lang_tags such a run
+    has nothing to tell it which of them to write."""
+    for src, _ in directions:
+        targets = [tgt for source, tgt in directions if source == src]
+        if len(targets) > 1:
+            return src, targets
+    return None
 
 
 def _check_tokenizer(tokenizer: DictConfig) -> None:
@@ -471,7 +503,12 @@ def _check_ensemble(cfg: DictConfig) -> None:
         raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
     if OmegaConf.get_type(cfg) is not EvalConfig:
         return
-    if cfg.runs or cfg.hyp or not cfg.run:
+    if not (cfg.run or cfg.runs or cfg.hyp):
+        raise MtrainError(
+            "ensemble: decodes with run=RUN and the members: write run=A ensemble=[B,...] out=DIR "
+            "(run= gives the tokenizer and the split)"
+        )
+    if cfg.runs or cfg.hyp:
         raise MtrainError(
             "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
             "(drop ensemble=, or evaluate a run with run=RUN)"
@@ -491,6 +528,32 @@ def _check_translate(cfg: DictConfig) -> None:
         raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
+
+
+def _check_average_out(cfg: DictConfig) -> None:
+    """The average's file (out=, else run='s average_last<N>.pt) replaces an existing file only
+    with force=true, and a run's own training checkpoint never: last.pt without its optimiser
+    state would end the next resume."""
+    if cfg.out:
+        out, key = Path(cfg.out), f"out={cfg.out}"
+    elif cfg.run and not cfg.checkpoints:
+        out = RunDir(cfg.run).checkpoint(f"average_last{cfg.last}")
+        key = f"run={cfg.run} last={cfg.last}: {out}"
+    else:
+        return  # nothing to average, or no out= for checkpoints=[...]: said when the command runs
+    run = training_checkpoint_of(out)
+    if run is not None:
+        raise MtrainError(
+            f"{key}: is {out.resolve().name} of the run {run.path}, which training writes and a resume reads; an "
+            "average never replaces it, whatever force says: write it to another file (nothing was written)"
+        )
+    if out.is_dir():
+        raise MtrainError(f"{key}: is a directory; give a file name")
+    if out.exists() and not cfg.force:
+        raise MtrainError(
+            f"{key}: already exists; pass force=true to replace it, or write the average to another "
+            "file with out=FILE (nothing was written)"
+        )
 
 
 def _check_serve(cfg: DictConfig) -> None:

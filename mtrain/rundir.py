@@ -300,6 +300,29 @@ class RunDir:
         )
 
 
+def enclosing_run(path: str | Path) -> RunDir | None:
+    """The run directory that `path` lies in, at any depth (symbolic links resolved): the nearest
+    directory above it holding config.yaml and checkpoints/, as `mtrain fit` leaves one; None
+    when there is none. Commands that write a file given on the command line refuse to replace
+    one of a run's with it."""
+    for directory in Path(path).resolve().parents:
+        run = RunDir(directory)
+        if run.config_file.is_file() and run.checkpoint_dir.is_dir():
+            return run
+    return None
+
+
+def training_checkpoint_of(path: str | Path) -> RunDir | None:
+    """The run whose own training checkpoint `path` is (symbolic links resolved): `last.pt`,
+    `best.pt` or `update_<N>.pt` in its checkpoints/, which training writes and a resume reads;
+    None for any other path (`average_lastN.pt` beside them included)."""
+    resolved = Path(path).resolve()
+    run = enclosing_run(resolved)
+    if run is None or resolved.parent != run.checkpoint_dir.resolve():
+        return None
+    return run if resolved.name in ("last.pt", "best.pt") or _UPDATE_NAME.match(resolved.name) else None
+
+
 class RunLock:
     """The one writer of a run directory: an exclusive `flock` on its `.lock` file.
 

@@ -80,6 +80,16 @@ BAD_FIT_VALUES = [
     (["data.clean.max_len=0"], "data.clean.max_len"),
     (["data.clean.max_len_ratio=0.5"], "data.clean.max_len_ratio"),
     (["data.train_limit=0"], "data.train_limit"),
+    # inf and nan (issue 40): a range check such as `> 0` lets inf through
+    (["data.corpora=[{name: multi30k, weight: inf}]"], "data.corpora[0].weight"),
+    (["data.corpora=[{name: multi30k}, {name: bt, weight: nan}]"], "data.corpora[1].weight"),
+    (["data.corpora=[{name: multi30k, weight: -inf}]"], "data.corpora[0].weight"),
+    (["data.sampling_temperature=inf"], "data.sampling_temperature"),
+    (["train.betas=[0.9,nan]"], "train.betas[1]"),
+    (["train.lr=inf"], "train.lr"),
+    (["decode.max_len_a=inf"], "decode.max_len_a"),
+    # one source into two languages: nothing would tell the model which to write
+    (["tokenizer.joint=true", "data.corpora=[{src: de, tgt: en}, {src: de, tgt: fr}]"], "data.lang_tags"),
 ]
 
 # (overrides, the start of the one error line, a part of it)
@@ -279,6 +289,11 @@ def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ),
         (["translate", "beam=5"], "beam: unknown config key; check its spelling (did you mean decode.beam?)"),
         (["translate", "run=x", "decode.valid_beam=0", "decode.beam=0"], "decode.beam"),
+        (["fit", "data.corpora=[{name: multi30k}, {name: bt, weight: inf}]"], "data.corpora[1].weight: inf"),
+        (
+            ["fit", "tokenizer.joint=true", "data.corpora=[{src: de, tgt: en}, {src: de, tgt: fr}]"],
+            "data.lang_tags: false, but data.corpora translates de into en and fr: without a target-language tag",
+        ),
     ],
 )
 def test_the_command_prints_one_line_and_exits_2(argv, start, tmp_path):

@@ -252,6 +252,11 @@ def fit_config(**data_values) -> OmegaConf:
     "values, message",
     [
         ({"data.corpora": [{"weight": 0}]}, "data.corpora[0].weight: 0.0 must be > 0"),
+        ({"data.corpora": [{"weight": float("inf")}]}, "data.corpora[0].weight: inf must be > 0 and finite"),
+        (
+            {"data.corpora": [{}, {"tgt": "fr"}], "tokenizer.joint": True},
+            "data.lang_tags: false, but data.corpora translates de into en and fr",
+        ),
         ({"data.sampling_temperature": 0.0}, "data.sampling_temperature: 0.0 must be > 0"),
         ({"data.corpora": [{}, {"src": "en", "tgt": "en"}]}, "data.corpora[1].tgt: 'en' is also its source language"),
         ({"data.corpora": [{"tag": "s"}]}, "data.corpora[0].tag: 's' makes <s>, a special piece"),

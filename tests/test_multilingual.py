@@ -220,6 +220,21 @@ def test_the_languages_a_run_translates_into(languages):
         bilingual.target("fr")
 
 
+def test_an_untagged_run_of_several_target_languages_says_what_it_can_do():
+    # en<->de without tags: the input's language decides; the message does not claim tags
+    both_ways = RunLanguages.of({"src": "de", "tgt": "en", "corpora": [{"src": "de"}, {"src": "en", "tgt": "de"}]})
+    assert both_ways.target("de") == "de"
+    with pytest.raises(MtrainError, match=r"^tgt_lang: this run translates into en, de \(each from its own source"):
+        both_ways.target(None)
+    # de->en and de->fr without tags (trained before `mtrain fit` refused it): no tgt_lang can choose
+    one_into_two = RunLanguages.of({"src": "de", "tgt": "en", "corpora": [{}, {"tgt": "fr"}]})
+    for requested in (None, "en", "fr"):
+        with pytest.raises(
+            MtrainError, match=r"^tgt_lang: this run translates de into en and fr without language tags"
+        ):
+            one_into_two.target(requested)
+
+
 def test_the_direction_eval_scores(languages):
     assert languages.direction("de", "en") == ("de", "en")
     assert languages.direction("de", "fr") == ("de", "fr")  # zero-shot: never trained

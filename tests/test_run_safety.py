@@ -1,5 +1,6 @@
 """A run is never damaged: one writer at a time, refusals write nothing, resume checks its data,
-last.pt never aliases another checkpoint (best.pt shares its update_N.pt's file, written anew by rename).
+checkpoints never alias other than best.pt sharing its update_N.pt's file (written anew by rename);
+no command destroys what it reads (issue 40: translate's input, a run exported or averaged over).
 
 Each refusal goes through the `mtrain` command, as a user meets it, and is checked against a
 hash of every file of the run directory (train.log and the lock included) before and after.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -18,11 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.cli.evaluate import score_hypotheses
+from mtrain.cli.translate import run_translate
+from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
+from mtrain.evaluate.average import average_to_file, last_checkpoints
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
+from mtrain.export import export_run
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
+from tests.test_config_checks import assert_refused, run_check
 from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
@@ -239,7 +247,7 @@ def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 2 and "test_2099" in one_error_line(result)
-    assert not run_dir.exists() or not list(run_dir.iterdir())  # no train.log, no lock file
+    assert not run_dir.exists()  # the directory Hydra made for it is removed again, while empty
 
 
 def test_best_pt_is_its_update_checkpoint_stored_once(finished_run):
@@ -359,3 +367,144 @@ def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_
         tmp_path / "run",
     )
     assert sorted(scalars(tmp_path / "run", "valid/loss")) == [1, 2, 3]  # by time, not by the update count
+
+
+# ----------------------------------------------------------------------------- issue 40
+# Each refusal through the `mtrain` command, with every file it could reach hashed before and
+# after; its variants in process, through the function the command runs first.
+def test_a_refused_init_from_leaves_no_run_directory(tmp_path, multi30k_slice):
+    parent = tmp_path / "parent.pt"
+    parent.write_bytes(b"PK\x03\x04 the first bytes of a checkpoint")  # a truncated copy
+    result = mtrain(
+        "fit",
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *FAST,
+        f"init_from={parent}",
+        f"hydra.run.dir={tmp_path / 'runs' / 'child'}",
+    )
+    assert result.returncode == 2 and one_error_line(result).startswith(f"mtrain: error: init_from={parent}: ")
+    assert not (tmp_path / "runs").exists()  # the run directory and the parent Hydra made for it
+
+
+def test_a_run_given_where_a_sweep_is_expected_is_a_table_of_that_run(run_copy):
+    _, run_dir = run_copy
+    compared = mtrain("eval", f"runs={run_dir}")
+    reported = mtrain("report", str(run_dir), "bootstrap_samples=0")
+    for result in (compared, reported):
+        assert result.returncode == 0, result.stderr[-3000:]
+        table = result.stdout.splitlines()
+        assert table[2].split()[0] == run_dir.name and ".hydra" not in result.stdout, result.stdout
+    assert ".hydra" not in (run_dir / "report" / "report.md").read_text(encoding="utf-8")
+
+
+def test_translate_never_writes_over_what_it_reads(run_copy, tmp_path):
+    _, run_dir = run_copy
+    source = tmp_path / "in.de"
+    source.write_text("ein Hund läuft\n", encoding="utf-8")
+    before = snapshot(tmp_path)  # the input and the run
+    result = mtrain("translate", f"run={run_dir}", f"input={source}", f"output={source}", "device=cpu")
+    assert result.returncode == 2
+    assert one_error_line(result) == (
+        f"mtrain: error: output={source} would replace input={source}; write it elsewhere (nothing was written)"
+    )
+    assert snapshot(tmp_path) == before  # no translation, no provenance record beside it
+
+    (tmp_path / "link.de").symlink_to(source)
+    os.link(source, tmp_path / "hard.de")
+    (tmp_path / "in.de.mtrain.json").write_text("{}", encoding="utf-8")
+    other_run = tmp_path / "other"
+    shutil.copytree(run_dir / "checkpoints", other_run / "checkpoints")
+    shutil.copyfile(run_dir / "config.yaml", other_run / "config.yaml")
+    before = snapshot(tmp_path)
+    for input_file, output, replaced in (
+        (source, tmp_path / "link.de", f"input={source} (the same file by another name)"),
+        (source, tmp_path / "hard.de", f"input={source} (the same file by another name)"),
+        (source, run_dir / "checkpoints" / "best.pt", f"a file of run={run_dir}"),
+        (source, other_run / "config.yaml", f"a file of the run directory {other_run}"),
+        (tmp_path / "in.de.mtrain.json", tmp_path / "in.de", f"input={tmp_path / 'in.de.mtrain.json'}"),
+    ):
+        with pytest.raises(MtrainError) as error:
+            run_translate(TranslateConfig(run=str(run_dir), input=str(input_file), output=str(output)))
+        assert str(error.value).startswith(f"output={output}") and f" would replace {replaced}; " in str(error.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_an_ensemble_without_run_says_how_it_is_written(tmp_path):
+    result = mtrain("translate", f"ensemble=[{tmp_path / 'a'},{tmp_path / 'b'}]", "input=x.de")
+    assert result.returncode == 2
+    assert one_error_line(result).endswith(
+        f"an ensemble is written run=A ensemble=[B,...], here run={tmp_path / 'a'} ensemble=[{tmp_path / 'b'}]"
+    )
+
+
+def test_eval_never_scores_a_file_against_itself_nor_writes_over_a_reference(tmp_path):
+    hyp, ref = tmp_path / "out.en", tmp_path / "out.en.sentences.tsv"  # a reference where the TSV goes
+    hyp.write_text("a dog runs\n", encoding="utf-8")
+    ref.write_text("a dog runs fast\n", encoding="utf-8")
+    with pytest.raises(MtrainError, match=rf"^ref={re.escape(str(hyp))}: is the hyp= file itself"):
+        score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(hyp)]), log=lambda _: None)
+    with pytest.raises(MtrainError, match=rf"^the sentence scores {re.escape(str(ref))} would replace ref="):
+        score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(ref)], per_sentence=True), log=lambda _: None)
+    assert ref.read_text(encoding="utf-8") == "a dog runs fast\n"
+
+
+def test_export_replaces_a_previous_export_and_nothing_else(run_copy, tmp_path):
+    _, run_dir = run_copy
+    before, run_before = snapshot(tmp_path), snapshot(run_dir)
+    result = mtrain("export", f"run={run_dir}", f"out={run_dir}", "force=true")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(f"mtrain: error: out={run_dir}: is run={run_dir} itself; ")
+    for out, reason in (
+        (tmp_path, f"holds run={run_dir}"),  # the run's parent
+        (run_dir / "checkpoints", "is not a directory `mtrain export` wrote"),
+        (run_dir / "config.yaml", "is a file"),
+    ):
+        with pytest.raises(MtrainError, match=rf"^out={re.escape(str(out))}: {re.escape(reason)}; .* whatever force"):
+            export_run(run_dir, out, force=True)
+    assert snapshot(tmp_path) == before
+
+    exported = tmp_path / "exports" / "ct2"
+    export_run(run_dir, exported)
+    with pytest.raises(MtrainError, match="already exists; choose another directory or pass force=true"):
+        export_run(run_dir, exported)
+    export_run(run_dir, exported, force=True)  # what force is for
+    shutil.copyfile(run_dir / "checkpoints" / "best.pt", exported / "best.pt")
+    with pytest.raises(MtrainError, match=r": holds a checkpoint or a run"):
+        export_run(run_dir, exported, force=True)
+    assert (exported / "best.pt").is_file() and snapshot(run_dir) == run_before
+
+
+def test_average_never_replaces_a_run_checkpoint_and_a_weights_only_file_is_not_resumed(run_copy, tmp_path, capsys):
+    common, run_dir = run_copy
+    run = RunDir(run_dir)
+    before = snapshot(run_dir)
+    result = mtrain("average", f"run={run_dir}", "last=2", f"out={run.checkpoint('last')}", "force=true")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(
+        f"mtrain: error: out={run.checkpoint('last')}: is last.pt of the run {run_dir}, which training writes"
+    )
+    assert snapshot(run_dir) == before
+
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(b"not to be lost")
+    (tmp_path / "best_link.pt").symlink_to(run.checkpoint("best"))
+    for out, refusal in (
+        (mine, f"out={mine}: already exists; pass force=true"),
+        (tmp_path / "best_link.pt", f"out={tmp_path / 'best_link.pt'}: is best.pt of the run {run_dir}"),
+        (run.update_checkpoint(2), f"out={run.update_checkpoint(2)}: is update_2.pt of the run"),
+    ):
+        assert_refused(*run_check("average", [f"run={run_dir}", "last=2", f"out={out}"], capsys), refusal)
+    assert run_check("average", [f"run={run_dir}", "last=2", f"out={mine}", "force=true"], capsys) == (0, [])
+
+    # last.pt replaced by an average (as `average out=last.pt` did before it was refused)
+    average_to_file(last_checkpoints(run_dir, 2), tmp_path / "average.pt")
+    shutil.copyfile(tmp_path / "average.pt", run.checkpoint("last"))
+    before = snapshot(run_dir)
+    result = mtrain("fit", *common, "train.max_updates=6", "train.resume=true", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert one_error_line(result).startswith(
+        f"mtrain: error: {run.checkpoint('last')}: holds weights only (an average of 2 checkpoints), "
+        "not a point of training to resume"
+    )
+    assert snapshot(run_dir) == before

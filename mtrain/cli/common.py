@@ -102,6 +102,10 @@ class SweepOutcome:
 
 _sweep = SweepOutcome()
 
+# The run directory Hydra is about to make for this command, and each of its parents it makes
+# with it (deepest first): what a refused run removes again while they are empty.
+_new_directories: list[Path] = []
+
 
 def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Callable[..., Any]]:
     """Decorate `task(cfg)` into the `main()` of the command whose config is configs/<config_name>.yaml:
@@ -116,8 +120,10 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Call
 
         @functools.wraps(task)
         def main(cfg_passthrough: DictConfig | None = None) -> Any:
+            _new_directories.clear()
             if cfg_passthrough is None:
-                check_before_run(config_name, sys.argv[1:])
+                run_dir = check_before_run(config_name, sys.argv[1:])
+                _new_directories.extend(missing_directories(run_dir) if run_dir is not None else [])
             _sweep.overrides, _sweep.failed, _sweep.exit_status = {}, {}, SWEEP_FAILED_STATUS
             try:
                 return app(cfg_passthrough)
@@ -150,6 +156,8 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
             return app(*args, **kwargs)
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)
+            if job_dir is None:
+                _remove_new_directories_if_empty()
             if job_dir is not None:
                 log.error("job failed: %s", error)
                 _record_failed_job(job_dir, str(error), type(error).__name__)
@@ -166,9 +174,10 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def check_before_run(config_name: str, argv: list[str]) -> None:
+def check_before_run(config_name: str, argv: list[str]) -> Path | None:
     """Compose `config_name` with the command line `argv` as Hydra will and check every job's
-    config; on a problem print one `mtrain: error:` line and exit with status 2.
+    config; on a problem print one `mtrain: error:` line and exit with status 2. Returns the
+    run's directory (hydra.run.dir) of a single run, None for a sweep or Hydra's own flags.
 
     Hydra's own flags that compose nothing of ours (--help, --info, ...) or change where the
     config comes from (--config-name/-path/-dir) are left to Hydra, once a --config-name of
@@ -182,13 +191,14 @@ def check_before_run(config_name: str, argv: list[str]) -> None:
             f"{', '.join(configs)})" + did_you_mean(command_line.config_name, configs, "--config-name=")
         )
     if command_line.hydra_only:
-        return
+        return None
+    run_dir = None
     try:
         for job, cfg in compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun):
             if command_line.prints_config:
-                return  # --cfg prints the config: composing it is the check
+                return None  # --cfg prints the config: composing it is the check
             try:
-                _check_job(cfg, command_line.multirun)
+                run_dir = _check_job(cfg, command_line.multirun)
             except MtrainError as error:
                 raise MtrainError(f"{error} (sweep job {job})" if job else str(error)) from error
     except MtrainError as error:
@@ -197,9 +207,11 @@ def check_before_run(config_name: str, argv: list[str]) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _exit_with(composition_error_message(error, config_name))
+    return None if command_line.multirun else run_dir
 
 
-def _check_job(cfg: DictConfig, multirun: bool) -> None:
+def _check_job(cfg: DictConfig, multirun: bool) -> Path | None:
+    """Check one job's config and the directory Hydra makes for it; that directory."""
     with open_dict(cfg):
         task = cfg.copy()
         del task["hydra"]
@@ -207,8 +219,35 @@ def _check_job(cfg: DictConfig, multirun: bool) -> None:
     # Hydra makes the job's directory and opens its log there before the task runs.
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     directory = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-    if directory is not None:
-        check_writable_dir(Path(str(directory)), key)
+    if directory is None:
+        return None
+    check_writable_dir(Path(str(directory)), key)
+    return Path(str(directory))
+
+
+def missing_directories(path: Path) -> list[Path]:
+    """`path` and its parents up to the first that exists, deepest first (absolute)."""
+    missing = []
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_new_directories_if_empty() -> None:
+    """After a refusal, remove the run directory Hydra made for this command (and the parents it
+    made with it) while they are empty: a refused `mtrain fit` leaves nothing behind. Only when
+    Hydra's directory is the one checked before it started: `${now:...}` may have moved on since."""
+    if not (_new_directories and HydraConfig.initialized()):
+        return
+    if Path(HydraConfig.get().runtime.output_dir) != _new_directories[0]:
+        return
+    for directory in _new_directories:
+        try:
+            directory.rmdir()  # fails, and stops here, on a directory that is not empty
+        except OSError:
+            return
 
 
 def composition_error_message(error: Exception, config_name: str) -> str:

@@ -19,6 +19,7 @@ report written by `mtrain.evaluate.report`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -250,6 +251,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     into the per-sentence TSV). `per_sentence` writes `<hyp file name>.sentences.tsv` beside
     the hypotheses, or into `out=`, and prints the worst lines.
     """
+    from mtrain.decode.textio import check_spares_what_it_reads
     from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
     from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
     from mtrain.evaluate.report import metrics_table
@@ -265,6 +267,12 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     metrics = check_metric_names(cfg.metrics)
     assert cfg.hyp is not None  # (main: hyp= chose this mode)
     hyp_path = Path(cfg.hyp)
+    for ref in cfg.ref:
+        if hyp_path.is_file() and Path(ref).is_file() and os.path.samefile(hyp_path, ref):
+            raise MtrainError(
+                f"ref={ref}: is the hyp= file itself ({hyp_path}); a file scored against itself says "
+                "nothing: give the reference translation"
+            )
     hyps = read_lines(hyp_path, "hyp")
     tsv = None
     if cfg.per_sentence:
@@ -275,6 +283,8 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
             advice=None if cfg.out is not None else "write the sentence scores elsewhere with out=DIR",
         )
         tsv = sentences_path(tsv_dir, scored_report_name(cfg, hyp_path.name))
+        reads = [("hyp", cfg.hyp), ("run", cfg.run), *(("ref", ref) for ref in cfg.ref)]
+        check_spares_what_it_reads(tsv, f"the sentence scores {tsv}", reads)
     if cfg.ref:
         split = read_reference_files(list(cfg.ref))
         ref_names = [f"ref={path}" for path in cfg.ref]

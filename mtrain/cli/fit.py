@@ -82,7 +82,7 @@ def _check_and_fit(
 ) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
     from mtrain.train.checkpoint_files import load_checkpoint
-    from mtrain.train.checkpointer import check_resumable_config, is_finished
+    from mtrain.train.checkpointer import check_resumable_config, check_resumable_state, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.init_from import inherited_config, load_parent, resumed_config
     from mtrain.train.progress import TrainState, budget_reason
@@ -93,6 +93,7 @@ def _check_and_fit(
     if (
         resume_state is not None and resume_path is not None
     ):  # a run started with init_from continues with its own model and tokenizer
+        check_resumable_state(resume_state, resume_path)
         cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:

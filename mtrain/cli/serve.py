@@ -39,6 +39,7 @@ def run_serve(cfg: ServeConfig) -> None:
     if cfg.run is None:
         raise MtrainError(
             "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
+            + ("; an ensemble is written run=A ensemble=[B,...] (run= gives the tokenizer)" if cfg.ensemble else "")
         )
     listener = listen(cfg.host, cfg.port)
     try:

@@ -31,16 +31,28 @@ log = logging.getLogger("mtrain.translate")
 
 def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
+    from mtrain.data.provenance import provenance_path
     from mtrain.decode.stream import translate_stream
-    from mtrain.decode.textio import check_paths, check_streams
+    from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
     from mtrain.decode.threads import set_decode_threads
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
     if cfg.run is None:
-        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
+        message = "run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)"
+        if cfg.ensemble:  # every member given in ensemble=: one of them is run=, which gives the tokenizer
+            first, others = cfg.ensemble[0], ",".join(cfg.ensemble[1:])
+            message += f"; an ensemble is written run=A ensemble=[B,...], here run={first}"
+            message += f" ensemble=[{others}]" if others else ""
+        raise MtrainError(message)
     check_streams(cfg.input is None, cfg.output is None)  # before the model loads
     check_paths(cfg.input, cfg.output)
+    if cfg.output is not None:  # neither the translation nor its record may replace what is read
+        reads = [("input", cfg.input), ("run", cfg.run), ("checkpoint", cfg.checkpoint)]
+        reads += [("ensemble", member) for member in cfg.ensemble]
+        record = provenance_path(Path(cfg.output))
+        check_spares_what_it_reads(cfg.output, f"output={cfg.output}", reads)
+        check_spares_what_it_reads(record, f"output={cfg.output}: its record {record.name}", reads)
     threads = set_decode_threads(cfg.num_threads)
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (decoded by CTranslate2, announced).

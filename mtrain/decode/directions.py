@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mtrain.config import CorpusConfig, DataConfig
+from mtrain.config_checks import source_with_several_targets
 from mtrain.data.tags import Direction, reserved_symbols, run_directions, source_tags
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
@@ -81,11 +82,23 @@ class RunLanguages:
         for null when it translates into several."""
         languages = self.target_languages()
         listed = ", ".join(languages)
+        ambiguous = None if self.lang_tags else source_with_several_targets(self.directions())
+        if ambiguous is not None:  # trained before `mtrain fit` refused such a config
+            raise MtrainError(
+                f"{key}: this run translates {ambiguous[0]} into {' and '.join(ambiguous[1])} without "
+                "language tags (data.lang_tags=false), so nothing tells it which to write and every "
+                f"{key} would give the same output; train it again with data.lang_tags=true"
+            )
         if requested is None:
             if len(languages) == 1:
                 return languages[0]
+            how = (
+                "data.lang_tags"
+                if self.lang_tags
+                else "each from its own source language, without language tags: the input's language decides"
+            )
             raise MtrainError(
-                f"{key}: this run translates into {listed} (data.lang_tags); choose one, e.g. {key}={languages[0]}"
+                f"{key}: this run translates into {listed} ({how}); choose one, e.g. {key}={languages[0]}"
             )
         if requested not in languages:
             trained = "" if self.lang_tags else " (it has no language tags: data.lang_tags=false)"

@@ -13,7 +13,7 @@ import io
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
@@ -21,7 +21,7 @@ from typing import IO, BinaryIO, TextIO
 from mtrain.data.local_files import count_lines as count_file_lines
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
-from mtrain.rundir import atomic_write
+from mtrain.rundir import atomic_write, enclosing_run
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
@@ -58,6 +58,31 @@ def check_paths(input_path: str | None, output_path: str | None) -> None:
             raise MtrainError(f"input={input_path}: no such file")
     if output_path is not None and Path(output_path).is_dir():
         raise MtrainError(f"output={output_path}: is a directory; give a file name")
+
+
+def check_spares_what_it_reads(target: str | Path, label: str, reads: Sequence[tuple[str, str | None]]) -> None:
+    """Fail before any work if writing the file `target` (named `label` in the message) would
+    replace what the command reads or a run's own file: one of the files of `reads` ((key, path)
+    pairs) by any of its names (a symbolic link, a hard link: the same inode), a file inside a
+    directory of `reads` (run=, an ensemble member), or a file of any run directory."""
+    target = Path(target)
+    if not target.exists():
+        return
+    for key, read in reads:
+        if read is None or not Path(read).exists():
+            continue
+        if Path(read).is_dir():
+            if Path(read).resolve() in target.resolve().parents:
+                raise MtrainError(f"{label} would replace a file of {key}={read}; {_ELSEWHERE}")
+        elif os.path.samefile(target, read):
+            another_name = "" if target.absolute() == Path(read).absolute() else " (the same file by another name)"
+            raise MtrainError(f"{label} would replace {key}={read}{another_name}; {_ELSEWHERE}")
+    run = enclosing_run(target)
+    if run is not None:
+        raise MtrainError(f"{label} would replace a file of the run directory {run.path}; {_ELSEWHERE}")
+
+
+_ELSEWHERE = "write it elsewhere (nothing was written)"
 
 
 def open_input(path: str | None) -> BinaryIO:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir
+from mtrain.rundir import RunDir, training_checkpoint_of
 from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 # Training state that belongs to one point of the optimisation, not to an average of them.
@@ -158,6 +158,11 @@ def average_to_file(paths: Sequence[str | Path], out: str | Path) -> Path:
     out = Path(out)
     if any(out.resolve() == Path(path).resolve() for path in paths):
         raise MtrainError(f"out={out}: is one of the checkpoints being averaged; choose another file")
+    run = training_checkpoint_of(out)
+    if run is not None:  # (the command refuses it before any work: mtrain.config_checks)
+        raise MtrainError(
+            f"out={out}: is {out.resolve().name} of the run {run.path}, which training writes; choose another file"
+        )
     # Nothing to resume here: the advice is where else the average can go.
     save_checkpoint(
         out,

@@ -71,11 +71,15 @@ def discover_runs(spec: str) -> list[RunSummary]:
     root = Path(spec)
     if not root.is_dir():
         raise MtrainError(f"runs={root}: no such directory")
-    children = sorted((p for p in root.iterdir() if p.is_dir() and RunDir(p).looks_like_run()), key=_run_order)
+    if RunDir(root).looks_like_run():  # one run given for a sweep: a table of that run
+        return [load_run_summary(root, root.name)]
+    # (hidden directories are no runs: a run's own .hydra/ holds a config.yaml)
+    children = sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and RunDir(p).looks_like_run()),
+        key=_run_order,
+    )
     if children:
         return [load_run_summary(path, path.name) for path in children]
-    if RunDir(root).looks_like_run():
-        return [load_run_summary(root, root.name)]
     raise MtrainError(
         f"runs={root}: no runs found; expected a Hydra multirun directory (subdirectories "
         f"0/, 1/, ... with .hydra/overrides.yaml or metrics.json) or run directories separated by commas"

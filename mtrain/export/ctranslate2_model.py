@@ -70,8 +70,7 @@ def export_ctranslate2(
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise MtrainError(f"quantization={quantization}: choose one of {'|'.join(QUANTIZATIONS)} (or null for fp32)")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
+    check_export_target(out_dir, force)
     check_exportable(model_cfg)  # before any work
     src_vocabulary, tgt_vocabulary = vocabularies(tokenizer)
     pieces = special_pieces(tokenizer)
@@ -105,6 +104,46 @@ def export_ctranslate2(
     return out_dir
 
 
+def check_export_target(out_dir: Path, force: bool, run_dir: Path | None = None) -> None:
+    """Refuse, before any work, an `out_dir` the export may not write: with or without `force`,
+    an existing one that is not a previous export (the run itself, a directory holding it or
+    any other run or checkpoint, a file, a symbolic link); without `force`, a previous export
+    (or an empty directory). `force` replaces an export and nothing else."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    not_an_export = _not_an_export(out_dir, run_dir)
+    if not_an_export is not None:
+        raise MtrainError(
+            f"out={out_dir}: {not_an_export}; an export replaces only a previous export (a directory "
+            f"holding {METADATA_FILE}), whatever force says: choose another directory (nothing was written)"
+        )
+    if not force:
+        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
+
+
+def _not_an_export(out_dir: Path, run_dir: Path | None) -> str | None:
+    """Why the existing `out_dir` is no export that `force` may replace; None when it is one."""
+    if out_dir.is_symlink():
+        return "is a symbolic link"
+    if not out_dir.is_dir():
+        return "is a file"
+    if run_dir is not None and Path(run_dir).is_dir():
+        run, out = Path(run_dir).resolve(), out_dir.resolve()
+        if out == run:
+            return f"is run={run_dir} itself"
+        if out in run.parents:
+            return f"holds run={run_dir}"
+    if not any(out_dir.iterdir()):
+        return None  # nothing to lose
+    if not (out_dir / METADATA_FILE).is_file():
+        return "is not a directory `mtrain export` wrote"
+    for directory, subdirectories, files in os.walk(out_dir):
+        if "checkpoints" in subdirectories or any(name.endswith(".pt") for name in files):
+            return f"holds a checkpoint or a run ({directory})"
+    return None
+
+
 def export_run(
     run_dir: Path,
     out_dir: Path,
@@ -118,6 +157,7 @@ def export_run(
     `weights` (auto: the weights' average when the run kept one)."""
     from mtrain.train.checkpoint_files import load_run
 
+    check_export_target(out_dir, force, run_dir)  # before the checkpoint loads
     loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path, weights=weights)
     check_exportable(loaded.config.model)
     return export_ctranslate2(

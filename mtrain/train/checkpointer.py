@@ -88,6 +88,25 @@ def data_fingerprints(corpus: str, tokenizer: str) -> dict[str, str]:
     return {"corpus": corpus, "tokenizer": tokenizer}
 
 
+def check_resumable_state(state: dict[str, Any], path: Path) -> None:
+    """Refuse to resume from a checkpoint that holds weights only (an average of checkpoints, or
+    a file made outside training): it has no point of training (loss scaler, random state, data
+    position) to continue from."""
+    missing = [key for key in ("model", "trainer", "scaler", "rng") if key not in state]
+    if not missing and "averaged_from" not in state:
+        return
+    what = (
+        f"an average of {len(state['averaged_from'])} checkpoints"
+        if "averaged_from" in state
+        else f"no {', '.join(missing)}"
+    )
+    raise MtrainError(
+        f"{path}: holds weights only ({what}), not a point of training to resume; resume from another "
+        f"checkpoint (train.resume_from=update_N) or start a new run from these weights (init_from={path}); "
+        "nothing was written"
+    )
+
+
 def check_resumable_config(state: dict[str, Any], cfg: FitConfig, path: Path) -> None:
     """Refuse, with one line naming the key, to continue a checkpoint with other model or
     tokenizer settings."""
