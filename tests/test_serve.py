@@ -1,5 +1,6 @@
 """`mtrain serve`: the real server in a subprocess on a free loopback port, spoken to with httpx;
-the app's error paths in-process (starlette's TestClient with a stand-in model)."""
+the whole server stack in a thread of this process (`InProcessServer`: uvicorn with mtrain's
+protocol and middleware); the app's error paths with a stand-in model."""
 
 from __future__ import annotations
 
@@ -360,6 +361,8 @@ def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
         (["max_wait_ms=-1"], "max_wait_ms: -1.0 must be >= 0"),
         (["request_timeout_s=0"], "request_timeout_s: 0.0 must be > 0"),
         (["max_sentences=0"], "max_sentences: 0 must be >= 1"),
+        (["read_timeout_s=0"], "read_timeout_s: 0.0 must be > 0"),
+        (["max_connections=0"], "max_connections: 0 must be >= 1"),
         (["max_batch_size=3"], "max_batch_size: unknown config key"),
     ):
         with pytest.raises(SystemExit) as stop:
@@ -376,6 +379,19 @@ def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
             run_serve(ServeConfig(run=str(run_dir), port=port))
     with pytest.raises(MtrainError, match="host=no.such.host.invalid: not an address"):
         run_serve(ServeConfig(run=str(run_dir), host="no.such.host.invalid", port=0))
+
+
+def test_the_open_file_limit_is_raised_to_fit_max_connections(monkeypatch):
+    resource = pytest.importorskip("resource")
+    from mtrain.cli.serve import allow_open_files
+
+    raised: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (256, 4096))
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, limits: raised.append(limits))
+    allow_open_files(512)
+    assert raised == [(576, 4096)]  # the connections and 64 files besides
+    with pytest.raises(MtrainError, match=r"^max_connections: 5000 connections need 5064 open files, but this"):
+        allow_open_files(5000)
 
 
 # ------------------------------------------------------------------ the app in-process
@@ -395,6 +411,45 @@ class StandIn:
 
     def target_languages(self) -> list[str]:
         return ["en"]
+
+
+def upper_case(sentences, cfg, tgt_lang=None):
+    """A stand-in's translation: the sentence in capitals."""
+    from mtrain.decode.hypothesis import Hypothesis
+
+    return [[Hypothesis(tokens=[], score=0.0, text=s.upper())] for s in sentences]
+
+
+class InProcessServer:
+    """The server `mtrain serve` runs (uvicorn with mtrain's protocol and middleware around the
+    app, `serve.uvicorn_config`) in a thread of this process, on a free loopback port."""
+
+    def __init__(self, model, **settings) -> None:
+        import uvicorn
+
+        from mtrain.cli.serve import listen, uvicorn_config
+        from mtrain.cli.serve_app import build_app
+
+        self.cfg = ServeConfig(**settings)
+        self.listener = listen("127.0.0.1", 0)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(build_app(model, self.cfg), self.cfg))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.listener.close()
+        assert not self.thread.is_alive()
 
 
 def app_client(translate, **limits):

@@ -7,8 +7,8 @@
 Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wrong>"}` with a
 4xx status (400 malformed JSON, 413 over a size limit, 422 a wrong value or type, 404/405 no
 such route), 504 past `request_timeout_s`, 503 while shutting down, and a 500 that names
-only the exception type, never a traceback. The body is bounded before it is parsed
-(`BodyLimit`). Handlers never decode: they submit the request's sentences to the batcher
+only the exception type, never a traceback. The body is read, within its limits, before a
+route sees it (`serve_http`). Handlers never decode: they submit the request's sentences to the batcher
 (`mtrain.decode.batcher`), whose one worker thread decodes the sentences of concurrent
 requests together, and await the result.
 """
@@ -20,15 +20,15 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtrain.cli.serve_http import RequestBody, RequestLog
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
@@ -70,43 +70,6 @@ class Rejected(Exception):
 
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is refused with 413 before any of it is
-    parsed (by its Content-Length, or by counting a chunked body as it arrives)."""
-
-    def __init__(self, app: Callable, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = f"max_request_bytes: the body is over the limit of {self.max_bytes} bytes"
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            message = too_large if declared.isdigit() else "content-length: not a number of bytes"
-            await error_response(413 if declared.isdigit() else 400, message)(scope, receive, send)
-            return
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await error_response(413, too_large)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> dict:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
 
 
 def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
@@ -182,7 +145,8 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
         }
 
     @app.post("/translate")
-    async def translate(request: TranslateRequest) -> dict:
+    async def translate(request: TranslateRequest, http: Request) -> dict:
+        http.state.sentences = len(request.text)
         try:
             tgt_lang = check_target_language(request.tgt_lang, model.target_languages())
         except UnknownTargetLanguage as error:
@@ -206,7 +170,9 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             raise Rejected(422, str(error)) from None
         return response_body(hypotheses, decode.nbest)
 
-    app.add_middleware(BodyLimit, max_bytes=cfg.max_request_bytes)
+    app.add_middleware(RequestBody, max_bytes=cfg.max_request_bytes, read_timeout_s=cfg.read_timeout_s)
+    if cfg.access_log:
+        app.add_middleware(RequestLog)  # added last: the outermost, it logs what RequestBody refuses too
     return app
 
 
