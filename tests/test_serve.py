@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -138,6 +139,15 @@ class Server:
     def post(self, body=None, **options) -> httpx.Response:
         return httpx.post(f"{self.url}/translate", json=body, timeout=60, **options)
 
+    def post_raw(self, body) -> httpx.Response:
+        """`body` as JSON with every non-ASCII character escaped: lone surrogates ("\\ud800") too."""
+        return httpx.post(
+            f"{self.url}/translate",
+            content=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -163,7 +173,9 @@ def expected(model, tokenizer, sentences, **decode):
 # ------------------------------------------------------------------ what it answers
 def test_health_describes_the_model_and_the_limits(server, run_dir):
     health = server.health()
-    assert health["status"] == "ok" and str(run_dir) in health["model"] and "update 7" in health["model"]
+    assert health["status"] == "ok" and health["model"] == f"{run_dir.name} (update 7)"
+    answer = httpx.get(f"{server.url}/health", timeout=10).text
+    assert str(run_dir.parent) not in answer and "best.pt" not in answer  # no path reaches a client
     assert (health["engine"], health["device"], health["precision"]) == ("torch", "cpu", "fp32")
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en")
     assert health["decode"] == {"beam": 2, "nbest": 1}
@@ -236,20 +248,108 @@ def test_concurrent_requests_are_decoded_in_fewer_batches(server, model, tokeniz
     assert after["largest_batch"] > 1
 
 
+def test_a_json_body_is_read_whatever_its_content_type_says(server):
+    for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        response = httpx.post(f"{server.url}/translate", content=b'{"text": ["Ein Hund."]}', headers=headers)
+        assert response.status_code == 200 and len(response.json()["translations"]) == 1, (headers, response.text)
+
+
+# ------------------------------------------------------------------ one client cannot break another's request
+def at_once(send, bodies: list) -> list[httpx.Response]:
+    """`send(body)` for every body, each from its own thread, all let go together; answers in order."""
+    start = threading.Barrier(len(bodies))
+
+    def send_when_all_are_ready(body) -> httpx.Response:
+        start.wait()
+        return send(body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(send_when_all_are_ready, bodies))
+
+
+def test_a_lone_surrogate_fails_its_own_request_only(server, model, tokenizer):
+    """Issue 40: {"text": ["\\ud800"]} was a 500, and so were the requests decoded in its batch
+    (8 innocent concurrent requests: 8, 2 and 8 of them failed in three trials)."""
+    best = [hyps[0].text for hyps in expected(model, tokenizer, SENTENCES)]
+    bodies = [{"text": [SENTENCES[n % 6]]} for n in range(8)] + [{"text": ["\ud800"]}]
+    for _trial in range(3):
+        answers = at_once(server.post_raw, bodies)
+        assert answers[8].status_code == 422, answers[8].text
+        assert answers[8].json() == {
+            "error": "text[0]: character 0 is a lone UTF-16 surrogate (\\ud800), not text; "
+            "send valid Unicode (a surrogate pair, or UTF-8)"
+        }
+        assert [(answers[n].status_code, answers[n].json()["translations"]) for n in range(8)] == [
+            (200, [best[n % 6]]) for n in range(8)
+        ]
+
+
+def test_a_sentence_the_tokenizer_refuses_is_the_client_s_error(tokenizer):
+    from mtrain.cli.serve_model import ServedModel
+
+    served = ServedModel(
+        None, tokenizer, torch.device("cpu"), "fp32", "a checkpoint", "run", "torch", "de", "en", 64, 1
+    )
+    with pytest.raises(MtrainError, match=r"^text: a sentence the tokenizer cannot encode \(RuntimeError\)"):
+        served.encode("Ein \ud800 Hund.")  # what the HTTP checks refuse first; had one slipped past them
+
+
+def test_a_sentence_that_fails_to_encode_or_decode_fails_its_own_request_only():
+    """The batch it shared is decoded again request by request: the innocent ones are answered."""
+
+    calls: list[list[str]] = []
+
+    def translate(sentences, cfg, tgt_lang=None):
+        calls.append(list(sentences))
+        if "refused" in sentences:
+            raise MtrainError("text: a sentence the tokenizer cannot encode (RuntimeError); send valid Unicode text")
+        if "a bug" in sentences:
+            raise RuntimeError("a bug in decoding")
+        return upper_case(sentences, cfg)
+
+    with InProcessServer(StandIn(translate), max_wait_ms=300, access_log=False) as started, httpx.Client() as client:
+        texts = [["refused"], ["a bug"]] + [[f"satz {n}", "noch einer"] for n in range(8)]
+        answers = at_once(lambda text: client.post(f"{started.url}/translate", json={"text": text}, timeout=30), texts)
+        assert (answers[0].status_code, answers[0].json()["error"]) == (
+            422,
+            "text: a sentence the tokenizer cannot encode (RuntimeError); send valid Unicode text",
+        )
+        assert (answers[1].status_code, answers[1].json()["error"]) == (
+            500,
+            "internal error (RuntimeError); the server's log has the details",
+        )
+        assert [(a.status_code, a.json()["translations"]) for a in answers[2:]] == [
+            (200, [f"SATZ {n}", "NOCH EINER"]) for n in range(8)
+        ]
+    assert any(len(call) > 2 and "refused" in call for call in calls)  # it did share a batch with others
+
+
 # ------------------------------------------------------------------ what it refuses
 BAD_REQUESTS = [
     # (what is sent, status, the start of the error)
-    (dict(content=b'{"text": ["Ein Hund."'), 400, "body: malformed JSON"),
+    (dict(content=b'{"text": ["Ein Hund."'), 400, "body: malformed JSON (Expecting"),
     (dict(content=b"not json at all"), 400, "body: malformed JSON"),
+    (dict(content=b"not json at all", headers={}), 400, "body: malformed JSON"),  # no Content-Type
+    (dict(content=b"text=Ein+Hund.", headers={"Content-Type": "application/x-www-form-urlencoded"}), 400, "body:"),
+    (dict(content=b"", headers={}), 400, "body: malformed JSON (an empty body)"),
+    (dict(content=b"[" * 4000), 400, "body: malformed JSON (nested too deeply)"),  # past the recursion limit
+    (dict(content=b'{"text": ["\xff"]}'), 400, "body: malformed JSON ('utf-8' codec can't decode"),
     (dict(json={"text": SENTENCES + SENTENCES}), 413, "max_sentences: 12 sentences"),
     (dict(json={"text": ["Ein Hund. " * 30]}), 413, "max_sentence_chars: text[0] has 300 characters"),
-    (dict(json={"text": "Ein Hund."}), 422, "text: Input should be a valid list"),
-    (dict(json={"text": ["Ein Hund.", 7]}), 422, "text[1]: Input should be a valid string"),
-    (dict(json={"text": ["Ein Hund."], "beam": "2"}), 422, "beam: Input should be a valid integer"),
-    (dict(json={"text": ["Ein Hund."], "beam": 2.5}), 422, "beam: Input should be a valid integer"),
-    (dict(json={"sentences": ["Ein Hund."]}), 422, "text: Field required"),
-    (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, "beem: unknown field"),
-    (dict(json=["Ein Hund."]), 422, "body: a JSON object"),
+    (dict(json={"text": "Ein Hund."}), 422, "text: must be a list of sentences (strings), not a string"),
+    (dict(json={"text": ["Ein Hund.", 7]}), 422, "text[1]: must be a string (a sentence), not a number"),
+    (dict(json={"text": ["Ein Hund."], "beam": "2"}), 422, "beam: must be a whole number, not a string"),
+    (dict(json={"text": ["Ein Hund."], "beam": 2.5}), 422, "beam: must be a whole number, not a number"),
+    (dict(json={"text": ["Ein Hund."], "beam": True}), 422, "beam: must be a whole number, not true"),
+    (dict(json={"text": ["Ein Hund."], "tgt_lang": 3}), 422, "tgt_lang: must be a language (a string) or null"),
+    (dict(json={"sentences": ["Ein Hund."]}), 422, "sentences: not a field of this request (the fields: text, "),
+    (dict(json={"txt": ["Ein Hund."]}), 422, 'txt: not a field of this request; did you mean "text"?'),
+    (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, 'beem: not a field of this request; did you mean "beam"?'),
+    (dict(json={}), 422, 'text: missing; send the sentences as "text": ['),
+    (dict(json=["Ein Hund."]), 422, 'body: must be a JSON object such as {"text": ["..."]}, not a list'),
+    (dict(content=b'{"text": ["Ein Hund.", "\\ud800"]}'), 422, "text[1]: character 0 is a lone UTF-16 surrogate"),
+    (dict(content=b'{"text": ["a\\udfffb"]}'), 422, "text[0]: character 1 is a lone UTF-16 surrogate (\\udfff)"),
+    (dict(content=b'{"\\ud800": 1}'), 422, "body: the field name \\ud800 is not Unicode text"),
     (
         dict(json={"text": ["Ein Hund."], "tgt_lang": "fr"}),
         422,
@@ -267,7 +367,7 @@ BAD_REQUESTS = [
     ids=[f"{status}-{error.split(':')[0]}-{i}" for i, (_, status, error) in enumerate(BAD_REQUESTS)],
 )
 def test_a_bad_request_is_a_json_error_naming_the_field_or_limit(server, request_options, status, error):
-    if "content" in request_options:
+    if "content" in request_options and "headers" not in request_options:
         request_options = {**request_options, "headers": {"Content-Type": "application/json"}}
     response = httpx.post(f"{server.url}/translate", timeout=30, **request_options)
     assert response.status_code == status, response.text
@@ -400,7 +500,7 @@ class StandIn:
 
     def __init__(self, translate) -> None:
         self.translate = translate
-        self.description, self.engine_name, self.device, self.precision, self.threads = (
+        self.name, self.engine_name, self.device, self.precision, self.threads = (
             "stand-in",
             "torch",
             "cpu",
