@@ -1,6 +1,8 @@
 """`mtrain serve`: the real server in a subprocess on a free loopback port, spoken to with httpx;
 the whole server stack in a thread of this process (`InProcessServer`: uvicorn with mtrain's
-protocol and middleware); the app's error paths with a stand-in model."""
+protocol and middleware) for what needs many requests: the property test with random Unicode
+and the API fuzz run from the OpenAPI schema (schemathesis); the app's error paths with a
+stand-in model."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import httpx
 import pytest
 import sentencepiece as spm
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain
@@ -322,6 +326,132 @@ def test_a_sentence_that_fails_to_encode_or_decode_fails_its_own_request_only():
             (200, [f"SATZ {n}", "NOCH EINER"]) for n in range(8)
         ]
     assert any(len(call) > 2 and "refused" in call for call in calls)  # it did share a batch with others
+
+
+# Characters that have broken text services: lone surrogates (valid in JSON, not in Unicode),
+# controls, bidirectional marks, a byte order mark, zero-width ones, emoji, Arabic.
+ODD_CHARACTERS = "\ud800\udbff\udc00\udfff\x00\x07\x1b\x7f\u202e\u200f\u2066\ufeff\u200b\U0001f600\U0001f1e9\u0627\r\n"
+
+
+def character() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.characters(),
+        st.characters(categories=["Cs"]),  # lone surrogates
+        st.characters(categories=["Cc", "Cf"]),  # controls and format characters (bidi marks)
+        st.sampled_from(ODD_CHARACTERS),
+    )
+
+
+def sentence() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.text(character(), max_size=40),
+        # up to 10,000 characters (max_sentence_chars below): a piece repeated
+        st.builds(
+            lambda piece, times: (piece * times)[:10_000],
+            st.text(character(), min_size=1, max_size=8),
+            st.integers(1, 10_000),
+        ),
+        st.sampled_from(SENTENCES),
+    )
+
+
+def is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def model_server(run_dir):
+    """The test model in an InProcessServer that takes sentences of up to 10,000 characters."""
+    from mtrain.cli.serve_model import open_served_model
+
+    settings = dict(
+        run=str(run_dir),
+        device="cpu",
+        precision="fp32",
+        num_threads=1,
+        decode=DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3),
+        max_beam=4,
+        max_sentence_chars=10_000,
+        max_wait_ms=20.0,
+        access_log=False,
+    )
+    served = open_served_model(ServeConfig(**settings), torch.device("cpu"), 1)
+    with InProcessServer(served, **settings) as started:
+        yield started
+
+
+def test_random_unicode_in_concurrent_requests_never_fails_a_neighbour(model_server, model, tokenizer):
+    """No 500 for any text, a 422 naming the sentence for text that is not Unicode, and the
+    requests decoded alongside are answered as if alone."""
+    innocent = ["Ein Hund.", "Kinder spielen im Park."]
+    innocent_best = [hyps[0].text for hyps in expected(model, tokenizer, innocent)]
+
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(6) as pool:
+
+        def post(text: list[str]) -> httpx.Response:
+            body = json.dumps({"text": text}).encode()  # ASCII: a lone surrogate goes as "\\ud800"
+            return client.post(
+                f"{model_server.url}/translate", content=body, headers={"Content-Type": "application/json"}
+            )
+
+        @settings(
+            max_examples=20,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+        )
+        @given(st.lists(st.lists(sentence(), max_size=3), min_size=1, max_size=4))
+        def concurrent_requests(texts: list[list[str]]) -> None:
+            answers = list(pool.map(post, [innocent, *texts, innocent]))
+            assert [answer.status_code for answer in answers if answer.status_code >= 500] == []
+            for answer in (answers[0], answers[-1]):
+                assert (answer.status_code, answer.json()["translations"]) == (200, innocent_best)
+            for text, answer in zip(texts, answers[1:-1], strict=True):
+                not_unicode = [index for index, sentence in enumerate(text) if not is_unicode(sentence)]
+                if not_unicode:
+                    assert answer.status_code == 422, answer.text
+                    assert answer.json()["error"].startswith(f"text[{not_unicode[0]}]: character ")
+                else:
+                    assert answer.status_code == 200, answer.text
+                    assert len(answer.json()["translations"]) == len(text)
+
+        concurrent_requests()
+
+
+def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_server):
+    """schemathesis makes requests from the server's own OpenAPI schema, valid ones and ones
+    that break it (wrong types, missing and unknown fields); none may get a 5xx."""
+    schemathesis = pytest.importorskip(
+        "schemathesis", reason="schemathesis is not installed (pip install 'mtrain[dev]')"
+    )
+    requests = pytest.importorskip("requests")
+
+    schema = schemathesis.openapi.from_url(f"{model_server.url}/openapi.json")
+    cases = st.one_of(
+        schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+        schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
+    )
+    statuses: set[int] = set()
+    with requests.Session() as session:
+
+        @settings(
+            max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(cases)
+        def no_server_error(case) -> None:
+            response = case.call(base_url=model_server.url, session=session, timeout=60)
+            statuses.add(response.status_code)
+            assert response.status_code < 500, case.as_curl_command()
+            assert response.headers["content-type"] == ["application/json"]  # an answer of ours, JSON
+            assert isinstance(json.loads(response.content), dict)
+
+        no_server_error()
+    assert {200, 422} <= statuses, statuses  # it did reach the routes, with good and bad requests
 
 
 # ------------------------------------------------------------------ what it refuses
