@@ -543,7 +543,11 @@ class ServeConfig:
     max_sentence_chars: int = 2000  # per sentence (413 above)
     request_timeout_s: float = 60.0  # a request not translated by then gets 504
     max_beam: int = 10  # the largest beam (and nbest) a request may ask for (422 above)
-    access_log: bool = False  # one log line per HTTP request (uvicorn's access log)
+    # A request's head, and then its body, must each arrive within this many seconds (else 408
+    # and the connection is closed: a client sending slowly holds no connection for long).
+    read_timeout_s: float = 20.0
+    max_connections: int = 512  # open connections at once; one more is answered 503 and closed
+    access_log: bool = True  # one log line per request: method, path, status, sentences, milliseconds
 
 
 @dataclass

@@ -561,11 +561,19 @@ def _check_serve(cfg: DictConfig) -> None:
     _optional_at_least(cfg, "num_threads", 1)
     if not 0 <= cfg.port <= 65535:
         raise MtrainError(f"port: {cfg.port} must be in 0..65535 (0: any free port)")
-    for key in ("max_batch_sentences", "max_request_bytes", "max_sentences", "max_sentence_chars", "max_beam"):
+    for key in (
+        "max_batch_sentences",
+        "max_request_bytes",
+        "max_sentences",
+        "max_sentence_chars",
+        "max_beam",
+        "max_connections",
+    ):
         _at_least(cfg, key, 1)
     _at_least(cfg, "max_wait_ms", 0)
-    if not cfg.request_timeout_s > 0:
-        raise MtrainError(f"request_timeout_s: {cfg.request_timeout_s} must be > 0")
+    for key in ("request_timeout_s", "read_timeout_s"):
+        if not cfg[key] > 0:
+            raise MtrainError(f"{key}: {cfg[key]} must be > 0")
     for key in ("beam", "nbest"):
         if cfg.decode[key] > cfg.max_beam:
             raise MtrainError(

@@ -114,6 +114,25 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
         wrong_count.submit([1, 2], 0).result(10)
 
 
+def test_an_item_that_fails_a_shared_batch_fails_its_own_request_only():
+    calls: list[list[int]] = []
+
+    def decode(items: list[int], setting: int) -> list[int]:
+        calls.append(list(items))
+        if 13 in items:
+            raise ValueError("unlucky item")
+        return [item * 10 for item in items]
+
+    batcher = Batcher(decode, max_batch_items=10, max_wait_s=0.5)
+    before, unlucky, after = batcher.submit([1, 2], 0), batcher.submit([3, 13], 0), batcher.submit([4], 0)
+    assert before.result(10) == [10, 20] and after.result(10) == [40]
+    with pytest.raises(ValueError, match="unlucky"):
+        unlucky.result(10)
+    assert calls == [[1, 2, 3, 13, 4], [1, 2], [3, 13], [4]]  # together, then each request alone, once
+    assert (batcher.stats().batches, batcher.stats().items) == (2, 3)
+    batcher.close()
+
+
 def test_close_decodes_what_is_queued_without_waiting_then_refuses():
     decode = Recorder()
     batcher = Batcher(decode, max_batch_items=100, max_wait_s=60.0)

@@ -1,5 +1,8 @@
 """`mtrain serve`: the real server in a subprocess on a free loopback port, spoken to with httpx;
-the app's error paths in-process (starlette's TestClient with a stand-in model)."""
+the whole server stack in a thread of this process (`InProcessServer`: uvicorn with mtrain's
+protocol and middleware) for what needs many requests: the property test with random Unicode
+and the API fuzz run from the OpenAPI schema (schemathesis); the app's error paths with a
+stand-in model."""
 
 from __future__ import annotations
 
@@ -13,12 +16,15 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 import sentencepiece as spm
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain
@@ -137,6 +143,15 @@ class Server:
     def post(self, body=None, **options) -> httpx.Response:
         return httpx.post(f"{self.url}/translate", json=body, timeout=60, **options)
 
+    def post_raw(self, body) -> httpx.Response:
+        """`body` as JSON with every non-ASCII character escaped: lone surrogates ("\\ud800") too."""
+        return httpx.post(
+            f"{self.url}/translate",
+            content=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -162,7 +177,9 @@ def expected(model, tokenizer, sentences, **decode):
 # ------------------------------------------------------------------ what it answers
 def test_health_describes_the_model_and_the_limits(server, run_dir):
     health = server.health()
-    assert health["status"] == "ok" and str(run_dir) in health["model"] and "update 7" in health["model"]
+    assert health["status"] == "ok" and health["model"] == f"{run_dir.name} (update 7)"
+    answer = httpx.get(f"{server.url}/health", timeout=10).text
+    assert str(run_dir.parent) not in answer and "best.pt" not in answer  # no path reaches a client
     assert (health["engine"], health["device"], health["precision"]) == ("torch", "cpu", "fp32")
     assert (health["src_lang"], health["tgt_lang"]) == ("de", "en")
     assert health["decode"] == {"beam": 2, "nbest": 1}
@@ -235,20 +252,234 @@ def test_concurrent_requests_are_decoded_in_fewer_batches(server, model, tokeniz
     assert after["largest_batch"] > 1
 
 
+def test_a_json_body_is_read_whatever_its_content_type_says(server):
+    for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        response = httpx.post(f"{server.url}/translate", content=b'{"text": ["Ein Hund."]}', headers=headers)
+        assert response.status_code == 200 and len(response.json()["translations"]) == 1, (headers, response.text)
+
+
+# ------------------------------------------------------------------ one client cannot break another's request
+def at_once(send, bodies: list) -> list[httpx.Response]:
+    """`send(body)` for every body, each from its own thread, all let go together; answers in order."""
+    start = threading.Barrier(len(bodies))
+
+    def send_when_all_are_ready(body) -> httpx.Response:
+        start.wait()
+        return send(body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(send_when_all_are_ready, bodies))
+
+
+def test_a_lone_surrogate_fails_its_own_request_only(server, model, tokenizer):
+    """Issue 40: {"text": ["\\ud800"]} was a 500, and so were the requests decoded in its batch
+    (8 innocent concurrent requests: 8, 2 and 8 of them failed in three trials)."""
+    best = [hyps[0].text for hyps in expected(model, tokenizer, SENTENCES)]
+    bodies = [{"text": [SENTENCES[n % 6]]} for n in range(8)] + [{"text": ["\ud800"]}]
+    for _trial in range(3):
+        answers = at_once(server.post_raw, bodies)
+        assert answers[8].status_code == 422, answers[8].text
+        assert answers[8].json() == {
+            "error": "text[0]: character 0 is a lone UTF-16 surrogate (\\ud800), not text; "
+            "send valid Unicode (a surrogate pair, or UTF-8)"
+        }
+        assert [(answers[n].status_code, answers[n].json()["translations"]) for n in range(8)] == [
+            (200, [best[n % 6]]) for n in range(8)
+        ]
+
+
+def test_a_sentence_the_tokenizer_refuses_is_the_client_s_error(tokenizer):
+    from mtrain.cli.serve_model import ServedModel
+
+    served = ServedModel(
+        None, tokenizer, torch.device("cpu"), "fp32", "a checkpoint", "run", "torch", "de", "en", 64, 1
+    )
+    with pytest.raises(MtrainError, match=r"^text: a sentence the tokenizer cannot encode \(RuntimeError\)"):
+        served.encode("Ein \ud800 Hund.")  # what the HTTP checks refuse first; had one slipped past them
+
+
+def test_a_sentence_that_fails_to_encode_or_decode_fails_its_own_request_only():
+    """The batch it shared is decoded again request by request: the innocent ones are answered."""
+
+    calls: list[list[str]] = []
+
+    def translate(sentences, cfg, tgt_lang=None):
+        calls.append(list(sentences))
+        if "refused" in sentences:
+            raise MtrainError("text: a sentence the tokenizer cannot encode (RuntimeError); send valid Unicode text")
+        if "a bug" in sentences:
+            raise RuntimeError("a bug in decoding")
+        return upper_case(sentences, cfg)
+
+    with InProcessServer(StandIn(translate), max_wait_ms=300, access_log=False) as started, httpx.Client() as client:
+        texts = [["refused"], ["a bug"]] + [[f"satz {n}", "noch einer"] for n in range(8)]
+        answers = at_once(lambda text: client.post(f"{started.url}/translate", json={"text": text}, timeout=30), texts)
+        assert (answers[0].status_code, answers[0].json()["error"]) == (
+            422,
+            "text: a sentence the tokenizer cannot encode (RuntimeError); send valid Unicode text",
+        )
+        assert (answers[1].status_code, answers[1].json()["error"]) == (
+            500,
+            "internal error (RuntimeError); the server's log has the details",
+        )
+        assert [(a.status_code, a.json()["translations"]) for a in answers[2:]] == [
+            (200, [f"SATZ {n}", "NOCH EINER"]) for n in range(8)
+        ]
+    assert any(len(call) > 2 and "refused" in call for call in calls)  # it did share a batch with others
+
+
+# Characters that have broken text services: lone surrogates (valid in JSON, not in Unicode),
+# controls, bidirectional marks, a byte order mark, zero-width ones, emoji, Arabic.
+ODD_CHARACTERS = "\ud800\udbff\udc00\udfff\x00\x07\x1b\x7f\u202e\u200f\u2066\ufeff\u200b\U0001f600\U0001f1e9\u0627\r\n"
+
+
+def character() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.characters(),
+        st.characters(categories=["Cs"]),  # lone surrogates
+        st.characters(categories=["Cc", "Cf"]),  # controls and format characters (bidi marks)
+        st.sampled_from(ODD_CHARACTERS),
+    )
+
+
+def sentence() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.text(character(), max_size=40),
+        # up to 10,000 characters (max_sentence_chars below): a piece repeated
+        st.builds(
+            lambda piece, times: (piece * times)[:10_000],
+            st.text(character(), min_size=1, max_size=8),
+            st.integers(1, 10_000),
+        ),
+        st.sampled_from(SENTENCES),
+    )
+
+
+def is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def model_server(run_dir):
+    """The test model in an InProcessServer that takes sentences of up to 10,000 characters."""
+    from mtrain.cli.serve_model import open_served_model
+
+    settings = dict(
+        run=str(run_dir),
+        device="cpu",
+        precision="fp32",
+        num_threads=1,
+        decode=DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3),
+        max_beam=4,
+        max_sentence_chars=10_000,
+        max_wait_ms=20.0,
+        access_log=False,
+    )
+    served = open_served_model(ServeConfig(**settings), torch.device("cpu"), 1)
+    with InProcessServer(served, **settings) as started:
+        yield started
+
+
+def test_random_unicode_in_concurrent_requests_never_fails_a_neighbour(model_server, model, tokenizer):
+    """No 500 for any text, a 422 naming the sentence for text that is not Unicode, and the
+    requests decoded alongside are answered as if alone."""
+    innocent = ["Ein Hund.", "Kinder spielen im Park."]
+    innocent_best = [hyps[0].text for hyps in expected(model, tokenizer, innocent)]
+
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(6) as pool:
+
+        def post(text: list[str]) -> httpx.Response:
+            body = json.dumps({"text": text}).encode()  # ASCII: a lone surrogate goes as "\\ud800"
+            return client.post(
+                f"{model_server.url}/translate", content=body, headers={"Content-Type": "application/json"}
+            )
+
+        @settings(
+            max_examples=20,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+        )
+        @given(st.lists(st.lists(sentence(), max_size=3), min_size=1, max_size=4))
+        def concurrent_requests(texts: list[list[str]]) -> None:
+            answers = list(pool.map(post, [innocent, *texts, innocent]))
+            assert [answer.status_code for answer in answers if answer.status_code >= 500] == []
+            for answer in (answers[0], answers[-1]):
+                assert (answer.status_code, answer.json()["translations"]) == (200, innocent_best)
+            for text, answer in zip(texts, answers[1:-1], strict=True):
+                not_unicode = [index for index, sentence in enumerate(text) if not is_unicode(sentence)]
+                if not_unicode:
+                    assert answer.status_code == 422, answer.text
+                    assert answer.json()["error"].startswith(f"text[{not_unicode[0]}]: character ")
+                else:
+                    assert answer.status_code == 200, answer.text
+                    assert len(answer.json()["translations"]) == len(text)
+
+        concurrent_requests()
+
+
+def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_server):
+    """schemathesis makes requests from the server's own OpenAPI schema, valid ones and ones
+    that break it (wrong types, missing and unknown fields); none may get a 5xx."""
+    schemathesis = pytest.importorskip(
+        "schemathesis", reason="schemathesis is not installed (pip install 'mtrain[dev]')"
+    )
+    requests = pytest.importorskip("requests")
+
+    schema = schemathesis.openapi.from_url(f"{model_server.url}/openapi.json")
+    cases = st.one_of(
+        schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+        schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
+    )
+    statuses: set[int] = set()
+    with requests.Session() as session:
+
+        @settings(
+            max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(cases)
+        def no_server_error(case) -> None:
+            response = case.call(base_url=model_server.url, session=session, timeout=60)
+            statuses.add(response.status_code)
+            assert response.status_code < 500, case.as_curl_command()
+            assert response.headers["content-type"] == ["application/json"]  # an answer of ours, JSON
+            assert isinstance(json.loads(response.content), dict)
+
+        no_server_error()
+    assert {200, 422} <= statuses, statuses  # it did reach the routes, with good and bad requests
+
+
 # ------------------------------------------------------------------ what it refuses
 BAD_REQUESTS = [
     # (what is sent, status, the start of the error)
-    (dict(content=b'{"text": ["Ein Hund."'), 400, "body: malformed JSON"),
+    (dict(content=b'{"text": ["Ein Hund."'), 400, "body: malformed JSON (Expecting"),
     (dict(content=b"not json at all"), 400, "body: malformed JSON"),
+    (dict(content=b"not json at all", headers={}), 400, "body: malformed JSON"),  # no Content-Type
+    (dict(content=b"text=Ein+Hund.", headers={"Content-Type": "application/x-www-form-urlencoded"}), 400, "body:"),
+    (dict(content=b"", headers={}), 400, "body: malformed JSON (an empty body)"),
+    (dict(content=b"[" * 4000), 400, "body: malformed JSON (nested too deeply)"),  # past the recursion limit
+    (dict(content=b'{"text": ["\xff"]}'), 400, "body: malformed JSON ('utf-8' codec can't decode"),
     (dict(json={"text": SENTENCES + SENTENCES}), 413, "max_sentences: 12 sentences"),
     (dict(json={"text": ["Ein Hund. " * 30]}), 413, "max_sentence_chars: text[0] has 300 characters"),
-    (dict(json={"text": "Ein Hund."}), 422, "text: Input should be a valid list"),
-    (dict(json={"text": ["Ein Hund.", 7]}), 422, "text[1]: Input should be a valid string"),
-    (dict(json={"text": ["Ein Hund."], "beam": "2"}), 422, "beam: Input should be a valid integer"),
-    (dict(json={"text": ["Ein Hund."], "beam": 2.5}), 422, "beam: Input should be a valid integer"),
-    (dict(json={"sentences": ["Ein Hund."]}), 422, "text: Field required"),
-    (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, "beem: unknown field"),
-    (dict(json=["Ein Hund."]), 422, "body: a JSON object"),
+    (dict(json={"text": "Ein Hund."}), 422, "text: must be a list of sentences (strings), not a string"),
+    (dict(json={"text": ["Ein Hund.", 7]}), 422, "text[1]: must be a string (a sentence), not a number"),
+    (dict(json={"text": ["Ein Hund."], "beam": "2"}), 422, "beam: must be a whole number, not a string"),
+    (dict(json={"text": ["Ein Hund."], "beam": 2.5}), 422, "beam: must be a whole number, not a number"),
+    (dict(json={"text": ["Ein Hund."], "beam": True}), 422, "beam: must be a whole number, not true"),
+    (dict(json={"text": ["Ein Hund."], "tgt_lang": 3}), 422, "tgt_lang: must be a language (a string) or null"),
+    (dict(json={"sentences": ["Ein Hund."]}), 422, "sentences: not a field of this request (the fields: text, "),
+    (dict(json={"txt": ["Ein Hund."]}), 422, 'txt: not a field of this request; did you mean "text"?'),
+    (dict(json={"text": ["Ein Hund."], "beem": 2}), 422, 'beem: not a field of this request; did you mean "beam"?'),
+    (dict(json={}), 422, 'text: missing; send the sentences as "text": ['),
+    (dict(json=["Ein Hund."]), 422, 'body: must be a JSON object such as {"text": ["..."]}, not a list'),
+    (dict(content=b'{"text": ["Ein Hund.", "\\ud800"]}'), 422, "text[1]: character 0 is a lone UTF-16 surrogate"),
+    (dict(content=b'{"text": ["a\\udfffb"]}'), 422, "text[0]: character 1 is a lone UTF-16 surrogate (\\udfff)"),
+    (dict(content=b'{"\\ud800": 1}'), 422, "body: the field name \\ud800 is not Unicode text"),
     (
         dict(json={"text": ["Ein Hund."], "tgt_lang": "fr"}),
         422,
@@ -266,7 +497,7 @@ BAD_REQUESTS = [
     ids=[f"{status}-{error.split(':')[0]}-{i}" for i, (_, status, error) in enumerate(BAD_REQUESTS)],
 )
 def test_a_bad_request_is_a_json_error_naming_the_field_or_limit(server, request_options, status, error):
-    if "content" in request_options:
+    if "content" in request_options and "headers" not in request_options:
         request_options = {**request_options, "headers": {"Content-Type": "application/json"}}
     response = httpx.post(f"{server.url}/translate", timeout=30, **request_options)
     assert response.status_code == status, response.text
@@ -359,6 +590,8 @@ def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
         (["max_wait_ms=-1"], "max_wait_ms: -1.0 must be >= 0"),
         (["request_timeout_s=0"], "request_timeout_s: 0.0 must be > 0"),
         (["max_sentences=0"], "max_sentences: 0 must be >= 1"),
+        (["read_timeout_s=0"], "read_timeout_s: 0.0 must be > 0"),
+        (["max_connections=0"], "max_connections: 0 must be >= 1"),
         (["max_batch_size=3"], "max_batch_size: unknown config key"),
     ):
         with pytest.raises(SystemExit) as stop:
@@ -377,13 +610,26 @@ def test_the_config_composes_and_bad_values_are_one_line(run_dir, capsys):
         run_serve(ServeConfig(run=str(run_dir), host="no.such.host.invalid", port=0))
 
 
+def test_the_open_file_limit_is_raised_to_fit_max_connections(monkeypatch):
+    resource = pytest.importorskip("resource")
+    from mtrain.cli.serve import allow_open_files
+
+    raised: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (256, 4096))
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, limits: raised.append(limits))
+    allow_open_files(512)
+    assert raised == [(576, 4096)]  # the connections and 64 files besides
+    with pytest.raises(MtrainError, match=r"^max_connections: 5000 connections need 5064 open files, but this"):
+        allow_open_files(5000)
+
+
 # ------------------------------------------------------------------ the app in-process
 class StandIn:
     """A model for the app alone: `translate` is given; the rest describes a de->en model."""
 
     def __init__(self, translate) -> None:
         self.translate = translate
-        self.description, self.engine_name, self.device, self.precision, self.threads = (
+        self.name, self.engine_name, self.device, self.precision, self.threads = (
             "stand-in",
             "torch",
             "cpu",
@@ -394,6 +640,45 @@ class StandIn:
 
     def target_languages(self) -> list[str]:
         return ["en"]
+
+
+def upper_case(sentences, cfg, tgt_lang=None):
+    """A stand-in's translation: the sentence in capitals."""
+    from mtrain.decode.hypothesis import Hypothesis
+
+    return [[Hypothesis(tokens=[], score=0.0, text=s.upper())] for s in sentences]
+
+
+class InProcessServer:
+    """The server `mtrain serve` runs (uvicorn with mtrain's protocol and middleware around the
+    app, `serve.uvicorn_config`) in a thread of this process, on a free loopback port."""
+
+    def __init__(self, model, **settings) -> None:
+        import uvicorn
+
+        from mtrain.cli.serve import listen, uvicorn_config
+        from mtrain.cli.serve_app import build_app
+
+        self.cfg = ServeConfig(**settings)
+        self.listener = listen("127.0.0.1", 0)
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(build_app(model, self.cfg), self.cfg))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.listener.close()
+        assert not self.thread.is_alive()
 
 
 def app_client(translate, **limits):

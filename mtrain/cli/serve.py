@@ -7,9 +7,10 @@
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
 process, one event loop for HTTP (`serve_app`), one decoding thread (`mtrain.decode.batcher`)
-that owns the engine. SIGTERM or Ctrl-C: uvicorn stops accepting connections and answers
-the requests in flight, the decoder drains, and the command exits with status 0. Logs go to
-stderr; nothing is written to disk.
+that owns the engine; `serve_http` bounds what a client may hold (read_timeout_s,
+max_connections, max_request_bytes). SIGTERM or Ctrl-C: uvicorn stops accepting connections
+and answers the requests in flight, the decoder drains, and the command exits with status 0.
+Logs go to stderr, one line per request (access_log); nothing is written to disk.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from mtrain.cli.common import mtrain_app
 from mtrain.config import ServeConfig
 from mtrain.errors import MtrainError
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 log = logging.getLogger("mtrain.serve")
 
@@ -41,12 +47,12 @@ def run_serve(cfg: ServeConfig) -> None:
             "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
             + ("; an ensemble is written run=A ensemble=[B,...] (run= gives the tokenizer)" if cfg.ensemble else "")
         )
+    allow_open_files(cfg.max_connections)
     listener = listen(cfg.host, cfg.port)
     try:
         threads = set_decode_threads(cfg.num_threads)
         model = open_served_model(cfg, resolve_device(cfg.device), threads)
-        app = build_app(model, cfg)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=cfg.access_log, lifespan="on"))
+        server = uvicorn.Server(uvicorn_config(build_app(model, cfg), cfg))
         host, port = listener.getsockname()[:2]
         log.info(
             "serving %s (engine=%s on %s, beam %d, %d CPU thread%s) on http://%s:%d",
@@ -63,6 +69,45 @@ def run_serve(cfg: ServeConfig) -> None:
             server.run(sockets=[listener])
     finally:
         listener.close()
+
+
+def uvicorn_config(app: FastAPI, cfg: ServeConfig) -> uvicorn.Config:
+    """How uvicorn runs `app`: mtrain's guarded HTTP/1.1 protocol, mtrain's log (one line per
+    request from serve_http.RequestLog, none from uvicorn), the app's lifespan."""
+    import uvicorn
+
+    from mtrain.cli.serve_http import guarded_protocol
+
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(cfg.read_timeout_s, cfg.max_connections),
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+
+
+# Files the server holds besides its connections: the listener, the model's files, Python's own.
+FILES_BESIDES_CONNECTIONS = 64
+
+
+def allow_open_files(max_connections: int) -> None:
+    """Raise this process's limit on open files (`ulimit -n`) to fit `max_connections`, up to
+    the hard limit; an MtrainError naming the key if even that is too low."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    needed = max_connections + FILES_BESIDES_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise MtrainError(
+            f"max_connections: {max_connections} connections need {needed} open files, but this "
+            f"process may open {hard} (ulimit -Hn); lower max_connections= or raise the limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -1,16 +1,20 @@
-"""The HTTP face of `mtrain serve`: routes, request limits and JSON errors (FastAPI).
+"""The HTTP face of `mtrain serve`: routes, request checks and JSON errors (FastAPI).
 
     GET  /health     {"status": "ok", "model": ..., "batches": N, ...}
     POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en"}
                   -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1)
 
 Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wrong>"}` with a
-4xx status (400 malformed JSON, 413 over a size limit, 422 a wrong value or type, 404/405 no
-such route), 504 past `request_timeout_s`, 503 while shutting down, and a 500 that names
-only the exception type, never a traceback. The body is bounded before it is parsed
-(`BodyLimit`). Handlers never decode: they submit the request's sentences to the batcher
+4xx status (400 a body that is not JSON, 408 one that came too slowly, 413 over a size
+limit, 422 a wrong field, type or value, 404/405 no such route), 504 past
+`request_timeout_s`, 503 while shutting down or over `max_connections`, and a 500 that
+names only the exception type, never a traceback. The body is read, within its limits, before
+a route sees it (`serve_http`). A /translate body is JSON whatever its Content-Type says,
+checked here (`read_translate_request`) so that every message is ours and names the field.
+Handlers never decode: they submit the request's sentences to the batcher
 (`mtrain.decode.batcher`), whose one worker thread decodes the sentences of concurrent
-requests together, and await the result.
+requests together, and await the result; a request whose sentence fails to encode or decode
+fails alone, never the requests that shared its batch.
 """
 
 from __future__ import annotations
@@ -18,17 +22,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import difflib
+import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtrain.cli.serve_http import RequestBody, RequestLog, printable
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
@@ -46,6 +52,15 @@ class TranslateRequest(BaseModel):
     beam: int | None = None  # default: the server's decode.beam
     nbest: int | None = None  # default: the server's decode.nbest
     tgt_lang: str | None = None  # one of the model's target languages; null: its one (not for a multilingual model)
+
+
+# What each field must be, in the words of an error message.
+FIELDS = {
+    "text": "a list of sentences (strings)",
+    "beam": "a whole number",
+    "nbest": "a whole number",
+    "tgt_lang": "a language (a string) or null",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,50 +87,13 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is refused with 413 before any of it is
-    parsed (by its Content-Length, or by counting a chunked body as it arrives)."""
-
-    def __init__(self, app: Callable, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = f"max_request_bytes: the body is over the limit of {self.max_bytes} bytes"
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            message = too_large if declared.isdigit() else "content-length: not a number of bytes"
-            await error_response(413 if declared.isdigit() else 400, message)(scope, receive, send)
-            return
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await error_response(413, too_large)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> dict:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-
 def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     """The service for `model` with `cfg`'s limits; its batcher lives as long as the app runs
     (started and drained by the app's lifespan)."""
     state: dict[str, Any] = {"batcher": None, "started": time.time()}
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         def decode(sentences: list[str], setting: Setting) -> list[Any]:
             return model.translate(sentences, setting.decode, setting.tgt_lang)
 
@@ -129,88 +107,161 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="mtrain serve", docs_url=None, redoc_url=None, lifespan=lifespan)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request, error: RequestValidationError) -> JSONResponse:
-        return error_response(*describe_validation_error(error.errors()))
-
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail))
 
     @app.exception_handler(Rejected)
-    async def rejected(_request, error: Rejected) -> JSONResponse:
+    async def rejected(_request: Request, error: Rejected) -> JSONResponse:
         return error_response(error.status, str(error))
 
     @app.exception_handler(Exception)
-    async def internal_error(_request, error: Exception) -> JSONResponse:
+    async def internal_error(_request: Request, error: Exception) -> JSONResponse:
         # uvicorn logs the traceback (the exception goes on past this answer); the client gets one line.
         return error_response(500, f"internal error ({type(error).__name__}); the server's log has the details")
 
     @app.get("/health")
     async def health() -> dict:
-        stats = state["batcher"].stats()
-        return {
-            "status": "ok",
-            "model": model.description,
-            "engine": model.engine_name,
-            "device": str(model.device),
-            "precision": model.precision,
-            "threads": model.threads,
-            "src_lang": model.src_lang,
-            "tgt_lang": model.tgt_lang,
-            "target_languages": model.target_languages(),
-            "decode": {"beam": cfg.decode.beam, "nbest": cfg.decode.nbest},
-            "requests": stats.requests,
-            "batches": stats.batches,
-            "sentences": stats.items,
-            "largest_batch": stats.largest_batch,
-            "queued_sentences": stats.waiting_items,
-            "uptime_s": round(time.time() - state["started"], 3),
-            "limits": {
-                key: getattr(cfg, key)
-                for key in (
-                    "max_batch_sentences",
-                    "max_wait_ms",
-                    "max_request_bytes",
-                    "max_sentences",
-                    "max_sentence_chars",
-                    "request_timeout_s",
-                    "max_beam",
-                    "max_input_tokens",
-                )
-            },
-        }
+        return health_body(model, cfg, state["batcher"], state["started"])
 
-    @app.post("/translate")
-    async def translate(request: TranslateRequest) -> dict:
+    @app.post("/translate", openapi_extra=TRANSLATE_BODY)
+    async def translate(request: Request) -> dict:
+        body = read_translate_request(await request.body())
+        request.state.sentences = len(body.text)
         try:
-            tgt_lang = check_target_language(request.tgt_lang, model.target_languages())
+            tgt_lang = check_target_language(body.tgt_lang, model.target_languages())
         except UnknownTargetLanguage as error:
             raise Rejected(422, str(error)) from None
-        check_sizes(request.text, cfg)
-        decode = request_decoding(request, cfg)
-        try:
-            future = state["batcher"].submit(request.text, Setting(decode, tgt_lang))
-        except BatcherClosed:
-            raise Rejected(503, "the server is shutting down; retry on another instance") from None
-        try:
-            hypotheses = await asyncio.wait_for(asyncio.wrap_future(future), cfg.request_timeout_s)
-        except asyncio.TimeoutError:
-            future.cancel()  # its sentences leave the queue if they are not decoding yet
-            raise Rejected(
-                504,
-                f"request_timeout_s: not translated within {cfg.request_timeout_s:g} s; "
-                "retry later or send fewer sentences",
-            ) from None
-        except MtrainError as error:
-            raise Rejected(422, str(error)) from None
+        check_text(body.text, cfg)
+        decode = request_decoding(body, cfg)
+        hypotheses = await translated(state["batcher"], body.text, Setting(decode, tgt_lang), cfg.request_timeout_s)
         return response_body(hypotheses, decode.nbest)
 
-    app.add_middleware(BodyLimit, max_bytes=cfg.max_request_bytes)
+    app.add_middleware(RequestBody, max_bytes=cfg.max_request_bytes, read_timeout_s=cfg.read_timeout_s)
+    if cfg.access_log:
+        app.add_middleware(RequestLog)  # added last: the outermost, it logs what RequestBody refuses too
     return app
 
 
-def check_sizes(sentences: list[str], cfg: ServeConfig) -> None:
+# FastAPI documents a body it parses itself; /translate reads its own (read_translate_request).
+TRANSLATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
+    }
+}
+
+
+def health_body(model: ServedModel, cfg: ServeConfig, batcher: Batcher, started: float) -> dict:
+    """What GET /health answers: the model (named without a path), its settings, the work done."""
+    stats = batcher.stats()
+    return {
+        "status": "ok",
+        "model": model.name,
+        "engine": model.engine_name,
+        "device": str(model.device),
+        "precision": model.precision,
+        "threads": model.threads,
+        "src_lang": model.src_lang,
+        "tgt_lang": model.tgt_lang,
+        "target_languages": model.target_languages(),
+        "decode": {"beam": cfg.decode.beam, "nbest": cfg.decode.nbest},
+        "requests": stats.requests,
+        "batches": stats.batches,
+        "sentences": stats.items,
+        "largest_batch": stats.largest_batch,
+        "queued_sentences": stats.waiting_items,
+        "uptime_s": round(time.time() - started, 3),
+        "limits": {
+            key: getattr(cfg, key)
+            for key in (
+                "max_batch_sentences",
+                "max_wait_ms",
+                "max_request_bytes",
+                "max_sentences",
+                "max_sentence_chars",
+                "request_timeout_s",
+                "max_beam",
+                "max_input_tokens",
+            )
+        },
+    }
+
+
+async def translated(batcher: Batcher, sentences: list[str], setting: Setting, timeout_s: float) -> list[Any]:
+    """The batcher's hypotheses for `sentences`, or Rejected: 503 shutting down, 504 past
+    `timeout_s`, 422 for an MtrainError (a sentence the model cannot take)."""
+    try:
+        future = batcher.submit(sentences, setting)
+    except BatcherClosed:
+        raise Rejected(503, "the server is shutting down; retry on another instance") from None
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+    except asyncio.TimeoutError:
+        future.cancel()  # its sentences leave the queue if they are not decoding yet
+        raise Rejected(
+            504, f"request_timeout_s: not translated within {timeout_s:g} s; retry later or send fewer sentences"
+        ) from None
+    except MtrainError as error:
+        raise Rejected(422, str(error)) from None
+
+
+def read_translate_request(raw: bytes) -> TranslateRequest:
+    """The request `raw` holds, as JSON whatever the Content-Type: Rejected 400 for a body that
+    is not JSON, 422 naming the field for a wrong field, type or value."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise Rejected(400, "body: malformed JSON (nested too deeply)") from None
+    except ValueError as error:  # JSONDecodeError, or bytes that are not UTF-8
+        reason = "an empty body" if not raw.strip() else printable(str(error))
+        raise Rejected(
+            400, f'body: malformed JSON ({reason}); send a JSON object such as {{"text": ["..."]}}'
+        ) from None
+    try:
+        return TranslateRequest.model_validate(value)
+    except ValidationError as error:
+        raise Rejected(422, describe_validation_error(error.errors())) from None
+
+
+def describe_validation_error(errors: Sequence[Any]) -> str:
+    """One line, in our words, for pydantic's errors about a /translate body: an unknown field
+    first (a misspelt name explains the "missing" one), else the first error."""
+    unknown = [error for error in errors if error["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
+    loc, kind, given = tuple(first["loc"]), first["type"], first.get("input")
+    fields = ", ".join(FIELDS)
+    if kind == "string_unicode":  # a field's name holds a lone surrogate (pydantic gives no place)
+        return f"body: the field name {printable(str(given))} is not Unicode text (a lone UTF-16 surrogate)"
+    if not loc:
+        return f'body: must be a JSON object such as {{"text": ["..."]}}, not {json_kind(given)}'
+    field = printable(str(loc[0])) + "".join(f"[{part}]" for part in loc[1:])
+    if kind == "extra_forbidden":
+        guess = difflib.get_close_matches(str(loc[0]), list(FIELDS), n=1)
+        hint = f'; did you mean "{guess[0]}"?' if guess else ""
+        return f"{field}: not a field of this request{hint} (the fields: {fields})"
+    if kind == "missing":
+        return f'{field}: missing; send the sentences as "text": ["...", ...]'
+    if len(loc) > 1:  # text[i]
+        return f"{field}: must be a string (a sentence), not {json_kind(given)}"
+    if loc[0] in FIELDS:
+        return f"{field}: must be {FIELDS[loc[0]]}, not {json_kind(given)}"
+    return f"{field}: {first.get('msg', 'invalid')}"
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words: a string, a number, an object, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    kinds = ((str, "a string"), (int, "a number"), (float, "a number"), (list, "a list"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def check_text(sentences: list[str], cfg: ServeConfig) -> None:
+    """Rejected unless the request's sentences are within the size limits (413) and are Unicode
+    text (422: JSON can carry a lone UTF-16 surrogate, "\\ud800", which no tokenizer takes)."""
     if len(sentences) > cfg.max_sentences:
         raise Rejected(
             413,
@@ -224,6 +275,14 @@ def check_sizes(sentences: list[str], cfg: ServeConfig) -> None:
                 f"max_sentence_chars: text[{index}] has {len(sentence)} characters, the limit is "
                 f"{cfg.max_sentence_chars}",
             )
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise Rejected(
+                422,
+                f"text[{index}]: character {error.start} is a lone UTF-16 surrogate "
+                f"({printable(sentence[error.start])}), not text; send valid Unicode (a surrogate pair, or UTF-8)",
+            ) from None
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
@@ -246,22 +305,3 @@ def response_body(hypotheses: list[list[Any]], nbest: int) -> dict:
     if nbest > 1:
         body["nbest"] = [[{"text": hyp.text, "score": hyp.score} for hyp in hyps] for hyps in hypotheses]
     return body
-
-
-def describe_validation_error(errors: Sequence[Any]) -> tuple[int, str]:
-    """(status, one line naming the field) for FastAPI's validation errors: 400 for a body that
-    is not JSON, 422 for a wrong field."""
-    first: dict[str, Any] = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
-    if first.get("type") == "json_invalid":
-        reason = (first.get("ctx") or {}).get("error", first.get("msg", ""))
-        return 400, f'body: malformed JSON ({reason}); send a JSON object such as {{"text": ["..."]}}'
-    loc = [part for part in first.get("loc", ()) if part != "body"]
-    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
-    if field == "body" and first.get("type") in ("model_type", "model_attributes_type", "dict_type", "missing"):
-        return 422, (
-            'body: a JSON object with "text": [sentences] is required (and the header Content-Type: application/json)'
-        )
-    message = str(first.get("msg", "invalid"))
-    if first.get("type") == "extra_forbidden":
-        message = "unknown field (the fields: text, beam, nbest, tgt_lang)"
-    return 422, f"{field}: {message}"

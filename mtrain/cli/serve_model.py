@@ -4,8 +4,10 @@
 checkpoint, an `mtrain export` directory, or a checkpoint converted for CTranslate2), and
 `ServedModel.translate` turns one batch of sentences into hypotheses the way `mtrain
 translate` does: blank sentences stay empty, over-long ones are cut to `max_input_tokens`
-(and the model's positions) with a warning, then `translate_encoded`. It runs on the
-batcher's worker thread only, the one thread that touches the engine.
+(and the model's positions) with a warning, then `translate_encoded`; a sentence the tokenizer
+refuses is an MtrainError (the client's 422). It runs on the batcher's worker thread only,
+the one thread that touches the engine. `ServedModel.name` is what clients are told the model
+is: the run's directory name and update, never a path.
 
 `check_target_language` is the one place a request's `tgt_lang` is judged against the
 languages the model translates into: a bilingual run's `data.tgt` (null: that one), a
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +45,8 @@ class ServedModel:
     tokenizer: Any
     device: torch.device
     precision: str
-    description: str  # the checkpoint or export directory, its update and precision
+    description: str  # the checkpoint or export directory, its update and precision (for the log)
+    name: str  # the run's (or export's) directory name and update, no path (for clients)
     engine_name: str  # torch | ctranslate2
     src_lang: str | None
     tgt_lang: str | None
@@ -64,7 +68,12 @@ class ServedModel:
         if not text.strip():
             return None
         tokenizer = tokenizer or self.tokenizer
-        ids = tokenizer.encode_src(text)
+        try:
+            ids = tokenizer.encode_src(text)
+        except Exception as error:  # the request's sentence, not the server, is at fault
+            raise MtrainError(
+                f"text: a sentence the tokenizer cannot encode ({type(error).__name__}); send valid Unicode text"
+            ) from error
         if len(ids) + 1 > self.input_limit:
             log.warning(
                 "a sentence of %d subword tokens was truncated to the first %d (max_input_tokens=%d incl. eos)",
@@ -126,6 +135,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             device,
             opened.precision,
             opened.description,
+            served_name(cfg, opened),
             str(getattr(opened, "engine", cfg.engine)),
             None,
             None,
@@ -144,6 +154,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         device,
         opened.precision,
         opened.description,
+        served_name(cfg, opened),
         str(getattr(opened, "engine", cfg.engine)),
         src,
         tgt,
@@ -151,3 +162,14 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         threads,
         tokenizers,
     )
+
+
+def served_name(cfg: ServeConfig, opened: Any) -> str:
+    """The model as /health names it: run='s directory name (with the ensemble's size) and the
+    checkpoint's update; no path reaches a client."""
+    name = Path(str(cfg.run)).resolve().name
+    if opened.loaded is not None:
+        name += f" (update {opened.loaded.update})"
+    if cfg.ensemble:
+        name += f", in an ensemble with {len(cfg.ensemble)} more"
+    return name

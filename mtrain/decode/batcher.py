@@ -7,8 +7,9 @@ oldest has waited `max_wait_s`, decodes them in one call, and resolves each requ
 items are all decoded (its results in its own order). Requests with other settings wait for
 a batch of their own (a batch decodes with one beam); the oldest waiting request decides
 which setting goes next, so none starves. A request larger than a batch is split over
-several. A cancelled request (a handler that timed out) is dropped from what waits; a batch
-whose decode raises fails the requests it held, and the worker goes on.
+several. A cancelled request (a handler that timed out) is dropped from what waits. A batch
+whose decode raises is decoded again request by request, so that an item the decode cannot
+take (a sentence the tokenizer refuses) fails its own request only; the worker goes on.
 
 `close()` stops accepting, decodes what is queued without waiting, and ends the worker:
 how a server drains on shutdown. Nothing here knows about HTTP, tokenizers or engines: the
@@ -168,8 +169,12 @@ class Batcher(Generic[Item, Result, Setting]):
             results = self._decode(items, setting)
             if len(results) != len(items):
                 raise RuntimeError(f"decode returned {len(results)} results for {len(items)} items")
-        except Exception as error:  # handed to the requests it held; the worker goes on
-            self._fail([request for request, _, _ in slices], error)
+        except Exception as error:  # handed to the request(s) at fault; the worker goes on
+            if len(slices) == 1:
+                self._fail([slices[0][0]], error)
+            else:  # which request's items failed is unknown: each decodes alone, once
+                for one in slices:
+                    self._decode_batch([one], setting)
             return
         with self._lock:
             self._batches += 1
