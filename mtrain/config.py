@@ -181,6 +181,7 @@ class EvalSplit(Choice):
 
 class ExportFormat(Choice):
     ctranslate2 = "ctranslate2"
+    argos = "argos"  # an Argos Translate package, out=FILE.argosmodel (mtrain/export/argos.py)
 
 
 @dataclass
@@ -567,7 +568,7 @@ class ExportConfig:
     run: str | None = None  # a run directory written by `mtrain fit`
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
-    out: str | None = None  # the model directory to write
+    out: str | None = None  # the model directory to write (format=argos: the FILE.argosmodel)
     quantization: str | None = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights

@@ -22,6 +22,10 @@ def test_every_package_and_config_file_is_in_the_wheel():
     patterns = setuptools["package-data"]["mtrain.configs"]
     shipped = {path for pattern in patterns for path in (REPO / "configs").glob(pattern)}
     assert shipped == set((REPO / "configs").rglob("*.yaml"))
+    data = setuptools["package-data"]
+    assert [path.name for path in (REPO / "mtrain" / "export").glob(data["mtrain.export"][0])] == [
+        "keep_lines_whole.onnx"
+    ]
 
 
 def test_config_dir_is_the_installed_copy_else_the_checkouts(tmp_path):
