@@ -543,6 +543,9 @@ class ServeConfig:
     request_timeout_s: float = 60.0  # a request not translated by then gets 504
     max_beam: int = 10  # the largest beam (and nbest) a request may ask for (422 above)
     access_log: bool = False  # one log line per HTTP request (uvicorn's access log)
+    # Who may translate (both APIs' POST /translate; docs/LIBRETRANSLATE.md). Off by default.
+    api_keys_file: str | None = None  # one key per line (# comments): a request without one of them gets 403
+    rate_limit_per_minute: int = 0  # requests per minute per API key, else per client address (429 above); 0: off
 
 
 @dataclass

@@ -29,6 +29,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtrain.cli.serve_access import add_access_control
+from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
@@ -206,6 +208,9 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             raise Rejected(422, str(error)) from None
         return response_body(hypotheses, decode.nbest)
 
+    # LibreTranslate's API beside mtrain's, then who may translate (serve_libretranslate, serve_access).
+    add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
+    add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
     app.add_middleware(BodyLimit, max_bytes=cfg.max_request_bytes)
     return app
 
