@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mtrain.cli.serve_access import add_access_control
 from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
+from mtrain.cli.serve_page import page_router
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.errors import MtrainError
@@ -208,7 +209,8 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             raise Rejected(422, str(error)) from None
         return response_body(hypotheses, decode.nbest)
 
-    # LibreTranslate's API beside mtrain's, then who may translate (serve_libretranslate, serve_access).
+    # The web page, LibreTranslate's API beside mtrain's, who may translate (serve_page, _libretranslate, _access).
+    app.include_router(page_router())
     add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
     add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
     app.add_middleware(BodyLimit, max_bytes=cfg.max_request_bytes)
