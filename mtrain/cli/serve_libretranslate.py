@@ -139,8 +139,9 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
         if not fields.get(name):
             raise invalid(f"Invalid request: missing {name} parameter")
     batch = isinstance(q, list)
-    texts = q if batch else [q]
-    if not all(isinstance(text, str) for text in texts):
+    given: list[Any] = q if isinstance(q, list) else [q]
+    texts = [text for text in given if isinstance(text, str)]
+    if len(texts) != len(given):
         raise invalid("Invalid request: q must be a text or a list of texts")
     source, target = str(fields["source"]), str(fields["target"])
     try:
