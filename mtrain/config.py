@@ -181,6 +181,7 @@ class EvalSplit(Choice):
 
 class ExportFormat(Choice):
     ctranslate2 = "ctranslate2"
+    argos = "argos"  # an Argos Translate package, out=FILE.argosmodel (mtrain/export/argos.py)
 
 
 @dataclass
@@ -548,6 +549,9 @@ class ServeConfig:
     read_timeout_s: float = 20.0
     max_connections: int = 512  # open connections at once; one more is answered 503 and closed
     access_log: bool = True  # one log line per request: method, path, status, sentences, milliseconds
+    # Who may translate (both APIs' POST /translate; docs/LIBRETRANSLATE.md). Off by default.
+    api_keys_file: str | None = None  # one key per line (# comments): a request without one of them gets 403
+    rate_limit_per_minute: int = 0  # requests per minute per API key, else per client address (429 above); 0: off
 
 
 @dataclass
@@ -574,7 +578,7 @@ class ExportConfig:
     run: str | None = None  # a run directory written by `mtrain fit`
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
-    out: str | None = None  # the model directory to write
+    out: str | None = None  # the model directory to write (format=argos: the FILE.argosmodel)
     quantization: str | None = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights

@@ -580,6 +580,9 @@ def _check_serve(cfg: DictConfig) -> None:
                 f"max_beam: {cfg.max_beam} is below decode.{key}={cfg.decode[key]}, the default of "
                 f"every request; raise max_beam or lower decode.{key}"
             )
+    _at_least(cfg, "rate_limit_per_minute", 0)
+    if cfg.api_keys_file is not None and not Path(cfg.api_keys_file).is_file():
+        raise MtrainError(f"api_keys_file: {cfg.api_keys_file} is not a file (one API key per line)")
 
 
 # ----------------------------------------------------------------------------- paths

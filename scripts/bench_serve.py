@@ -5,11 +5,14 @@
     python scripts/bench_serve.py runs/m30k --ensemble runs/a,runs/b --sentences 300
     python scripts/bench_serve.py runs/m30k_ct2 --engine ctranslate2 --concurrency 1,8
     python scripts/bench_serve.py runs/m30k -- decode.beam=4 precision=fp32  # more keys for both
+    python scripts/bench_serve.py runs/m30k --api native,libretranslate --concurrency 8  # both APIs
 
 Starts `mtrain serve RUN port=0` on 127.0.0.1 (any free port), then, for each concurrency C,
 C client threads (one httpx connection each) send one sentence per request, taking the next
 unsent sentence until all `--sentences` are sent or `--time-limit` seconds have passed; a
-request's latency is from its send to its answer. Then the server is stopped with SIGTERM
+request's latency is from its send to its answer. `--api` chooses the requests: mtrain's own
+(`{"text": [sentence]}`, by default) and/or LibreTranslate's (`{"q": sentence, "source": ...,
+"target": ...}`, the languages from GET /languages), each API at each concurrency in turn. Then the server is stopped with SIGTERM
 (it must exit 0), and `mtrain translate` decodes the same sentences from a file with the same
 settings; its sentences/s are given for the whole command and without its start-up (a
 one-line run's time subtracted). Every served translation is compared with translate's line.
@@ -100,9 +103,23 @@ class Server:
             self.log.close()
 
 
-def load(url: str, sentences: list[str], clients: int, time_limit: float) -> dict:
-    """`clients` threads sending one sentence per request until all are sent or time is up."""
+def request_body(api: str, sentence: str, languages: tuple[str, str]) -> dict:
+    if api == "libretranslate":
+        return {"q": sentence, "source": languages[0], "target": languages[1]}
+    return {"text": [sentence]}
+
+
+def translation(api: str, answer: dict) -> str:
+    return answer["translatedText"] if api == "libretranslate" else answer["translations"][0]
+
+
+def load(url: str, sentences: list[str], clients: int, time_limit: float, api: str = "native") -> dict:
+    """`clients` threads sending one sentence per request (of `api`) until all are sent or time is up."""
     import httpx
+
+    listed = httpx.get(f"{url}/languages", timeout=30).json() if api == "libretranslate" else []
+    source = next((language for language in listed if language["targets"]), {"code": "", "targets": [""]})
+    languages = (source["code"], source["targets"][0])
 
     outputs: list[str | None] = [None] * len(sentences)
     latencies: list[float] = []
@@ -119,11 +136,11 @@ def load(url: str, sentences: list[str], clients: int, time_limit: float) -> dic
                 if index >= len(sentences):
                     return
                 sent = time.perf_counter()
-                response = http.post(f"{url}/translate", json={"text": [sentences[index]]})
+                response = http.post(f"{url}/translate", json=request_body(api, sentences[index], languages))
                 took = time.perf_counter() - sent
                 with lock:
                     if response.status_code == 200:
-                        outputs[index] = response.json()["translations"][0]
+                        outputs[index] = translation(api, response.json())
                         latencies.append(took)
                     else:
                         errors.append(f"{response.status_code} {response.text[:200]}")
@@ -140,6 +157,7 @@ def load(url: str, sentences: list[str], clients: int, time_limit: float) -> dic
     done = len(latencies)
     ordered = sorted(latencies) or [float("nan")]
     return {
+        "api": api,
         "clients": clients,
         "done": done,
         "errors": errors,
@@ -173,6 +191,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1000, help="at most this many (per concurrency)")
     parser.add_argument("--concurrency", default="1,8,64", help="comma-separated client counts")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per concurrency")
+    parser.add_argument("--api", default="native", help="comma-separated: native (mtrain's), libretranslate")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)  # after --: KEY=VALUE for both commands
     args = parser.parse_args(argv[:split])
@@ -193,8 +212,11 @@ def main() -> None:
         )
         rows = []
         for clients in (int(c) for c in args.concurrency.split(",")):
-            rows.append(load(server.url, sentences, clients, args.time_limit))
-            print(f"  {clients} clients: {rows[-1]['done']} sentences in {rows[-1]['wall']:.1f} s", flush=True)
+            for api in args.api.split(","):
+                rows.append(load(server.url, sentences, clients, args.time_limit, api))
+                print(
+                    f"  {api}, {clients} clients: {rows[-1]['done']} sentences in {rows[-1]['wall']:.1f} s", flush=True
+                )
     finally:
         status = server.stop()
     if status != 0:
@@ -210,10 +232,10 @@ def main() -> None:
 
     print()
     print(
-        f"| {'client(s)':>9} | {'sentences':>9} | {'sent/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
+        f"| {'api':>14} | {'client(s)':>9} | {'sentences':>9} | {'sent/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
         f"{'batches':>7} | {'= translate':>11} | errors |"
     )
-    print("|" + "|".join("-" * (width + 2) for width in (9, 9, 7, 7, 7, 7, 11, 6)) + "|")
+    print("|" + "|".join("-" * (width + 2) for width in (14, 9, 9, 7, 7, 7, 7, 11, 6)) + "|")
     mismatched, first_mismatch = 0, None
     for row in rows:
         compared = [
@@ -227,7 +249,7 @@ def main() -> None:
             ((row["clients"], i, got, want) for i, got, want in compared if got != want), None
         )
         print(
-            f"| {row['clients']:>9} | {row['done']:>9} | {row['sentences_per_s']:>7.1f} | {row['p50_ms']:>7.1f} | "
+            f"| {row['api']:>14} | {row['clients']:>9} | {row['done']:>9} | {row['sentences_per_s']:>7.1f} | {row['p50_ms']:>7.1f} | "
             f"{row['p99_ms']:>7.1f} | {row['batches']:>7} | {f'{same}/{len(compared)}':>11} | "
             f"{len(row['errors']):>6} |"
         )

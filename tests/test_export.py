@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -510,3 +514,93 @@ def test_a_restricted_output_vocabulary_exports_as_a_bias_and_scores_the_same(to
     piece_ids = {piece: index for index, piece in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
     produced = {piece_ids[piece] for piece in translated[0].hypotheses[0]}
     assert produced and produced <= set(allowed)
+
+
+# ------------------------------------------------------------------ format=argos
+# Run in a child process: argostranslate reads its folders from the environment when imported.
+# Every connection attempt fails there, so a download at install or translate time fails the test.
+ARGOS = r"""
+import json, socket, sys
+
+def refuse(*args, **kwargs):
+    raise OSError("no network: argostranslate tried to connect")
+
+socket.socket.connect = refuse
+socket.create_connection = refuse
+import argostranslate.package
+import argostranslate.translate
+
+argostranslate.package.install_from_path(sys.argv[1])
+(package,) = argostranslate.package.get_installed_packages()
+text = open(sys.argv[2], encoding="utf-8").read().rstrip("\n")
+print(json.dumps({
+    "translation": argostranslate.translate.translate(text, "de", "en"),
+    "package": [package.from_code, package.from_name, package.to_code, package.to_name, package.package_version],
+}))
+"""
+
+
+def test_argos_package_installs_and_translates_offline_like_mtrain_s_ctranslate2(run_dir, exported, corpus, tmp_path):
+    from tests.conftest import needed_in_ci
+
+    needed_in_ci("argostranslate", "pip install --no-deps argostranslate stanza minisbd (.ci/run)")
+    from mtrain.cli.export import run_export
+
+    package = tmp_path / "de_en.argosmodel"
+    run_export(compose("export", [f"run={run_dir}", "format=argos", f"out={package}"]))
+    with zipfile.ZipFile(package) as archive:
+        names = set(archive.namelist())
+        metadata = json.loads(archive.read("translate-de_en/metadata.json"))
+    assert {"translate-de_en/sentencepiece.model", "translate-de_en/minisbd/keep_lines_whole.onnx"} <= names
+    assert "translate-de_en/model/model.bin" in names and "translate-de_en/model/mtrain_export.json" not in names
+    assert metadata["mtrain"]["run"] == str(run_dir.resolve()) and metadata["mtrain"]["update"] == 200
+
+    # Argos decodes with beam 4 and length penalty 0.2; mtrain's limit never binds on these lines.
+    lines = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    settings = DecodeConfig(beam=4, length_penalty=0.2, max_len_a=0.0, max_len_b=63)
+    expected = [hyps[0].text for hyps in translate_sentences(engine, engine.tokenizer, lines, settings, CPU)]
+
+    folders = {name: tmp_path / name for name in ("home", "data", "config", "cache", "packages")}
+    env = {
+        **os.environ,
+        "HOME": str(folders["home"]),
+        "XDG_DATA_HOME": str(folders["data"]),
+        "XDG_CONFIG_HOME": str(folders["config"]),
+        "XDG_CACHE_HOME": str(folders["cache"]),
+        "ARGOS_PACKAGES_DIR": str(folders["packages"]),
+        "ARGOS_DEVICE_TYPE": "cpu",
+        "ARGOS_INTRA_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    text = tmp_path / "test.de"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", ARGOS, str(package), str(text)], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    answer = json.loads(done.stdout.decode().splitlines()[-1])
+    assert answer["package"] == ["de", "German", "en", "English", "1.0"]
+    assert answer["translation"].split("\n") == expected
+
+
+def test_argos_refusals(run_dir, tmp_path):
+    from mtrain.config import CorpusConfig, DataConfig
+    from mtrain.decode.directions import RunLanguages
+    from mtrain.export.argos import package_direction
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mtrain", "export", f"run={run_dir}", "format=argos", f"out={tmp_path / 'de_en.zip'}"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stderr.decode().strip() == (
+        f"mtrain: error: out={tmp_path / 'de_en.zip'}: an Argos package is a file named *.argosmodel; "
+        "e.g. out=de_en.argosmodel"
+    )
+    with pytest.raises(MtrainError, match="starts every source with <2en>"):
+        package_direction(RunLanguages.of(DataConfig(lang_tags=True)))
+    multilingual = DataConfig(corpora=[CorpusConfig(src="de", tgt="en"), CorpusConfig(src="de", tgt="fr")])
+    with pytest.raises(MtrainError, match="translates de->en, de->fr"):
+        package_direction(RunLanguages.of(multilingual))

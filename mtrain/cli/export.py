@@ -3,9 +3,10 @@
     mtrain export run=outputs/DATE/TIME format=ctranslate2 out=model_ct2
     mtrain export run=outputs/DATE/TIME out=model_ct2_int8 quantization=int8 checkpoint=last
     mtrain translate run=model_ct2 input=test.de output=test.en     # CTranslate2 decodes an export
+    mtrain export run=outputs/DATE/TIME format=argos out=de_en.argosmodel   # for Argos Translate
 
 The work is in `mtrain.export`; what is exported and what is refused is listed in
-`mtrain/export/ctranslate2_spec.py`.
+`mtrain/export/ctranslate2_spec.py` (and, for Argos packages, `mtrain/export/argos.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import ExportConfig
+from mtrain.config import ExportConfig, ExportFormat
 from mtrain.errors import MtrainError
 
 
@@ -24,6 +25,8 @@ def run_export(cfg: ExportConfig) -> Path:
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     if cfg.out is None:
         raise MtrainError("out=DIR is missing: the directory to write the exported model into")
+    if cfg.format == ExportFormat.argos:
+        return run_export_argos(cfg)
     out = export_run(
         Path(cfg.run),
         Path(cfg.out),
@@ -35,6 +38,25 @@ def run_export(cfg: ExportConfig) -> Path:
     print(
         f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; "
         f"translate with: mtrain translate run={out} input=FILE (CTranslate2 decodes it)"
+    )
+    return out
+
+
+def run_export_argos(cfg: ExportConfig) -> Path:
+    from mtrain.export.argos import export_argos
+
+    assert cfg.run is not None and cfg.out is not None
+    out = export_argos(
+        Path(cfg.run),
+        Path(cfg.out),
+        which=cfg.checkpoint,
+        quantization=cfg.quantization,
+        force=cfg.force,
+        weights=cfg.weights,
+    )
+    print(
+        f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; install with: "
+        f"python -c \"import argostranslate.package as p; p.install_from_path('{out}')\""
     )
     return out
 

@@ -34,8 +34,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtrain.cli.serve_access import add_access_control
 from mtrain.cli.serve_http import RequestBody, RequestLog, printable
+from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
+from mtrain.cli.serve_page import page_router
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.errors import MtrainError
@@ -137,6 +140,10 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
         hypotheses = await translated(state["batcher"], body.text, Setting(decode, tgt_lang), cfg.request_timeout_s)
         return response_body(hypotheses, decode.nbest)
 
+    # The web page, LibreTranslate's API beside mtrain's, who may translate (serve_page, _libretranslate, _access).
+    app.include_router(page_router())
+    add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
+    add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
     app.add_middleware(RequestBody, max_bytes=cfg.max_request_bytes, read_timeout_s=cfg.read_timeout_s)
     if cfg.access_log:
         app.add_middleware(RequestLog)  # added last: the outermost, it logs what RequestBody refuses too

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
+from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
 from mtrain.errors import MtrainError
@@ -55,6 +56,9 @@ class ServedModel:
     # The tokenizer of each language a request may name (its tag first in every source);
     # empty: the model does not say what it translates into (requests leave tgt_lang null).
     tokenizers: dict[str, Any] = field(default_factory=dict)
+    # Each source language and the languages it translates into (LibreTranslate's `GET /languages`):
+    # the run's directions; with language tags, every source into every target (zero-shot too).
+    directions: dict[str, list[str]] = field(default_factory=dict)
 
     def translate(self, sentences: list[str], cfg: DecodeConfig, tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
@@ -161,6 +165,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         limit,
         threads,
         tokenizers,
+        served_directions(languages),
     )
 
 
@@ -173,3 +178,15 @@ def served_name(cfg: ServeConfig, opened: Any) -> str:
     if cfg.ensemble:
         name += f", in an ensemble with {len(cfg.ensemble)} more"
     return name
+
+
+def served_directions(languages: RunLanguages) -> dict[str, list[str]]:
+    """Source language -> the target languages a request may ask for from it."""
+    directions: dict[str, list[str]] = {}
+    for src, tgt in languages.directions():
+        directions.setdefault(src, [])
+        if languages.lang_tags:
+            directions[src] = [target for target in languages.target_languages() if target != src]
+        elif tgt not in directions[src]:
+            directions[src].append(tgt)
+    return directions
