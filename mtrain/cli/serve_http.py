@@ -131,7 +131,8 @@ class GuardedProtocol(H11Protocol):
 
     def head_timed_out(self) -> None:
         self.head_deadline = None
-        if self.transport.is_closing() or not self.between_requests():
+        handed_on = self.transport.get_protocol() is not self  # upgraded (a WebSocket): no longer ours
+        if handed_on or self.transport.is_closing() or not self.between_requests():
             return
         if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:  # part of a head came
             message = f"read_timeout_s: the request's head did not arrive within {self.read_timeout_s:g} s"
