@@ -181,6 +181,7 @@ class EvalSplit(Choice):
 
 class ExportFormat(Choice):
     ctranslate2 = "ctranslate2"
+    hf = "hf"  # a transformers model directory (mtrain.export.hf_model)
 
 
 @dataclass
@@ -568,7 +569,8 @@ class ExportConfig:
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
     out: str | None = None  # the model directory to write
-    quantization: str | None = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    # format=ctranslate2 only: null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    quantization: str | None = None
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
 
