@@ -182,6 +182,7 @@ class EvalSplit(Choice):
 class ExportFormat(Choice):
     ctranslate2 = "ctranslate2"
     argos = "argos"  # an Argos Translate package, out=FILE.argosmodel (mtrain/export/argos.py)
+    hf = "hf"  # a transformers model directory (mtrain.export.hf_model)
 
 
 @dataclass
@@ -579,7 +580,8 @@ class ExportConfig:
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
     out: str | None = None  # the model directory to write (format=argos: the FILE.argosmodel)
-    quantization: str | None = None  # null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    # format=ctranslate2 only: null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    quantization: str | None = None
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
 

@@ -104,9 +104,11 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
     },
     "export": {
         "config": "export",
-        "about": "Convert a run into a CTranslate2 model directory for fast CPU/GPU inference.",
+        "about": "Convert a run into a CTranslate2 model directory for fast CPU/GPU inference, or into a "
+        "transformers model directory (format=hf: AutoModelForSeq2SeqLM and AutoTokenizer load it).",
         "examples": [
             "mtrain export run=runs/m30k format=ctranslate2 out=runs/m30k_ct2 quantization=int8",
+            "mtrain export run=runs/m30k format=hf out=runs/m30k_hf",
         ],
     },
 }

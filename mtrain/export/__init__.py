@@ -1,4 +1,4 @@
-"""Export: trained runs to inference engines (CTranslate2).
+"""Export: trained runs to inference engines (CTranslate2) and to transformers.
 
 Files: `ctranslate2_spec.py` (mtrain's model switches mapped onto a CTranslate2
 `TransformerSpec`, or refused), `ctranslate2_model.py` (the model directory: spec,
@@ -7,10 +7,16 @@ vocabulary, SentencePiece model, metadata), `engine.py` (`open_engine`: a run's 
 checkpoint converted on the fly). Decoding with the exported
 model is `mtrain.decode.ct2_engine`, which reads the directory without importing this package. `ctranslate2` is an optional dependency (`pip install mtrain[ct2]`),
 imported only when an export or a CTranslate2 decode runs.
+
+`format=hf`: `hf_model.py` (mtrain's switches mapped onto transformers' Pegasus, or refused),
+`hf_tokenizer.py` (the SentencePiece model for the `tokenizers` library), `hf_generation.py`
+(the decoding settings as a GenerationConfig), `model_card.py` (README.md), `hf_export.py`
+(the directory). `transformers` is optional too (`pip install mtrain[hf]`).
 """
 
 from mtrain.decode.ct2_engine import METADATA_FILE
 from mtrain.export.ctranslate2_model import export_ctranslate2, export_run
 from mtrain.export.ctranslate2_spec import check_exportable
+from mtrain.export.hf_export import export_hf_run
 
-__all__ = ["METADATA_FILE", "check_exportable", "export_ctranslate2", "export_run"]
+__all__ = ["METADATA_FILE", "check_exportable", "export_ctranslate2", "export_hf_run", "export_run"]

@@ -1,0 +1,99 @@
+"""Write a transformers model directory from a trained run (`mtrain export format=hf`).
+
+    out/
+      config.json, model.safetensors    PegasusForConditionalGeneration (hf_model.py), saved by transformers
+      generation_config.json            the run's decoding settings (hf_generation.py)
+      tokenizer.json, tokenizer_config.json
+                                        the run's SentencePiece model for `tokenizers` (hf_tokenizer.py)
+      README.md                         the model card (model_card.py)
+
+The directory loads offline, with no custom code:
+`AutoModelForSeq2SeqLM.from_pretrained(out)` and `AutoTokenizer.from_pretrained(out)`.
+`transformers` is an optional dependency (`pip install mtrain[hf]`), imported only here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mtrain.data.tags import lang_tag, reserved_symbols
+from mtrain.decode.directions import RunLanguages
+from mtrain.errors import MtrainError
+from mtrain.evaluate.runs import load_run_summary
+from mtrain.export.hf_generation import generation_settings
+from mtrain.export.hf_model import build_pegasus, check_hf_exportable
+from mtrain.export.hf_tokenizer import build_hf_tokenizer
+from mtrain.export.model_card import model_card
+
+
+def import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as error:
+        raise MtrainError(
+            "format=hf: transformers is not installed; install it with pip install 'mtrain[hf]'"
+        ) from error
+    return transformers
+
+
+def export_hf_run(
+    run_dir: Path,
+    out_dir: Path,
+    which: str = "best",
+    force: bool = False,
+    weights: str = "auto",
+) -> Path:
+    """`mtrain export format=hf`: the run's checkpoint (`which`: best|last|a path) with its
+    `weights` (auto: the weights' average when the run kept one) into `out_dir`.
+
+    Everything is checked before anything is written; the directory is written next to
+    `out_dir` and renamed into place, so a failed export leaves no half-written model.
+    """
+    from mtrain.train.checkpoint_files import load_run
+
+    transformers = import_transformers()
+    transformers.utils.logging.disable_progress_bar()  # the command prints one line when done
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
+    loaded = load_run(run_dir, which=which, weights=weights)
+    config, tokenizer = loaded.config, loaded.tokenizer
+    check_hf_exportable(config.model, tokenizer.joint)
+    languages = RunLanguages.of(config.get("data"))
+    tags = reserved_symbols(languages.data)
+    target_tags = {lang: lang_tag(lang) for lang in languages.target_languages()} if languages.lang_tags else {}
+
+    special = tokenizer.special_ids
+    vocab_size = tokenizer.tgt_vocab_size
+    model = build_pegasus(loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos)
+    hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
+    decode = config.decode
+    generation = generation_settings(
+        decode, special, tokenizer.target_symbol_ids(tags), int(config.model.max_positions)
+    )
+    model.generation_config = transformers.GenerationConfig(**generation)
+    exported = {
+        "checkpoint": str(loaded.checkpoint_path),
+        "update": loaded.update,
+        "weights": loaded.weights,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+    }
+    card = model_card(config, load_run_summary(Path(run_dir)), exported, generation, target_tags)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed export
+    try:
+        model.save_pretrained(staging)
+        hf_tokenizer.save_pretrained(staging)
+        (staging / "README.md").write_text(card, encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
