@@ -236,7 +236,7 @@ def test_resuming_a_finished_run_changes_nothing(run_copy):
     assert snapshot(run_dir) == before  # not a line more in train.log
 
 
-def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp_path, multi30k_slice):
+def test_a_fit_refused_for_a_missing_split_leaves_no_directory(tmp_path, multi30k_slice):
     run_dir = tmp_path / "run"
     result = mtrain(
         "fit",

@@ -66,6 +66,7 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
     with RunLog() as run_log:
         _check_is_directory(run.path)
         lock = RunLock(run)
+        made_here = not run.path.exists()  # (the command's is made by Hydra: mtrain.cli.common removes it)
         try:
             run.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
@@ -73,6 +74,12 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
             raise _not_writable(run.path, error) from error
         try:
             yield run_log
+        except MtrainError:
+            lock.release()
+            if made_here:
+                with contextlib.suppress(OSError):  # fails on a directory that is not empty
+                    run.path.rmdir()  # refused before anything was written
+            raise
         finally:
             lock.release()
 
