@@ -95,10 +95,12 @@ def _check_and_fit(
     from mtrain.train.progress import TrainState, budget_reason
 
     resume_path = _check_run_dir(run, cfg)
-    resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
+    resume_state = None
+    if resume_path is not None:
+        resume_state = load_checkpoint(resume_path, map_location="cpu")
+        check_resumable_state(resume_state, resume_path)
     parent = None
     if resume_state is not None:  # a run started with init_from continues with its own model and tokenizer
-        check_resumable_state(resume_state, resume_path)
         cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:
