@@ -501,13 +501,15 @@ def _check_ensemble(cfg: DictConfig) -> None:
         return
     if cfg.engine != Engine.torch:
         raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
-    if OmegaConf.get_type(cfg) is not EvalConfig:
-        return
-    if not (cfg.run or cfg.runs or cfg.hyp):
+    is_eval = OmegaConf.get_type(cfg) is EvalConfig
+    if not (cfg.run or (is_eval and (cfg.runs or cfg.hyp))):
+        first, others = cfg.ensemble[0], ",".join(cfg.ensemble[1:])
         raise MtrainError(
-            "ensemble: decodes with run=RUN and the members: write run=A ensemble=[B,...] out=DIR "
-            "(run= gives the tokenizer and the split)"
+            "ensemble: decodes with run= (its tokenizer) and the members, and run= is missing: an ensemble "
+            f"is written run=A ensemble=[B,...], here run={first}" + (f" ensemble=[{others}]" if others else "")
         )
+    if not is_eval:
+        return
     if cfg.runs or cfg.hyp:
         raise MtrainError(
             "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "

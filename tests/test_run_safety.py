@@ -236,7 +236,7 @@ def test_resuming_a_finished_run_changes_nothing(run_copy):
     assert snapshot(run_dir) == before  # not a line more in train.log
 
 
-def test_a_fit_refused_for_a_missing_split_leaves_at_most_an_empty_directory(tmp_path, multi30k_slice):
+def test_a_fit_refused_for_a_missing_split_leaves_no_directory(tmp_path, multi30k_slice):
     run_dir = tmp_path / "run"
     result = mtrain(
         "fit",
@@ -433,8 +433,9 @@ def test_translate_never_writes_over_what_it_reads(run_copy, tmp_path):
 def test_an_ensemble_without_run_says_how_it_is_written(tmp_path):
     result = mtrain("translate", f"ensemble=[{tmp_path / 'a'},{tmp_path / 'b'}]", "input=x.de")
     assert result.returncode == 2
-    assert one_error_line(result).endswith(
-        f"an ensemble is written run=A ensemble=[B,...], here run={tmp_path / 'a'} ensemble=[{tmp_path / 'b'}]"
+    assert one_error_line(result) == (
+        "mtrain: error: ensemble: decodes with run= (its tokenizer) and the members, and run= is missing: an "
+        f"ensemble is written run=A ensemble=[B,...], here run={tmp_path / 'a'} ensemble=[{tmp_path / 'b'}]"
     )
 
 

@@ -66,6 +66,7 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
     with RunLog() as run_log:
         _check_is_directory(run.path)
         lock = RunLock(run)
+        made_here = not run.path.exists()  # (the command's is made by Hydra: mtrain.cli.common removes it)
         try:
             run.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
@@ -73,6 +74,12 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
             raise _not_writable(run.path, error) from error
         try:
             yield run_log
+        except MtrainError:
+            lock.release()
+            if made_here:
+                with contextlib.suppress(OSError):  # fails on a directory that is not empty
+                    run.path.rmdir()  # refused before anything was written
+            raise
         finally:
             lock.release()
 
@@ -88,12 +95,12 @@ def _check_and_fit(
     from mtrain.train.progress import TrainState, budget_reason
 
     resume_path = _check_run_dir(run, cfg)
-    resume_state = load_checkpoint(resume_path, map_location="cpu") if resume_path is not None else None
-    parent = None
-    if (
-        resume_state is not None and resume_path is not None
-    ):  # a run started with init_from continues with its own model and tokenizer
+    resume_state = None
+    if resume_path is not None:
+        resume_state = load_checkpoint(resume_path, map_location="cpu")
         check_resumable_state(resume_state, resume_path)
+    parent = None
+    if resume_state is not None and resume_path is not None:  # a run started with init_from keeps its model
         cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:

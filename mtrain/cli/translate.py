@@ -38,13 +38,8 @@ def run_translate(cfg: TranslateConfig) -> None:
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
-    if cfg.run is None:
-        message = "run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)"
-        if cfg.ensemble:  # every member given in ensemble=: one of them is run=, which gives the tokenizer
-            first, others = cfg.ensemble[0], ",".join(cfg.ensemble[1:])
-            message += f"; an ensemble is written run=A ensemble=[B,...], here run={first}"
-            message += f" ensemble=[{others}]" if others else ""
-        raise MtrainError(message)
+    if cfg.run is None:  # (with ensemble= the config check has said how an ensemble is written)
+        raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     check_streams(cfg.input is None, cfg.output is None)  # before the model loads
     check_paths(cfg.input, cfg.output)
     if cfg.output is not None:  # neither the translation nor its record may replace what is read
