@@ -383,13 +383,20 @@ class TrainConfig:
     patience: int | None = None  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int | None = None  # CPU intra-op threads (null: torch's default)
+    num_threads: int | None = None  # CPU intra-op threads of training (null: torch's default)
+    # CPU threads of the validation and test decodes (null: 1, as translate and eval decode,
+    # whatever the load; mtrain/decode/threads.py): a decode at train.num_threads on busy cores
+    # ran 5x slower than `mtrain eval` on the same checkpoint.
+    decode_num_threads: int | None = None
     validate_every: int = 1000
     # Also validate (and checkpoint) every this much training time ("2m"); null: by updates only.
     validate_every_time: str | None = None
     valid_bleu: bool = True
     valid_max_sentences: int | None = None
     log_every: int = 50
+    # Also log at least this often ("30s"), whichever comes first: a training line however slow
+    # the updates, and the progress of the validation and test decodes; null: by updates only.
+    log_every_time: str | None = "30s"
     keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.

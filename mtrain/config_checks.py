@@ -319,6 +319,7 @@ def _check_train(train: DictConfig) -> None:
         "max_epochs",
         "patience",
         "num_threads",
+        "decode_num_threads",
         "valid_max_sentences",
         "pad_to_multiple",
     ):
@@ -342,7 +343,7 @@ def _check_train(train: DictConfig) -> None:
         raise MtrainError(f"train.max_time: {train.max_time!r} is not a duration; write e.g. 90s, 20m or 2h") from None
     if seconds is not None and seconds <= 0:
         raise MtrainError(f"train.max_time: {train.max_time!r} must be a positive duration, e.g. 90s, 20m or 2h")
-    for key in ("validate_every_time", "save_every"):
+    for key in ("validate_every_time", "save_every", "log_every_time"):
         _positive_duration(train, key, "train")
     try:
         share = parse_budget_share(train.warmup_time, train.max_time, "train.warmup_time")

@@ -32,3 +32,13 @@ def parse_budget_share(text: str | None, budget: str | None, key: str = "train.w
         except ValueError:
             raise MtrainError(f"{key}={text!r}: not a share; write e.g. 9% or a duration such as 60s") from None
     return parse_duration(text, key) / parse_duration(budget)
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as log lines write them: '45 s', '1m21s', '2h05m' (rounded to the second)."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

@@ -185,6 +185,8 @@ def _fit(
         log.info("resumed from %s", resume_path)
         del resume_state
     trainer, model = setup.trainer, setup.model
+    if dist.is_main and device.type == "cpu":
+        log.info("%s", _threads_line(cfg))
 
     metrics: dict[str, Any] = {
         "run_dir": str(run.path),
@@ -240,6 +242,22 @@ def _fit(
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def _threads_line(cfg: FitConfig) -> str:
+    """What a CPU run trains and decodes with: train.num_threads for the updates, and
+    train.decode_num_threads (1 by default, as `mtrain eval`) for validation and the test."""
+    import torch
+
+    from mtrain.decode.threads import DEFAULT_DECODE_THREADS, describe_threads
+
+    training = describe_threads(torch.get_num_threads(), "train.num_threads", cfg.train.num_threads is not None)
+    decoding = describe_threads(
+        cfg.train.decode_num_threads or DEFAULT_DECODE_THREADS,
+        "train.decode_num_threads",
+        cfg.train.decode_num_threads is not None,
+    )
+    return f"training with {training}; validation and the test decode with {decoding}"
 
 
 def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:

@@ -1,4 +1,5 @@
-"""How many CPU threads `mtrain translate`, `mtrain eval` and `mtrain serve` decode with.
+"""How many CPU threads `mtrain translate`, `mtrain eval`, `mtrain serve` and the validation
+and test decodes of `mtrain fit` decode with.
 
 A fixed number unless `num_threads=N` says otherwise, never one read from the machine's
 load: matrix products split their sums differently over another number of threads, so a
@@ -12,7 +13,10 @@ spend much of each step waiting for one another, and on cores that other jobs ke
 they wait far longer (beam 5 on 2 cores at load 7: 9.5 sentences/s with 1 thread, 1.6 with
 2; measured again below). On idle cores more threads decode faster (below: 1.4-1.75x with
 2), which `num_threads=N` asks for knowingly. One thread is also the count at which the
-output cannot depend on how many cores the machine has.
+output cannot depend on how many cores the machine has. `mtrain fit` trains with
+`train.num_threads` and decodes its validation and test sets with `train.decode_num_threads`
+(`decode_threads`, the same default of 1), so its test decode gives what `mtrain eval` gives
+on the same checkpoint, as fast.
 """
 
 from __future__ import annotations

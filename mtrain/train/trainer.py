@@ -165,6 +165,8 @@ class Trainer:
                 # The first update of a process is logged too: progress shows at once.
                 if self.state.update % self.cfg.log_every == 0 or not self._logged_train:
                     self._log_train()
+                elif self.metrics is not None and self.metrics.due_by_time():
+                    self._log_train(read_skips=False)
                 stop_reason = self._stop_reason()
                 if stop_reason is None and self._validation_due():
                     self.validate_and_save()
@@ -213,9 +215,13 @@ class Trainer:
         # Rank 0 owns the clock of saves; every rank must take the same branch.
         return self.dist.any(self.checkpointer is not None and self.checkpointer.due())
 
-    def _log_train(self) -> None:
-        """Read the device's count of skipped updates (one host sync; raises TrainingDiverged), then log."""
-        self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
+    def _log_train(self, read_skips: bool = True) -> None:
+        """Read the device's count of skipped updates (one host sync; raises TrainingDiverged), then log.
+
+        A line due by time (`train.log_every_time`) is rank 0's alone (`read_skips=False`): every
+        rank reads the skips at the same updates, so that all raise TrainingDiverged together."""
+        if read_skips:
+            self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
             seconds_left = None if self.max_seconds is None else self.max_seconds - self.state.train_seconds
             self.metrics.log_train(
