@@ -5,6 +5,7 @@ end of the run, through the evaluation path of `mtrain eval`, with its log lines
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 
     from mtrain.batches import PreparedData
     from mtrain.tokenizer import Tokenizer
+    from mtrain.train.budget import EndCost
     from mtrain.train.setup import Machine
 
 log = logging.getLogger("mtrain")
@@ -50,8 +52,9 @@ def validation(
 ) -> Callable[[], dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
-    `decode.valid_beam` says otherwise, in the machine's decoding precision, with
-    `train.decode_num_threads`: 1 by default, as `mtrain eval`). With
+    `decode.valid_beam` says otherwise, in the machine's decoding precision). All of it runs
+    with `train.decode_num_threads` (1 by default, as `mtrain eval` decodes): on busy cores a
+    second thread made even the loss 4x slower (threads wait for each other). With
     train.ema_decay `model` is the weights' average and `trained` the trained weights, whose
     loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains.
 
@@ -95,26 +98,117 @@ def validation(
 
     def validate() -> dict[str, float]:
         per_direction = {}
-        for name, corpus, tokenizer, sources, references, split_name in sets:
-            results = loss_of(model, corpus)
-            if trained is not None and trained is not model:
-                raw = loss_of(trained, corpus)
-                results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
-            if cfg.train.valid_bleu:  # the loss above ran at train.num_threads; decoding follows the decode rule
-                label = f"valid {name}" if several else "valid"
-                with (
-                    decode_threads(cfg.train.decode_num_threads),
-                    DecodeProgress(label, len(sources), log_interval(cfg)) as progress,
-                ):
-                    translate = sentence_translator(
-                        model, tokenizer, decode_cfg, machine.device, machine.decode_precision, progress.update
-                    )
-                    scored = translate_and_score(translate, sources, [references], split_name)
-                results["bleu"] = scored.scores["bleu"]["score"]
-            per_direction[name] = results
+        with decode_threads(cfg.train.decode_num_threads):
+            for name, *split in sets:
+                per_direction[name] = validate_direction(name, *split)
         return mean_over_directions(per_direction)
 
+    def validate_direction(
+        name: str, corpus: Any, tokenizer: Tokenizer, sources: list[str], references: list[str], split_name: str
+    ) -> dict[str, float]:
+        results = loss_of(model, corpus)
+        if trained is not None and trained is not model:
+            raw = loss_of(trained, corpus)
+            results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
+        if cfg.train.valid_bleu:
+            label = f"valid {name}" if several else "valid"
+            with DecodeProgress(label, len(sources), log_interval(cfg)) as progress:
+                translate = sentence_translator(
+                    model, tokenizer, decode_cfg, machine.device, machine.decode_precision, progress.update
+                )
+                scored = translate_and_score(translate, sources, [references], split_name)
+            results["bleu"] = scored.scores["bleu"]["score"]
+        return results
+
     return validate
+
+
+def end_cost_estimate(
+    cfg: FitConfig, model: Any, data: PreparedData, machine: Machine, trained: Any = None
+) -> Callable[[], EndCost]:
+    """What follows training under train.max_time, measured on this machine when called (before
+    the first update): one validation as `validation` runs it (its loss, timed on a slice of the
+    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.cost,
+    and its scoring), the test decode with `cfg.decode` and its three metrics, and the checkpoints'
+    writing (guessed from the weights' size until a save is timed). The model is left as it was
+    found (training mode; decoding and the loss change no weights and draw no random numbers)."""
+    from mtrain.batches.corpus import EncodedCorpus
+    from mtrain.decode.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
+    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.threads import decode_threads
+    from mtrain.train.budget import EndCost, save_seconds_guess
+    from mtrain.train.validation import validation_loss
+
+    languages = RunLanguages.of(cfg.data)
+    valid_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
+    limit = cfg.train.valid_max_sentences
+    models = [model] if trained is None or trained is model else [model, trained]
+
+    def loss_seconds(corpus: EncodedCorpus) -> float:
+        sample = range(min(PROBE_SENTENCES, len(corpus)))
+        piece = EncodedCorpus.from_sequences(
+            [corpus.src(i).tolist() for i in sample], [corpus.tgt(i).tolist() for i in sample]
+        )
+
+        def loss(weights: Any) -> None:
+            validation_loss(
+                weights,
+                piece,
+                data.tokenizer.special_ids,
+                cfg.train.max_tokens,
+                cfg.train.label_smoothing,
+                machine.device,
+                machine.precision,
+            )
+
+        loss(model)  # the first pass builds what later ones reuse
+        start = time.perf_counter()
+        for weights in models:
+            loss(weights)
+        tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum())
+        sampled = int(piece.src_lengths.sum() + piece.tgt_lengths.sum())
+        return (time.perf_counter() - start) * tokens / max(sampled, 1)
+
+    def decoding_seconds(corpus: EncodedCorpus, tgt: str, decode_cfg: Any, count: int | None) -> float:
+        tokenizer = languages.tokenizer_for(data.tokenizer, tgt)
+        sources = [corpus.src(i).tolist() for i in range(min(PROBE_SENTENCES, len(corpus)))]
+        cost = measure_step_cost(model, tokenizer, sources, decode_cfg, machine.device, machine.decode_precision)
+        lengths = corpus.src_lengths[:count].tolist(), corpus.tgt_lengths[:count].tolist()
+        return decode_seconds(cost, *lengths, decode_cfg)
+
+    def estimate() -> EndCost:
+        validation = test = 0.0
+        try:
+            with decode_threads(cfg.train.decode_num_threads):
+                for direction in data.directions:
+                    validation += loss_seconds(direction.valid)
+                    if cfg.train.valid_bleu:
+                        validation += decoding_seconds(direction.valid, direction.tgt, valid_cfg, limit)
+                        validation += scoring_seconds(list(direction.valid_text.tgt)[:limit], ["bleu"])
+                    if direction.test is not None:
+                        test += decoding_seconds(direction.test, direction.tgt, cfg.decode, None)
+                        test += scoring_seconds(list(direction.test_text.tgt), ["bleu", "chrf", "ter"])
+        finally:
+            for weights in models:
+                weights.train()
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        return EndCost(validation, save_seconds_guess(weight_bytes), test)
+
+    return estimate
+
+
+def scoring_seconds(references: Sequence[str], metrics: Sequence[str]) -> float:
+    """Seconds sacreBLEU takes to score `references`' count of hypotheses, timed on the first 100
+    with every third word replaced (TER's shift search costs more the less a hypothesis matches)."""
+    from mtrain.evaluate.metrics import score_corpus
+
+    sample = list(references[:100])
+    if not sample:
+        return 0.0
+    hypotheses = [" ".join("a" if i % 3 == 0 else w for i, w in enumerate(line.split())) for line in sample]
+    start = time.perf_counter()
+    score_corpus(hypotheses, [sample], metrics)
+    return (time.perf_counter() - start) * len(references) / len(sample)
 
 
 def score_test_split(
