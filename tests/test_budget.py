@@ -27,7 +27,9 @@ def test_max_time_plans_what_is_left_after_the_start_and_the_end_cost():
     budget.set_estimate(EndCost(validation=10.0, save=1.0, test=20.0))
     assert budget.plan(0.0) == pytest.approx(120 - 15 - 31)
     assert not budget.must_stop()
-    clock.now += 120 - 15 - 31  # the planned training, no slower than planned
+    clock.now += 60.0
+    assert not budget.must_stop(next_update=10.0) and budget.must_stop(next_update=20.0)  # it would end too late
+    clock.now += 120 - 15 - 31 - 60  # the planned training, no slower than planned
     assert budget.must_stop()  # exactly what follows is left
 
 

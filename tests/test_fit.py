@@ -137,8 +137,8 @@ BUDGET_MARGIN_S = 8
 def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included(tmp_path, multi30k_slice):
     """The command, from its start to its exit, takes train.max_time plus a margin: the time before
     training, the last validation and the test decode come out of the budget, not on top of it.
-    Its log says what the budget covers, logs by time however few updates (log_every is huge),
-    and shows the validation and test decodes' progress in the (non-terminal) log."""
+    Its log says what the budget covers and shows the validation and test decodes' progress in
+    the (non-terminal) log. (Training lines by time: tests/test_trainer.py.)"""
     run_dir = tmp_path / "run"
     start = time.monotonic()
     result = mtrain(
@@ -161,15 +161,13 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
         pytest.skip(result.stderr.strip().splitlines()[-1])
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["stop_reason"] == "max_time=30s reached" and metrics["updates"] > 1
+    assert metrics["stop_reason"] == "max_time=30s reached" and metrics["updates"] >= 1
     assert metrics["train_time_s"] < 30 and metrics["test"]["sentences"] == 100
     train_log = (run_dir / "train.log").read_text()
     assert re.search(
         r"budget: max_time=30s for the whole run: \d+ s spent before training .*, \d+ s of training", train_log
     )
     assert train_log.count("training with 2 CPU threads") == 1
-    logged = [int(update) for update in re.findall(r"train \| update (\d+) \|", train_log)]
-    assert len([update for update in logged if 1 < update < metrics["updates"]]) >= 2, logged  # by time
     assert "valid | decoded " in train_log and "test | decoded " in train_log
     assert re.search(r"test \| decoded \d+/100 sentences \| [\d.]+ sentences/s \| ~\d+ s left", train_log)
     assert "wall time of the run: " in train_log

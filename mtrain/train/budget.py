@@ -168,10 +168,13 @@ class RunBudget:
         planned = train_seconds + left / (1.0 + self.overhead_rate(train_seconds))
         return planned if self.max_train_seconds is None else min(planned, self.max_train_seconds)
 
-    def must_stop(self) -> bool:
-        """The wall clock leaves no more than what follows training would take."""
+    def must_stop(self, next_update: float = 0.0) -> bool:
+        """The wall clock leaves no room for another update of `next_update` seconds before what
+        follows training."""
         deadline = self.deadline
-        return deadline is not None and self.cost is not None and self.clock() + self.cost.total >= deadline
+        if deadline is None or self.cost is None:
+            return False
+        return self.clock() + next_update + self.cost.total >= deadline
 
     def seconds_left(self) -> float | None:
         deadline = self.deadline

@@ -91,6 +91,7 @@ class Trainer:
         self.budget = budget or RunBudget(train_cfg, time.monotonic())
         self.end_cost = end_cost
         self._resumed = False
+        self.update_seconds = 0.0  # the last update's training time: the next one's, as the budget reads it
         self.rhythm = ValidationRhythm(train_cfg)
         self.last_validation: dict[str, float] = {}
         self.validation_seconds = 0.0  # this session's, all validations
@@ -106,6 +107,7 @@ class Trainer:
         (`exhausted`), or the batches ran out of memory and were skipped."""
         if self._clock_origin is None:
             self._clock_origin = time.perf_counter() - self.state.train_seconds
+        before = self.state.train_seconds
         batches = self.parts.batches.next_update(self.state)
         self.exhausted = batches is None
         if batches is None:
@@ -114,6 +116,7 @@ class Trainer:
         self.instruments.arm(self.state.update + 1)
         stats = self._guarded_step(batches)
         self.state.train_seconds = time.perf_counter() - self._clock_origin
+        self.update_seconds = self.state.train_seconds - before
         if stats is None:
             return None
         # A non-finite update counts (its step was skipped on the device); the skips are read,
@@ -208,27 +211,31 @@ class Trainer:
         if self.dist.any(self.stop_signal.requested):
             return "stop signal"
         budget = self.state.train_budget_seconds
-        planned_done = budget is not None and self.state.train_seconds >= budget
+        # Training ends nearest its plan: before an update that would end more than half past it
+        # (a 7.6M model's update took 15 s on busy cores), and before one the wall clock cannot afford.
+        planned_done = budget is not None and self.state.train_seconds + self.update_seconds / 2 >= budget
         # Rank 0 holds the end cost: the ranks agree on its clock, as one rank past the budget stops them all.
-        out_of_time = self.dist.any(planned_done or self.budget.must_stop())
-        if out_of_time and not planned_done:
-            self._stop_short()
+        out_of_time = self.dist.any(planned_done or self.budget.must_stop(self.update_seconds))
+        if out_of_time:
+            self._stop_by_time(short=not planned_done)
         return budget_reason(self.state, self.cfg, out_of_time)
 
-    def _stop_short(self) -> None:
-        """The wall clock ran out before the planned training time: the plan becomes what was
-        trained (a resume of the finished run finds it done), and the log says why."""
-        if self.budget.cost is not None:
+    def _stop_by_time(self, short: bool) -> None:
+        """Training ends by time: the plan becomes what was trained (a resume of the finished run
+        finds it done); when the wall clock ran out before the plan (`short`), the log says why."""
+        if short and self.budget.cost is not None:
             log.info(
-                "%s: training stops at %s of the %s planned, to keep %s for what follows (%s): "
-                "this machine has been slower than when the plan was made",
+                "%s: training stops at %s of the %s planned: another update (~%s) would leave less than "
+                "the %s kept for what follows (%s)",
                 budget_name(self.cfg, self.state.train_budget_seconds),
                 format_duration(self.state.train_seconds),
                 format_duration(self.state.train_budget_seconds or 0.0),
+                format_duration(self.update_seconds),
                 format_duration(self.budget.cost.total),
                 self.budget.cost.describe(),
             )
-        self.state.train_budget_seconds = self.state.train_seconds
+        if self.state.train_budget_seconds is not None:
+            self.state.train_budget_seconds = self.state.train_seconds
 
     def _signal_stop(self) -> str | None:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
