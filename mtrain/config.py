@@ -374,24 +374,38 @@ class TrainConfig:
     scheduler: Scheduler = Scheduler.inverse_sqrt
     warmup_updates: int = 4000
     min_lr: float = 0.0
-    # Horizon of cosine/linear decay, in updates. When null and train.max_time is set,
-    # the decay follows elapsed training time instead (ends at the time budget).
+    # Horizon of cosine/linear decay, in updates. When null and a time budget is set (max_time
+    # or max_train_time), the decay follows elapsed training time instead (ends with training).
     decay_updates: int | None = None
     clip_norm: float = 1.0  # 0 disables
     label_smoothing: float = 0.1
     max_updates: int | None = None
     max_epochs: int | None = None
-    max_time: str | None = None  # "90s", "20m", "2h"
+    # The wall time of the whole run ("90s", "20m", "2h"): preparation, training, validations,
+    # checkpoints and the test decode. Training gets what is left once the time spent before it
+    # and the estimated cost of the last validation and the test decode are set aside
+    # (mtrain/train/budget.py); the learning-rate schedule follows that share.
+    max_time: str | None = None
+    # The training clock alone (updates; validation, checkpoints and the test come on top), as
+    # a benchmark compares toolkits; with max_time, the smaller of the two governs.
+    max_train_time: str | None = None
     patience: int | None = None  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int | None = None  # CPU intra-op threads (null: torch's default)
+    num_threads: int | None = None  # CPU intra-op threads of training (null: torch's default)
+    # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
+    # translate and eval decode, whatever the load; mtrain/decode/threads.py): a test decode at
+    # train.num_threads=2 on busy cores ran 5x slower than `mtrain eval` on the same checkpoint.
+    decode_num_threads: int | None = None
     validate_every: int = 1000
     # Also validate (and checkpoint) every this much training time ("2m"); null: by updates only.
     validate_every_time: str | None = None
     valid_bleu: bool = True
     valid_max_sentences: int | None = None
     log_every: int = 50
+    # Also log at least this often ("30s"), whichever comes first: a training line however slow
+    # the updates, and the progress of the validation and test decodes; null: by updates only.
+    log_every_time: str | None = "30s"
     keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.
@@ -406,9 +420,10 @@ class TrainConfig:
     max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
     instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
     instrument_every: int = 100
-    # Warmup as a share of train.max_time ("9%") or a duration ("60s"), so the learning-rate
-    # curve has the same shape on a slow machine as on a fast one. Used only when max_time is
-    # set, and then instead of warmup_updates (see mtrain/train/schedule.py).
+    # Warmup as a share of the training time ("9%": of max_train_time, or of max_time's training
+    # share) or a duration ("60s"), so the learning-rate curve has the same shape on a slow
+    # machine as on a fast one. Used only with a time budget, and then instead of warmup_updates
+    # (see mtrain/train/schedule.py).
     warmup_time: str | None = None
     # Round training batches' src/tgt lengths up to a multiple of this (1: no rounding), which
     # bounds the number of batch shapes per epoch (torch.compile, allocator, oneDNN's buffers);

@@ -413,6 +413,7 @@ def _check_train(train: DictConfig) -> None:
         "max_epochs",
         "patience",
         "num_threads",
+        "decode_num_threads",
         "valid_max_sentences",
         "pad_to_multiple",
     ):
@@ -430,32 +431,37 @@ def _check_train(train: DictConfig) -> None:
     if len(train.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in train.betas):
         raise MtrainError(f"train.betas: {list(train.betas)} must be two numbers in [0, 1), e.g. [0.9,0.98]")
     _fraction(train, "label_smoothing", "train")
-    try:
-        seconds = parse_duration(train.max_time, "train.max_time")
-    except MtrainError:
-        raise MtrainError(f"train.max_time: {train.max_time!r} is not a duration; write e.g. 90s, 20m or 2h") from None
-    if seconds is not None and seconds <= 0:
-        raise MtrainError(f"train.max_time: {train.max_time!r} must be a positive duration, e.g. 90s, 20m or 2h")
-    for key in ("validate_every_time", "save_every"):
+    for key in ("max_time", "max_train_time"):
+        try:
+            seconds = parse_duration(train[key], f"train.{key}")
+        except MtrainError:
+            raise MtrainError(f"train.{key}: {train[key]!r} is not a duration; write e.g. 90s, 20m or 2h") from None
+        if seconds is not None and seconds <= 0:
+            raise MtrainError(f"train.{key}: {train[key]!r} must be a positive duration, e.g. 90s, 20m or 2h")
+    for key in ("validate_every_time", "save_every", "log_every_time"):
         _positive_duration(train, key, "train")
+    # A duration of warmup must be shorter than the training time; max_time's training share is
+    # only known at the start of training, so its whole is the bound here.
+    budget_key = "max_train_time" if train.max_train_time is not None else "max_time"
     try:
-        share = parse_budget_share(train.warmup_time, train.max_time, "train.warmup_time")
+        share = parse_budget_share(train.warmup_time, train[budget_key], "train.warmup_time")
     except MtrainError:
         share = -1.0
     if share is not None and not 0.0 <= share < 1.0:
         raise MtrainError(
-            f"train.warmup_time: {train.warmup_time!r} must be a share of train.max_time from 0% to "
-            f"below 100% (e.g. 9%) or a duration shorter than train.max_time={train.max_time}"
+            f"train.warmup_time: {train.warmup_time!r} must be a share of the training time from 0% to "
+            f"below 100% (e.g. 9%) or a duration shorter than train.{budget_key}={train[budget_key]}"
         )
     if (
         train.scheduler in (Scheduler.cosine, Scheduler.linear)
         and train.decay_updates is None
         and train.max_time is None
+        and train.max_train_time is None
         and train.max_updates is None
     ):
         raise MtrainError(
             f"train.scheduler: {train.scheduler} needs a horizon: set train.decay_updates, "
-            "train.max_updates or train.max_time"
+            "train.max_updates, train.max_time or train.max_train_time"
         )
 
 

@@ -20,9 +20,10 @@ def parse_duration(text: str | None, key: str = "train.max_time") -> float | Non
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
-def parse_budget_share(text: str | None, budget: str | None, key: str = "train.warmup_time") -> float | None:
-    """A share of the time budget `budget` written as "N%" or as a duration ("60s"), as a
-    fraction (0.09); None when either is unset. The range is checked by mtrain.config_checks."""
+def parse_budget_share(text: str | None, budget: str | float | None, key: str = "train.warmup_time") -> float | None:
+    """A share of the time budget `budget` (a duration, or seconds) written as "N%" or as a
+    duration ("60s"), as a fraction (0.09); None when either is unset. The range is checked by
+    mtrain.config_checks."""
     if text is None or str(text).strip() == "" or budget is None:
         return None
     text = str(text).strip()
@@ -31,7 +32,16 @@ def parse_budget_share(text: str | None, budget: str | None, key: str = "train.w
             return float(text[:-1]) / 100.0
         except ValueError:
             raise MtrainError(f"{key}={text!r}: not a share; write e.g. 9% or a duration such as 60s") from None
-    seconds, budget_seconds = parse_duration(text, key), parse_duration(budget)
-    if seconds is None or budget_seconds is None:  # a blank budget ("") is unset too
-        return None
-    return seconds / budget_seconds
+    seconds = budget if isinstance(budget, (int, float)) else parse_duration(budget)
+    share = parse_duration(text, key)
+    return None if seconds is None or share is None else share / max(seconds, 1e-9)
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as log lines write them: '45 s', '1m21s', '2h05m' (rounded to the second)."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

@@ -175,3 +175,20 @@ def peak_host_memory_mb(reset: bool = False) -> float | None:
         except OSError:
             pass
     return peak
+
+
+def process_started() -> float | None:
+    """When this process started, on `time.monotonic()`'s clock (Linux: /proc/self/stat's
+    start time against /proc/uptime), so a command's wall time counts Python's start-up and
+    imports too; None where the system does not say."""
+    import time
+
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        with open("/proc/uptime") as uptime:
+            since_boot = float(uptime.read().split()[0])
+        age = since_boot - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the line: starttime
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.monotonic() - max(age, 0.0)

@@ -17,7 +17,7 @@ RUN="${RUN:-runs/side_by_side_$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$RUN"
 echo "$CPU_HEADER | $BUDGET_MIN min, 1 thread each"
 /usr/bin/time -f "mtrain peak RSS %M kB" mtrain fit "experiment=$PRESET" "hydra.run.dir=$RUN/mtrain" \
-  "train.max_time=${BUDGET_MIN}m" train.num_threads=1 > "$RUN/mtrain.log" 2>&1 &
+  "train.max_train_time=${BUDGET_MIN}m" train.max_time=null train.num_threads=1 > "$RUN/mtrain.log" 2>&1 &
 MTRAIN_PID=$!
 THREADS=1 RECIPE=tuned UPM="$UPM" BUDGET_MIN="$BUDGET_MIN" bash ../shared/peers/fairseq/run.sh \
   > "$RUN/fairseq.out" 2> "$RUN/fairseq.err" &

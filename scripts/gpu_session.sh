@@ -39,7 +39,7 @@ export MTRAIN_DATA_DIR
   || { echo "== mtrain does not import: run scripts/gpu_carry.sh here and carry .gpu_carry"; exit 1; }
 if [ "$SMOKE" = 1 ]; then  # a CPU rehearsal: every step, tiny
   CHECK=(--smoke --profile)
-  FIT=(train.device=cpu train.max_time=20s train.validate_every_time=10s model.d_model=64 model.heads=2
+  FIT=(train.device=cpu train.max_train_time=20s train.max_time=null train.validate_every_time=10s model.d_model=64 model.heads=2
        model.ffn_dim=128 model.encoder_layers=1 model.decoder_layers=1 train.max_tokens=1024 data.train_limit=2000
        train.valid_max_sentences=50 tokenizer.vocab_size=1000 decode.beam=2 data.cache_dir="$(dirname "$RUN")/cache")
   DECODE=(--devices cpu --sentences 50)

@@ -113,7 +113,7 @@ def with_seed(run: Run, seed: int) -> Run:
 def budget_overrides(run: Run, args: argparse.Namespace) -> list[str]:
     out = [f"train.num_threads={args.threads}"]
     if args.updates:
-        out += ["train.max_time=null", f"train.max_updates={args.updates}"]
+        out += ["train.max_time=null", "train.max_train_time=null", f"train.max_updates={args.updates}"]
         out.append(f"train.validate_every={args.validate_every or max(1, args.updates // 4)}")
         if args.warmup is not None and not run.deep:
             out.append(f"train.warmup_updates={args.warmup}")

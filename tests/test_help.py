@@ -35,7 +35,8 @@ def test_fit_help_lists_groups_presets_and_every_key_with_type_default_and_descr
 def test_help_shows_the_values_the_overrides_give():
     text = command_help("fit", ["experiment=multi30k_cpu", "model.d_model=64"])
     assert "experiment  (now: multi30k_cpu)" in text
-    assert key_line(text, "train.max_time").split()[1:4] == ["str|null", "=", "20m"]
+    assert key_line(text, "train.max_time").split()[1:4] == ["str|null", "=", "25m"]
+    assert key_line(text, "train.max_train_time").split()[1:4] == ["str|null", "=", "20m"]
     assert key_line(text, "model.d_model").split()[1:4] == ["int", "=", "64"]
 
 

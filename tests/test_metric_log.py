@@ -104,3 +104,21 @@ def test_on_a_terminal_log_lines_go_through_the_progress_bar(tmp_path, monkeypat
     written = terminal.getvalue()
     assert "\na line of its own\n" in written.replace("\r", "\n")
     assert written.count("a line of its own") == 1
+
+
+def test_a_window_is_due_by_time_its_pauses_excluded(monkeypatch):
+    from mtrain.train import metric_log
+
+    now = [100.0]
+    monkeypatch.setattr(metric_log.time, "perf_counter", lambda: now[0])
+    logger = metric_log.MetricLogger(None, None, 0, lambda s, t: 0.0, None, log_every_seconds=30.0)
+    logger.update(stats(10))
+    now[0] = 120.0
+    assert not logger.due_by_time()
+    logger.pause()
+    now[0] = 500.0  # a long validation: its own lines report it
+    logger.resume()
+    assert not logger.due_by_time()
+    now[0] = 510.0
+    assert logger.due_by_time()
+    assert not metric_log.MetricLogger(None, None, 0, lambda s, t: 0.0, None).due_by_time()  # null: by updates only

@@ -5,6 +5,7 @@ resumed trainer continuing exactly). End-to-end runs of `mtrain fit`: tests/test
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -178,3 +179,16 @@ def test_a_trainer_restored_from_a_checkpoint_continues_exactly():
         torch.equal(a, b)
         for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values(), strict=True)
     )
+
+
+def test_with_log_every_huge_a_line_still_comes_every_log_every_time(tmp_path, caplog):
+    from mtrain.train.metric_log import MetricLogger
+
+    trainer = _trainer(["train.max_updates=4", "train.log_every=1000", "train.validate_every=1000"])
+    # every update takes more than a millisecond: each is due by time
+    trainer.metrics = MetricLogger(tmp_path / "tb", 4, 0, lambda src, tgt: 0.0, None, log_every_seconds=0.001)
+    with caplog.at_level("INFO", logger="mtrain"):
+        trainer.fit()
+    trainer.metrics.close()
+    logged = [int(n) for n in re.findall(r"train \| update (\d+) \|", caplog.text)]
+    assert logged == [1, 2, 3, 4]  # not only the first and the last

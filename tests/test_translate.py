@@ -291,6 +291,9 @@ def test_translate_command_pipes_stdin_to_clean_stdout(run_dir, model, tokenizer
     expected = translate_sentences(model, tokenizer, [SENTENCES[0], SENTENCES[1]], job().decode, "cpu")
     assert result.stdout.decode().split("\n") == [expected[0][0].text, "", expected[1][0].text, ""]
     assert b"translating with" in result.stderr  # logs go to stderr
+    # The thread count is said once, in the line that starts the work, in agreement with its number.
+    assert result.stderr.decode().count("CPU thread") == 1 and b"1 CPU thread (num_threads=1)" in result.stderr
+    assert b"translated 3 lines" in result.stderr
     assert list(tmp_path.iterdir()) == []  # no outputs/, .hydra/ or log file
 
 
@@ -299,6 +302,12 @@ def test_translate_command_errors_are_one_line(run_dir, tmp_path):
     assert result.returncode == 2
     assert result.stderr.decode().strip().splitlines() == [
         f"mtrain: error: input={tmp_path}: is a directory; give a text file (one sentence per line) or omit input= to read stdin"
+    ]
+    # Refused once the threads are set (the checkpoint is looked for after them): still the error alone.
+    result = mtrain("translate", f"run={run_dir}", "checkpoint=nope", stdin=b"Ein Hund.\n", cwd=tmp_path)
+    assert result.returncode == 2
+    assert [line for line in result.stderr.decode().splitlines() if line.strip()] == [
+        f"mtrain: error: checkpoint=nope: no such file (looked in . and {run_dir / 'checkpoints'})"
     ]
 
 

@@ -31,6 +31,7 @@ from mtrain.config import EvalConfig, to_plain, with_values
 from mtrain.config_checks import check_writable_dir
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir
+from mtrain.wording import counted
 
 if TYPE_CHECKING:
     from mtrain.decode.directions import RunLanguages
@@ -59,7 +60,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     `average_last`; with `ensemble`, that and the members together), score it, write
     `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
     `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
-    from mtrain.decode.threads import set_decode_threads
+    from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
     from mtrain.evaluate.references import SplitText, read_reference_files, read_run_split
@@ -129,9 +130,9 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         given = read_reference_files(list(cfg.ref))
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(
-        f"decoding {len(split.sources)} sentences of {cfg.split} with "
-        f"{engine.description if cfg.ensemble or exported else checkpoint} "
-        f"(beam {cfg.decode.beam}, {device}, {engine.precision}, engine={engine.engine}, {threads} CPU threads)"
+        f"decoding {counted(len(split.sources), 'sentence')} of {cfg.split} with "
+        f"{engine.description if cfg.ensemble or exported else checkpoint} (beam {cfg.decode.beam}, {device}, "
+        f"{engine.precision}, engine={engine.engine}, {describe_threads(threads, chosen=cfg.num_threads is not None)})"
     )
     if cfg.ensemble:  # run='s checkpoint (above) first, then the other members
         checkpoint_info["ensemble"] = [

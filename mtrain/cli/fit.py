@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,19 +40,24 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
 log = logging.getLogger("mtrain")
 
 
-def run_fit(cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = ()) -> dict[str, Any]:
+def run_fit(
+    cfg: FitConfig, run_dir: Path, command_line: Sequence[str] = (), started: float | None = None
+) -> dict[str, Any]:
     """Train as `cfg` says (the dataclass, or its composed node), writing everything into
     `run_dir`; returns metrics.json's content. `command_line`: the overrides given (Hydra's
     task overrides), whose explicit model.* keys a run with init_from sets on its parent's model.
+    `started`: when the command started (`time.monotonic()`; default now), which
+    `train.max_time`, the whole run's wall time, counts from.
 
     The run directory has one writer: rank 0 holds its lock (`RunLock`) from before the
     first check to the end, and a second `mtrain fit` on it is refused. What is logged goes
     to the run's train.log only once every check has passed (`RunLog`).
     """
+    started = time.monotonic() if started is None else started
     cfg = with_resolved_model(cfg)  # typed; config.yaml and the checkpoints record what is built
     run = RunDir(run_dir)
     with _claim(run) as run_log:
-        return _check_and_fit(cfg, run, run_log, command_line)
+        return _check_and_fit(cfg, run, run_log, command_line, started)
 
 
 @contextlib.contextmanager
@@ -85,10 +91,11 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
 
 
 def _check_and_fit(
-    cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str] = ()
+    cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str], started: float
 ) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
     from mtrain.train.checkpoint_files import load_checkpoint
+    from mtrain.train.checkpoint_state import resumed_budget
     from mtrain.train.checkpointer import check_resumable_config, check_resumable_state, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.init_from import inherited_config, load_parent, resumed_config
@@ -116,11 +123,14 @@ def _check_and_fit(
             " ".join(o for o in command_line if str(o).lstrip("+").startswith("model.")) or "as it was",
         )
     if resume_state is not None and is_finished(run.metrics_file):
-        done = budget_reason(TrainState(**resume_state["trainer"]), cfg.train)
+        state = TrainState(**resume_state["trainer"])
+        state.train_budget_seconds = resumed_budget(resume_state, cfg.train, state)
+        done = budget_reason(state, cfg.train)
         if done is not None:
             log.info(
                 "%s: this run has finished (%s, test scored); nothing to do. Raise the budget "
-                "(train.max_updates / train.max_time) to train on, or choose another hydra.run.dir",
+                "(train.max_updates / train.max_time / train.max_train_time) to train on, or choose another "
+                "hydra.run.dir",
                 run.path,
                 done,
             )
@@ -130,7 +140,7 @@ def _check_and_fit(
     stop_signal = StopSignal()
     stop_signal.install()
     try:
-        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log, parent)
+        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log, started, parent)
     finally:
         stop_signal.uninstall()
 
@@ -142,11 +152,13 @@ def _fit(
     resume_state: dict[str, Any] | None,
     stop_signal: Any,
     run_log: RunLog | None,
+    started: float,
     parent: Parent | None = None,
 ) -> dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed. With `parent`
     (init_from) its tokenizer encodes the data and its weights start the model; a resumed run that
     started so encodes with its own copy of that tokenizer."""
+    from mtrain.cli.fit_scoring import end_cost_estimate
     from mtrain.evaluate.scoring import check_references
     from mtrain.runtime import peak_host_memory_mb
     from mtrain.tokenizer import Tokenizer
@@ -188,6 +200,8 @@ def _fit(
         resume_state=resume_state,
         stop_signal=stop_signal,
         validation=lambda model, trained: validation(cfg, model, data, machine, trained),
+        end_cost=lambda model, trained: end_cost_estimate(cfg, model, data, machine, trained),
+        started=started,
         init=parent,
         lineage=lineage,
     )
@@ -195,6 +209,8 @@ def _fit(
         log.info("resumed from %s", resume_path)
         del resume_state
     trainer, model = setup.trainer, setup.model
+    if dist.is_main and device.type == "cpu":
+        log.info("%s", _threads_line(cfg))
 
     metrics: dict[str, Any] = {
         "run_dir": str(run.path),
@@ -216,10 +232,12 @@ def _fit(
         if dist.is_main:
             if cfg.data.splits.test is not None:
                 try:
+                    test_start = time.perf_counter()
                     with stop_signal.interruptible("test decode"):
                         metrics["test"] = score_test_split(
                             cfg, run, model, data.tokenizer, device, machine.decode_precision, directions_of(data)
                         )
+                    metrics["test_time_s"] = round(time.perf_counter() - test_start, 2)
                 except StopRequested:
                     raise _stopped(
                         stop_signal,
@@ -236,6 +254,8 @@ def _fit(
                     " | ".join(f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()),
                 )
             metrics["finished"] = True
+            metrics["wall_time_s"] = round(trainer.budget.wall_seconds(), 2)
+            log.info("%s", wall_time_line(cfg, metrics, trainer.budget))
             metrics["disk_use_mb"] = run.disk_use_mb()
             log.info(
                 "disk use of the run: %.1f MB, of which checkpoints %.1f MB",
@@ -250,6 +270,36 @@ def _fit(
     dist.barrier()
     shutdown_distributed(dist)
     return metrics
+
+
+def wall_time_line(cfg: FitConfig, metrics: dict[str, Any], budget: Any) -> str:
+    """How the run's wall time went, against train.max_time (and what was estimated for the
+    end before training): 'wall time of the run: 1m58s of max_time=2m: training 1m21s, ...'."""
+    from mtrain.durations import format_duration
+
+    parts = [f"training {format_duration(metrics['train_time_s'])}"]
+    parts.append(f"validation {format_duration(metrics.get('validation_time_s', 0.0))}")
+    if "test_time_s" in metrics:
+        parts.append(f"test decode {format_duration(metrics['test_time_s'])}")
+    against = f" of max_time={cfg.train.max_time}" if cfg.train.max_time is not None else ""
+    estimate = f" (estimated before training: {budget.estimated.describe()})" if budget.estimated is not None else ""
+    return f"wall time of the run: {format_duration(metrics['wall_time_s'])}{against}: {', '.join(parts)}{estimate}"
+
+
+def _threads_line(cfg: FitConfig) -> str:
+    """What a CPU run trains and decodes with: train.num_threads for the updates, and
+    train.decode_num_threads (1 by default, as `mtrain eval`) for validation and the test."""
+    import torch
+
+    from mtrain.decode.threads import DEFAULT_DECODE_THREADS, describe_threads
+
+    training = describe_threads(torch.get_num_threads(), "train.num_threads", cfg.train.num_threads is not None)
+    decoding = describe_threads(
+        cfg.train.decode_num_threads or DEFAULT_DECODE_THREADS,
+        "train.decode_num_threads",
+        cfg.train.decode_num_threads is not None,
+    )
+    return f"training with {training}; validation and the test decode with {decoding}"
 
 
 def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
@@ -360,5 +410,11 @@ def _check_writable(run_dir: Path) -> None:
 
 @mtrain_app("fit")
 def main(cfg: FitConfig) -> None:
+    from hydra.types import RunMode
+
+    from mtrain.runtime import process_started
+
     hydra_cfg = HydraConfig.get()
-    run_fit(cfg, Path(hydra_cfg.runtime.output_dir), command_line=list(hydra_cfg.overrides.task))
+    # train.max_time counts from the command's start (Python's own included); a sweep's job, from its own.
+    started = process_started() if hydra_cfg.mode == RunMode.RUN else None
+    run_fit(cfg, Path(hydra_cfg.runtime.output_dir), command_line=list(hydra_cfg.overrides.task), started=started)

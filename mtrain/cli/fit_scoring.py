@@ -5,17 +5,22 @@ end of the run, through the evaluation path of `mtrain eval`, with its log lines
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_values
+from mtrain.durations import parse_duration
 from mtrain.rundir import RunDir
+from mtrain.wording import counted
 
 if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --help` stays quick)
     import torch
 
     from mtrain.batches import PreparedData
     from mtrain.tokenizer import Tokenizer
+    from mtrain.train.budget import EndCost
     from mtrain.train.setup import Machine
 
 log = logging.getLogger("mtrain")
@@ -28,8 +33,18 @@ def directions_of(data: PreparedData) -> list[tuple[str, str]]:
 
 def split_name(cfg: FitConfig, split: str, data: PreparedData, direction: Any) -> str:
     """How errors name a split: `data.splits.valid=val`, with the direction when there are several."""
-    name = f"data.splits.{split}={getattr(cfg.data.splits, split)}"
+    name = split_name_of(cfg, split)
     return f"{name} ({direction.name})" if len(data.directions) > 1 else name
+
+
+def split_name_of(cfg: FitConfig, split: str) -> str:
+    """`data.splits.test=test_2016_flickr`."""
+    return f"data.splits.{split}={getattr(cfg.data.splits, split)}"
+
+
+def log_interval(cfg: FitConfig) -> float | None:
+    """Seconds between progress lines of a decode (train.log_every_time; None: none)."""
+    return parse_duration(cfg.train.log_every_time, "train.log_every_time")
 
 
 def validation(
@@ -37,7 +52,9 @@ def validation(
 ) -> Callable[[], dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
-    `decode.valid_beam` says otherwise, in the machine's decoding precision). With
+    `decode.valid_beam` says otherwise, in the machine's decoding precision). All of it runs
+    with `train.decode_num_threads` (1 by default, as `mtrain eval` decodes): on busy cores a
+    second thread made even the loss 4x slower (threads wait for each other). With
     train.ema_decay `model` is the weights' average and `trained` the trained weights, whose
     loss and perplexity are logged beside (raw_loss, raw_ppl): what the average gains.
 
@@ -45,22 +62,23 @@ def validation(
     sentences, decoded with its target language's tag) and reports their mean, which best.pt
     follows, and each direction's perplexity and BLEU (`mean_over_directions`)."""
     from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.threads import decode_threads
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import mean_over_directions, validation_loss
 
     decode_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
     languages = RunLanguages.of(cfg.data)
     limit = cfg.train.valid_max_sentences
-    sets = []  # per direction: its name, encoded split, translator, sources, references, and the split's name
+    several = len(data.directions) > 1
+    sets = []  # per direction: its name, encoded split, tokenizer, sources, references, and the split's name
     for direction in data.directions:
-        tokenizer = languages.tokenizer_for(data.tokenizer, direction.tgt)
-        translate = sentence_translator(model, tokenizer, decode_cfg, machine.device, machine.decode_precision)
         text = direction.valid_text
         sets.append(
             (
                 direction.name,
                 direction.valid,
-                translate,
+                languages.tokenizer_for(data.tokenizer, direction.tgt),
                 list(text.src)[:limit],
                 list(text.tgt)[:limit],
                 split_name(cfg, "valid", data, direction),
@@ -80,18 +98,117 @@ def validation(
 
     def validate() -> dict[str, float]:
         per_direction = {}
-        for name, corpus, translate, sources, references, split_name in sets:
-            results = loss_of(model, corpus)
-            if trained is not None and trained is not model:
-                raw = loss_of(trained, corpus)
-                results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
-            if cfg.train.valid_bleu:
-                scored = translate_and_score(translate, sources, [references], split_name)
-                results["bleu"] = scored.scores["bleu"]["score"]
-            per_direction[name] = results
+        with decode_threads(cfg.train.decode_num_threads):
+            for name, *split in sets:
+                per_direction[name] = validate_direction(name, *split)
         return mean_over_directions(per_direction)
 
+    def validate_direction(
+        name: str, corpus: Any, tokenizer: Tokenizer, sources: list[str], references: list[str], split_name: str
+    ) -> dict[str, float]:
+        results = loss_of(model, corpus)
+        if trained is not None and trained is not model:
+            raw = loss_of(trained, corpus)
+            results.update(raw_loss=raw["loss"], raw_ppl=raw["ppl"])
+        if cfg.train.valid_bleu:
+            label = f"valid {name}" if several else "valid"
+            with DecodeProgress(label, len(sources), log_interval(cfg)) as progress:
+                translate = sentence_translator(
+                    model, tokenizer, decode_cfg, machine.device, machine.decode_precision, progress.update
+                )
+                scored = translate_and_score(translate, sources, [references], split_name)
+            results["bleu"] = scored.scores["bleu"]["score"]
+        return results
+
     return validate
+
+
+def end_cost_estimate(
+    cfg: FitConfig, model: Any, data: PreparedData, machine: Machine, trained: Any = None
+) -> Callable[[], EndCost]:
+    """What follows training under train.max_time, measured on this machine when called (before
+    the first update): one validation as `validation` runs it (its loss, timed on a slice of the
+    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.cost,
+    and its scoring), the test decode with `cfg.decode` and its three metrics, and the checkpoints'
+    writing (guessed from the weights' size until a save is timed). The model is left as it was
+    found (training mode; decoding and the loss change no weights and draw no random numbers)."""
+    from mtrain.batches.corpus import EncodedCorpus
+    from mtrain.decode.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
+    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.threads import decode_threads
+    from mtrain.train.budget import EndCost, save_seconds_guess
+    from mtrain.train.validation import validation_loss
+
+    languages = RunLanguages.of(cfg.data)
+    valid_cfg = with_values(cfg.decode, beam=cfg.decode.valid_beam, nbest=1)
+    limit = cfg.train.valid_max_sentences
+    models = [model] if trained is None or trained is model else [model, trained]
+
+    def loss_seconds(corpus: EncodedCorpus) -> float:
+        sample = range(min(PROBE_SENTENCES, len(corpus)))
+        piece = EncodedCorpus.from_sequences(
+            [corpus.src(i).tolist() for i in sample], [corpus.tgt(i).tolist() for i in sample]
+        )
+
+        def loss(weights: Any) -> None:
+            validation_loss(
+                weights,
+                piece,
+                data.tokenizer.special_ids,
+                cfg.train.max_tokens,
+                cfg.train.label_smoothing,
+                machine.device,
+                machine.precision,
+            )
+
+        loss(model)  # the first pass builds what later ones reuse
+        start = time.perf_counter()
+        for weights in models:
+            loss(weights)
+        tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum())
+        sampled = int(piece.src_lengths.sum() + piece.tgt_lengths.sum())
+        return (time.perf_counter() - start) * tokens / max(sampled, 1)
+
+    def decoding_seconds(corpus: EncodedCorpus, tgt: str, decode_cfg: Any, count: int | None) -> float:
+        tokenizer = languages.tokenizer_for(data.tokenizer, tgt)
+        sources = [corpus.src(i).tolist() for i in range(min(PROBE_SENTENCES, len(corpus)))]
+        cost = measure_step_cost(model, tokenizer, sources, decode_cfg, machine.device, machine.decode_precision)
+        lengths = corpus.src_lengths[:count].tolist(), corpus.tgt_lengths[:count].tolist()
+        return decode_seconds(cost, *lengths, decode_cfg)
+
+    def estimate() -> EndCost:
+        validation = test = 0.0
+        try:
+            with decode_threads(cfg.train.decode_num_threads):
+                for direction in data.directions:
+                    validation += loss_seconds(direction.valid)
+                    if cfg.train.valid_bleu:
+                        validation += decoding_seconds(direction.valid, direction.tgt, valid_cfg, limit)
+                        validation += scoring_seconds(list(direction.valid_text.tgt)[:limit], ["bleu"])
+                    if direction.test is not None:
+                        test += decoding_seconds(direction.test, direction.tgt, cfg.decode, None)
+                        test += scoring_seconds(list(direction.test_text.tgt), ["bleu", "chrf", "ter"])
+        finally:
+            for weights in models:
+                weights.train()
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        return EndCost(validation, save_seconds_guess(weight_bytes), test)
+
+    return estimate
+
+
+def scoring_seconds(references: Sequence[str], metrics: Sequence[str]) -> float:
+    """Seconds sacreBLEU takes to score `references`' count of hypotheses, timed on the first 100
+    with every third word replaced (TER's shift search costs more the less a hypothesis matches)."""
+    from mtrain.evaluate.metrics import score_corpus
+
+    sample = list(references[:100])
+    if not sample:
+        return 0.0
+    hypotheses = [" ".join("a" if i % 3 == 0 else w for i, w in enumerate(line.split())) for line in sample]
+    start = time.perf_counter()
+    score_corpus(hypotheses, [sample], metrics)
+    return (time.perf_counter() - start) * len(references) / len(sample)
 
 
 def score_test_split(
@@ -103,14 +220,13 @@ def score_test_split(
     precision: Precision,
     directions: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Decode the test split with the best checkpoint and score it as `mtrain eval` does.
+    """Decode the test split with the best checkpoint and score it as `mtrain eval` does, with
+    as many threads (`train.decode_num_threads`, 1 by default): the same outputs, as fast.
 
     A multilingual run (several `directions`) scores each direction, decoded with its target
     language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
     metric with every direction's result under `directions`."""
-    import torch
-
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.threads import decode_threads
     from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
     best_path = run.find_checkpoint("best")
@@ -127,19 +243,41 @@ def score_test_split(
         "averaged_from": None,
         "weights": weights,
     }
-    decode_info = {
-        **to_plain(cfg.decode),
-        "device": str(device),
-        "precision": precision,
-        "engine": Engine.torch,
-        "threads": torch.get_num_threads(),
-    }  # train.num_threads (null: torch's default)
+    with decode_threads(cfg.train.decode_num_threads) as threads:
+        decode_info = {
+            **to_plain(cfg.decode),
+            "device": str(device),
+            "precision": precision,
+            "engine": Engine.torch,
+            "threads": threads,
+        }
+        return _score_test_directions(
+            cfg, run, model, tokenizer, device, precision, directions, checkpoint_info, decode_info
+        )
+
+
+def _score_test_directions(
+    cfg: FitConfig,
+    run: RunDir,
+    model: Any,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    precision: Precision,
+    directions: Sequence[tuple[str, str]],
+    checkpoint_info: dict[str, Any],
+    decode_info: dict[str, Any],
+) -> dict[str, Any]:
+    """`score_test_split`'s scores once the checkpoint is loaded: one direction's, or the mean
+    over several with each one's."""
+    from mtrain.decode.directions import RunLanguages
+
+    best_update = checkpoint_info["update"]
     languages = RunLanguages.of(cfg.data)
     directions = list(directions) or languages.directions()[:1]
     head: dict[str, Any] = {
-        "checkpoint": best_path.name,
+        "checkpoint": Path(checkpoint_info["path"]).name,
         "update": best_update,
-        "weights": weights,
+        "weights": checkpoint_info["weights"],
         "beam": cfg.decode.beam,
     }
     if len(directions) == 1:
@@ -188,23 +326,36 @@ def _score_test_direction(
 ) -> dict[str, Any]:
     """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
     and its scores for metrics.json."""
+    from mtrain.decode.progress import DecodeProgress
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
 
-    translate = sentence_translator(model, tokenizer, cfg.decode, device, precision)
     data_cfg = cfg.data if direction is None else with_values(cfg.data, src=direction[0], tgt=direction[1])
-    report = score_split(
-        run,
-        "test",
-        data_cfg,
-        read_run_split(run, cfg.data, "test", direction),
-        translate,
-        checkpoint_info,
-        decode_info,
-        ["bleu", "chrf", "ter"],
-        log=log.info,
-        report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}",
+    split = read_run_split(run, cfg.data, "test", direction)
+    label = "test" if direction is None else f"test {direction[0]}-{direction[1]}"
+    log.info(
+        "%s: decoding %s of %s with %s (update %d), beam %d, %s",
+        label,
+        counted(len(split.sources), "sentence"),
+        split_name_of(cfg, "test"),
+        Path(checkpoint_info["path"]).name,
+        checkpoint_info["update"],
+        cfg.decode.beam,
+        counted(decode_info["threads"], "CPU thread"),
     )
+    with DecodeProgress(label, len(split.sources), log_interval(cfg)) as progress:
+        report = score_split(
+            run,
+            "test",
+            data_cfg,
+            split,
+            sentence_translator(model, tokenizer, cfg.decode, device, precision, progress.update),
+            checkpoint_info,
+            decode_info,
+            ["bleu", "chrf", "ter"],
+            log=log.info,
+            report_name=None if direction is None else f"test.{direction[0]}-{direction[1]}",
+        )
     result: dict[str, Any] = {"sentences": report["sentences"], "decode_sentences_per_s": report["sentences_per_s"]}
     for metric, values in report["metrics"].items():
         result[metric] = float(values["score"])

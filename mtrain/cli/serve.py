@@ -39,7 +39,7 @@ def run_serve(cfg: ServeConfig) -> None:
 
     from mtrain.cli.serve_app import build_app
     from mtrain.cli.serve_model import open_served_model
-    from mtrain.decode.threads import set_decode_threads
+    from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
 
     if cfg.run is None:
@@ -55,13 +55,12 @@ def run_serve(cfg: ServeConfig) -> None:
         server = uvicorn.Server(uvicorn_config(build_app(model, cfg), cfg))
         host, port = listener.getsockname()[:2]
         log.info(
-            "serving %s (engine=%s on %s, beam %d, %d CPU thread%s) on http://%s:%d",
+            "serving %s (engine=%s on %s, beam %d, %s) on http://%s:%d",
             model.description,
             model.engine_name,
             model.device,
             cfg.decode.beam,
-            threads,
-            "" if threads == 1 else "s",
+            describe_threads(threads, chosen=cfg.num_threads is not None),
             f"[{host}]" if ":" in host else host,
             port,
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 from mtrain.cli.common import mtrain_app
 from mtrain.config import TranslateConfig
 from mtrain.errors import MtrainError
+from mtrain.wording import counted
 
 log = logging.getLogger("mtrain.translate")
 
@@ -34,7 +35,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     from mtrain.data.provenance import provenance_path
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
-    from mtrain.decode.threads import set_decode_threads
+    from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
@@ -48,7 +49,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         record = provenance_path(Path(cfg.output))
         check_spares_what_it_reads(cfg.output, f"output={cfg.output}", reads)
         check_spares_what_it_reads(record, f"output={cfg.output}: its record {record.name}", reads)
-    threads = set_decode_threads(cfg.num_threads)
+    threads = set_decode_threads(cfg.num_threads)  # said once, below, when the model is open
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (decoded by CTranslate2, announced).
     engine = open_engine(
@@ -65,19 +66,18 @@ def run_translate(cfg: TranslateConfig) -> None:
     # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
     log.info(
-        "translating with %s on %s, engine=%s, beam %d, %d CPU thread%s%s",
+        "translating with %s on %s, engine=%s, beam %d, %s%s",
         engine.description,
         device,
         engine.engine,
         cfg.decode.beam,
-        threads,
-        "" if threads == 1 else "s",
+        describe_threads(threads, chosen=cfg.num_threads is not None),
         f", every source starting with {' '.join(tokenizer.src_pieces(tokenizer.source_prefix))}"
         if tokenizer.source_prefix
         else "",
     )
     report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision)
-    log.info("translated %d lines", report.lines)
+    log.info("translated %s", counted(report.lines, "line"))
     if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
         from mtrain import installed_version
         from mtrain.config import to_plain

@@ -133,7 +133,9 @@ def translate_sentences(
     cfg: DecodeConfig,
     device: torch.device | str,
     precision: Precision | str = Precision.fp32,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate raw sentences; per sentence up to `cfg.nbest` hypotheses (with `.text`)."""
+    """Translate raw sentences; per sentence up to `cfg.nbest` hypotheses (with `.text`).
+    `on_batch(num_sentences)` is called after each batch (progress)."""
     sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] if s.strip() else None for s in sentences]
-    return translate_encoded(model, tokenizer, sources, cfg, device, precision)
+    return translate_encoded(model, tokenizer, sources, cfg, device, precision, on_batch=on_batch)

@@ -22,6 +22,7 @@ from mtrain.evaluate.references import SplitText, file_record
 from mtrain.evaluate.sentences import SentenceScore, sentences_path, write_sentences_tsv
 from mtrain.evaluate.tables import Table, markdown_text
 from mtrain.rundir import RunDir, atomic_write_text
+from mtrain.wording import counted
 
 if TYPE_CHECKING:  # scoring imports this module
     from mtrain.evaluate.scoring import Scored
@@ -108,7 +109,7 @@ def save_split_report(
         log(replaced)
     log(metrics_table(report["metrics"]).to_text())
     log(
-        f"{report['sentences']} sentences in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
+        f"{counted(report['sentences'], 'sentence')} in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
         f"sentences/s); report: {paths['json']}, {paths['md']}"
         + (f"; sentence scores: {paths['sentences']}" if "sentences" in paths else "")
     )

@@ -90,10 +90,15 @@ def translate_and_score(
 
 
 def sentence_translator(
-    model: Any, tokenizer: Tokenizer, decode_cfg: DecodeConfig, device: torch.device, precision: Precision | str
+    model: Any,
+    tokenizer: Tokenizer,
+    decode_cfg: DecodeConfig,
+    device: torch.device,
+    precision: Precision | str,
+    on_batch: Callable[[int], None] | None = None,
 ) -> Translate:
     """The best hypothesis per source sentence (with `.text` and `.score`), decoded with
-    `decode_cfg` (a `Translate`).
+    `decode_cfg` (a `Translate`); `on_batch(num_sentences)` after each batch (progress).
 
     `model`: mtrain's model or any decoding engine (mtrain.decode.translator.Engine)."""
     import torch
@@ -102,7 +107,7 @@ def sentence_translator(
 
     def translate(sources: list[str]) -> list[Hypothesis]:
         with torch.inference_mode():
-            nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision)
+            nbest = translate_sentences(model, tokenizer, sources, decode_cfg, device, precision, on_batch)
         return [candidates[0] if candidates else Hypothesis(tokens=[], score=float("nan")) for candidates in nbest]
 
     return translate

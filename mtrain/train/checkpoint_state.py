@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtrain.config import TrainConfig, to_typed
+from mtrain.train.budget import resumed_training_budget
 from mtrain.train.ema import WeightAverage
 from mtrain.train.progress import TrainState
 from mtrain.train.random_state import rng_state, set_rng_state
@@ -92,10 +93,28 @@ def restore(
     return TrainState(**checkpoint["trainer"])
 
 
-def warn_of_an_inexact_resume(checkpoint: dict[str, Any], train_cfg: TrainConfig, state: TrainState) -> None:
-    """Say what makes continuing from `checkpoint` (restored at `state`) differ from the run it
-    came from: no optimiser state (a warm start), or train.* settings (a larger max_time, ...)
-    that move the learning rate of the next update."""
+def saved_train_config(checkpoint: dict[str, Any]) -> TrainConfig | None:
+    """The train.* settings `checkpoint` was written under (None if they no longer read)."""
+    try:
+        typed: TrainConfig = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
+        return typed
+    except Exception:
+        return None
+
+
+def resumed_budget(checkpoint: dict[str, Any], train_cfg: TrainConfig, state: TrainState) -> float | None:
+    """The training time a run resumed from `checkpoint` (restored at `state`) plans for under
+    `train_cfg` (mtrain.train.budget.resumed_training_budget)."""
+    return resumed_training_budget(saved_train_config(checkpoint), train_cfg, state.train_budget_seconds)
+
+
+def warn_of_an_inexact_resume(
+    checkpoint: dict[str, Any], train_cfg: TrainConfig, state: TrainState, saved_budget: float | None = None
+) -> None:
+    """Say what makes continuing from `checkpoint` (restored at `state`, with the training time
+    it planned, `saved_budget`) differ from the run it came from: no optimiser state (a warm
+    start), or train.* settings (a larger max_time, ...) that move the learning rate of the
+    next update."""
     if not has_optimizer_state(checkpoint):
         log.warning(
             "the checkpoint of update %d holds the weights only (no optimiser state): training goes "
@@ -103,16 +122,17 @@ def warn_of_an_inexact_resume(checkpoint: dict[str, Any], train_cfg: TrainConfig
             "is not an exact resume (last.pt resumes exactly)",
             state.update,
         )
-    try:
-        saved = to_typed(OmegaConf.merge(OmegaConf.structured(TrainConfig), checkpoint["config"]["train"]))
-    except Exception:
+    saved = saved_train_config(checkpoint)
+    if saved is None:
         return
-    change = learning_rate_change(saved, train_cfg, state.update + 1, state.train_seconds)
+    change = learning_rate_change(
+        saved, train_cfg, state.update + 1, state.train_seconds, saved_budget, state.train_budget_seconds
+    )
     if change is not None:
         log.warning(
             "the learning rate of update %d is %.1e under the current train.* settings (%s) where the "
             "checkpoint's (%s) give %.1e: the schedule is a function of the update and of the share of "
-            "train.max_time spent, so another budget moves the run along its curve (docs/TRAINING.md: Resume)",
+            "the training time spent, so another budget moves the run along its curve (docs/TRAINING.md)",
             state.update + 1,
             change[1],
             _schedule_settings(train_cfg),
@@ -122,4 +142,5 @@ def warn_of_an_inexact_resume(checkpoint: dict[str, Any], train_cfg: TrainConfig
 
 
 def _schedule_settings(cfg: TrainConfig) -> str:
-    return f"scheduler={cfg.scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"
+    settings = f"scheduler={cfg.scheduler}, max_updates={cfg.max_updates}, max_time={cfg.max_time}"
+    return settings + (f", max_train_time={cfg.max_train_time}" if cfg.max_train_time is not None else "")

@@ -1,8 +1,9 @@
 """What the trainer reports: log lines, TensorBoard scalars, a progress bar, throughput.
 
 Training statistics arrive as device tensors and are summed lazily over a log window;
-they are read on the host once per `train.log_every` updates, so logging adds no host
-synchronisation to the updates in between.
+they are read on the host once per `train.log_every` updates, or once the window has run
+`train.log_every_time` (slow updates), so logging adds no host synchronisation to the updates
+in between.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class MetricLogger:
         flops_per_token: Callable[[int, int], float],
         peak_flops: float | None,
         ranks: int = 1,
+        log_every_seconds: float | None = None,
     ) -> None:
+        """`log_every_seconds`: the longest a window may run before `due_by_time` (None: never)."""
         self.writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -42,6 +45,7 @@ class MetricLogger:
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.ranks = ranks
+        self.log_every_seconds = log_every_seconds
         self.window = Window()
         self.last_train_loss = float("nan")
         self.progress = None
@@ -83,6 +87,11 @@ class MetricLogger:
 
     def resume(self) -> None:
         self.window.resume()
+
+    def due_by_time(self) -> bool:
+        """The window has run `log_every_seconds` of training (validation excluded): time for a
+        line however few updates it holds (slow updates would leave the log silent for minutes)."""
+        return self.log_every_seconds is not None and self.window.seconds() >= self.log_every_seconds
 
     def log_train(self, update: int, epoch: int, lr: float, seconds_left: float | None = None) -> None:
         """A log line and scalars for the window of updates since the last call;
@@ -199,8 +208,12 @@ class Window:
             self.start += time.perf_counter() - self.paused_at  # the pause does not count
             self.paused_at = None
 
+    def seconds(self) -> float:
+        """How long the window has run, its pauses excluded."""
+        return (self.paused_at or time.perf_counter()) - self.start
+
     def summary(self) -> dict[str, float]:
-        seconds = max(time.perf_counter() - self.start, 1e-9)
+        seconds = max(self.seconds(), 1e-9)
         good = max(self.updates - int(self.skipped), 1)
         good_tokens = self.tgt_tokens - int(self.skipped_tgt_tokens)
         return {

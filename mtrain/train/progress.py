@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from mtrain.config import TrainConfig
 from mtrain.durations import parse_duration
+from mtrain.train.budget import budget_name, configured_training_budget
 
 
 @dataclass
@@ -25,6 +26,10 @@ class TrainState:
     best_update: int = 0
     validations_without_gain: int = 0
     skipped_updates: int = 0
+    # The training time planned (the schedule's horizon: mtrain.train.budget); None: no time budget.
+    train_budget_seconds: float | None = None
+    # The run's wall time up to this point, over every session (for train.max_time).
+    wall_seconds: float = 0.0
 
     def record_validation(self, results: dict[str, float]) -> bool:
         """Fold a validation's results into best and patience; True when it is the best so far.
@@ -45,16 +50,19 @@ class TrainState:
 def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: bool | None = None) -> str | None:
     """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
 
-    `out_of_time` overrides the max_time test (ranks agree on it); by default it is
-    computed from `state.train_seconds`.
+    `out_of_time` overrides the time test (ranks agree on it); by default it is whether
+    `state.train_seconds` has reached the planned training time (`state.train_budget_seconds`,
+    else the configured one).
     """
     if train_cfg.max_updates is not None and state.update >= train_cfg.max_updates:
         return f"max_updates={train_cfg.max_updates} reached"
+    budget = state.train_budget_seconds
+    if budget is None:
+        budget = configured_training_budget(train_cfg)
     if out_of_time is None:
-        max_seconds = parse_duration(train_cfg.max_time)
-        out_of_time = max_seconds is not None and state.train_seconds >= max_seconds
+        out_of_time = budget is not None and state.train_seconds >= budget
     if out_of_time:
-        return f"max_time={train_cfg.max_time} reached"
+        return f"{budget_name(train_cfg, budget)} reached"
     if train_cfg.patience is not None and state.validations_without_gain >= train_cfg.patience:
         return f"no val-BLEU gain in {train_cfg.patience} validations (patience)"
     return None

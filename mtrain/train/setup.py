@@ -16,6 +16,7 @@ between the second and the third (nothing is written before every refusal has ha
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from mtrain.rundir import RunDir
 from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.batch_source import training_corpora
+from mtrain.train.budget import EndCost, RunBudget
 from mtrain.train.builders import build_parts
 from mtrain.train.checkpointer import Checkpointer, data_fingerprints
 from mtrain.train.distributed import DistributedContext
@@ -50,6 +52,9 @@ log = logging.getLogger("mtrain")
 # It is given the model validation judges and the trained one: the same model, or with
 # train.ema_decay the weights' average and the trained weights (whose loss is logged beside).
 ValidationFactory = Callable[[Seq2SeqTransformer, Seq2SeqTransformer], Validate]
+# What measures, under train.max_time, the cost of what follows training, given the same two models
+# (mtrain fit's: `fit_scoring.end_cost_estimate`).
+EndCostFactory = Callable[[Seq2SeqTransformer, Seq2SeqTransformer], Callable[[], EndCost]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ def build_fit(
     *,
     run: RunDir | None = None,
     validation: ValidationFactory | None = None,
+    end_cost: EndCostFactory | None = None,
+    started: float | None = None,
     resume_state: dict[str, Any] | None = None,
     stop_signal: StopSignal | None = None,
     host_memory_trim_every: int | None = None,
@@ -114,7 +121,9 @@ def build_fit(
     default (every 10 updates on a CPU, never on a GPU); `model` replaces the one `cfg.model`
     builds (a benchmark's synthetic vocabulary). `init` (init_from) gives the model its parent's
     weights (and Adam's moments with init_keep_optimizer); `lineage`, what every checkpoint
-    records of the parent (init's, or a resumed fine-tune's own record)."""
+    records of the parent (init's, or a resumed fine-tune's own record). `started`: when the
+    command started (`time.monotonic()`; default now), where train.max_time counts from;
+    `end_cost` measures what follows training (under max_time)."""
     device, dist = machine.device, machine.dist
     tokenizer = data.tokenizer
     seed_everything(cfg.seed)
@@ -157,6 +166,7 @@ def build_fit(
             model.flops_per_token,
             peak_flops(device, machine.precision),
             ranks=dist.world_size,
+            log_every_seconds=parse_duration(cfg.train.log_every_time, "train.log_every_time"),
         )
     if host_memory_trim_every is None:
         host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0
@@ -174,6 +184,8 @@ def build_fit(
         },
         stop_signal=stop_signal,
         host_memory=HostMemory(host_memory_trim_every),
+        budget=RunBudget(cfg.train, started if started is not None else time.monotonic()),
+        end_cost=end_cost(parts.validated_model, model) if end_cost is not None else None,
     )
     if resume_state is not None:
         trainer.load_state(resume_state)
