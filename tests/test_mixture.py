@@ -139,7 +139,7 @@ def test_drawn_shares_match_the_configured_ones_within_sampling_error():
         assert np.all(np.abs(np.array(draw.pairs) - expected * total) < 1)
         per_pair += np.bincount(indices, minlength=total)
     rate = mixture.counts / sizes  # draws per pair and epoch
-    for part, (start, size) in enumerate(zip(mixture.corpus.starts, sizes, strict=True)):
+    for part, (start, size) in enumerate(zip(mixture.corpus.starts[:-1], sizes, strict=True)):
         counts = per_pair[start : start + size]
         assert counts.sum() == epochs * mixture.counts[part]
         fraction = rate[part] - np.floor(rate[part])
@@ -148,8 +148,8 @@ def test_drawn_shares_match_the_configured_ones_within_sampling_error():
     # the tokens of each corpus over all epochs: its pairs' mean target length times its pairs drawn
     labels = mixture.corpus.tgt_lengths + 1
     tokens = np.bincount(mixture.corpus.locate(np.arange(total))[0], weights=per_pair * labels)
-    means = np.array([labels[s : s + n].mean() for s, n in zip(mixture.corpus.starts, sizes, strict=True)])
-    stds = np.array([labels[s : s + n].std() for s, n in zip(mixture.corpus.starts, sizes, strict=True)])
+    means = np.array([labels[s : s + n].mean() for s, n in zip(mixture.corpus.starts[:-1], sizes, strict=True)])
+    stds = np.array([labels[s : s + n].std() for s, n in zip(mixture.corpus.starts[:-1], sizes, strict=True)])
     drawn = epochs * mixture.counts
     assert np.all(np.abs(tokens - drawn * means) <= 4 * stds * np.sqrt(drawn))
 

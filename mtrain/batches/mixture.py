@@ -182,7 +182,7 @@ class CorpusMixture:
         drawn = [
             start + draw_corpus(size, count, np.random.default_rng([seed, epoch, i]))
             for i, (start, size, count) in enumerate(
-                zip(self.corpus.starts, self.corpus.sizes, self.counts, strict=True)
+                zip(self.corpus.starts[:-1], self.corpus.sizes, self.counts, strict=True)
             )
         ]
         return np.concatenate(drawn)
