@@ -416,6 +416,10 @@ class TrainConfig:
     # torch.compile the model and its loss (dynamic shapes: one graph for every batch shape).
     # For GPUs: on a CPU the eager step is faster (0.80x of eager in fp32; docs/PERFORMANCE.md).
     compile: bool = False
+    # Also capture the compiled forward and backward in CUDA graphs (torch.compile's
+    # "reduce-overhead" mode): one graph recorded per batch shape, then replayed with one launch
+    # instead of ~700 (docs/PERFORMANCE.md, GPU). Compiles even with train.compile=false; CUDA only.
+    cuda_graphs: bool = False
     max_bad_updates: int = 5  # consecutive non-finite updates before aborting
     max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
     instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
@@ -430,6 +434,11 @@ class TrainConfig:
     # mtrain/batches/batching.py. null: 8 on CUDA, 4 for bf16 on a CPU (less memory, as fast),
     # 1 for fp32 on a CPU (there padding costs its FLOPs: -5%). docs/PERFORMANCE.md.
     pad_to_multiple: int | None = None
+    # Pad every training batch to one of at most this many shapes: both sides to one of this
+    # many widths chosen from the corpus's lengths (least padding), one row count per width
+    # (mtrain/batches/buckets.py); 0: off. null: 8 when compiling (train.compile or
+    # train.cuda_graphs: a CUDA graph per shape), else off (on a CPU padding costs its FLOPs).
+    shape_buckets: int | None = None
     # Exponential moving average of the weights (fairseq --ema-decay, Marian
     # --exponential-smoothing), e.g. 0.999; null: none. When on, validation, best.pt and the
     # test decode use the averaged weights (mtrain/train/ema.py).

@@ -420,6 +420,12 @@ def _check_train(train: DictConfig) -> None:
         _optional_at_least(train, key, 1, prefix="train")
     for key in ("warmup_updates", "weight_decay", "clip_norm", "min_lr", "ema_start_update"):
         _at_least(train, key, 0, prefix="train")
+    _optional_at_least(train, "shape_buckets", 0, prefix="train")
+    if train.cuda_graphs and train.shape_buckets == 0:
+        raise MtrainError(
+            "train.cuda_graphs: a CUDA graph is recorded for every batch shape, and train.shape_buckets=0 "
+            "leaves their number unbounded; set train.shape_buckets (e.g. 8) or leave it null"
+        )
     if train.ema_decay is not None and not 0.0 < train.ema_decay < 1.0:
         raise MtrainError(f"train.ema_decay: {train.ema_decay} must be in (0, 1), e.g. 0.999, or null for none")
     if not train.lr > 0:

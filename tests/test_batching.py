@@ -245,3 +245,6 @@ def test_automatic_pad_multiple_per_device_and_precision():
     assert batch_pad_multiple(None, cpu, Precision.fp32) == 1
     assert batch_pad_multiple(None, cuda, Precision.bf16) == 8 and batch_pad_multiple(None, cuda, Precision.fp32) == 8
     assert batch_pad_multiple(2, cpu, Precision.fp32) == 2
+    # shape buckets bound the shapes themselves: widths of any size
+    assert batch_pad_multiple(None, cuda, Precision.bf16, bucketed=True) == 1
+    assert batch_pad_multiple(8, cuda, Precision.bf16, bucketed=True) == 8

@@ -69,6 +69,8 @@ BAD_FIT_VALUES = [
     (["train.max_time=10m", "train.warmup_time=soon"], "train.warmup_time"),
     (["train.save_every=often"], "train.save_every"),
     (["train.validate_every_time=0s"], "train.validate_every_time"),
+    (["train.shape_buckets=-1"], "train.shape_buckets"),
+    (["train.cuda_graphs=true", "train.shape_buckets=0"], "train.cuda_graphs"),
     (["model.dropout=1"], "model.dropout"),
     (["model.attention_dropout=-0.1"], "model.attention_dropout"),
     (["model.heads=5"], "model.heads"),

@@ -18,12 +18,14 @@ def gpu_check(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
-    result = gpu_check("--smoke", "--profile", "--json", str(tmp_path / "check.json"))
+def test_smoke_mode_measures_every_mode_and_tracks_bf16(tmp_path):
+    """One model: in smoke mode transformer_big is the same tiny model as transformer_base (its
+    rows ran the same code, three processes more: a third of the test's time)."""
+    result = gpu_check("--smoke", "--profile", "--models", "transformer_base", "--json", str(tmp_path / "check.json"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert [(run["model"], run["mode"]) for run in report["runs"]] == [
-        (model, mode) for model in ("transformer_base", "transformer_big") for mode in ("bf16", "fp32", "bf16+compile")
+        ("transformer_base", mode) for mode in ("bf16", "fp32", "bf16+compile")
     ]
     for run in report["runs"]:
         assert run["skipped"] is None and run["updates"] == 3
@@ -36,7 +38,7 @@ def test_smoke_mode_measures_every_model_and_mode_and_tracks_bf16(tmp_path):
     assert tracking["passed"] and tracking["relative_gap"] <= tracking["tolerance"] == 0.02
     assert tracking["final_fp32"] < tracking["first_loss"]  # the synthetic task is learnable
     assert "bf16 vs fp32 (transformer_base" in result.stdout and ": PASS" in result.stdout
-    assert "| transformer_big | bf16+compile |" in result.stdout  # a Markdown table for docs/PERFORMANCE.md
+    assert "| transformer_base | bf16+compile |" in result.stdout  # a Markdown table for docs/PERFORMANCE.md
     profile = report["runs"][0]["profile"]
     assert profile["updates"] == 5 and profile["wall_ms_per_update"] > 0 and len(profile["top"]) == 12
     assert sum(row["share"] for row in profile["top"]) <= 1.0 and "aten::mm" in {row["name"] for row in profile["top"]}

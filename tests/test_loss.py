@@ -175,3 +175,25 @@ def test_a_model_with_a_target_output_vocabulary_scores_only_those_pieces():
     reloaded.load_state_dict(model.state_dict())
     assert torch.equal(reloaded.output_ids, allowed)
     assert torch.equal(reloaded(src, mask, tgt_in), logits)
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_static_rows_project_the_padding_and_count_nothing_of_it(eps, restricted):
+    """static_rows (CUDA graphs: shapes from the batch's shape alone): every position is projected,
+    the pad ones weighted 0; loss, NLL and both gradients are those of the selected rows, whatever
+    the pad rows hold."""
+    hidden, weight, targets = _inputs()
+    hidden[3, 1:] = torch.randn(8, 16) * 100  # padding: any values
+    vocab_ids = torch.arange(0, 50, 2) if restricted else None
+    if restricted:
+        targets = torch.where(targets == PAD, PAD, targets - targets % 2)
+    results = []
+    for static_rows in (False, True):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        loss, nll = output_loss(h, w, targets, PAD, eps, vocab_ids=vocab_ids, static_rows=static_rows)
+        (loss * 0.5).backward()
+        results.append((loss, nll, h.grad, w.grad))
+    for selected, static in zip(*results, strict=True):
+        assert torch.allclose(selected, static, rtol=1e-5, atol=1e-6)
+    assert (results[1][2][3, 1:] == 0).all()  # the pad rows get no gradient

@@ -164,14 +164,16 @@ def test_max_epochs_ends_training_and_the_last_update_is_validated():
     assert trainer.last_validation == {"loss": 1.0}
 
 
-def test_a_trainer_restored_from_a_checkpoint_continues_exactly():
-    straight = _trainer()
+@pytest.mark.parametrize("shape_buckets", [0, 4])
+def test_a_trainer_restored_from_a_checkpoint_continues_exactly(shape_buckets):
+    overrides = [f"train.shape_buckets={shape_buckets}"]
+    straight = _trainer(overrides)
     for _ in range(6):
         straight.run_update()
     checkpoint = copy.deepcopy(straight.checkpoint_state())  # as saved: the tensors go on changing
     expected = [float(straight.run_update()["loss_sum"]) for _ in range(4)]
 
-    resumed = _trainer()
+    resumed = _trainer(overrides)
     resumed.load_state(checkpoint)
     assert resumed.state.update == 6
     assert [float(resumed.run_update()["loss_sum"]) for _ in range(4)] == expected

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -225,17 +224,14 @@ class MixtureSampler:
         num_replicas: int = 1,
         rank: int = 0,
         pad_to_multiple: int = 1,
+        bucket_widths: np.ndarray | None = None,
     ) -> None:
         self.mixture = mixture
         self.seed = seed
-        self.options: dict[str, Any] = dict(
-            max_tokens=max_tokens,
-            seed=seed,
-            shuffle=True,
-            num_replicas=num_replicas,
-            rank=rank,
-            pad_to_multiple=pad_to_multiple,
-        )
+        self.max_tokens = max_tokens
+        self.replicas = (num_replicas, rank)
+        self.pad_to_multiple = pad_to_multiple
+        self.bucket_widths = bucket_widths
         self._last: tuple[int, np.ndarray] | None = None  # (epoch, its draw): drawn once, summarised once
 
     def drawn(self, epoch: int) -> np.ndarray:
@@ -250,8 +246,18 @@ class MixtureSampler:
 
         indices = self.drawn(epoch)
         corpus = self.mixture.corpus
-        sampler = TokenBatchSampler(corpus.src_lengths[indices], corpus.tgt_lengths[indices], **self.options)
-        return [indices[batch] for batch in sampler.batches(epoch)]
+        sampler = TokenBatchSampler(
+            corpus.src_lengths[indices],
+            corpus.tgt_lengths[indices],
+            self.max_tokens,
+            self.seed,
+            shuffle=True,
+            num_replicas=self.replicas[0],
+            rank=self.replicas[1],
+            pad_to_multiple=self.pad_to_multiple,
+            bucket_widths=self.bucket_widths,
+        )
+        return [np.where(batch >= 0, indices[batch], -1) for batch in sampler.batches(epoch)]  # -1: a dummy row
 
     def epoch_draw(self, epoch: int) -> EpochDraw:
         return self.mixture.summarize(epoch, self.drawn(epoch))

@@ -7,11 +7,14 @@ temperature (mtrain.batches.mixture) and reports each epoch's draw to `draw_list
 way an epoch's batches are a function of (seed, epoch) and the position (epoch, batch within
 it) is the `TrainState`'s, so a checkpoint that stores the state resumes the exact order.
 On a GPU the next update's batches are collated in a background thread while the device
-runs the current one (`BatchPrefetcher`).
+runs the current one (`BatchPrefetcher`). With shape buckets (`train.shape_buckets`) the
+bucket widths are chosen once, from every pair the run may train on, so that no epoch
+brings widths of its own; each epoch that brings batch shapes not seen before logs them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,10 +22,13 @@ import numpy as np
 import torch
 
 from mtrain.batches import Batch, EncodedCorpus, PreparedData, TokenBatchSampler, collate
+from mtrain.batches.buckets import batch_shapes, bucket_widths, pair_widths
 from mtrain.batches.mixture import CorpusMixture, EpochDraw, MixtureSampler
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.prefetch import BatchPrefetcher
 from mtrain.train.progress import TrainState
+
+log = logging.getLogger("mtrain")
 
 # What epochs train on: the segmentations of one corpus, or several corpora drawn from.
 TrainingCorpora = Sequence[EncodedCorpus] | CorpusMixture
@@ -50,6 +56,7 @@ class BatchSource:
         max_epochs: int | None,
         seed: int,
         pad_to_multiple: int,
+        shape_buckets: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
         prefetch: bool = False,
@@ -59,20 +66,47 @@ class BatchSource:
         self.update_freq = update_freq
         self.max_epochs = max_epochs
         self.pad_to_multiple = pad_to_multiple
-        options = dict(
-            max_tokens=max_tokens, seed=seed, num_replicas=num_replicas, rank=rank, pad_to_multiple=pad_to_multiple
-        )
-        self.samplers: list[TokenBatchSampler | MixtureSampler]
-        self.mixture = corpora if isinstance(corpora, CorpusMixture) else None
-        if isinstance(corpora, CorpusMixture):  # one view of all corpora, a new draw from it each epoch
-            self.corpora: list[Any] = [corpora.corpus]
-            self.samplers = [MixtureSampler(corpora, **options)]
-        else:  # one sampler per segmentation: each cuts its batches from its own lengths
+        # one view of all corpora (a new draw from it each epoch), or each segmentation's own
+        self.mixture: CorpusMixture | None = None
+        self.corpora: list[Any]
+        if isinstance(corpora, CorpusMixture):
+            self.mixture, self.corpora = corpora, [corpora.corpus]
+        else:
             self.corpora = list(corpora)
+        self.bucket_widths = None
+        if shape_buckets > 0:
+            widths = np.concatenate([pair_widths(c.src_lengths, c.tgt_lengths) for c in self.corpora])
+            self.bucket_widths = bucket_widths(widths, shape_buckets, pad_to_multiple)
+        self.samplers: list[TokenBatchSampler | MixtureSampler]
+        if self.mixture is not None:
             self.samplers = [
-                TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, shuffle=True, **options)
+                MixtureSampler(
+                    self.mixture,
+                    max_tokens=max_tokens,
+                    seed=seed,
+                    num_replicas=num_replicas,
+                    rank=rank,
+                    pad_to_multiple=pad_to_multiple,
+                    bucket_widths=self.bucket_widths,
+                )
+            ]
+        else:  # one sampler per segmentation: each cuts its batches from its own lengths
+            self.samplers = [
+                TokenBatchSampler(
+                    corpus.src_lengths,
+                    corpus.tgt_lengths,
+                    max_tokens,
+                    seed,
+                    shuffle=True,
+                    num_replicas=num_replicas,
+                    rank=rank,
+                    pad_to_multiple=pad_to_multiple,
+                    bucket_widths=self.bucket_widths,
+                )
                 for corpus in self.corpora
             ]
+        self.log_shapes = rank == 0
+        self.shapes_seen: set[tuple[int, int, int]] = set()
         # Called with each epoch's draw from several corpora and the update that begins it (rank 0's
         # MetricLogger.log_draw, set by the Trainer).
         self.draw_listener: Callable[[EpochDraw, int], None] | None = None
@@ -84,15 +118,24 @@ class BatchSource:
         return len(self.corpora[0])
 
     def describe(self) -> str:
-        """How many pairs an epoch holds, and for several corpora their shares."""
-        return f"{self.pairs} training pairs" + ("" if self.mixture is None else f" from {self.mixture.describe()}")
+        """How batches are padded, how many pairs an epoch holds, and for several corpora their shares."""
+        if self.bucket_widths is None:
+            padding = f"lengths padded to multiples of {self.pad_to_multiple}"
+        else:
+            widths = ", ".join(str(w) for w in self.bucket_widths)
+            padding = f"{len(self.bucket_widths)} shape buckets (both sides padded to {widths})"
+        return f"{padding} | {self.pairs} training pairs" + (
+            "" if self.mixture is None else f" from {self.mixture.describe()}"
+        )
 
     def summary(self, epoch: int) -> dict[str, Any]:
-        """For metrics.json: with several corpora, each one's share of epoch `epoch`'s draw."""
+        """For metrics.json: the batch shapes trained on; with several corpora, each one's share
+        of epoch `epoch`'s draw."""
+        shapes = {"batch_shapes": len(self.shapes_seen)}
         if self.mixture is None:
-            return {}
+            return shapes
         draw = self.samplers[0].epoch_draw(epoch)
-        return {"draw": {"epoch": epoch, "corpora": draw.shares()}}
+        return {**shapes, "draw": {"epoch": epoch, "corpora": draw.shares()}}
 
     def next_update(self, state: TrainState) -> list[Batch] | None:
         """The batches of the next update from `state`'s position, which they advance
@@ -131,7 +174,30 @@ class BatchSource:
         sampler = self.samplers[self._segmentation(epoch)]
         if isinstance(sampler, MixtureSampler) and self.draw_listener is not None:
             self.draw_listener(sampler.epoch_draw(epoch), update)
-        return sampler.batches(epoch)
+        batches = sampler.batches(epoch)
+        self._note_shapes(epoch, batches)
+        return batches
+
+    def _note_shapes(self, epoch: int, batches: list[np.ndarray]) -> None:
+        """Count the epoch's tensor shapes; log them when some are new (a compiled update
+        specialises, and a CUDA graph is recorded, per shape)."""
+        corpus = self.corpora[self._segmentation(epoch)]
+        shapes, padding = batch_shapes(
+            batches, corpus.src_lengths, corpus.tgt_lengths, self.pad_to_multiple, self.bucket_widths
+        )
+        new = set(shapes) - self.shapes_seen
+        self.shapes_seen |= new
+        if new and self.log_shapes:
+            log.info(
+                "batches: epoch %d has %d batches in %d shapes (rows x src_len x tgt_len), %.1f%% padding; "
+                "%d new, %d distinct shapes so far",
+                epoch,
+                len(batches),
+                len(shapes),
+                100 * padding,
+                len(new),
+                len(self.shapes_seen),
+            )
 
     def _host_batch(self, key: tuple[int, int], indices: np.ndarray) -> Batch:
         """The collated batch of `indices` of batch `key` = (epoch, position), in pinned memory on
@@ -139,5 +205,5 @@ class BatchSource:
         still collate an epoch's last batches when the trainer has moved to the next."""
         ids = self.special_ids
         corpus = self.corpora[self._segmentation(key[0])]
-        batch = collate(corpus, indices, ids.pad, ids.bos, ids.eos, self.pad_to_multiple)
+        batch = collate(corpus, indices, ids.pad, ids.bos, ids.eos, self.pad_to_multiple, self.bucket_widths)
         return batch.pin_memory() if self.device.type == "cuda" else batch

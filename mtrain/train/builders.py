@@ -9,7 +9,6 @@ and for every benchmark script, so a benchmark times exactly what a user runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -18,6 +17,7 @@ from mtrain.config import Precision, TrainConfig
 from mtrain.model import Seq2SeqTransformer
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
+from mtrain.train.compilation import compile_network, shape_buckets
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
@@ -40,6 +40,7 @@ class TrainingParts:
     device: torch.device
     precision: Precision
     ema: WeightAverage | None = None  # train.ema_decay's average of the weights
+    cuda_graphs: bool = False  # the network's forward and backward replay CUDA graphs
 
     @property
     def validated_model(self) -> Seq2SeqTransformer:
@@ -53,16 +54,25 @@ class TrainingParts:
             f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
             f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
             f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
-            f"{ranks}) | lengths padded to multiples of {self.batches.pad_to_multiple} | "
-            f"{self.batches.describe()}"
+            f"{ranks}) | {self.batches.describe()}"
+            + (
+                " | compiled" + (" into CUDA graphs" if self.cuda_graphs else "")
+                if train_cfg.compile or self.cuda_graphs
+                else ""
+            )
             + ("" if self.ema is None else f" | EMA of the weights, decay {self.ema.decay} (validated and decoded)")
         )
 
 
-def batch_pad_multiple(configured: int | None, device: torch.device, precision: Precision) -> int:
-    """`train.pad_to_multiple`, with null resolved per device and precision (see its comment)."""
+def batch_pad_multiple(
+    configured: int | None, device: torch.device, precision: Precision, bucketed: bool = False
+) -> int:
+    """`train.pad_to_multiple`, with null resolved per device and precision (see its comment);
+    shape buckets bound the shapes themselves, so there null is 1 (widths of any size)."""
     if configured is not None:  # config_checks has made sure it is >= 1
         return configured
+    if bucketed:
+        return 1
     if device.type == "cuda":
         return 8
     return 4 if precision is Precision.bf16 else 1
@@ -71,14 +81,15 @@ def batch_pad_multiple(configured: int | None, device: torch.device, precision: 
 def build_network(
     model: Seq2SeqTransformer, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
 ) -> torch.nn.Module:
-    """The model and its loss as one module, in DDP under torchrun, compiled if asked."""
-    network: torch.nn.Module = TranslationLoss(model, pad_id, train_cfg.label_smoothing)
+    """The model and its loss as one module, in DDP under torchrun, compiled if asked. Under
+    CUDA graphs the loss projects every target position (pad rows weighted 0), so that no
+    shape depends on the batch's token count."""
+    network: torch.nn.Module = TranslationLoss(
+        model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs
+    )
     if dist.enabled:
         network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
-    if train_cfg.compile:
-        # (torch types compile's result as the callable it was given; for a Module it is one)
-        network = cast(torch.nn.Module, torch.compile(network, dynamic=True))
-    return network
+    return compile_network(network, train_cfg)
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -109,6 +120,7 @@ def build_parts(
     `prefetch` (default: on CUDA) collates the next batches in a background thread; on a CPU
     that thread would take cores from the update itself."""
     dist = dist or DistributedContext()
+    buckets = shape_buckets(train_cfg)
     batches = BatchSource(
         corpora,
         special_ids,
@@ -117,7 +129,8 @@ def build_parts(
         update_freq=train_cfg.update_freq,
         max_epochs=train_cfg.max_epochs,
         seed=seed,
-        pad_to_multiple=batch_pad_multiple(train_cfg.pad_to_multiple, device, precision),
+        pad_to_multiple=batch_pad_multiple(train_cfg.pad_to_multiple, device, precision, bucketed=buckets > 0),
+        shape_buckets=buckets,
         num_replicas=dist.world_size,
         rank=dist.rank,
         prefetch=device.type == "cuda" if prefetch is None else prefetch,
@@ -136,4 +149,5 @@ def build_parts(
         ema=None
         if train_cfg.ema_decay is None
         else WeightAverage(model, train_cfg.ema_decay, train_cfg.ema_start_update),
+        cuda_graphs=train_cfg.cuda_graphs,
     )

@@ -48,7 +48,9 @@ class _FusedOutputLoss(torch.autograd.Function):
 
     `vocab_ids` (ascending), when given, are the rows of `weight` the softmax ranges over (a
     restricted output vocabulary; V is their count); the other rows get no logits and, but
-    for a target's own row, no gradient.
+    for a target's own row, no gradient. `row_weights` (rows,), when given, is 1 at the rows
+    that count and 0 at those that do not (padding, projected only to keep shapes static):
+    a row of weight 0 adds nothing to the loss nor to any gradient.
     """
 
     @staticmethod
@@ -60,9 +62,12 @@ class _FusedOutputLoss(torch.autograd.Function):
         vocab_ids: Tensor | None,
         label_smoothing: float,
         compute_dtype: torch.dtype,
+        row_weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         rows = hidden.shape[0]
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        if row_weights is not None:  # rows of zeros: no logit, no contribution to the weight's gradient
+            hidden = hidden * row_weights[:, None].to(hidden.dtype)
         h = hidden.to(compute_dtype)
         w = weight.to(compute_dtype)
         softmax_weight = w if vocab_ids is None else w.index_select(0, vocab_ids)
@@ -90,6 +95,8 @@ class _FusedOutputLoss(torch.autograd.Function):
             else:
                 grad_softmax_weight += torch.mm(probs.t(), h_chunk).float()
         log_normaliser = torch.cat(log_normalisers)
+        if row_weights is not None:  # a zero row's logits are all 0: its log-normaliser is log V
+            log_normaliser = log_normaliser * row_weights
         nll = log_normaliser - target_logits
         nll_sum = nll.sum()
         eps = label_smoothing
@@ -106,6 +113,8 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_hidden -= (eps / vocab) * column_sum
                 grad_softmax_weight -= (eps / vocab) * h32.sum(0)
             grad_hidden -= (1.0 - eps) * target_weights
+            if row_weights is not None:
+                grad_hidden *= row_weights[:, None]
             if vocab_ids is None:
                 grad_weight = grad_softmax_weight
             else:
@@ -118,12 +127,13 @@ class _FusedOutputLoss(torch.autograd.Function):
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         return (
             (grad_hidden * grad_loss).to(hidden_dtype),
             (grad_weight * grad_loss).to(weight_dtype),
+            None,
             None,
             None,
             None,
@@ -139,6 +149,7 @@ def output_loss(
     label_smoothing: float,
     num_tokens: int | None = None,
     vocab_ids: Tensor | None = None,
+    static_rows: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of the logits `hidden @ weight.T` at the
     non-pad targets; the NLL is detached (it is reported, not trained on).
@@ -150,24 +161,29 @@ def output_loss(
     a host-device synchronisation. Sums, not means: the trainer divides by the target tokens
     of the whole update (across accumulation and ranks). Under autocast the products run in
     autocast's dtype, softmax in fp32. `vocab_ids`: the rows of `weight` the softmax ranges
-    over (`model.output_vocab=target`), all of them when None.
+    over (`model.output_vocab=target`), all of them when None. With `static_rows` every
+    position is projected and the pad ones weighted 0 (`num_tokens` unused): the shapes depend
+    on the batch's shape only, as CUDA graphs need, at the cost of projecting the padding.
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     not_pad = flat_targets != pad_id
-    if num_tokens is None:
-        num_tokens = int(not_pad.sum())
-    rows = torch.nonzero_static(not_pad, size=num_tokens).squeeze(1)
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    if static_rows:
+        row_weights = not_pad.float()
+    else:
+        if num_tokens is None:
+            num_tokens = int(not_pad.sum())
+        rows = torch.nonzero_static(not_pad, size=num_tokens).squeeze(1)
+        flat_hidden, flat_targets, row_weights = (
+            flat_hidden.index_select(0, rows),
+            flat_targets.index_select(0, rows),
+            None,
+        )
     with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
         losses: tuple[Tensor, Tensor] = _FusedOutputLoss.apply(
-            flat_hidden.index_select(0, rows),
-            weight,
-            flat_targets.index_select(0, rows),
-            vocab_ids,
-            label_smoothing,
-            compute_dtype,
+            flat_hidden, weight, flat_targets, vocab_ids, label_smoothing, compute_dtype, row_weights
         )
     return losses
 
@@ -175,11 +191,15 @@ def output_loss(
 class TranslationLoss(nn.Module):
     """A Seq2SeqTransformer and its training loss, as one module (what DDP/compile wrap)."""
 
-    def __init__(self, model: Seq2SeqTransformer, pad_id: int, label_smoothing: float) -> None:
+    def __init__(
+        self, model: Seq2SeqTransformer, pad_id: int, label_smoothing: float, static_rows: bool = False
+    ) -> None:
+        """`static_rows`: project every target position (see `output_loss`), for CUDA graphs."""
         super().__init__()
         self.model = model
         self.pad_id = pad_id
         self.label_smoothing = label_smoothing
+        self.static_rows = static_rows
 
     def forward(
         self,
@@ -199,4 +219,5 @@ class TranslationLoss(nn.Module):
             self.label_smoothing,
             num_tgt_tokens,
             self.model.output_ids,
+            self.static_rows,
         )

@@ -36,6 +36,7 @@ from mtrain.train.batch_source import training_corpora
 from mtrain.train.budget import EndCost, RunBudget
 from mtrain.train.builders import build_parts
 from mtrain.train.checkpointer import Checkpointer, data_fingerprints
+from mtrain.train.compilation import check_cuda_graphs
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import StopSignal
 from mtrain.train.host_memory import HOST_MEMORY_TRIM_EVERY, HostMemory
@@ -80,6 +81,7 @@ def resolve_machine(cfg: FitConfig, dist: DistributedContext | None = None) -> M
     dist = dist or DistributedContext()
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
+    check_cuda_graphs(cfg.train, device)
     set_threads(cfg.train.num_threads)
     return Machine(device, precision, decode_precision_of_training(precision, device), dist)
 

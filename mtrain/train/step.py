@@ -17,6 +17,7 @@ from mtrain.batches import Batch
 from mtrain.config import Precision
 from mtrain.runtime import autocast
 from mtrain.train.builders import TrainingParts
+from mtrain.train.compilation import begin_graph_step
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.instrument_log import InstrumentLog
 
@@ -81,14 +82,23 @@ class UpdateStep:
             "src_tokens": local_src_tokens,
             "job_tgt_tokens": int(global_tokens),  # all ranks' (= the local counts in one process)
             "job_src_tokens": int(global_src_tokens),
-            "sentences": sum(batch.src_tokens.size(0) for batch in batches),
+            "sentences": sum(len(batch) for batch in batches),  # dummy rows (shape buckets) not counted
         }
 
     def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests)."""
+        """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests).
+        Under CUDA graphs the token count is not passed: a graph is recorded per distinct input
+        (the loss then weights the pad rows instead of selecting the others)."""
+        graphs = self.parts.cuda_graphs
+        if graphs:
+            begin_graph_step()
         with autocast(self.parts.device, self.parts.precision):
             losses: tuple[torch.Tensor, torch.Tensor] = self.parts.network(
-                batch.src_tokens, batch.src_padding_mask, batch.tgt_input, batch.tgt_output, batch.num_tgt_tokens
+                batch.src_tokens,
+                batch.src_padding_mask,
+                batch.tgt_input,
+                batch.tgt_output,
+                None if graphs else batch.num_tgt_tokens,
             )
         return losses
 

@@ -24,6 +24,7 @@ from mtrain.train import checkpoint_state
 from mtrain.train.budget import EndCost, RunBudget, budget_name, configured_training_budget
 from mtrain.train.builders import TrainingParts
 from mtrain.train.checkpointer import Checkpointer
+from mtrain.train.compilation import compiled_graphs, compiling
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.faults import StopRequested, StopSignal, is_out_of_memory
 from mtrain.train.host_memory import HostMemory
@@ -99,6 +100,8 @@ class Trainer:
         self._last_saved_update = -1
         self._logged_train = False
         self.exhausted = False  # max_epochs done: `run_update` found no more batches
+        self.compiling = compiling(train_cfg)
+        self.graphs_built = 0  # torch.compile's graphs (recompiles included), when compiling
 
     # ----------------------------------------------------------------- one update
     def run_update(self) -> dict[str, Any] | None:
@@ -114,7 +117,10 @@ class Trainer:
             return None
         self._set_learning_rate()
         self.instruments.arm(self.state.update + 1)
+        step_start = time.perf_counter()
         stats = self._guarded_step(batches)
+        if self.compiling:
+            self._note_compiles(batches, time.perf_counter() - step_start)
         self.state.train_seconds = time.perf_counter() - self._clock_origin
         self.update_seconds = self.state.train_seconds - before
         if stats is None:
@@ -140,6 +146,24 @@ class Trainer:
         self.parts.out_of_memory.record_success()
         return stats
 
+    def _note_compiles(self, batches: list[Batch], seconds: float) -> None:
+        """Log each update in which torch.compile built a graph: the first (tracing and code
+        generation), and every recompile, with the batch shape that caused it."""
+        graphs = compiled_graphs()
+        if graphs > self.graphs_built:
+            rows, src_len = batches[0].src_tokens.shape
+            log.info(
+                "torch.compile: update %d built graph %d (%s, batch %dx%dx%d: rows x src_len x tgt_len) in %.1f s",
+                self.state.update + 1,
+                graphs,
+                "the first" if self.graphs_built == 0 else "a recompile",
+                rows,
+                src_len,
+                batches[0].tgt_input.shape[1],
+                seconds,
+            )
+            self.graphs_built = graphs
+
     def _set_learning_rate(self) -> None:
         budget = self.state.train_budget_seconds
         progress = self.state.train_seconds / budget if budget else 0.0
@@ -162,17 +186,10 @@ class Trainer:
         stop_reason = self._stop_reason()  # a resumed run may already be done
         try:
             while stop_reason is None:
-                step_start = time.perf_counter()
                 stats = self.run_update()
                 if self.exhausted:
                     stop_reason = f"max_epochs={self.cfg.max_epochs} reached"
                     break
-                if self.cfg.compile and not self._logged_train:  # the first update compiles the model
-                    log.info(
-                        "torch.compile: the first update took %.1f s (tracing and code generation; "
-                        "variable shapes are compiled once, as dynamic)",
-                        time.perf_counter() - step_start,
-                    )
                 if stats is None:  # out of memory: batch skipped
                     continue
                 # The first update of a process is logged too: progress shows at once.
@@ -443,5 +460,6 @@ class Trainer:
             "valid": valid,
             "diverged": diverged,
             "peak_rss_mb": self.host_memory.note_peak("training"),
+            **({"compiled_graphs": self.graphs_built} if self.compiling else {}),
             **self.parts.batches.summary(self.state.epoch),  # several corpora: each one's share of the last epoch
         }
