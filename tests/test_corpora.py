@@ -304,7 +304,7 @@ def test_a_direction_without_validation_data_names_the_language(corpus, tmp_path
             (partial / path.name).write_bytes(path.read_bytes())
     corpora = [CorpusConfig(), CorpusConfig(src="de", tgt="fr")]
     with pytest.raises(MtrainError) as error:
-        prepare(data_config(partial, tmp_path / "cache", corpora=corpora))
+        prepare(data_config(partial, tmp_path / "cache", corpora=corpora, lang_tags=True))
     message = str(error.value)
     assert message.startswith("data.corpora[1].tgt=fr: data=tri has no validation/test data in this language")
     assert "val.fr[.gz]" in message and "\n" not in message

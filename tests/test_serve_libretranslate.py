@@ -120,7 +120,7 @@ def test_the_rate_limit_answers_429_per_key_over_real_http(server):
 class StandIn:
     """A de->en model for the app alone: the i-th hypothesis of a sentence is it in capitals and i '!'."""
 
-    description, engine_name, device, precision, threads = "stand-in", "torch", "cpu", "fp32", 1
+    description, name, engine_name, device, precision, threads = "stand-in", "stand-in", "torch", "cpu", "fp32", 1
     src_lang, tgt_lang = "de", "en"
     directions: ClassVar = {"de": ["en"]}
 

@@ -58,6 +58,7 @@ from mtrain.errors import MtrainError
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
+LIBRE_FIELDS = {"q", "source", "target"}  # any of them makes a body a LibreTranslate request
 
 # Submits sentences to the server's batcher: (sentences, decode settings, target language) -> their hypotheses.
 Submit = Callable[[list[str], DecodeConfig, str | None], Future]
@@ -77,14 +78,18 @@ def body_fields(content_type: str, body: bytes) -> dict[str, Any] | None:
     (mtrain's: a JSON object without `q`, or not JSON at all)."""
     kind = content_type.split(";")[0].strip().lower()
     if kind == FORM:
-        return {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+        form = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+        if LIBRE_FIELDS & form.keys():
+            return form
+        # No LibreTranslate field: mtrain's own request, whose JSON is read whatever the
+        # Content-Type says (its handler answers a form of other fields with a 400 naming it).
     if kind == MULTIPART:
         return {"_multipart": True}
     try:
         fields = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
-    if not isinstance(fields, dict) or "text" in fields or not {"q", "source", "target"} & fields.keys():
+    if not isinstance(fields, dict) or "text" in fields or not LIBRE_FIELDS & fields.keys():
         return None
     return fields
 
