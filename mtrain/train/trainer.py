@@ -101,7 +101,9 @@ class Trainer:
         self._logged_train = False
         self.exhausted = False  # max_epochs done: `run_update` found no more batches
         self.compiling = compiling(train_cfg)
-        self.graphs_built = 0  # torch.compile's graphs (recompiles included), when compiling
+        # torch.compile's graphs built for this trainer (recompiles included); dynamo counts per process
+        self.graphs_built = 0
+        self._graphs_before = compiled_graphs() if self.compiling else 0
 
     # ----------------------------------------------------------------- one update
     def run_update(self) -> dict[str, Any] | None:
@@ -149,7 +151,7 @@ class Trainer:
     def _note_compiles(self, batches: list[Batch], seconds: float) -> None:
         """Log each update in which torch.compile built a graph: the first (tracing and code
         generation), and every recompile, with the batch shape that caused it."""
-        graphs = compiled_graphs()
+        graphs = compiled_graphs() - self._graphs_before
         if graphs > self.graphs_built:
             rows, src_len = batches[0].src_tokens.shape
             log.info(
