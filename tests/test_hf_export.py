@@ -4,6 +4,7 @@ and translates as mtrain does."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -202,6 +203,9 @@ def test_the_directory_loads_as_pegasus_with_mtrains_tokenizer(exported, loaded,
     assert sorted(p.name for p in exported.iterdir()) == [
         "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
     ]  # fmt: skip
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {oct(p.stat().st_mode & 0o777) for p in exported.iterdir()} == {oct(0o666 & ~umask)}  # as plain writes
     ids = tokenizer.special_ids
     assert (hf_tokenizer.pad_token_id, hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id) == (
         ids.pad,

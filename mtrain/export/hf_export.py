@@ -19,6 +19,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from mtrain.config import DecodeConfig, to_typed
 from mtrain.data.tags import lang_tag, reserved_symbols
 from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
@@ -70,7 +73,8 @@ def export_hf_run(
     vocab_size = tokenizer.tgt_vocab_size
     model = build_pegasus(loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos)
     hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
-    decode = config.decode
+    # The run's decoding, as its test split was decoded; a key added since takes its default.
+    decode = to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), config.get("decode") or {}))
     generation = generation_settings(
         decode, special, tokenizer.target_symbol_ids(tags), int(config.model.max_positions)
     )
@@ -90,6 +94,7 @@ def export_hf_run(
         model.save_pretrained(staging)
         hf_tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card, encoding="utf-8")
+        _plain_modes(staging)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
@@ -97,3 +102,12 @@ def export_hf_run(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def _plain_modes(directory: Path) -> None:
+    """Give every file the mode a plain write would (0666 less the umask): transformers writes
+    model.safetensors 0600, which would keep the model from anyone else who serves it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        os.chmod(path, 0o666 & ~umask)

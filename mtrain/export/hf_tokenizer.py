@@ -18,8 +18,10 @@ special tokens: split off before normalisation, so `"<2fr> Ein Mann"` encodes as
 the pieces of "Ein Mann", which is how mtrain puts a tag before a sentence; and skipped when
 decoding with `skip_special_tokens=True`. The unknown piece is not declared as transformers'
 `unk_token`: transformers would make it special, and skipping it would drop the " ⁇ " that
-mtrain's translations show where it occurs (encoding is the model's, with or without). Measured on 33,014 Multi30k sentences (de and en:
-train, val, test 2016 and 2017): SentencePiece's ids for every one, unigram and BPE (docs/EXPORT.md).
+mtrain's translations show where it occurs (encoding is the model's, with or without).
+Measured by scripts/check_hf_tokenizer.py on all 64,028 Multi30k sentences (de and en: train,
+val, test 2016 and 2017): SentencePiece's ids and decoded text for every one, with a unigram
+and a BPE model of 8k pieces (docs/EXPORT.md).
 
 A model with settings mtrain never trains (byte fallback, no dummy prefix, whitespace kept)
 is refused, naming the setting.

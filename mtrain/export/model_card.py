@@ -48,7 +48,7 @@ def model_card(
         _data(plain, summary),
         _model(config, exported),
         _training(summary, exported),
-        _evaluation(summary),
+        _evaluation(summary, exported),
         "## Configuration\n\nThe run's stored config (`config.yaml` of the run):\n\n```yaml\n"
         + OmegaConf.to_yaml(OmegaConf.create(plain)).rstrip()
         + "\n```\n",
@@ -187,23 +187,30 @@ def _training(summary: RunSummary, exported: Mapping[str, Any]) -> str:
     lines = [
         "## Training\n",
         f"Command: `mtrain fit {overrides}`".rstrip() + "\n",
-        f"- {metrics.get('updates', '?')} updates, {metrics.get('epochs', '?')} epochs, "
+        f"- {metrics.get('updates', '?')} updates, {metrics.get('epochs', '?')} epoch(s), "
         f"{metrics.get('train_time_s', '?')} s of training on {metrics.get('device', '?')} "
-        f"({metrics.get('precision', '?')}); stopped: {metrics.get('stop_reason', '?')}",
+        f"({metrics.get('precision', '?')}); stopped: {metrics.get('stop_reason', '?')} (metrics.json)",
         f"- exported: {exported['checkpoint']} (update {exported['update']}, {exported['weights']} weights), "
         f"with mtrain {__version__}",
     ]
+    if isinstance(metrics.get("updates"), int) and metrics["updates"] < exported["update"]:
+        lines.append(
+            f"- metrics.json was written at update {metrics['updates']}: the run went on after it "
+            "(a resume that did not finish) and its figures above are that earlier record's"
+        )
     valid = metrics.get("valid") or {}
     if "best_bleu" in valid:
         lines.append(f"- best validation BLEU {valid['best_bleu']:.2f} at update {valid.get('best_update')}")
     return "\n".join(lines) + "\n"
 
 
-def _evaluation(summary: RunSummary) -> str:
+def _evaluation(summary: RunSummary, exported: Mapping[str, Any]) -> str:
     if not summary.evals:
         return "## Evaluation\n\nThe run has no evaluation reports (eval/*.json).\n"
     lines = [
         "## Evaluation\n",
+        "Scored by mtrain's own decoding (engine and precision as listed); transformers decodes "
+        "in float32, which gives mtrain's float32 translations.\n",
         "| report | split | pair | sentences | checkpoint | decoding | metric | score | signature |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -215,6 +222,8 @@ def _evaluation(summary: RunSummary) -> str:
             f"{decode.get('engine')} {decode.get('precision')}"
         )
         where = f"{checkpoint.get('which', '?')} (update {checkpoint.get('update', '?')})"
+        if (checkpoint.get("update"), checkpoint.get("weights", "raw")) != (exported["update"], exported["weights"]):
+            where += ", not the exported weights"
         for metric in report.get("metrics", {}).values():
             lines.append(
                 f"| {name} | {report.get('split_name')} | {report.get('language_pair')} | {report.get('sentences')} "
