@@ -60,36 +60,13 @@ from mtrain.config import (
     to_plain,
 )
 from mtrain.errors import MtrainError
+from mtrain.export.ctranslate2_spec import INFERENCE_IRRELEVANT, MAPPED  # the same keys decide both exports
 from mtrain.model.positions import sinusoidal_table
 
 if TYPE_CHECKING:  # an optional dependency, imported when an export runs
     from transformers import PegasusForConditionalGeneration
 
 ARCHITECTURE = "PegasusForConditionalGeneration"
-INFERENCE_IRRELEVANT = {"dropout", "attention_dropout", "activation_dropout", "detach_memory", "attention_impl"}
-MAPPED = {
-    "encoder_layers",
-    "decoder_layers",
-    "layers",
-    "d_model",
-    "heads",
-    "ffn_dim",
-    "activation",
-    "norm_position",
-    "norm_type",
-    "shared_norm",
-    "final_norm",
-    "positions",
-    "max_positions",
-    "cross_q_proj",
-    "cross_k_proj",
-    "cross_v_proj",
-    "decoder_order",
-    "scale_embeddings",
-    "tie_embeddings",
-    "vocab_multiple",
-    "output_vocab",
-}
 
 
 def check_hf_exportable(cfg: ModelConfig, joint_vocab: bool) -> None:
