@@ -20,6 +20,7 @@ from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
 from mtrain.train.checkpoint_files import load_run
+from mtrain.wording import counted
 from tests.conftest import test_threads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +170,8 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
     assert re.search(
         r"budget: max_time=30s for the whole run: \d+ s spent before training .*, \d+ s of training", train_log
     )
-    assert train_log.count("training with 2 CPU threads") == 1
+    # TINY trains with test_threads() threads: 1 under two xdist workers on 2 cores, 2 alone.
+    assert train_log.count(f"training with {counted(test_threads(), 'CPU thread')}") == 1
     assert "valid | decoded " in train_log and "test | decoded " in train_log
     assert re.search(r"test \| decoded \d+/100 sentences \| [\d.]+ sentences/s \| ~\d+ s left", train_log)
     assert "wall time of the run: " in train_log
