@@ -182,7 +182,7 @@ def build_pegasus(
 
     model = PegasusForConditionalGeneration(PegasusConfig(**pegasus_config(cfg, vocab_size, pad_id, bos_id, eos_id)))
     model.load_state_dict(pegasus_state_dict(state, cfg, vocab_size), strict=True)
-    model.eval()  # type: ignore[no-untyped-call]  # transformers' override carries no annotations
+    model.eval()
     return model
 
 

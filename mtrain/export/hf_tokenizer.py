@@ -106,7 +106,7 @@ def build_hf_tokenizer(tokenizer: Tokenizer, tags: Sequence[str], max_positions:
     fast = spm_to_tokenizers(tokenizer.files[JOINT_MODEL], eos)
     for tag in tags:
         tokenizer.symbol_id(tag)  # one piece of the vocabulary, or MtrainError
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # (transformers: no annotations)
+    return PreTrainedTokenizerFast(
         tokenizer_object=fast,
         pad_token=pad,
         bos_token=bos,
