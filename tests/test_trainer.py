@@ -145,6 +145,15 @@ def test_fit_validates_when_due_stops_at_the_budget_and_validates_the_last_updat
     assert summary["best_update"] == 14 and trainer.state.validations_without_gain == 0
 
 
+def test_a_run_that_trains_its_max_train_time_stops_naming_it_not_max_time():
+    """Training ends half an update before its plan: the reason names the key that set the plan
+    (a 20-minute run within max_time=25m said "max_time=25m reached" at 1,199 s)."""
+    trainer = _trainer(["train.max_train_time=20m", "train.max_time=25m"])
+    trainer.state.train_seconds, trainer.update_seconds = 1199.0, 4.0  # the next update would end past 1,200 s
+    assert trainer._stop_reason() == "max_train_time=20m reached"
+    assert trainer.state.train_budget_seconds == 1199.0  # the plan is now what was trained
+
+
 def test_patience_stops_training_after_validations_without_gain():
     trainer = _trainer(
         ["train.max_updates=100", "train.validate_every=2", "train.patience=2"], validate=lambda: {"loss": 2.0}

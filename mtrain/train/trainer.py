@@ -235,9 +235,18 @@ class Trainer:
         planned_done = budget is not None and self.state.train_seconds + self.update_seconds / 2 >= budget
         # Rank 0 holds the end cost: the ranks agree on its clock, as one rank past the budget stops them all.
         out_of_time = self.dist.any(planned_done or self.budget.must_stop(self.update_seconds))
+        # Named while the plan is still the plan: _stop_by_time makes it what was trained (a few
+        # seconds short of max_train_time=20m), which budget_name would read as max_time's share.
+        reason = budget_reason(self.state, self.cfg, out_of_time)
         if out_of_time:
+            if (
+                not planned_done
+                and self.cfg.max_time is not None
+                and reason == f"{budget_name(self.cfg, budget)} reached"
+            ):
+                reason = f"max_time={self.cfg.max_time} reached"  # the wall clock ended it before the plan
             self._stop_by_time(short=not planned_done)
-        return budget_reason(self.state, self.cfg, out_of_time)
+        return reason
 
     def _stop_by_time(self, short: bool) -> None:
         """Training ends by time: the plan becomes what was trained (a resume of the finished run
