@@ -56,6 +56,47 @@ def test_threads() -> int:
 test_threads.__test__ = False  # a helper, not a test, though tests import it by this name
 
 
+# The test files that take longest, slowest first (seconds per file of one `--durations=0` run,
+# by scripts/slowest_test_files.py; test_types.py is placed by its cold run, as in CI, which has
+# no mypy cache). pytest-xdist gives each worker whole files in collection order (addopts:
+# --dist loadfile --no-loadscope-reorder; its default reorder puts the files with the most
+# tests first, which left the 2-test files of half a minute each for the end and one worker idle).
+# Long files start first; the short ones fill both workers' last minutes. Files not listed
+# follow in their usual order.
+SLOWEST_FILES = (
+    "test_run_safety.py",
+    "test_faults.py",
+    "test_fit.py",
+    "test_distributed.py",
+    "test_types.py",
+    "test_translate.py",
+    "test_model.py",
+    "test_report.py",
+    "test_serve.py",
+    "test_compilation.py",
+    "test_gpu_check.py",
+    "test_host_memory.py",
+    "test_config_checks.py",
+    "test_bench_compile.py",
+    "test_export.py",
+    "test_ema.py",
+    "test_bad_input.py",
+    "test_ensemble.py",
+    "test_tokenizer.py",
+    "test_prepare.py",
+    "test_hf_export.py",
+    "test_finetune.py",
+    "test_instruments.py",
+    "test_serve_page.py",
+    "test_experiments.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: place for place, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Subprocesses (`mtrain ...`, torchrun) inherit this unless a test sets its own.
     os.environ.setdefault("OMP_NUM_THREADS", str(test_threads()))
