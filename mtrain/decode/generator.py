@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DecodeConfig, Sampling
+from mtrain.decode.constraints import ControlIds, controls_for
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
 from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
 from mtrain.decode.sampling import SamplingSearch
@@ -86,6 +87,7 @@ def generate(
     use_cache: bool = True,
     attention_layer: int | str | None = None,
     banned_ids: Sequence[int] = (),
+    controls: Sequence[ControlIds | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -95,9 +97,16 @@ def generate(
     `Hypothesis.attention` with that layer's cross-attention averaged over heads.
     `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
     multilingual run: `Tokenizer.tag_ids`).
+    `controls`: per sentence, a target prefix, constraints and avoided phrases
+    (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
     """
     device = src_tokens.device
+    target = controls_for(controls, device) if controls is not None else None
     search = build_search(cfg, device)
+    if target is not None and target.has_constraints:
+        if cfg.sampling != Sampling.none:
+            raise ValueError("lexical constraints need beam search (decode.sampling=none)")
+        search = BeamSearch(cfg.beam)  # its initial rows; `target.choose` makes the choices
     width = search.width
     batch = src_tokens.size(0)
     if batch == 0:
@@ -106,6 +115,9 @@ def generate(
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
     max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
+    if target is not None:
+        max_len = target.limit_lengths(max_len)
+        target.start(width)
     max_positions = position_limit(model)
     if max_positions is not None:  # bos + max_len tokens must fit the position table
         max_len = max_len.clamp(max=max_positions - 1)
@@ -141,11 +153,17 @@ def generate(
             if attention_history is None:
                 attention_history = attention[:, :0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
+        model_lprobs = lprobs.clone() if target is not None and step < target.prefix.size(1) else lprobs
         ban_tokens(lprobs, never_emitted)
         apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
         if no_repeat is not None:
             no_repeat(lprobs, prefix[:, 1:])
-        choices = search.step(lprobs.view(n, width, -1), scores)
+        if target is not None:
+            target.process(lprobs, model_lprobs, row_max_len, eos_id)
+        if target is not None and target.has_constraints:
+            choices = target.choose(lprobs.view(n, width, -1), scores)
+        else:
+            choices = search.step(lprobs.view(n, width, -1), scores)
         alive = torch.isfinite(choices.scores)  # (n, k)
         is_eos = choices.tokens == eos_id
         chosen_rows = torch.arange(n, device=device).unsqueeze(1) * width + choices.beam_index  # (n, k) row in `prefix`
@@ -201,6 +219,8 @@ def generate(
         if attention_history is not None and attention is not None:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
         row_max_len = row_max_len.index_select(0, index)
+        if target is not None:
+            target.follow(index, next_tokens.view(-1))
         scores = next_scores
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
