@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from mtrain.config import DecodeConfig, Precision
+from mtrain.decode.constraints import ControlIds
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.runtime import autocast
@@ -73,9 +74,14 @@ class TorchEngine:
         self.banned_ids = tuple(banned_ids)
 
     def translate_batch(
-        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+        self,
+        sources: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        attention_layer: int | str | None = None,
+        controls: Sequence[ControlIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
+        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first;
+        `controls`: per source, its target prefix, constraints and avoided phrases."""
         src_tokens = torch.full((len(sources), max(len(ids) for ids in sources)), self.pad_id, dtype=torch.long)
         for row, ids in enumerate(sources):
             src_tokens[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
@@ -95,6 +101,7 @@ class TorchEngine:
                     use_cache=self.use_cache,
                     attention_layer=attention_layer,
                     banned_ids=self.banned_ids,
+                    controls=controls,
                 )
         finally:
             self.model.train(was_training)
