@@ -630,8 +630,13 @@ def test_ctranslate2_avoids_phrases_and_refuses_constraints(exported, tokenizer,
     cfg = DecodeConfig(beam=4, nbest=4)
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     plain = translate_encoded(engine, tokenizer, sources, cfg, CPU)
-    avoid = [ControlIds(avoid=(tuple(hyps[0].tokens[:1]),)) if ids else None for ids, hyps in zip(sources, plain)]
-    for hyps, control in zip(translate_encoded(engine, tokenizer, sources, cfg, CPU, controls=avoid), avoid):
+    avoid = [
+        ControlIds(avoid=(tuple(hyps[0].tokens[:1]),)) if ids else None
+        for ids, hyps in zip(sources, plain, strict=True)
+    ]
+    for hyps, control in zip(
+        translate_encoded(engine, tokenizer, sources, cfg, CPU, controls=avoid), avoid, strict=True
+    ):
         if control is not None:
             assert all(control.avoid[0][0] not in hyp.tokens for hyp in hyps)
     with pytest.raises(MtrainError, match="engine=torch"):

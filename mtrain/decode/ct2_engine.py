@@ -137,7 +137,9 @@ class CTranslate2Model:
             for start in range(0, len(indices), per_call):
                 batch = indices[start : start + per_call]
                 src_pieces = [self.tokenizer.src_pieces(sources[i]) for i in batch]
-                prefixes = [self.tokenizer.tgt_pieces(c.prefix) if c and c.prefix else None for c in (given[i] for i in batch)]
+                prefixes = [
+                    self.tokenizer.tgt_pieces(c.prefix) if c and c.prefix else None for c in (given[i] for i in batch)
+                ]
                 outputs = self.translator.translate_batch(
                     src_pieces,
                     target_prefix=prefixes if any(prefixes) else None,
