@@ -24,8 +24,9 @@ of tensor operations per step: no Python work per hypothesis or sentence.
 
 Limits: a sentence with constraints may write as many more tokens as its constraints hold
 (its `max_len` grows by that much), one with a prefix at least the prefix; a hypothesis that
-reaches its length limit may still end (EOS is forced there) without its constraints:
-rare, and better than no output. The same phrase given twice must appear once.
+reaches its length limit ends there (EOS is forced) even without its constraints: it ranks
+after every hypothesis that holds them, and is the output only when none does (better than
+no output). The same phrase given twice must appear once.
 """
 
 from __future__ import annotations
@@ -212,6 +213,11 @@ class TargetControls:
         banks = self._banks_after(beam_index, tokens, width)
         order = _bank_order(banks, cand_scores)
         return Choices(beam_index.gather(1, order), tokens.gather(1, order), cand_scores.gather(1, order))
+
+    def satisfied(self, rows: Tensor) -> Tensor:
+        """(len(rows),) whether these rows hold all their constraints."""
+        assert self.state is not None
+        return self.state.met.index_select(0, rows).all(dim=1)
 
     def follow(self, rows: Tensor, tokens: Tensor) -> None:
         """The live rows are now `rows` (indices into the current rows) extended by `tokens`."""

@@ -73,6 +73,9 @@ class _Finished:
     log_prob: Tensor  # (m,)
     score: Tensor  # (m,)
     attention: Tensor | None  # (m, step + 1, [layers,] src_len)
+    # With constraints: whether each holds them all (one cut at its length limit may not,
+    # and ranks after those that do); None: no constraints.
+    satisfied: Tensor | None = None
 
 
 @torch.inference_mode()
@@ -186,6 +189,7 @@ def generate(
                         if attention_history is not None and attention is not None  # (set together)
                         else None
                     ),
+                    satisfied=target.satisfied(rows) if target is not None and target.has_constraints else None,
                 )
             )
             num_finished.index_add_(0, sentence[which], torch.ones_like(which))
@@ -258,10 +262,11 @@ def _best_reachable(score: Tensor, step: int, max_len: Tensor, alpha: float) -> 
 
 def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Tensor) -> list[list[Hypothesis]]:
     """Per input sentence, its `nbest` best finished hypotheses (one pass over outputs)."""
-    per_sentence: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    per_sentence: list[list[tuple[bool, Hypothesis]]] = [[] for _ in range(batch)]
     lengths = src_lengths.tolist()
     for group in finished:
         attention = group.attention.float().cpu() if group.attention is not None else None
+        satisfied = group.satisfied.tolist() if group.satisfied is not None else [True] * group.score.size(0)
         for i, (s, tokens, log_prob, score) in enumerate(
             zip(
                 group.sentence.tolist(),
@@ -274,9 +279,10 @@ def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Ten
             hyp = Hypothesis(tokens=tokens, score=score, log_prob=log_prob)
             if attention is not None:
                 hyp.attention = attention[i, ..., : lengths[s]]
-            per_sentence[s].append(hyp)
+            per_sentence[s].append((satisfied[i], hyp))
     results = []
-    for hyps in per_sentence:
-        hyps.sort(key=lambda h: h.score, reverse=True)
+    for ranked in per_sentence:
+        ranked.sort(key=lambda pair: (pair[0], pair[1].score), reverse=True)  # (stable: ties keep their order)
+        hyps = [hyp for _, hyp in ranked]
         results.append(hyps[:nbest] or [Hypothesis(tokens=[], score=NEG_INF, log_prob=NEG_INF)])
     return results
