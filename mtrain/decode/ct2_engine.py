@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
-from mtrain.decode.constraints import ControlIds
+from mtrain.decode.constraints import CONSTRAINTS_REFUSED, ControlIds
 from mtrain.decode.directions import RunLanguages, single_direction
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
@@ -65,11 +65,6 @@ METADATA_FILE = EXPORT_METADATA_FILE
 
 # length_penalty=0 for CTranslate2: exactly 0 would select its other stopping rule (see above).
 UNNORMALISED = 1e-9
-
-CONSTRAINTS_REFUSED = (
-    "lexical constraints (constraints=, terms=, a request's constraints): CTranslate2 has no "
-    "constraint search, only target prefixes and avoided phrases; use engine=torch"
-)
 
 # CTranslate2's compute types by name: mtrain's precisions (each knows its own, `auto` keeps the
 # exported weights' type: fp32 unless exported with quantization=...) and CTranslate2's integer types.
