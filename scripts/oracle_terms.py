@@ -17,6 +17,9 @@ protocol of the WMT 2021/2023 terminology tasks' oracle setting), for `mtrain tr
 4. The glossary maps each source word to one target word: where the chosen pairs disagree,
    the most frequent target (ties: the first seen). It then applies to every sentence whose
    source holds the word (not only the one it came from), as a client's glossary would.
+   `--sentence-out FILE` also writes each sentence's own chosen target words, one line per
+   test sentence, tab-separated (the terminology tasks' per-sentence oracle terms; for
+   `mtrain translate constraints=unordered` after a tab behind each source).
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ def main() -> None:
     parser.add_argument("--tgt-lang", default="en")
     parser.add_argument("--per-sentence", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--sentence-out", help="each sentence's own target terms, tab-separated, one line each")
     args = parser.parse_args()
 
     src = [words(line) for line in read_lines(args.src)]
@@ -111,8 +115,10 @@ def main() -> None:
     targets: dict[str, Counter[str]] = defaultdict(Counter)
     first_seen: dict[str, list[str]] = defaultdict(list)
     chosen = missing = 0
+    per_sentence: list[list[str]] = []
     for s, r, h, link in zip(src, ref, hyp, links, strict=True):
         pairs = sorted(set(candidates(s, r, link, args.src_lang, args.tgt_lang)), key=lambda p: (p[1] in h, -len(p[0])))
+        per_sentence.append([target for _, target in pairs[: args.per_sentence]])
         for source, target in pairs[: args.per_sentence]:
             targets[source][target] += 1
             if target not in first_seen[source]:
@@ -124,6 +130,8 @@ def main() -> None:
         for source in sorted(targets):
             best = max(first_seen[source], key=lambda t: targets[source][t])  # max keeps the first of ties
             out.write(f"{source}\t{best}\n")
+    if args.sentence_out:
+        Path(args.sentence_out).write_text("".join("\t".join(t) + "\n" for t in per_sentence), encoding="utf-8")
     print(f"{len(targets)} terms from {chosen} chosen pairs ({missing} absent from --hyp) -> {args.out}")
 
 

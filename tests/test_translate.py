@@ -637,3 +637,29 @@ def test_the_command_refuses_target_controls_it_cannot_honour(run_dir, tmp_path)
         stderr = result.stderr.decode()
         assert result.returncode == 2, stderr
         assert message in stderr and "Traceback" not in stderr
+
+
+def test_prefixes_and_constraints_use_only_pieces_a_restricted_softmax_can_emit(tokenizer, data_dir, tmp_path):
+    """model.output_vocab=target: German words in a prefix or constraint are segmented into
+    the English side's pieces (the others have probability 0 and could never be written)."""
+    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt", encoding="utf-8") as english:
+        allowed = {i for _, line in zip(range(400), english, strict=False) for i in tokenizer.encode_tgt(line)}
+    allowed |= {tokenizer.eos_id, tokenizer.unk_id}
+    torch.manual_seed(0)
+    restricted = build_model(
+        ModelConfig(**MODEL, output_vocab="target"),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
+    restricted.restrict_output(sorted(allowed))
+    prefix, constraint = "Eine Frau spielt", "Gitarre"
+    assert not set(tokenizer.encode_tgt(prefix + " " + constraint)) <= allowed  # German pieces
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text(prefix + "\n", encoding="utf-8")
+    controls = LineControls(tabbed_constraints=True)
+    (output,) = translate_file(
+        restricted, tokenizer, tmp_path, [SENTENCES[2] + "\t" + constraint], controls, prefix=str(prefixes)
+    )
+    assert output.startswith(prefix) and constraint in output

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
-from mtrain.decode.controls import TargetRequest, encode_request
+from mtrain.decode.controls import TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
@@ -75,7 +75,8 @@ class ServedModel:
         sources = [self.encode(text, tokenizer) for text in sentences]
         controls = None
         if requests is not None and any(request is not None for request in requests):
-            controls = [encode_request(tokenizer, request) for request in requests]
+            encode = phrase_encoder(tokenizer, self.engine)
+            controls = [encode_request(tokenizer, request, encode) for request in requests]
         return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision, controls=controls)
 
     def encode(self, text: str, tokenizer: Any = None) -> list[int] | None:

@@ -23,9 +23,12 @@ of the output it is, with the same marker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.terminology import Glossary, read_glossary
@@ -44,17 +47,47 @@ class TargetRequest:
     ordered: bool = False  # the constraints must appear in this order
 
 
-def encode_request(tokenizer: Tokenizer, request: TargetRequest | None) -> ControlIds | None:
-    """The request as target ids (blank phrases dropped); None when it asks for nothing."""
+PhraseEncoder = Callable[[str], list[int]]
+
+
+def phrase_encoder(tokenizer: Tokenizer, model: Any) -> PhraseEncoder:
+    """How phrases and prefixes become target ids for `model` (mtrain's model, an ensemble, or
+    an engine): `tokenizer.encode_tgt`, restricted to the pieces the model can emit when its
+    softmax ranges over a subset (`model.output_vocab=target`; an ensemble: the pieces every
+    member can emit). A piece outside that subset has probability 0: a prefix or constraint
+    holding one could never be written, so it is segmented into allowed pieces instead (the
+    same pieces as before for every word of the training targets)."""
+    allowed = emittable_ids(model)
+    return tokenizer.encode_tgt if allowed is None else tokenizer.target_encoder_within(allowed)
+
+
+def emittable_ids(model: Any) -> list[int] | None:
+    """The target ids `model`'s softmax ranges over; None: all of them (or not known: CTranslate2)."""
+    model = getattr(model, "model", model)  # a TorchEngine's model
+    allowed: torch.Tensor | None = None
+    for member in getattr(model, "members", None) or [model]:
+        member_allowed = getattr(member, "output_allowed", None)
+        if isinstance(member_allowed, torch.Tensor):
+            mask = member_allowed.bool().cpu()
+            allowed = mask if allowed is None else allowed & mask
+    return None if allowed is None else allowed.nonzero().squeeze(1).tolist()
+
+
+def encode_request(
+    tokenizer: Tokenizer, request: TargetRequest | None, encode: PhraseEncoder | None = None
+) -> ControlIds | None:
+    """The request as target ids (blank phrases dropped); None when it asks for nothing.
+    `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`)."""
     if request is None:
         return None
+    encode = encode or tokenizer.encode_tgt
 
     def phrases(texts: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-        encoded = (tuple(tokenizer.encode_tgt(" ".join(text.split()))) for text in texts if text.strip())
+        encoded = (tuple(encode(" ".join(text.split()))) for text in texts if text.strip())
         return tuple(ids for ids in encoded if ids)
 
     controls = ControlIds(
-        prefix=tuple(tokenizer.encode_tgt(request.prefix)) if request.prefix.strip() else (),
+        prefix=tuple(encode(request.prefix)) if request.prefix.strip() else (),
         constraints=phrases(request.constraints),
         avoid=phrases(request.avoid),
         ordered=request.ordered,

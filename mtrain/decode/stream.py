@@ -31,7 +31,7 @@ from tqdm import tqdm
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.constraints import ControlIds
-from mtrain.decode.controls import LineControls, encode_request
+from mtrain.decode.controls import LineControls, encode_request, phrase_encoder
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.textio import (
     InputRepairs,
@@ -205,6 +205,7 @@ def translate_stream(
     interactive = is_interactive(cfg)
 
     controlled = line_controls or LineControls()
+    encode_phrase = phrase_encoder(tokenizer, model)
     prefix_lines = PrefixLines(cfg.prefix) if cfg.prefix is not None else None
     stats = InputRepairs()
     truncated = 0
@@ -231,7 +232,7 @@ def translate_stream(
                         controlled.request(text, prefixes[i] if prefixes else "") for i, text in enumerate(chunk)
                     ]
                     chunk = [source for source, _ in requests]
-                    controls = [encode_request(tokenizer, request) for _, request in requests]
+                    controls = [encode_request(tokenizer, request, encode_phrase) for _, request in requests]
                 for offset, text in enumerate(chunk):
                     ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
                     truncated += cut
