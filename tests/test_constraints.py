@@ -127,3 +127,32 @@ def test_prefix_constraints_and_avoid_together_with_sentences_without(models):
     for hyp in results[0]:
         assert tuple(hyp.tokens[:2]) == prefix and contains(hyp.tokens, must) and 7 not in hyp.tokens
     assert outputs(results[1:]) == outputs(plain[1:])  # the others decode as without controls
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_controls_add_no_host_synchronisation(beam, models, monkeypatch):
+    """Constraints, avoided phrases and prefixes are tensor work: the loop still reads the
+    host twice per step (tests/test_generator.py's count)."""
+    from tests.test_generator import HOST_SYNCS
+
+    model = models[0]
+    src, mask = source_batch([9, 5, 7, 3, 6], seed=2)
+    controls = [
+        ControlIds(prefix=(5,), constraints=((30, 31), (9,)), avoid=((7, 8),), ordered=i % 2 == 1) for i in range(5)
+    ]
+    events: list[str] = []
+    for name in HOST_SYNCS:
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k),
+        )
+    decode_step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
+    decode(model, src, mask, controls, beam=beam)
+    first, last = events.index("step"), len(events) - events[::-1].index("step")
+    loop = events[first:last]
+    steps = loop.count("step")
+    assert steps > 3
+    assert len(loop) - steps <= 2 * steps, [e for e in loop if e != "step"]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
-from mtrain.decode.controls import TargetRequest, encode_request, phrase_encoder
+from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
@@ -60,6 +60,8 @@ class ServedModel:
     # Each source language and the languages it translates into (LibreTranslate's `GET /languages`):
     # the run's directions; with language tags, every source into every target (zero-shot too).
     directions: dict[str, list[str]] = field(default_factory=dict)
+    # Per target language's tokenizer, how a request's phrases become ids (built on first use).
+    phrase_encoders: dict[int, PhraseEncoder] = field(default_factory=dict, repr=False)
 
     def translate(
         self,
@@ -75,7 +77,9 @@ class ServedModel:
         sources = [self.encode(text, tokenizer) for text in sentences]
         controls = None
         if requests is not None and any(request is not None for request in requests):
-            encode = phrase_encoder(tokenizer, self.engine)
+            if id(tokenizer) not in self.phrase_encoders:
+                self.phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.engine)
+            encode = self.phrase_encoders[id(tokenizer)]
             controls = [encode_request(tokenizer, request, encode) for request in requests]
         return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision, controls=controls)
 
