@@ -129,6 +129,8 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         def decode(sentences: list[Sentence], setting: Setting) -> list[Any]:
             texts = [s.text if isinstance(s, ControlledSentence) else s for s in sentences]
+            if not any(isinstance(s, ControlledSentence) for s in sentences):
+                return model.translate(texts, setting.decode, setting.tgt_lang)
             requests = [s.request if isinstance(s, ControlledSentence) else None for s in sentences]
             return model.translate(texts, setting.decode, setting.tgt_lang, requests)
 
