@@ -156,3 +156,27 @@ def test_controls_add_no_host_synchronisation(beam, models, monkeypatch):
     steps = loop.count("step")
     assert steps > 3
     assert len(loop) - steps <= 2 * steps, [e for e in loop if e != "step"]
+
+
+def test_a_constraint_is_never_continued_by_a_word_continuation(models):
+    """With `word_continuations` (pieces that continue a word), none directly follows a met
+    constraint: the constraint ends a word."""
+    src, mask = source_batch([7, 9, 6, 8], seed=12)
+    phrases = random_phrases(13, 4, 1)
+    continuations = list(range(4, VOCAB, 2))  # half the pieces "continue a word"
+    controls = [ControlIds(constraints=(p,)) for p in phrases]
+    results = generate(
+        models[0],
+        src,
+        mask,
+        DecodeConfig(beam=5, nbest=5),
+        BOS,
+        EOS,
+        PAD,
+        controls=controls,
+        word_continuations=continuations,
+    )
+    for hyps, phrase in zip(results, phrases, strict=True):
+        for hyp in hyps:
+            ends = [i + len(phrase) for i in range(len(hyp.tokens)) if tuple(hyp.tokens[i : i + len(phrase)]) == phrase]
+            assert ends and all(end == len(hyp.tokens) or hyp.tokens[end] not in continuations for end in ends)

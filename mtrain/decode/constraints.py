@@ -16,6 +16,10 @@ One sentence's controls (`ControlIds`, target token ids) are:
   the given order (a phrase only counts once those before it are met);
 - **avoid**: phrases that must not appear: the token that would complete one gets -inf.
 
+A constraint ends a word: right after its last token, a piece that would continue the word
+(`s` after `▁dog`: the engine's `word_continuations`) is banned, so a hypothesis meets `dog`
+with the word `dog`, not with `dogs`.
+
 Matching a phrase is exact token matching, tracked for every hypothesis and phrase at once
 with the shift-and algorithm: a boolean `partial[row, phrase, k]` says the last k output
 tokens equal the phrase's first k; a new token y shifts it: `partial'[k+1] = partial[k] &
@@ -143,10 +147,14 @@ class TargetControls:
     avoid: Phrases | None
     ordered: Tensor  # (batch,) bool
     any_ordered: bool  # (known on the host: no synchronisation per step)
+    # Pieces that continue a word, banned right after a constraint completes (None: not banned).
+    word_continuations: Tensor | None = None
     row_sentence: Tensor = field(init=False)  # (rows,) the batch sentence of each hypothesis row
     step: int = field(init=False, default=0)
     state: ConstraintState | None = field(init=False, default=None)
     avoid_partial: Tensor | None = field(init=False, default=None)
+    just_completed: Tensor | None = field(init=False, default=None)  # (rows,) a constraint ended at the last token
+    continuing: Tensor | None = field(init=False, default=None)  # (vocab,) bool: word_continuations as a mask
 
     def start(self, width: int) -> None:
         """`width` rows per sentence, sentence-major, all empty."""
@@ -188,6 +196,12 @@ class TargetControls:
         if self.state is not None:
             unmet = ~self.state.met.all(dim=1) & (row_max_len > step)
             lprobs[:, eos_id] = lprobs[:, eos_id].masked_fill(unmet, NEG_INF)
+        if self.just_completed is not None and self.word_continuations is not None:
+            # A constraint ends a word: `▁dog` is not continued into `dogs`.
+            if self.continuing is None or self.continuing.size(0) != lprobs.size(1):
+                self.continuing = torch.zeros(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+                self.continuing[self.word_continuations[self.word_continuations < lprobs.size(1)]] = True
+            lprobs.masked_fill_(self.just_completed.unsqueeze(1) & self.continuing, NEG_INF)
         if step < self.prefix.size(1):
             lengths = self.prefix_lengths.index_select(0, self.row_sentence)
             forcing = (lengths > step) & (row_max_len > step)  # (rows,)
@@ -233,6 +247,10 @@ class TargetControls:
                 self.row_sentence,
                 tokens,
             )
+            if self.word_continuations is not None:
+                assert self.constraints is not None
+                lengths = self.constraints.lengths.index_select(0, self.row_sentence)
+                self.just_completed = completed(self.state.partial, lengths).any(dim=1)
         if self.avoid is not None and self.avoid_partial is not None:
             phrases = self.avoid.tokens.index_select(0, self.row_sentence)
             self.avoid_partial = shift(self.avoid_partial.index_select(0, rows), phrases, tokens)
@@ -313,8 +331,11 @@ def _bank_order(banks: Tensor, scores: Tensor) -> Tensor:
     return order.gather(1, key.argsort(dim=1, stable=True))
 
 
-def controls_for(controls: Sequence[ControlIds | None], device: torch.device) -> TargetControls | None:
-    """The batch's controls as tensors; None when no sentence has any (decoding as before)."""
+def controls_for(
+    controls: Sequence[ControlIds | None], device: torch.device, word_continuations: Sequence[int] = ()
+) -> TargetControls | None:
+    """The batch's controls as tensors; None when no sentence has any (decoding as before).
+    `word_continuations`: pieces that never follow a completed constraint (none: no such rule)."""
     given = [c or ControlIds() for c in controls]
     if all(c.empty for c in given):
         return None
@@ -328,4 +349,7 @@ def controls_for(controls: Sequence[ControlIds | None], device: torch.device) ->
         avoid=Phrases.of(avoid, device) if any(avoid) else None,
         ordered=torch.tensor([c.ordered for c in given], dtype=torch.bool, device=device),
         any_ordered=any(c.ordered and c.constraints for c in given),
+        word_continuations=torch.tensor(word_continuations, dtype=torch.long, device=device)
+        if word_continuations and any(constraints)
+        else None,
     )

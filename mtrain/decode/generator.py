@@ -91,6 +91,7 @@ def generate(
     attention_layer: int | str | None = None,
     banned_ids: Sequence[int] = (),
     controls: Sequence[ControlIds | None] | None = None,
+    word_continuations: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -102,9 +103,11 @@ def generate(
     multilingual run: `Tokenizer.tag_ids`).
     `controls`: per sentence, a target prefix, constraints and avoided phrases
     (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
+    `word_continuations`: the pieces that continue a word (`Tokenizer.word_continuation_ids`),
+    which never follow a completed constraint (empty: a constraint may end inside a word).
     """
     device = src_tokens.device
-    target = controls_for(controls, device) if controls is not None else None
+    target = controls_for(controls, device, word_continuations) if controls is not None else None
     search = build_search(cfg, device)
     if target is not None and target.has_constraints:
         if cfg.sampling != Sampling.none:

@@ -61,9 +61,12 @@ class TorchEngine:
         precision: Precision | str = Precision.fp32,
         use_cache: bool = True,
         banned_ids: Sequence[int] = (),
+        word_continuations: Sequence[int] = (),
     ) -> None:
         """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
-        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags)."""
+        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags).
+        `word_continuations`: pieces that continue a word (`Tokenizer.word_continuation_ids`):
+        none follows a completed constraint, so constraints end at a word's end."""
         self.device = torch.device(device)
         self.precision = Precision(precision)
         if self.precision is Precision.auto:
@@ -72,6 +75,7 @@ class TorchEngine:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.use_cache = use_cache
         self.banned_ids = tuple(banned_ids)
+        self.word_continuations = tuple(word_continuations)
 
     def translate_batch(
         self,
@@ -102,6 +106,7 @@ class TorchEngine:
                     attention_layer=attention_layer,
                     banned_ids=self.banned_ids,
                     controls=controls,
+                    word_continuations=self.word_continuations,
                 )
         finally:
             self.model.train(was_training)

@@ -73,6 +73,7 @@ def as_engine(
         precision,
         use_cache,
         banned_ids=tokenizer.tag_ids,
+        word_continuations=tokenizer.word_continuation_ids(),
     )
 
 

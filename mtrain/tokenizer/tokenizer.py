@@ -106,6 +106,16 @@ class Tokenizer:
         ids: list[int] = self._tgt.encode(text)  # (SentencePiece's stub types every encode as Any)
         return ids
 
+    def word_continuation_ids(self) -> list[int]:
+        """Target pieces that continue a word: no word-start marker `▁`, a letter or digit
+        first (`s` in `▁dog s`); a constraint that ends a word is not followed by one."""
+        ids = []
+        for i in range(self.tgt_vocab_size):
+            piece = self._tgt.id_to_piece(i)
+            if not (self._tgt.is_control(i) or self._tgt.is_unknown(i)) and piece[:1].isalnum():
+                ids.append(i)
+        return ids
+
     def target_encoder_within(self, allowed_ids: Sequence[int]) -> Callable[[str], list[int]]:
         """`encode_tgt` using only the pieces `allowed_ids` (and the special ones): what a
         model whose softmax ranges over those pieces (`model.output_vocab=target`) can write.
