@@ -160,6 +160,14 @@ class Sampling(Choice):
     topp = "topp"
 
 
+class ConstraintOrder(Choice):
+    """`mtrain translate constraints=`: whether input lines carry constraints (fairseq's format)."""
+
+    none = "none"  # a line is the source (a tab in it is part of the source)
+    unordered = "unordered"  # `source<TAB>phrase<TAB>...`: each phrase somewhere in the output
+    ordered = "ordered"  # the same, the phrases in their order
+
+
 class Engine(Choice):
     torch = "torch"
     ctranslate2 = "ctranslate2"
@@ -505,6 +513,12 @@ class TranslateConfig:
     interactive: bool | None = None
     # A multilingual run (lang_tags): the language to translate into; null: the run's own target language.
     tgt_lang: str | None = None
+    # What the output must start with, contain or avoid (docs/TRANSLATE.md, "Prefixes and constraints"):
+    prefix: str | None = None  # a file, one line per input line: each output starts with it (blank: none)
+    constraints: ConstraintOrder = ConstraintOrder.none  # unordered|ordered: lines are `source<TAB>phrase...`
+    terms: str | None = None  # a glossary `source term<TAB>target term`: found source terms -> constraints
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
+    avoid: str | None = None  # a file of phrases (one per line) no output may contain
 
 
 @dataclass

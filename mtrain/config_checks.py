@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import (
     AverageConfig,
+    ConstraintOrder,
     DecodeWeights,
     Engine,
     EvalConfig,
@@ -542,6 +543,30 @@ def _check_translate(cfg: DictConfig) -> None:
         raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
+    _check_target_controls(cfg)
+
+
+def _check_target_controls(cfg: DictConfig) -> None:
+    """translate's prefix=, constraints=, terms= and avoid=: readable files, and an engine and
+    search that can honour them (CTranslate2 has prefixes and avoided phrases, not constraints;
+    constraints need beam search)."""
+    for key in ("prefix", "terms", "avoid"):
+        path = cfg.get(key)
+        if path is not None and not Path(str(path)).is_file():
+            raise MtrainError(f"{key}={path}: no such file")
+    constrained = [
+        f"{key}={cfg.get(key)}" for key in ("constraints", "terms") if cfg.get(key) not in (None, ConstraintOrder.none)
+    ]
+    if not constrained:
+        return
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))
+    if cfg.engine != Engine.torch or exported:
+        raise MtrainError(
+            f"{constrained[0]}: CTranslate2 has no lexical constraints (only prefix= and avoid=); use engine=torch"
+            + (" with a run directory of `mtrain fit`" if exported else "")
+        )
+    if cfg.decode.sampling != Sampling.none:
+        raise MtrainError(f"{constrained[0]}: lexical constraints need beam search; drop decode.sampling")
 
 
 def _check_average_out(cfg: DictConfig) -> None:

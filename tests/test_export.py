@@ -604,3 +604,40 @@ def test_argos_refusals(run_dir, tmp_path):
     multilingual = DataConfig(corpora=[CorpusConfig(src="de", tgt="en"), CorpusConfig(src="de", tgt="fr")])
     with pytest.raises(MtrainError, match="translates de->en, de->fr"):
         package_direction(RunLanguages.of(multilingual))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_both_engines_honour_a_prefix_and_agree(exported, model, tokenizer, sources, beam):
+    """Each output starts with its prefix (some sentences have none), and CTranslate2's
+    hypotheses are mtrain's, scores (prefix included) too."""
+    from mtrain.decode.constraints import ControlIds
+
+    cfg = DecodeConfig(beam=beam)  # (n-best lists of outputs cut at the length limit may differ)
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    words = tokenizer.encode_tgt("dog cat ball")
+    controls = [ControlIds(prefix=tuple(words[: i % 4])) if ids else None for i, ids in enumerate(sources)]
+    expected = translate_encoded(model, tokenizer, sources, cfg, CPU, controls=controls)
+    got = translate_encoded(engine, tokenizer, sources, cfg, CPU, controls=controls)
+    for want, have, control in zip(expected, got, controls, strict=True):
+        prefix = list(control.prefix) if control else []
+        assert all(hyp.tokens[: len(prefix)] == prefix for hyp in [*want, *have])
+        assert_same_nbest(have, want, cfg.length_penalty)
+
+
+def test_ctranslate2_avoids_phrases_and_refuses_constraints(exported, tokenizer, sources):
+    from mtrain.decode.constraints import ControlIds
+
+    cfg = DecodeConfig(beam=4, nbest=4)
+    engine = load_ctranslate2(exported, CPU, num_threads=1)
+    plain = translate_encoded(engine, tokenizer, sources, cfg, CPU)
+    avoid = [
+        ControlIds(avoid=(tuple(hyps[0].tokens[:1]),)) if ids else None
+        for ids, hyps in zip(sources, plain, strict=True)
+    ]
+    for hyps, control in zip(
+        translate_encoded(engine, tokenizer, sources, cfg, CPU, controls=avoid), avoid, strict=True
+    ):
+        if control is not None:
+            assert all(control.avoid[0][0] not in hyp.tokens for hyp in hyps)
+    with pytest.raises(MtrainError, match="engine=torch"):
+        translate_encoded(engine, tokenizer, sources[:1], cfg, CPU, controls=[ControlIds(constraints=((5,),))])

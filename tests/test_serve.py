@@ -228,6 +228,46 @@ def test_beam_and_nbest_per_request(server, model, tokenizer):
     assert greedy == [hyps[0].text for hyps in expected(model, tokenizer, SENTENCES[:2], beam=1)]
 
 
+def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tokenizer):
+    plain = expected(model, tokenizer, SENTENCES[:3], beam=3, nbest=3)
+    # A word the model wrote that is one piece on its own (as an avoided phrase is tokenized).
+    banned = next(
+        w for hyps in plain for h in hyps for w in h.text.split() if w.isalpha() and len(tokenizer.encode_tgt(w)) == 1
+    )
+    body = {
+        "text": SENTENCES[:3],
+        "beam": 3,
+        "nbest": 3,
+        "prefix": ["Two young", None, ""],
+        "constraints": [["building"], [], ["guitar", "street"]],
+        "avoid": [banned],
+    }
+    response = server.post(body)
+    assert response.status_code == 200, response.text
+    # The best of each: this random model's other hypotheses run into the server's short length limit.
+    first, _, third = response.json()["translations"]
+    assert first.startswith("Two young") and "building" in first
+    assert "guitar" in third and "street" in third
+    assert all(banned not in entry["text"].split() for hyps in response.json()["nbest"] for entry in hyps)
+    alone = server.post({"text": SENTENCES[1:2], "beam": 3, "prefix": ["Two"]}).json()["translations"][0]
+    assert alone.startswith("Two")
+    # A request without them decodes as before, though it may share a batch with one that has them.
+    assert server.post({"text": SENTENCES[:3], "beam": 3}).json()["translations"] == [h[0].text for h in plain]
+
+
+def test_constraints_are_refused_where_the_server_cannot_honour_them():
+    from mtrain.cli.serve_app import Rejected, TranslateRequest, controlled_sentences
+
+    request = TranslateRequest(text=["Ein Hund."], constraints=[["dog"]])
+    with pytest.raises(Rejected, match="constraints: lexical constraints .*use engine=torch"):
+        controlled_sentences(request, ServeConfig(), "ctranslate2")
+    sampling = ServeConfig(decode=DecodeConfig(sampling="topk"))
+    with pytest.raises(Rejected, match="need beam search"):
+        controlled_sentences(request, sampling, "torch")
+    prefix_only = TranslateRequest(text=["Ein Hund."], prefix=["A"], avoid=["cat"])
+    assert controlled_sentences(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
+
+
 def test_concurrent_requests_are_decoded_in_fewer_batches(server, model, tokenizer):
     before = server.health()
     answers: dict[int, httpx.Response] = {}
@@ -489,6 +529,10 @@ BAD_REQUESTS = [
     (dict(json={"text": ["Ein Hund."], "beam": 5}), 422, "beam: 5 is outside 1..4 (max_beam=4)"),
     (dict(json={"text": ["Ein Hund."], "beam": 0}), 422, "beam: 0 is outside 1..4"),
     (dict(json={"text": ["Ein Hund."], "beam": 2, "nbest": 3}), 422, "nbest: 3 is above beam=2"),
+    (dict(json={"text": ["Ein Hund.", "a"], "prefix": ["A"]}), 422, "prefix: 1 entries for 2 sentences in text"),
+    (dict(json={"text": ["Ein Hund."], "constraints": ["dog"]}), 422, "constraints[0]: must be a list"),
+    (dict(json={"text": ["Ein Hund."], "avoid": "dog"}), 422, "avoid: must be a list of phrases (strings)"),
+    (dict(json={"text": ["Ein Hund."], "avoid": ["x"] * 33}), 422, "avoid: 33 phrases, at most 32"),
 ]
 
 

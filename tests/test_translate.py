@@ -18,7 +18,9 @@ from PIL import Image
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.attention_plot import DPI, figure_size
+from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
 from mtrain.decode.stream import translate_stream
+from mtrain.decode.terminology import Glossary
 from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
@@ -560,3 +562,104 @@ def test_ctrl_c_at_the_terminal_exits_130_without_a_traceback(run_dir, tmp_path)
     assert process.returncode == 130, stderr.decode()
     assert "Traceback" not in stderr.decode()
     assert stderr.decode().splitlines()[-1] == "mtrain: interrupted"
+
+
+# ------------------------------------------------------------------ prefixes, constraints, terms, avoid
+def test_fairseq_constraint_lines_and_requests(tokenizer):
+    assert split_constraints("Ein Hund.\tdog\t\tbig cat") == ("Ein Hund.", ("dog", "big cat"))
+    controls = LineControls(tabbed_constraints=True, glossary=Glossary.of({"Hund": "dog"}), avoid=("cat",))
+    source, request = controls.request("Ein Hund.\tdog\tball", prefix="A")
+    assert source == "Ein Hund." and request == TargetRequest("A", ("dog", "ball"), ("cat",))
+    ids = encode_request(tokenizer, request)
+    assert ids is not None and ids.constraints[0] == tuple(tokenizer.encode_tgt("dog"))
+    assert tokenizer.tgt_pieces(ids.constraints[0])[0].startswith("\u2581")  # a word after a space
+    assert encode_request(tokenizer, TargetRequest(" ", ("",), ())) is None
+
+
+def translate_file(model, tokenizer, tmp_path, lines, controls=None, **overrides):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    out = tmp_path / "out.txt"
+    translate_stream(
+        model, tokenizer, job(input=str(source), output=str(out), **overrides), torch.device("cpu"), "fp32", controls
+    )
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_translate_honours_prefixes_constraints_terms_and_avoid(model, tokenizer, tmp_path, beam):
+    plain = translate_file(model, tokenizer, tmp_path, SENTENCES, decode={"beam": beam})
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("A young\n\nThe woman\n\n", encoding="utf-8")
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("Hund\tdog\nGitarre\tguitar\n", encoding="utf-8")
+    # A word the model wrote that is one piece on its own (as the avoided phrase is tokenized).
+    banned = next(w for line in plain for w in line.split() if len(tokenizer.encode_tgt(w)) == 1 and w.isalpha())
+    avoid = tmp_path / "avoid.txt"
+    avoid.write_text(banned + "\n", encoding="utf-8")
+    lines = [SENTENCES[0] + "\tbuilding\tmen", SENTENCES[1], SENTENCES[2], SENTENCES[3]]
+    controls = line_controls("ordered", str(terms), False, str(avoid))
+    outputs = translate_file(model, tokenizer, tmp_path, lines, controls, prefix=str(prefixes), decode={"beam": beam})
+    assert outputs[0].startswith("A young") and outputs[2].startswith("The woman")
+    assert 0 < outputs[0].index("building") < outputs[0].index("men")  # in order
+    assert "dog" in outputs[1].split() or "dog" in outputs[1]
+    assert "guitar" in outputs[2]
+    assert all(banned not in output.split() for output in outputs)
+
+
+def test_constraint_mode_without_constraints_changes_nothing(model, tokenizer, tmp_path):
+    plain = translate_file(model, tokenizer, tmp_path, SENTENCES)
+    assert translate_file(model, tokenizer, tmp_path, SENTENCES, line_controls("unordered", None, False, None)) == plain
+
+
+def test_a_short_prefix_file_is_named(model, tokenizer, tmp_path):
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("A\n", encoding="utf-8")
+    with pytest.raises(MtrainError, match=r"prefix=.*prefix.txt: ends after line 1"):
+        translate_file(model, tokenizer, tmp_path, SENTENCES, prefix=str(prefixes))
+
+
+def test_the_command_refuses_target_controls_it_cannot_honour(run_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("Ein Hund.\nEin Mann.\n", encoding="utf-8")
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("A\n", encoding="utf-8")
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("Hund dog\n", encoding="utf-8")
+    cases = [
+        (("constraints=ordered", "engine=ctranslate2"), "constraints=ordered: CTranslate2 has no lexical constraints"),
+        ((f"terms={terms}", "decode.sampling=topk"), "lexical constraints need beam search"),
+        ((f"prefix={prefixes}",), "prefix=" + str(prefixes) + ": 1 lines, input=" + str(source) + " has 2"),
+        ((f"terms={terms}",), "line 1: expected `source term<TAB>target term`"),
+    ]
+    for args, message in cases:
+        result = mtrain("translate", f"run={run_dir}", f"input={source}", *args, cwd=tmp_path)
+        stderr = result.stderr.decode()
+        assert result.returncode == 2, stderr
+        assert message in stderr and "Traceback" not in stderr
+
+
+def test_prefixes_and_constraints_use_only_pieces_a_restricted_softmax_can_emit(tokenizer, data_dir, tmp_path):
+    """model.output_vocab=target: German words in a prefix or constraint are segmented into
+    the English side's pieces (the others have probability 0 and could never be written)."""
+    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt", encoding="utf-8") as english:
+        allowed = {i for _, line in zip(range(400), english, strict=False) for i in tokenizer.encode_tgt(line)}
+    allowed |= {tokenizer.eos_id, tokenizer.unk_id}
+    torch.manual_seed(0)
+    restricted = build_model(
+        ModelConfig(**MODEL, output_vocab="target"),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=tokenizer.joint,
+    ).eval()
+    restricted.restrict_output(sorted(allowed))
+    prefix, constraint = "Eine Frau spielt", "Gitarre"
+    assert not set(tokenizer.encode_tgt(prefix + " " + constraint)) <= allowed  # German pieces
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text(prefix + "\n", encoding="utf-8")
+    controls = LineControls(tabbed_constraints=True)
+    (output,) = translate_file(
+        restricted, tokenizer, tmp_path, [SENTENCES[2] + "\t" + constraint], controls, prefix=str(prefixes)
+    )
+    assert output.startswith(prefix) and constraint in output

@@ -49,6 +49,8 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
             "mtrain translate run=runs/m30k input=test.de decode.nbest=5     # n-best TSV",
             "mtrain translate run=runs/m30k_ct2 input=test.de     # an `mtrain export` directory: CTranslate2",
             "mtrain translate run=runs/m30k_multi tgt_lang=fr input=test.de     # a multilingual run",
+            "mtrain translate run=runs/m30k input=test.de terms=glossary.tsv     # glossary terms must appear",
+            "mtrain translate run=runs/m30k input=test.de prefix=test.prefix     # outputs start with these lines",
         ],
         "hidden": ["decode.valid_beam"],  # the beam of training's validation
     },

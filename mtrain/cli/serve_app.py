@@ -3,6 +3,8 @@
     GET  /health     {"status": "ok", "model": ..., "batches": N, ...}
     POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en"}
                   -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1)
+    optional, per sentence of text: "prefix": ["A man", null], "constraints": [["dog"], []];
+    for all of them: "avoid": ["phrase", ...]   (docs/SERVE.md, mtrain.decode.controls)
 
 Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wrong>"}` with a
 4xx status (400 a body that is not JSON, 408 one that came too slowly, 413 over a size
@@ -41,6 +43,8 @@ from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_tar
 from mtrain.cli.serve_page import page_router
 from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
+from mtrain.decode.constraints import CONSTRAINTS_REFUSED
+from mtrain.decode.controls import TargetRequest
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.serve")
@@ -55,6 +59,9 @@ class TranslateRequest(BaseModel):
     beam: int | None = None  # default: the server's decode.beam
     nbest: int | None = None  # default: the server's decode.nbest
     tgt_lang: str | None = None  # one of the model's target languages; null: its one (not for a multilingual model)
+    prefix: list[str | None] | None = None  # per sentence, what its translation starts with (null: nothing)
+    constraints: list[list[str]] | None = None  # per sentence, phrases its translation must contain
+    avoid: list[str] | None = None  # phrases no translation of the request may contain
 
 
 # What each field must be, in the words of an error message.
@@ -63,7 +70,30 @@ FIELDS = {
     "beam": "a whole number",
     "nbest": "a whole number",
     "tgt_lang": "a language (a string) or null",
+    "prefix": "a list with a string (or null) per sentence of text",
+    "constraints": "a list with a list of phrases (strings) per sentence of text",
+    "avoid": "a list of phrases (strings)",
 }
+# What an item of a list field must be.
+PHRASE = "a phrase (a string)"
+ITEMS = {
+    "text": "a string (a sentence)",
+    "prefix": "a string or null",
+    "constraints": "a list of phrases (strings)",
+    "avoid": PHRASE,
+}
+MAX_PHRASES = 32  # constraints per sentence, and avoided phrases per request (each costs search work)
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlledSentence:
+    """A sentence of a request that asks for a prefix, constraints or avoided phrases."""
+
+    text: str
+    request: TargetRequest
+
+
+Sentence = str | ControlledSentence  # what the batcher queues (LibreTranslate's sentences are plain)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +127,12 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[str], setting: Setting) -> list[Any]:
-            return model.translate(sentences, setting.decode, setting.tgt_lang)
+        def decode(sentences: list[Sentence], setting: Setting) -> list[Any]:
+            texts = [s.text if isinstance(s, ControlledSentence) else s for s in sentences]
+            if not any(isinstance(s, ControlledSentence) for s in sentences):
+                return model.translate(texts, setting.decode, setting.tgt_lang)
+            requests = [s.request if isinstance(s, ControlledSentence) else None for s in sentences]
+            return model.translate(texts, setting.decode, setting.tgt_lang, requests)
 
         state["batcher"] = Batcher(
             decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"
@@ -137,7 +171,8 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             raise Rejected(422, str(error)) from None
         check_text(body.text, cfg)
         decode = request_decoding(body, cfg)
-        hypotheses = await translated(state["batcher"], body.text, Setting(decode, tgt_lang), cfg.request_timeout_s)
+        sentences = controlled_sentences(body, cfg, model.engine_name)
+        hypotheses = await translated(state["batcher"], sentences, Setting(decode, tgt_lang), cfg.request_timeout_s)
         return response_body(hypotheses, decode.nbest)
 
     # The web page, LibreTranslate's API beside mtrain's, who may translate (serve_page, _libretranslate, _access).
@@ -195,7 +230,7 @@ def health_body(model: ServedModel, cfg: ServeConfig, batcher: Batcher, started:
     }
 
 
-async def translated(batcher: Batcher, sentences: list[str], setting: Setting, timeout_s: float) -> list[Any]:
+async def translated(batcher: Batcher, sentences: Sequence[Sentence], setting: Setting, timeout_s: float) -> list[Any]:
     """The batcher's hypotheses for `sentences`, or Rejected: 503 shutting down, 504 past
     `timeout_s`, 422 for an MtrainError (a sentence the model cannot take)."""
     try:
@@ -249,8 +284,11 @@ def describe_validation_error(errors: Sequence[Any]) -> str:
         return f"{field}: not a field of this request{hint} (the fields: {fields})"
     if kind == "missing":
         return f'{field}: missing; send the sentences as "text": ["...", ...]'
-    if len(loc) > 1:  # text[i]
-        return f"{field}: must be a string (a sentence), not {json_kind(given)}"
+    if len(loc) > 1:  # text[i], prefix[i], constraints[i] or constraints[i][j], avoid[i]
+        indices = [part for part in loc[1:] if isinstance(part, int)]
+        field = printable(str(loc[0])) + "".join(f"[{index}]" for index in indices)
+        item = PHRASE if len(indices) > 1 else ITEMS.get(str(loc[0]), "valid")
+        return f"{field}: must be {item}, not {json_kind(given)}"
     if loc[0] in FIELDS:
         return f"{field}: must be {FIELDS[loc[0]]}, not {json_kind(given)}"
     return f"{field}: {first.get('msg', 'invalid')}"
@@ -290,6 +328,41 @@ def check_text(sentences: list[str], cfg: ServeConfig) -> None:
                 f"text[{index}]: character {error.start} is a lone UTF-16 surrogate "
                 f"({printable(sentence[error.start])}), not text; send valid Unicode (a surrogate pair, or UTF-8)",
             ) from None
+
+
+def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: str) -> list[Sentence]:
+    """The request's sentences with their prefixes, constraints and avoided phrases; Rejected
+    (422) for lists that do not match `text`, too many phrases, or what the engine or the
+    server's search cannot honour (CTranslate2 and sampling have no constraints)."""
+    count = len(request.text)
+    for key in ("prefix", "constraints"):
+        given = getattr(request, key)
+        if given is not None and len(given) != count:
+            raise Rejected(
+                422, f"{key}: {len(given)} entries for {count} sentences in text; give one per sentence (in order)"
+            )
+    for key, phrases in [("avoid", request.avoid or [])] + [
+        (f"constraints[{i}]", sentence) for i, sentence in enumerate(request.constraints or [])
+    ]:
+        if len(phrases) > MAX_PHRASES:
+            raise Rejected(422, f"{key}: {len(phrases)} phrases, at most {MAX_PHRASES}")
+        for phrase in phrases:
+            if len(phrase) > cfg.max_sentence_chars:
+                raise Rejected(413, f"max_sentence_chars: a phrase of {key} has {len(phrase)} characters")
+    if any(request.constraints or []):
+        if engine != "torch":
+            raise Rejected(422, f"constraints: {CONSTRAINTS_REFUSED}")
+        if cfg.decode.sampling != Sampling.none:
+            raise Rejected(422, "constraints: lexical constraints need beam search; this server samples")
+    if request.prefix is None and request.constraints is None and not request.avoid:
+        return list(request.text)
+    prefixes = request.prefix or [None] * count
+    constraints = request.constraints or [[] for _ in range(count)]
+    avoid = tuple(request.avoid or ())
+    return [
+        ControlledSentence(text, TargetRequest(prefix or "", tuple(phrases), avoid))
+        for text, prefix, phrases in zip(request.text, prefixes, constraints, strict=True)
+    ]
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:

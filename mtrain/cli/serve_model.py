@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
+from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
@@ -59,13 +60,28 @@ class ServedModel:
     # Each source language and the languages it translates into (LibreTranslate's `GET /languages`):
     # the run's directions; with language tags, every source into every target (zero-shot too).
     directions: dict[str, list[str]] = field(default_factory=dict)
+    # Per target language's tokenizer, how a request's phrases become ids (built on first use).
+    phrase_encoders: dict[int, PhraseEncoder] = field(default_factory=dict, repr=False)
 
-    def translate(self, sentences: list[str], cfg: DecodeConfig, tgt_lang: str | None = None) -> list[list[Hypothesis]]:
+    def translate(
+        self,
+        sentences: list[str],
+        cfg: DecodeConfig,
+        tgt_lang: str | None = None,
+        requests: Sequence[TargetRequest | None] | None = None,
+    ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
-        them, into `tgt_lang` (as `check_target_language` resolved it)."""
+        them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
+        sentence, its prefix, constraints and avoided phrases (None: none)."""
         tokenizer = self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
         sources = [self.encode(text, tokenizer) for text in sentences]
-        return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision)
+        controls = None
+        if requests is not None and any(request is not None for request in requests):
+            if id(tokenizer) not in self.phrase_encoders:
+                self.phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.engine)
+            encode = self.phrase_encoders[id(tokenizer)]
+            controls = [encode_request(tokenizer, request, encode) for request in requests]
+        return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision, controls=controls)
 
     def encode(self, text: str, tokenizer: Any = None) -> list[int] | None:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""

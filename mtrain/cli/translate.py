@@ -33,6 +33,7 @@ log = logging.getLogger("mtrain.translate")
 def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.data.provenance import provenance_path
+    from mtrain.decode.controls import check_prefix_lines, line_controls
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
     from mtrain.decode.threads import describe_threads, set_decode_threads
@@ -49,6 +50,10 @@ def run_translate(cfg: TranslateConfig) -> None:
         record = provenance_path(Path(cfg.output))
         check_spares_what_it_reads(cfg.output, f"output={cfg.output}", reads)
         check_spares_what_it_reads(record, f"output={cfg.output}: its record {record.name}", reads)
+    # What the outputs must start with, contain and avoid: read and checked before the model loads.
+    controls = line_controls(str(cfg.constraints), cfg.terms, cfg.terms_ignore_case, cfg.avoid)
+    if cfg.prefix is not None:
+        check_prefix_lines(cfg.prefix, cfg.input)
     threads = set_decode_threads(cfg.num_threads)  # said once, below, when the model is open
     device = resolve_device(cfg.device)
     # run= may also be a directory written by `mtrain export` (decoded by CTranslate2, announced).
@@ -76,7 +81,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         if tokenizer.source_prefix
         else "",
     )
-    report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision)
+    report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision, controls)
     log.info("translated %s", counted(report.lines, "line"))
     if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
         from mtrain import installed_version

@@ -33,6 +33,12 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
 - sampling topk/topp, temperature: CTranslate2's sampler with the same settings, seeded
   with `decode.seed`; its random stream is its own, so samples differ from engine=torch.
 - early_stopping=false (mtrain's exact stopping bound) has no CTranslate2 counterpart: refused.
+- target prefix: `target_prefix` (a multilingual run's tag is on the source side, so the
+  prefix is the output's first pieces); as with engine=torch, the output limit is at least
+  the prefix's length and the score includes the prefix's log-probabilities.
+- avoided phrases: `suppress_sequences` (with pad, bos and the tags), which is one list per
+  call: sentences are grouped by the phrases they avoid. Positive lexical constraints have
+  no CTranslate2 counterpart: refused (engine=torch has them).
 - attention pictures: the last decoder layer only (the exported alignment layer), heads averaged;
   with beam > 1 one sentence per call (see `translate_batch`).
 """
@@ -47,6 +53,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.decode.constraints import CONSTRAINTS_REFUSED, ControlIds
 from mtrain.decode.directions import RunLanguages, single_direction
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
@@ -93,34 +100,51 @@ class CTranslate2Model:
         self._banned = [[pieces[i]] for i in (tokenizer.pad_id, tokenizer.bos_id, *tokenizer.tag_ids)]
 
     def translate_batch(
-        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+        self,
+        sources: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        attention_layer: int | str | None = None,
+        controls: Sequence[ControlIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
+        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first;
+        `controls`: target prefixes and avoided phrases (constraints: MtrainError)."""
         options = self._options(cfg, attention_layer)
+        given = list(controls) if controls is not None else [None] * len(sources)
+        if any(c is not None and c.constraints for c in given):
+            raise MtrainError(CONSTRAINTS_REFUSED)
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        groups: dict[int, list[int]] = {}
-        for i, ids in enumerate(sources):
+        groups: dict[tuple[int, int, tuple[tuple[int, ...], ...]], list[int]] = {}
+        for i, (ids, control) in enumerate(zip(sources, given, strict=True)):
             if len(ids) > self.max_positions:
                 raise MtrainError(
                     f"model.max_positions: a source of {len(ids)} tokens exceeds the model's "
                     f"{self.max_positions} positions; shorten the input"
                 )
-            groups.setdefault(len(ids), []).append(i)
+            prefix, avoid = (control.prefix, control.avoid) if control is not None else ((), ())
+            # One output limit and one list of suppressed sequences per CTranslate2 call.
+            max_len = max(self.max_output_length(len(ids), cfg), min(len(prefix), self.max_positions - 1))
+            groups.setdefault((len(ids), max_len, avoid), []).append(i)
         # CTranslate2 (4.8.5) gives a batch's later sentences the first-step attention row of
         # another sentence in beam search (its first step runs unexpanded): one at a time then.
         per_call = 1 if options["return_attention"] and options["beam_size"] > 1 else len(sources)
-        for src_len, indices in groups.items():
-            max_len = self.max_output_length(src_len, cfg)
+        for (_, max_len, avoid), indices in groups.items():
+            suppressed = self._banned + [self.tokenizer.tgt_pieces(phrase) for phrase in avoid]
             for start in range(0, len(indices), per_call):
                 batch = indices[start : start + per_call]
                 src_pieces = [self.tokenizer.src_pieces(sources[i]) for i in batch]
+                prefixes = [
+                    self.tokenizer.tgt_pieces(c.prefix) if c and c.prefix else None for c in (given[i] for i in batch)
+                ]
                 outputs = self.translator.translate_batch(
                     src_pieces,
+                    target_prefix=prefixes if any(prefixes) else None,
                     max_decoding_length=max_len + 1,
                     min_decoding_length=min(cfg.min_len, max_len + 1),
+                    suppress_sequences=suppressed,
                     **options,
                 )
-                for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg), strict=True):
+                prefixed = [bool(p) for p in prefixes]
+                for i, hyps in zip(batch, self._hypotheses(src_pieces, outputs, max_len, cfg, prefixed), strict=True):
                     results[i] = hyps
         return results
 
@@ -149,7 +173,6 @@ class CTranslate2Model:
             return_end_token=True,
             return_scores=True,
             return_attention=attention_layer is not None,
-            suppress_sequences=self._banned,
             no_repeat_ngram_size=cfg.no_repeat_ngram,
             max_input_length=0,  # mtrain truncates (with a warning) before decoding
             max_batch_size=0,
@@ -169,13 +192,20 @@ class CTranslate2Model:
         return options
 
     def _hypotheses(
-        self, src_pieces: list[list[str]], outputs: Sequence[Any], max_len: int, cfg: DecodeConfig
+        self,
+        src_pieces: list[list[str]],
+        outputs: Sequence[Any],
+        max_len: int,
+        cfg: DecodeConfig,
+        prefixed: Sequence[bool],
     ) -> list[list[Hypothesis]]:
         """mtrain's hypotheses from CTranslate2's results, best first, `cfg.nbest` per sentence.
 
         A hypothesis without EOS was cut at the length limit (max_len + 1 tokens). mtrain
         would have ended its first max_len tokens with a forced EOS: it is cut to those and
         rescored with EOS (`score_batch`, the exact log-probs), then the list is re-sorted.
+        A sentence decoded from a target prefix is rescored too: CTranslate2's score leaves
+        the prefix out, mtrain's includes it.
         """
         alpha = cfg.length_penalty
         per_sentence: list[list[Hypothesis]] = []
@@ -194,7 +224,7 @@ class CTranslate2Model:
                 if weights is not None:
                     hyp.attention = torch.tensor(weights)[:length]  # (output tokens + EOS, src_len)
                 hyps.append(hyp)
-                if not ended:
+                if not ended or prefixed[row]:
                     at_limit.append((row, hyp))
             per_sentence.append(hyps)
         if at_limit:

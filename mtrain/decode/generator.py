@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DecodeConfig, Sampling
+from mtrain.decode.constraints import ControlIds, controls_for
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
 from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
 from mtrain.decode.sampling import SamplingSearch
@@ -72,6 +73,9 @@ class _Finished:
     log_prob: Tensor  # (m,)
     score: Tensor  # (m,)
     attention: Tensor | None  # (m, step + 1, [layers,] src_len)
+    # With constraints: whether each holds them all (one cut at its length limit may not,
+    # and ranks after those that do); None: no constraints.
+    satisfied: Tensor | None = None
 
 
 @torch.inference_mode()
@@ -86,6 +90,8 @@ def generate(
     use_cache: bool = True,
     attention_layer: int | str | None = None,
     banned_ids: Sequence[int] = (),
+    controls: Sequence[ControlIds | None] | None = None,
+    word_continuations: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -95,9 +101,18 @@ def generate(
     `Hypothesis.attention` with that layer's cross-attention averaged over heads.
     `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
     multilingual run: `Tokenizer.tag_ids`).
+    `controls`: per sentence, a target prefix, constraints and avoided phrases
+    (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
+    `word_continuations`: the pieces that continue a word (`Tokenizer.word_continuation_ids`),
+    which never follow a completed constraint (empty: a constraint may end inside a word).
     """
     device = src_tokens.device
+    target = controls_for(controls, device, word_continuations) if controls is not None else None
     search = build_search(cfg, device)
+    if target is not None and target.has_constraints:
+        if cfg.sampling != Sampling.none:
+            raise ValueError("lexical constraints need beam search (decode.sampling=none)")
+        search = BeamSearch(cfg.beam)  # its initial rows; `target.choose` makes the choices
     width = search.width
     batch = src_tokens.size(0)
     if batch == 0:
@@ -106,6 +121,9 @@ def generate(
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
     max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
+    if target is not None:
+        max_len = target.limit_lengths(max_len)
+        target.start(width)
     max_positions = position_limit(model)
     if max_positions is not None:  # bos + max_len tokens must fit the position table
         max_len = max_len.clamp(max=max_positions - 1)
@@ -141,11 +159,17 @@ def generate(
             if attention_history is None:
                 attention_history = attention[:, :0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
+        model_lprobs = lprobs.clone() if target is not None and step < target.prefix.size(1) else lprobs
         ban_tokens(lprobs, never_emitted)
         apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
         if no_repeat is not None:
             no_repeat(lprobs, prefix[:, 1:])
-        choices = search.step(lprobs.view(n, width, -1), scores)
+        if target is not None:
+            target.process(lprobs, model_lprobs, row_max_len, eos_id)
+        if target is not None and target.has_constraints:
+            choices = target.choose(lprobs.view(n, width, -1), scores)
+        else:
+            choices = search.step(lprobs.view(n, width, -1), scores)
         alive = torch.isfinite(choices.scores)  # (n, k)
         is_eos = choices.tokens == eos_id
         chosen_rows = torch.arange(n, device=device).unsqueeze(1) * width + choices.beam_index  # (n, k) row in `prefix`
@@ -168,6 +192,7 @@ def generate(
                         if attention_history is not None and attention is not None  # (set together)
                         else None
                     ),
+                    satisfied=target.satisfied(rows) if target is not None and target.has_constraints else None,
                 )
             )
             num_finished.index_add_(0, sentence[which], torch.ones_like(which))
@@ -201,6 +226,8 @@ def generate(
         if attention_history is not None and attention is not None:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
         row_max_len = row_max_len.index_select(0, index)
+        if target is not None:
+            target.follow(index, next_tokens.view(-1))
         scores = next_scores
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
@@ -238,10 +265,11 @@ def _best_reachable(score: Tensor, step: int, max_len: Tensor, alpha: float) -> 
 
 def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Tensor) -> list[list[Hypothesis]]:
     """Per input sentence, its `nbest` best finished hypotheses (one pass over outputs)."""
-    per_sentence: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    per_sentence: list[list[tuple[bool, Hypothesis]]] = [[] for _ in range(batch)]
     lengths = src_lengths.tolist()
     for group in finished:
         attention = group.attention.float().cpu() if group.attention is not None else None
+        satisfied = group.satisfied.tolist() if group.satisfied is not None else [True] * group.score.size(0)
         for i, (s, tokens, log_prob, score) in enumerate(
             zip(
                 group.sentence.tolist(),
@@ -254,9 +282,10 @@ def _collect(finished: list[_Finished], batch: int, nbest: int, src_lengths: Ten
             hyp = Hypothesis(tokens=tokens, score=score, log_prob=log_prob)
             if attention is not None:
                 hyp.attention = attention[i, ..., : lengths[s]]
-            per_sentence[s].append(hyp)
+            per_sentence[s].append((satisfied[i], hyp))
     results = []
-    for hyps in per_sentence:
-        hyps.sort(key=lambda h: h.score, reverse=True)
+    for ranked in per_sentence:
+        ranked.sort(key=lambda pair: (pair[0], pair[1].score), reverse=True)  # (stable: ties keep their order)
+        hyps = [hyp for _, hyp in ranked]
         results.append(hyps[:nbest] or [Hypothesis(tokens=[], score=NEG_INF, log_prob=NEG_INF)])
     return results

@@ -30,8 +30,19 @@ from tqdm import tqdm
 
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
+from mtrain.decode.constraints import ControlIds
+from mtrain.decode.controls import LineControls, encode_request, phrase_encoder
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.textio import InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks, write_output
+from mtrain.decode.textio import (
+    InputRepairs,
+    count_lines,
+    decode_line,
+    nbest_rows,
+    one_line,
+    open_input,
+    read_chunks,
+    write_output,
+)
 from mtrain.decode.translator import Engine, as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -141,14 +152,48 @@ def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
         yield line + b"\n"
 
 
+class PrefixLines:
+    """`prefix=FILE`'s lines, read along with the input's; MtrainError when the counts differ."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.handle = Path(path).open("rb")
+        self.read = 0
+
+    def take(self, count: int) -> list[str]:
+        lines = []
+        for _ in range(count):
+            raw = self.handle.readline()
+            if not raw:
+                raise MtrainError(
+                    f"prefix={self.path}: ends after line {self.read}, the input has more lines; "
+                    "give one prefix line per input line (a blank line: no prefix)"
+                )
+            self.read += 1
+            lines.append(decode_line(raw.rstrip(b"\n").rstrip(b"\r"))[0])
+        return lines
+
+    def finish(self) -> None:
+        extra = self.handle.readline()
+        self.handle.close()
+        if extra:
+            raise MtrainError(
+                f"prefix={self.path}: line {self.read + 1} and on have no input line (the input has "
+                f"{self.read}); give one prefix line per input line"
+            )
+
+
 def translate_stream(
     model: Seq2SeqTransformer | EnsembleModel | Engine,
     tokenizer: Tokenizer,
     cfg: TranslateConfig,
     device: torch.device,
     precision: str,
+    line_controls: LineControls | None = None,
 ) -> StreamReport:
-    """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null)."""
+    """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null).
+    `line_controls`: how each line's constraints are found (`cfg.constraints`, `terms`,
+    `avoid`; read by the caller before the model loads); `cfg.prefix` is read here."""
     limit = cfg.max_input_tokens
     model_limit = position_limit(model)
     engine = as_engine(model, tokenizer, device, precision)  # once: a bf16 engine casts the weights
@@ -159,6 +204,9 @@ def translate_stream(
     nbest = cfg.decode.nbest > 1
     interactive = is_interactive(cfg)
 
+    controlled = line_controls or LineControls()
+    encode_phrase = phrase_encoder(tokenizer, model)
+    prefix_lines = PrefixLines(cfg.prefix) if cfg.prefix is not None else None
     stats = InputRepairs()
     truncated = 0
     source = open_input(cfg.input)
@@ -177,6 +225,14 @@ def translate_stream(
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
                 sources = []
+                prefixes = prefix_lines.take(len(chunk)) if prefix_lines is not None else None
+                controls: list[ControlIds | None] | None = None
+                if prefixes is not None or controlled.any:
+                    requests = [
+                        controlled.request(text, prefixes[i] if prefixes else "") for i, text in enumerate(chunk)
+                    ]
+                    chunk = [source for source, _ in requests]
+                    controls = [encode_request(tokenizer, request, encode_phrase) for _, request in requests]
                 for offset, text in enumerate(chunk):
                     ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
                     truncated += cut
@@ -191,6 +247,7 @@ def translate_stream(
                     precision,
                     attention_layer=attention_layer,
                     on_batch=progress.update,
+                    controls=controls,
                 )
                 for offset, sentence_hyps in enumerate(hyps):
                     if nbest:
@@ -201,8 +258,12 @@ def translate_stream(
                 if attention_dir is not None:
                     _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)
                 first_line += len(chunk)
+            if prefix_lines is not None:
+                prefix_lines.finish()
         finally:
             progress.close()
+            if prefix_lines is not None:
+                prefix_lines.handle.close()
 
     try:
         write_output(cfg.output, translate_into)

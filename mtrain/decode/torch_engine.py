@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from mtrain.config import DecodeConfig, Precision
+from mtrain.decode.constraints import ControlIds
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.runtime import autocast
@@ -60,9 +61,12 @@ class TorchEngine:
         precision: Precision | str = Precision.fp32,
         use_cache: bool = True,
         banned_ids: Sequence[int] = (),
+        word_continuations: Sequence[int] = (),
     ) -> None:
         """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
-        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags)."""
+        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags).
+        `word_continuations`: pieces that continue a word (`Tokenizer.word_continuation_ids`):
+        none follows a completed constraint, so constraints end at a word's end."""
         self.device = torch.device(device)
         self.precision = Precision(precision)
         if self.precision is Precision.auto:
@@ -71,11 +75,17 @@ class TorchEngine:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.use_cache = use_cache
         self.banned_ids = tuple(banned_ids)
+        self.word_continuations = tuple(word_continuations)
 
     def translate_batch(
-        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+        self,
+        sources: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        attention_layer: int | str | None = None,
+        controls: Sequence[ControlIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first."""
+        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first;
+        `controls`: per source, its target prefix, constraints and avoided phrases."""
         src_tokens = torch.full((len(sources), max(len(ids) for ids in sources)), self.pad_id, dtype=torch.long)
         for row, ids in enumerate(sources):
             src_tokens[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
@@ -95,6 +105,8 @@ class TorchEngine:
                     use_cache=self.use_cache,
                     attention_layer=attention_layer,
                     banned_ids=self.banned_ids,
+                    controls=controls,
+                    word_continuations=self.word_continuations,
                 )
         finally:
             self.model.train(was_training)

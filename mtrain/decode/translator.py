@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.decode.constraints import ControlIds
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
 from mtrain.tokenizer import Tokenizer
@@ -38,10 +39,16 @@ class Engine(Protocol):
     """Decodes one batch of encoded sources."""
 
     def translate_batch(
-        self, sources: Sequence[Sequence[int]], cfg: DecodeConfig, attention_layer: int | str | None = None
+        self,
+        sources: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        attention_layer: int | str | None = None,
+        controls: Sequence[ControlIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best
-        first, without `.text` (the translator detokenizes)."""
+        first, without `.text` (the translator detokenizes); `controls` (None: none), per
+        source, its target prefix, constraints and avoided phrases (MtrainError for what the
+        engine cannot honour)."""
         ...
 
 
@@ -66,6 +73,7 @@ def as_engine(
         precision,
         use_cache,
         banned_ids=tokenizer.tag_ids,
+        word_continuations=tokenizer.word_continuation_ids(),
     )
 
 
@@ -99,6 +107,7 @@ def translate_encoded(
     attention_layer: int | str | None = None,
     use_cache: bool = True,
     on_batch: Callable[[int], object] | None = None,
+    controls: Sequence[ControlIds | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate encoded sources (ids ending in eos; None for an empty input).
 
@@ -107,17 +116,30 @@ def translate_encoded(
     Returns, per source, up to `cfg.nbest` hypotheses with `.text` filled, best first.
     `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`.
     `on_batch(num_sentences)` is called after each batch (progress bars).
+    `controls`: per source, its target prefix, constraints and avoided phrases (target ids,
+    `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
     """
     engine = as_engine(model, tokenizer, device, precision, use_cache)
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
+    if controls is not None:
+        for i, (ids, control) in enumerate(zip(sources, controls, strict=True)):
+            if not ids and control is not None and control.prefix:  # nothing to translate: the prefix as typed
+                results[i] = [Hypothesis(list(control.prefix), 0.0, text=tokenizer.decode_tgt(control.prefix))]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
-        for i, sentence_hyps in zip(
-            indices, engine.translate_batch([sources[i] or () for i in indices], cfg, attention_layer), strict=True
-        ):
+        batch_sources = [sources[i] or () for i in indices]
+        batch_controls = [controls[i] for i in indices] if controls is not None else None
+        if batch_controls is not None and all(c is None or c.empty for c in batch_controls):
+            batch_controls = None  # (an engine without the keyword decodes such batches too)
+        decoded = (
+            engine.translate_batch(batch_sources, cfg, attention_layer)
+            if batch_controls is None
+            else engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls)
+        )
+        for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
             results[i] = sentence_hyps

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +105,39 @@ class Tokenizer:
         """Target ids without bos/eos."""
         ids: list[int] = self._tgt.encode(text)  # (SentencePiece's stub types every encode as Any)
         return ids
+
+    def word_continuation_ids(self) -> list[int]:
+        """Target pieces that continue a word: no word-start marker `▁`, a letter or digit
+        first (`s` in `▁dog s`); a constraint that ends a word is not followed by one."""
+        ids = []
+        for i in range(self.tgt_vocab_size):
+            piece = self._tgt.id_to_piece(i)
+            if not (self._tgt.is_control(i) or self._tgt.is_unknown(i)) and piece[:1].isalnum():
+                ids.append(i)
+        return ids
+
+    def target_encoder_within(self, allowed_ids: Sequence[int]) -> Callable[[str], list[int]]:
+        """`encode_tgt` using only the pieces `allowed_ids` (and the special ones): what a
+        model whose softmax ranges over those pieces (`model.output_vocab=target`) can write.
+        SentencePiece's vocabulary restriction: a copy of the target model with every other
+        piece marked unused, so a text is segmented into allowed pieces (a word made only of
+        source-side pieces gets smaller, allowed ones)."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._tgt.serialized_model_proto())
+        keep = {int(i) for i in allowed_ids}
+        for index, piece in enumerate(proto.pieces):
+            if index not in keep and piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL:
+                piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNUSED
+        restricted = spm.SentencePieceProcessor()
+        restricted.LoadFromSerializedProto(proto.SerializeToString())
+
+        def encode(text: str) -> list[int]:
+            ids: list[int] = restricted.encode(text)
+            return ids
+
+        return encode
 
     def decode_tgt(self, ids: Sequence[int]) -> str:
         """Detokenized text; pad/bos/eos are dropped (unk renders as SentencePiece's ⁇)."""

@@ -1,0 +1,154 @@
+"""What a user asks of one sentence's output, as text, and its target token ids.
+
+`TargetRequest` holds a sentence's target prefix, the phrases its output must contain and
+those it must not, as typed; `encode_request` turns it into `ControlIds`, what the search
+uses (`mtrain.decode.constraints`). Where the text comes from:
+
+- `mtrain translate`: `prefix=FILE` (one line per input line; a blank line: no prefix),
+  `constraints=unordered|ordered` (input lines are fairseq's `source<TAB>phrase<TAB>...`),
+  `terms=FILE.tsv` (`mtrain.decode.terminology`), `avoid=FILE` (one phrase per line, for
+  every sentence);
+- `mtrain serve`: the request's `prefix`, `constraints` and `avoid` fields.
+
+Phrases are matched as target tokens. A phrase is tokenized on its own, as a word that
+follows a space: SentencePiece gives its first piece the word-start marker `▁` (`Hund` ->
+`▁Hund`). Its pieces never cross a space (whitespace splitting, SentencePiece's default), so
+a word after a space is segmented in a sentence exactly as on its own: a constraint asks for
+the phrase as whole words, and an avoided phrase bans it as whole words (a word that merely
+contains it, `Haushund`, tokenizes otherwise and is not banned; nor is a word glued to a
+punctuation mark before it, `(Hund`, whose pieces lack the marker). Matching is exact: case
+and spelling count, inflected forms are other tokens. The prefix is tokenized as the start
+of the output it is, with the same marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtrain.decode.constraints import ControlIds
+from mtrain.decode.terminology import Glossary, read_glossary
+from mtrain.decode.textio import count_lines
+from mtrain.errors import MtrainError
+from mtrain.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TargetRequest:
+    """One sentence's prefix, required phrases and avoided phrases, as text."""
+
+    prefix: str = ""
+    constraints: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    ordered: bool = False  # the constraints must appear in this order
+
+
+PhraseEncoder = Callable[[str], list[int]]
+
+
+def phrase_encoder(tokenizer: Tokenizer, model: Any) -> PhraseEncoder:
+    """How phrases and prefixes become target ids for `model` (mtrain's model, an ensemble, or
+    an engine): `tokenizer.encode_tgt`, restricted to the pieces the model can emit when its
+    softmax ranges over a subset (`model.output_vocab=target`; an ensemble: the pieces every
+    member can emit). A piece outside that subset has probability 0: a prefix or constraint
+    holding one could never be written, so it is segmented into allowed pieces instead (the
+    same pieces as before for every word of the training targets)."""
+    allowed = emittable_ids(model)
+    return tokenizer.encode_tgt if allowed is None else tokenizer.target_encoder_within(allowed)
+
+
+def emittable_ids(model: Any) -> list[int] | None:
+    """The target ids `model`'s softmax ranges over; None: all of them (or not known: CTranslate2)."""
+    model = getattr(model, "model", model)  # a TorchEngine's model
+    allowed: torch.Tensor | None = None
+    for member in getattr(model, "members", None) or [model]:
+        member_allowed = getattr(member, "output_allowed", None)
+        if isinstance(member_allowed, torch.Tensor):
+            mask = member_allowed.bool().cpu()
+            allowed = mask if allowed is None else allowed & mask
+    return None if allowed is None else allowed.nonzero().squeeze(1).tolist()
+
+
+def encode_request(
+    tokenizer: Tokenizer, request: TargetRequest | None, encode: PhraseEncoder | None = None
+) -> ControlIds | None:
+    """The request as target ids (blank phrases dropped); None when it asks for nothing.
+    `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`)."""
+    if request is None:
+        return None
+    encode = encode or tokenizer.encode_tgt
+
+    def phrases(texts: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        encoded = (tuple(encode(" ".join(text.split()))) for text in texts if text.strip())
+        return tuple(ids for ids in encoded if ids)
+
+    controls = ControlIds(
+        prefix=tuple(encode(request.prefix)) if request.prefix.strip() else (),
+        constraints=phrases(request.constraints),
+        avoid=phrases(request.avoid),
+        ordered=request.ordered,
+    )
+    return None if controls.empty else controls
+
+
+def split_constraints(line: str) -> tuple[str, tuple[str, ...]]:
+    """fairseq's `--constraints` input: the source, then the phrases, tab-separated."""
+    source, *phrases = line.split("\t")
+    return source, tuple(phrase for phrase in phrases if phrase.strip())
+
+
+@dataclass(frozen=True)
+class LineControls:
+    """How `mtrain translate` builds each line's request (all off: lines are plain sources)."""
+
+    tabbed_constraints: bool = False  # lines are `source<TAB>phrase...`
+    ordered: bool = False
+    glossary: Glossary | None = None
+    avoid: tuple[str, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return self.tabbed_constraints or self.glossary is not None or bool(self.avoid)
+
+    def request(self, line: str, prefix: str = "") -> tuple[str, TargetRequest]:
+        """The source to translate and its request, from an input line and its prefix line."""
+        source, phrases = split_constraints(line) if self.tabbed_constraints else (line, ())
+        if self.glossary is not None:
+            phrases = tuple(dict.fromkeys([*phrases, *self.glossary.constraints(source)]))
+        return source, TargetRequest(prefix, phrases, self.avoid, self.ordered)
+
+
+def read_phrases(path: str | Path, key: str = "avoid") -> tuple[str, ...]:
+    """A file of phrases, one per line (blank lines and lines starting with `#` skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise MtrainError(f"{key}={path}: cannot read it ({error})") from None
+    return tuple(" ".join(line.split()) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def line_controls(constraints: str, terms: str | None, terms_ignore_case: bool, avoid: str | None) -> LineControls:
+    """`mtrain translate`'s settings (`constraints` none|unordered|ordered) read into a
+    LineControls: the glossary and the avoided phrases are read (and checked) here."""
+    return LineControls(
+        tabbed_constraints=constraints != "none",
+        ordered=constraints == "ordered",
+        glossary=read_glossary(terms, terms_ignore_case) if terms is not None else None,
+        avoid=read_phrases(avoid) if avoid is not None else (),
+    )
+
+
+def check_prefix_lines(prefix: str, input_path: str | None) -> None:
+    """prefix= has as many lines as input= (a file; stdin is checked as it is read)."""
+    if input_path is None:
+        return
+    wanted, given = count_lines(input_path), count_lines(prefix)
+    if wanted != given:
+        raise MtrainError(
+            f"prefix={prefix}: {given} lines, input={input_path} has {wanted}; "
+            "give one prefix line per input line (a blank line: no prefix)"
+        )

@@ -1,0 +1,81 @@
+"""A terminology file (`terms=FILE.tsv`): where a source holds a term, its target term becomes
+a constraint of that sentence's translation.
+
+The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
+starting with `#` are skipped). How a source term is found in a sentence:
+
+- whole words only: a term matches where it is neither preceded nor followed by a word
+  character (a Unicode letter, digit or `_`), so `Hund` matches in `Der Hund bellt.` and in
+  `(Hund)`, not in `Hundehütte` or `Haushund`; the spaces inside a multi-word term match any
+  run of whitespace;
+- case-sensitive (`Bank` is not `bank`), unless `terms_ignore_case=true`: then terms and
+  sentences are compared case-folded (Unicode case folding: `STRASSE` matches `Straße`);
+- leftmost first, and at one place the longest term: with `New York` and `New York City`
+  both listed, `New York City` wins; a term inside or overlapping a matched one is not used;
+- each target term is a constraint once per sentence however often its source appears
+  (a listed source term with two targets is refused: which one would be meant?).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtrain.errors import MtrainError
+
+
+@dataclass(frozen=True)
+class Glossary:
+    """Source terms and their target terms, and the pattern that finds the source terms."""
+
+    targets: dict[str, str]  # source term (case-folded with ignore_case) -> target term
+    pattern: re.Pattern[str]
+    ignore_case: bool = False
+
+    @classmethod
+    def of(cls, terms: dict[str, str], ignore_case: bool = False) -> Glossary:
+        if ignore_case:
+            terms = {source.casefold(): target for source, target in terms.items()}
+        # Longest first: at one position the regex takes the first alternative that matches.
+        alternatives = [
+            r"\s+".join(re.escape(word) for word in source.split()) for source in sorted(terms, key=len, reverse=True)
+        ]
+        pattern = re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)" if terms else r"(?!)")
+        return cls(terms, pattern, ignore_case)
+
+    def constraints(self, source: str) -> list[str]:
+        """The target terms of the source terms in `source`, in their order, each once."""
+        found: dict[str, None] = {}
+        for match in self.pattern.finditer(source.casefold() if self.ignore_case else source):
+            found[self.targets[" ".join(match.group().split())]] = None
+        return list(found)
+
+
+def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
+    """The glossary in `path`; MtrainError naming the file and line for a malformed line."""
+    terms: dict[str, str] = {}
+    lines_of: dict[str, int] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise MtrainError(f"terms={path}: cannot read it ({error})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            raise MtrainError(
+                f"terms={path} line {number}: expected `source term<TAB>target term` "
+                f"(two non-empty fields), got {len(fields)} field(s)"
+            )
+        source, target = (" ".join(field.split()) for field in fields)
+        key = source.casefold() if ignore_case else source
+        if key in terms and terms[key] != target:
+            raise MtrainError(
+                f"terms={path} line {number}: {source!r} has the target {target!r} here and "
+                f"{terms[key]!r} on line {lines_of[key]}; keep one"
+            )
+        terms[key] = target
+        lines_of[key] = number
+    return Glossary.of(terms, ignore_case)
