@@ -20,6 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mtrain.errors import MtrainError
+
 
 class Choice(str, Enum):
     """One of a fixed set of strings (a config key's allowed values).
@@ -444,6 +446,29 @@ class TrainConfig:
     # test decode use the averaged weights (mtrain/train/ema.py).
     ema_decay: float | None = None
     ema_start_update: int = 0  # before this update the average follows the weights exactly
+    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): a Pharaoh file of word
+    # alignments, line for line with the training corpus (scripts/align_eflomal.py); one
+    # cross-attention head is trained towards them (mtrain/batches/guided_alignment.py). null: off.
+    guided_alignment: str | None = None
+    guided_alignment_weight: float = 0.1  # of the alignment cross-entropy beside the translation loss
+    guided_alignment_layer: int = -2  # the decoder layer (negative: from the last): Garg's penultimate
+    guided_alignment_head: int = 0  # the head of that layer that is guided
+
+
+class AlignmentLevel(str, Enum):
+    none = "none"
+    word = "word"
+    subword = "subword"
+
+
+def alignment_level(value: object) -> AlignmentLevel:
+    """`decode.alignment` as typed: true/word, subword, false/none/null."""
+    text = "none" if value is None else str(value).strip().lower()
+    text = {"true": "word", "false": "none", "null": "none", "": "none"}.get(text, text)
+    try:
+        return AlignmentLevel(text)
+    except ValueError:
+        raise MtrainError(f"decode.alignment={value}: choose true (= word), word, subword or false") from None
 
 
 @dataclass
@@ -465,6 +490,13 @@ class DecodeConfig:
     # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
     early_stopping: bool = True
     valid_beam: int = 1  # beam used for validation BLEU during training (1 = greedy)
+    # Word alignments of every output from cross-attention (mtrain/decode/alignment.py,
+    # docs/TRANSLATE.md): false | true (= word) | word | subword.
+    alignment: str = "false"
+    # The decoder layer (negative: from the last) and head (null: the average of the heads)
+    # the alignments come from; null layer: the run's guided head if it trained one, else -2.
+    alignment_layer: int | None = None
+    alignment_head: int | None = None
 
 
 @dataclass

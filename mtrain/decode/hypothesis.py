@@ -23,6 +23,8 @@ class Hypothesis:
     # (len(tokens) + 1, src_len), or (len(tokens) + 1, layers, src_len) for all layers.
     # Only when asked for (attention pictures).
     attention: torch.Tensor | None = field(default=None, repr=False)
+    # (source, target) word or piece links (`decode.alignment`; mtrain.decode.alignment).
+    alignment: list[tuple[int, int]] | None = None
 
 
 def length_normalise(log_prob: torch.Tensor, length: torch.Tensor | int, alpha: float) -> torch.Tensor:

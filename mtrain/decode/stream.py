@@ -31,7 +31,15 @@ from tqdm import tqdm
 from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.textio import InputRepairs, count_lines, nbest_rows, one_line, open_input, read_chunks, write_output
+from mtrain.decode.textio import (
+    InputRepairs,
+    count_lines,
+    nbest_rows,
+    open_input,
+    output_line,
+    read_chunks,
+    write_output,
+)
 from mtrain.decode.translator import Engine, as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -196,7 +204,7 @@ def translate_stream(
                     if nbest:
                         sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
                     else:
-                        sink.write(one_line(sentence_hyps[0].text) + "\n")
+                        sink.write(output_line(sentence_hyps[0]) + "\n")
                 sink.flush()
                 if attention_dir is not None:
                     _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.decode.alignment import Aligner
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
 from mtrain.tokenizer import Tokenizer
@@ -105,10 +106,14 @@ def translate_encoded(
     `model` is mtrain's model (decoded by a `TorchEngine` on `device` in `precision`) or
     an `Engine` (e.g. CTranslate2's, which brings its own device and compute type).
     Returns, per source, up to `cfg.nbest` hypotheses with `.text` filled, best first.
-    `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`.
+    `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`;
+    `cfg.alignment` fills `Hypothesis.alignment` (mtrain.decode.alignment).
     `on_batch(num_sentences)` is called after each batch (progress bars).
     """
     engine = as_engine(model, tokenizer, device, precision, use_cache)
+    aligner = Aligner.of(cfg, tokenizer, attention_layer)
+    if aligner is not None:
+        attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
@@ -120,6 +125,8 @@ def translate_encoded(
         ):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
+                if aligner is not None:
+                    aligner.align(sources[i] or (), hyp)
             results[i] = sentence_hyps
         if on_batch is not None:
             on_batch(len(indices))
