@@ -537,6 +537,9 @@ class TranslateConfig:
     interactive: bool | None = None
     # A multilingual run (lang_tags): the language to translate into; null: the run's own target language.
     tgt_lang: str | None = None
+    # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
+    # (mtrain/decode/markup.py, docs/TRANSLATE.md)
+    format: str = "text"
 
 
 @dataclass

@@ -549,6 +549,22 @@ def _check_alignment(cfg: DictConfig) -> None:
         )
 
 
+MARKUP_FORMATS = ("text", "xml", "html")
+
+
+def _check_format(fmt: str, decode: DictConfig, key: str) -> None:
+    """translate's `format` (serve's request field): text, or markup put back by word alignments."""
+    if fmt not in MARKUP_FORMATS:
+        raise MtrainError(
+            f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
+        )
+    if fmt != "text" and alignment_level(decode.alignment) is AlignmentLevel.subword:
+        raise MtrainError(
+            f"{key}={fmt} puts tags back by word alignments; decode.alignment=subword would print other "
+            "links than it uses: use decode.alignment=word (or false)"
+        )
+
+
 def _null(value: Any) -> str:
     return "null" if value is None else str(value)
 
@@ -596,6 +612,7 @@ def _check_ensemble(cfg: DictConfig) -> None:
 
 def _check_translate(cfg: DictConfig) -> None:
     _at_least(cfg, "max_input_tokens", 2, why="(one token and eos)")
+    _check_format(str(cfg.format), cfg.decode, "format")
     _optional_at_least(cfg, "num_threads", 1)
     layer = str(cfg.attention_layer)
     if layer not in ("last", "all") and not layer.lstrip("-").isdigit():

@@ -77,31 +77,54 @@ def load_guided_alignments(
     and line for a bad file."""
     path = Path(path)
     summary = json.loads((entry / "summary.json").read_text(encoding="utf-8"))["train"]
-    read = int(summary["read"])  # corpus lines read (train_limit may have stopped early)
     kept_lines = line_numbers(entry)
     if len(kept_lines) != len(corpus):
         raise MtrainError(f"{entry}: the cache entry has no line numbers for its pairs; remove it to re-encode")
     lines = path.read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    if len(lines) < read or (len(lines) > read and train_limit is None):
+    return guided_alignments_from(
+        lines,
+        str(path),
+        corpus,
+        kept_lines,
+        int(summary["read"]),
+        word_starts(tokenizer, "src"),
+        word_starts(tokenizer, "tgt"),
+        limited=train_limit is not None,
+    )
+
+
+def guided_alignments_from(
+    lines: list[str],
+    name: str,
+    corpus: EncodedCorpus,
+    kept_lines: np.ndarray,
+    read: int,
+    src_starts: np.ndarray,
+    tgt_starts: np.ndarray,
+    limited: bool = False,
+) -> GuidedAlignments:
+    """The subword links of `corpus`'s pairs from Pharaoh `lines` (of file `name`): pair k is
+    line `kept_lines[k]`; `read` corpus lines were read (more lines are allowed when `limited`,
+    train_limit having stopped the reading early); `src_starts`/`tgt_starts` say which token
+    ids start a word."""
+    if len(lines) < read or (len(lines) > read and not limited):
         raise MtrainError(
-            f"train.guided_alignment: {path} has {len(lines)} lines, the training corpus {read}; "
+            f"train.guided_alignment: {name} has {len(lines)} lines, the training corpus {read}; "
             "the file must be line for line with the corpus as read (before cleaning)"
         )
-    src_starts, tgt_starts = word_starts(tokenizer, "src"), word_starts(tokenizer, "tgt")
     offsets = np.zeros(len(corpus) + 1, dtype=np.int64)
     src_links: list[np.ndarray] = []
     tgt_links: list[np.ndarray] = []
     for k, line_index in enumerate(kept_lines.tolist()):
-        src_tokens = corpus.src(k)[:-1]  # without the eos
-        tgt_tokens = corpus.tgt(k)
-        src_words, tgt_words = _words_of(src_tokens, src_starts), _words_of(tgt_tokens, tgt_starts)
+        src_words = _words_of(corpus.src(k)[:-1], src_starts)  # without the eos
+        tgt_words = _words_of(corpus.tgt(k), tgt_starts)
         num_src, num_tgt = (int(words[-1]) + 1 if len(words) else 0 for words in (src_words, tgt_words))
         pairs_src, pairs_tgt = [], []
         for token in lines[line_index].split():
             i, dash, j = token.partition("-")
-            where = f"{path}:{line_index + 1}"
+            where = f"{name}:{line_index + 1}"
             if not dash or not i.isdigit() or not j.isdigit():
                 raise MtrainError(f"train.guided_alignment: {where}: {token!r} is not a Pharaoh link i-j")
             if int(i) >= num_src or int(j) >= num_tgt:
@@ -113,12 +136,12 @@ def load_guided_alignments(
             tgt_pieces = np.flatnonzero(tgt_words == int(j))
             pairs_src.append(np.repeat(src_pieces, len(tgt_pieces)))
             pairs_tgt.append(np.tile(tgt_pieces, len(src_pieces)))
+        count = 0
         if pairs_src:
             src_links.append(np.concatenate(pairs_src))
             tgt_links.append(np.concatenate(pairs_tgt))
-            offsets[k + 1] = offsets[k] + len(src_links[-1])
-        else:
-            offsets[k + 1] = offsets[k]
+            count = len(src_links[-1])
+        offsets[k + 1] = offsets[k] + count
     empty = np.zeros(0, dtype=np.int64)
     src = np.concatenate(src_links).astype(np.int64) if src_links else empty
     tgt = np.concatenate(tgt_links).astype(np.int64) if tgt_links else empty

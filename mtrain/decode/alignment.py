@@ -16,6 +16,7 @@ head it trained (`train.guided_alignment_layer/head`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 
 __all__ = ["Aligner", "AlignmentLevel", "alignment_level", "pharaoh", "resolve_alignment_source"]
+
+log = logging.getLogger("mtrain")
 
 WORD_START = "\u2581"  # SentencePiece's ▁: the piece starts a word
 DEFAULT_LAYER = -2  # the penultimate decoder layer, averaged over heads (measured: docs/TRANSLATE.md)
@@ -163,9 +166,9 @@ def resolve_alignment_source(decode: DecodeConfig, run_config: Any | None, ctran
     guided = train is not None and getattr(train, "guided_alignment", None) is not None
     if ctranslate2:
         if guided:
-            raise MtrainError(
-                "decode.alignment: this run trained guided alignment on one head, and CTranslate2 gives only "
-                "the last layer's average of heads; align with engine=torch"
+            log.warning(
+                "decode.alignment: this run trained guided alignment on one head, but CTranslate2 gives only "
+                "the last layer's average of heads (less reliable); engine=torch aligns with the guided head"
             )
         decode.alignment_layer = -1
     elif guided:

@@ -114,7 +114,8 @@ def translate_encoded(
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
     if aligner is not None:
         attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
-    results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
+    no_links = None if aligner is None else []  # a blank line's (empty) alignment
+    results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0, alignment=no_links)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
