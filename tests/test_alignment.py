@@ -4,6 +4,7 @@ alignments and inline markup (`format=xml|html`) end to end."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain
-from mtrain.decode.alignment import Aligner, piece_links, pharaoh, to_words, word_indices
+from mtrain.decode.alignment import Aligner, pharaoh, piece_links, to_words, word_indices
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.markup import parse_markup, tags_of
 from mtrain.decode.translator import translate_encoded, translate_sentences
@@ -61,7 +62,9 @@ def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
 def model(tokenizer):
     torch.manual_seed(0)
     cfg = ModelConfig(**MODEL)
-    return build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=True).eval()
+    return build_model(
+        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=True
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -131,16 +134,20 @@ def test_known_attention_gives_known_word_alignments(tokenizer):
         # link crosses another in the monotone direction
         assert (n - 1, 0) in mirror.alignment and (0, n - 1) in mirror.alignment
         by_target = sorted(mirror.alignment, key=lambda link: (link[1], -link[0]))
-        assert all(a[0] >= b[0] for a, b in zip(by_target, by_target[1:], strict=False))
+        assert all(a[0] >= b[0] for a, b in itertools.pairwise(by_target))
         assert copy.attention is None  # not asked for: not kept
-    subword = translate_encoded(HandSetAttention(lambda t, n: t), tokenizer, sources, DecodeConfig(alignment="subword"), "cpu")
+    subword = translate_encoded(
+        HandSetAttention(lambda t, n: t), tokenizer, sources, DecodeConfig(alignment="subword"), "cpu"
+    )
     assert subword[0][0].alignment == [(i, i) for i in range(len(sources[0]) - 1)]
 
 
 def test_alignments_leave_the_translations_as_they_were(model, tokenizer):
     cfg = DecodeConfig(beam=3, nbest=2, max_len_a=0.5, max_len_b=3)
     plain = translate_sentences(model, tokenizer, SENTENCES, cfg, "cpu")
-    aligned = translate_sentences(model, tokenizer, SENTENCES, DecodeConfig(**{**cfg.__dict__, "alignment": "word"}), "cpu")
+    aligned = translate_sentences(
+        model, tokenizer, SENTENCES, DecodeConfig(**{**cfg.__dict__, "alignment": "word"}), "cpu"
+    )
     for hyps, hyps_aligned in zip(plain, aligned, strict=True):
         assert [(h.tokens, h.score) for h in hyps] == [(h.tokens, h.score) for h in hyps_aligned]
         assert all(h.alignment is None for h in hyps)
@@ -169,7 +176,9 @@ def test_pictures_and_alignments_together_read_their_own_layers(model, tokenizer
     assert aligner is not None and aligner.attention_layer == "all"
     (hyp,) = translate_encoded(model, tokenizer, [source], cfg, "cpu", attention_layer="last")[0]
     (alone,) = translate_encoded(model, tokenizer, [source], cfg, "cpu")[0]
-    (picture,) = translate_encoded(model, tokenizer, [source], DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3), "cpu", attention_layer="last")[0]
+    (picture,) = translate_encoded(
+        model, tokenizer, [source], DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3), "cpu", attention_layer="last"
+    )[0]
     assert hyp.alignment == alone.alignment
     assert torch.allclose(hyp.attention, picture.attention)
 
@@ -236,7 +245,13 @@ def test_translate_refuses_in_one_line(run_dir, tmp_path, args, stdin, message):
 def test_ctranslate2_alignments_equal_the_torch_engine_s_last_layer(run_dir, tmp_path):
     pytest.importorskip("ctranslate2")
     text = ("\n".join(SENTENCES) + "\n").encode()
-    args = ["decode.alignment=true", "decode.alignment_layer=-1", "decode.beam=1", "decode.max_len_a=0.5", "decode.max_len_b=3"]
+    args = [
+        "decode.alignment=true",
+        "decode.alignment_layer=-1",
+        "decode.beam=1",
+        "decode.max_len_a=0.5",
+        "decode.max_len_b=3",
+    ]
     torch_run = mtrain("translate", f"run={run_dir}", *args, stdin=text, cwd=tmp_path)
     ct2_run = mtrain("translate", f"run={run_dir}", *args, "engine=ctranslate2", stdin=text, cwd=tmp_path)
     assert torch_run.returncode == 0 and ct2_run.returncode == 0, ct2_run.stderr.decode()

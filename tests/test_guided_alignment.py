@@ -190,7 +190,9 @@ def corpus_dir(tmp_path_factory, multi30k_slice) -> Path:
             )
     (directory / "train.de").write_text("\n".join(de) + "\n", encoding="utf-8")
     (directory / "train.en").write_text("\n".join(en) + "\n", encoding="utf-8")
-    links = [" ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in zip(de, en)]
+    links = [
+        " ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in zip(de, en, strict=True)
+    ]
     (directory / "train.align").write_text("\n".join(links) + "\n", encoding="utf-8")
     return directory
 
