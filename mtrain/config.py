@@ -494,7 +494,7 @@ class DecodeConfig:
     # docs/TRANSLATE.md): false | true (= word) | word | subword.
     alignment: str = "false"
     # The decoder layer (negative: from the last) and head (null: the average of the heads)
-    # the alignments come from; null layer: the run's guided head if it trained one, else -2.
+    # the alignments come from; null layer: the run's guided head if it trained one, else -1.
     alignment_layer: int | None = None
     alignment_head: int | None = None
 

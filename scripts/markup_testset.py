@@ -28,7 +28,7 @@ from xml.parsers import expat
 
 from mtrain.decode.markup import MarkupError, parse_markup, tags_of
 
-HREFS = ['https://example.org/?a=1&amp;b=2', "x>y", "#top"]
+HREFS = ["https://example.org/?a=1&amp;b=2", "x>y", "#top"]
 
 
 def read_lines(path: Path) -> list[str]:
