@@ -2,11 +2,13 @@
 every decoder layer, the average of its heads and each head.
 
     python scripts/alignment_aer.py --run RUN --src test.de.gz --ref test.en.gz --gold test.de-en.align
+    python scripts/alignment_aer.py --predicted out.align --gold out.de-en.align   # two Pharaoh files
 
 The run reads each source and its reference translation teacher-forced (forced decoding, the
 protocol of Garg et al. 2019 and Zenkel et al.: the reference's words are the alignment's
 target words), and each reference piece is aligned to the source piece its attention row
-weighs most, mapped to words as `decode.alignment=word` does (mtrain.decode.alignment).
+weighs most (and/or each source piece to the reference piece attending to it most: every
+`decode.alignment_rule`), mapped to words as `decode.alignment=word` does (mtrain.decode.alignment).
 "step t" is the row that predicts piece t (what decoding has when it emits the piece: what
 `decode.alignment` writes); "step t+1" the row whose input is piece t (reported for
 comparison). The gold alignments have no possible/sure distinction (eflomal's symmetrised
@@ -29,6 +31,9 @@ from mtrain.model.precision import to_compute_dtype
 from mtrain.train.checkpoint_files import load_run
 
 BATCH = 64
+# (decode.alignment_rule, rows shifted by one step): the rules decoding offers, and the target
+# rule on the rows whose input (not output) is the piece, for comparison
+RULES = (("source", 0), ("target", 0), ("union", 0), ("target", 1))
 
 
 def read_lines(path: Path) -> list[str]:
@@ -66,15 +71,29 @@ def aer(predicted: list[set[tuple[int, int]]], gold: list[set[tuple[int, int]]])
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True)
+    parser.add_argument("--run", help="a run: its attention, teacher-forced on --src/--ref")
+    parser.add_argument(
+        "--predicted",
+        type=Path,
+        help="instead of --run: a Pharaoh file (e.g. `decode.alignment=true | cut -f2`) scored against --gold",
+    )
     parser.add_argument("--checkpoint", default="best")
-    parser.add_argument("--src", type=Path, required=True)
-    parser.add_argument("--ref", type=Path, required=True)
+    parser.add_argument("--src", type=Path)
+    parser.add_argument("--ref", type=Path)
     parser.add_argument("--gold", type=Path, required=True, help="Pharaoh alignments of src-ref (the reference)")
     parser.add_argument("--limit", type=int, default=None, help="first N lines only")
     parser.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.predicted is not None:
+        gold_links = [set(parse_pharaoh(line, f"{args.gold}:{n}")) for n, line in enumerate(read_lines(args.gold), 1)]
+        predicted_links = [
+            set(parse_pharaoh(line, f"{args.predicted}:{n}")) for n, line in enumerate(read_lines(args.predicted), 1)
+        ]
+        print(f"AER {100 * aer(predicted_links, gold_links):.1f} over {len(gold_links)} lines")
+        return
+    if args.run is None or args.src is None or args.ref is None:
+        parser.error("give --run with --src and --ref, or --predicted")
 
     loaded = load_run(args.run, which=args.checkpoint)
     model, tok = loaded.model.eval(), loaded.tokenizer
@@ -87,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     layers = len(model.decoder)
     heads = model.decoder[0].cross_attn.heads
     # predicted[(shift, layer, head or "avg")] -> list of link sets
-    predicted: dict[tuple[int, int, str], list[set[tuple[int, int]]]] = {}
+    predicted: dict[tuple[str, int, int, str], list[set[tuple[int, int]]]] = {}
     for start in range(0, len(sources), BATCH):
         src = [ids + [tok.eos_id] for ids in src_ids[start : start + BATCH]]
         tgt = tgt_ids[start : start + BATCH]
@@ -99,19 +118,19 @@ def main(argv: list[str] | None = None) -> None:
                 per_head = attention[row, layer]  # (heads, tgt_len + 1, src_len)
                 choices = {"avg": per_head.mean(dim=0), **{str(h): per_head[h] for h in range(heads)}}
                 for name, weights in choices.items():
-                    for shift in (0, 1):
-                        links = piece_links(weights[shift:], len(src_pieces), len(tgt_pieces), prefix)
-                        key = (shift, layer, name)
+                    for rule, shift in RULES:
+                        links = piece_links(weights[shift:], len(src_pieces), len(tgt_pieces), prefix, rule)
+                        key = (rule, shift, layer, name)
                         predicted.setdefault(key, []).append(set(to_words(links, src_pieces, tgt_pieces)))
     table = {
-        f"step t{'+1' if shift else ''} layer {layer} head {name}": aer(links, gold)
-        for (shift, layer, name), links in predicted.items()
+        f"{rule} step t{'+1' if shift else ''} layer {layer} head {name}": aer(links, gold)
+        for (rule, shift, layer, name), links in predicted.items()
     }
-    for shift in (0, 1):
-        print(f"rows of step t{'+1' if shift else ''}:")
+    for rule, shift in RULES:
+        print(f"alignment_rule={rule}, rows of step t{'+1' if shift else ''}:")
         for layer in range(layers):
-            avg = aer(predicted[(shift, layer, "avg")], gold)
-            per_head = {h: aer(predicted[(shift, layer, str(h))], gold) for h in range(heads)}
+            avg = aer(predicted[(rule, shift, layer, "avg")], gold)
+            per_head = {h: aer(predicted[(rule, shift, layer, str(h))], gold) for h in range(heads)}
             best = min(per_head, key=per_head.__getitem__)
             print(
                 f"  layer {layer}: heads averaged AER {100 * avg:.1f}; best head {best} {100 * per_head[best]:.1f}; "

@@ -12,7 +12,7 @@ to three words, and a self-closing `<x id="N"/>` on every other line. Seeded: th
 give the same file. Text `&`, `<`, `>` are escaped, so every line is well-formed XML.
 
 score: the share of outputs that are well-formed XML and carry every tag of their source (as
-a multiset), BLEU/chrF of the tag-stripped outputs against the references beside the plain
+a multiset), how many elements still enclose words (the others were written empty), BLEU/chrF of the tag-stripped outputs against the references beside the plain
 decode's, and BLEU of the stripped outputs against the plain decode (how much taking the tags
 out changes the translation: 100 = nothing).
 """
@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from xml.parsers import expat
 
-from mtrain.decode.markup import MarkupError, parse_markup, tags_of
+from mtrain.decode.markup import Element, MarkupError, parse_markup, tags_of
 
 HREFS = ["https://example.org/?a=1&amp;b=2", "x>y", "#top"]
 
@@ -92,12 +92,22 @@ def well_formed(line: str) -> bool:
     return True
 
 
+def elements_with_words(element: Element) -> int:
+    """Elements of the tree that enclose at least one word."""
+    return sum(
+        (child.end > child.start) + elements_with_words(child)
+        for child in element.children
+        if isinstance(child, Element)
+    )
+
+
 def score(args: argparse.Namespace) -> None:
     import sacrebleu
 
     sources, hyps = read_lines(args.src), read_lines(args.hyp)
     plain, refs = read_lines(args.plain), read_lines(args.ref)
     complete, stripped = 0, []
+    enclosing = [0, 0]  # elements enclosing words: in the sources, in the outputs
     for source, hyp in zip(sources, hyps, strict=True):
         try:
             markup = parse_markup(hyp, "xml")
@@ -105,10 +115,17 @@ def score(args: argparse.Namespace) -> None:
             stripped.append(hyp)
             continue
         stripped.append(markup.text)
-        same_tags = Counter(tags_of(markup)) == Counter(tags_of(parse_markup(source, "xml")))
+        source_markup = parse_markup(source, "xml")
+        same_tags = Counter(tags_of(markup)) == Counter(tags_of(source_markup))
+        enclosing[0] += elements_with_words(source_markup.root)
+        enclosing[1] += elements_with_words(markup.root)
         complete += well_formed(hyp) and same_tags
     n = len(hyps)
     print(f"well-formed with every tag: {complete}/{n} = {100 * complete / n:.1f}%")
+    print(
+        f"elements enclosing words: {enclosing[1]} in the outputs, {enclosing[0]} in the sources "
+        f"({100 * enclosing[1] / max(enclosing[0], 1):.1f}%; the others were written empty)"
+    )
     for name, outputs in (("tag-stripped output", stripped), ("plain decode", plain)):
         bleu = sacrebleu.corpus_bleu(outputs, [refs]).score
         chrf = sacrebleu.corpus_chrf(outputs, [refs]).score

@@ -84,7 +84,7 @@ def test_words_are_what_split_counts():
     assert word_indices(["▁a", "▁"]) == [0, -1]  # a trailing space belongs to no word
 
 
-def test_piece_links_take_each_target_piece_s_strongest_source_piece():
+def test_piece_links_take_the_strongest_attention_by_row_column_or_both():
     # rows: 3 target pieces + EOS; columns: a tag, 3 source pieces, eos
     attention = torch.tensor(
         [
@@ -94,11 +94,14 @@ def test_piece_links_take_each_target_piece_s_strongest_source_piece():
             [0.0, 0.0, 0.0, 0.0, 1.0],  # EOS row: ignored
         ]
     )
-    links = piece_links(attention, num_src=3, num_tgt=3, src_offset=1)
-    assert links == [(2, 0), (1, 1), (0, 2)]
+    links = piece_links(attention, num_src=3, num_tgt=3, src_offset=1, rule="target")
+    assert links == [(0, 2), (1, 1), (2, 0)]
     words = to_words(links, ["▁Ein", "▁Hund", "e"], ["▁A", "▁do", "g"])
     assert words == [(0, 1), (1, 0), (1, 1)]
     assert pharaoh(words) == "0-1 1-0 1-1"
+    # each source piece to the target piece attending to it most: column argmax
+    assert piece_links(attention, num_src=3, num_tgt=3, src_offset=1, rule="source") == [(0, 2), (1, 0), (2, 0)]
+    assert piece_links(attention, 3, 3, 1, rule="union") == [(0, 2), (1, 0), (1, 1), (2, 0)]
 
 
 class HandSetAttention:

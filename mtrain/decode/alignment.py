@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from mtrain.config import AlignmentLevel, DecodeConfig, alignment_level
+from mtrain.config import AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
@@ -59,16 +59,27 @@ def word_indices(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def piece_links(attention: Tensor, num_src: int, num_tgt: int, src_offset: int = 0) -> list[tuple[int, int]]:
-    """(source piece, target piece) links: each target piece to the source piece it attends
-    to most. `attention` (>= num_tgt rows, src_len) holds the rows of the output pieces first
-    (the EOS row after them is ignored); the source pieces are columns
+def piece_links(
+    attention: Tensor,
+    num_src: int,
+    num_tgt: int,
+    src_offset: int = 0,
+    rule: AlignmentRule | str = AlignmentRule.source,
+) -> list[tuple[int, int]]:
+    """(source piece, target piece) links, sorted: by `rule`, each source piece to the target
+    piece attending to it most (`source`), each target piece to the source piece it attends to
+    most (`target`), or both (`union`). `attention` (>= num_tgt rows, src_len) holds the rows of
+    the output pieces first (the EOS row after them is ignored); the source pieces are columns
     `src_offset .. src_offset + num_src` (tags before them and the eos after are ignored)."""
     if num_src == 0 or num_tgt == 0:
         return []
-    columns = attention[:num_tgt, src_offset : src_offset + num_src]
-    best = columns.argmax(dim=-1).tolist()
-    return [(source, target) for target, source in enumerate(best)]
+    matrix = attention[:num_tgt, src_offset : src_offset + num_src]  # (target pieces, source pieces)
+    links: set[tuple[int, int]] = set()
+    if rule in (AlignmentRule.source, AlignmentRule.union):
+        links.update((source, target) for source, target in enumerate(matrix.argmax(dim=0).tolist()))
+    if rule in (AlignmentRule.target, AlignmentRule.union):
+        links.update((source, target) for target, source in enumerate(matrix.argmax(dim=1).tolist()))
+    return sorted(links)
 
 
 def to_words(
@@ -109,6 +120,7 @@ class Aligner:
     head: int | None
     picture_layer: int | str | None
     attention_layer: int | str  # what decoding collects: "all", "last", a layer, or "LAYER:HEAD"
+    rule: AlignmentRule = AlignmentRule.source
 
     @classmethod
     def of(cls, cfg: DecodeConfig, tokenizer: Tokenizer, picture_layer: int | str | None) -> Aligner | None:
@@ -130,7 +142,7 @@ class Aligner:
             collect = f"{layer}:{head}"
         else:
             collect = "last" if layer == -1 else layer  # "last": what CTranslate2 can give
-        return cls(level, tokenizer, layer, head, picture_layer, collect)
+        return cls(level, tokenizer, layer, head, picture_layer, collect, AlignmentRule(cfg.alignment_rule))
 
     def align(self, source_ids: Sequence[int], hyp: Hypothesis) -> None:
         """`hyp.alignment` from `hyp.attention`; `source_ids` end with eos and start with
@@ -149,7 +161,7 @@ class Aligner:
         prefix = len(self.tokenizer.source_prefix)
         src_pieces = self.tokenizer.src_pieces(source_ids[prefix:-1])
         tgt_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
-        links = piece_links(weights, len(src_pieces), len(tgt_pieces), prefix)
+        links = piece_links(weights, len(src_pieces), len(tgt_pieces), prefix, self.rule)
         hyp.alignment = links if self.level is AlignmentLevel.subword else to_words(links, src_pieces, tgt_pieces)
 
 

@@ -13,7 +13,7 @@ inside a word spans that whole word (`<b>Hut</b>.` covers `Hut.`); a point tag i
 
 `restore_markup` puts the tags around the target words aligned to the source words they
 covered: an element spans from its first to its last aligned target word. The result always
-nests: an element is clipped to its parent's target range and to what its earlier siblings
+nests: an element is clipped to its parent's target range and to what the siblings placed before
 left, and an element with no aligned word left (nothing aligned, or clipped away) is written
 empty (`<b></b>`) where its first source word's neighbours land. So every source tag is in
 the output, once, and the output is well-formed whenever the input was.
@@ -240,20 +240,27 @@ def _anchor(position: int, links: dict[int, list[int]], num_src: int, num_tgt: i
 def _place(
     element: Element, bounds: tuple[int, int], links: dict[int, list[int]], num_src: int, num_tgt: int
 ) -> list[_Placed]:
+    """The target ranges of `element`'s children within `bounds`, recursively."""
     placed: list[_Placed] = []
-    cursor = bounds[0]  # siblings may not overlap: each starts where the previous one ended
-    for child in sorted(element.children, key=_source_start):
+    spans = []
+    for order, child in enumerate(element.children):
         if isinstance(child, Point):
             position = min(max(_anchor(child.position, links, num_src, num_tgt), bounds[0]), bounds[1])
             placed.append(_Placed(child, position, position))
             continue
         anchor = _anchor(child.start, links, num_src, num_tgt)
-        start, end = _target_range(child.start, child.end, links, (cursor, bounds[1]), anchor)
+        start, end = _target_range(child.start, child.end, links, bounds, anchor)
+        spans.append((start, order, end, child))
+    # Siblings may not overlap. In the order their words land in the target (translation may
+    # swap them), each starts where the previous one ended; one left with no word is empty.
+    cursor = bounds[0]
+    for start, _, end, child in sorted(spans, key=lambda span: span[:2]):
+        start = max(start, cursor)
+        end = max(end, start)
         node = _Placed(child, start, end)
         node.children = _place(child, (start, end), links, num_src, num_tgt)
         placed.append(node)
-        if end > start:
-            cursor = end
+        cursor = max(cursor, end)
     return placed
 
 

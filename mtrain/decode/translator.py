@@ -114,7 +114,7 @@ def translate_encoded(
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
     if aligner is not None:
         attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
-    no_links = None if aligner is None else []  # a blank line's (empty) alignment
+    no_links: list[tuple[int, int]] | None = None if aligner is None else []  # a blank line's alignment
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0, alignment=no_links)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
