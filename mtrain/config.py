@@ -502,11 +502,13 @@ class DecodeConfig:
     # docs/TRANSLATE.md): false | true (= word) | word | subword.
     alignment: str = "false"
     # The decoder layer (negative: from the last) and head (null: the average of the heads)
-    # the alignments come from; null layer: the run's guided head if it trained one, else -1.
+    # the alignments come from; null layer: the run's guided head if it trained one, else -2
+    # (engine=ctranslate2: -1, the only layer it exports).
     alignment_layer: int | None = None
     alignment_head: int | None = None
-    # source: every source piece to the output piece attending to it most (the default: AER 37.6
-    # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 44.5)
+    # source: every source piece to the output piece attending to it most (the default: AER 36.3
+    # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 45.5);
+    # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
 
 

@@ -33,7 +33,7 @@ __all__ = ["Aligner", "AlignmentLevel", "alignment_level", "pharaoh", "resolve_a
 log = logging.getLogger("mtrain")
 
 WORD_START = "\u2581"  # SentencePiece's ▁: the piece starts a word
-DEFAULT_LAYER = -1  # the last decoder layer, its heads averaged (measured: docs/TRANSLATE.md)
+DEFAULT_LAYER = -2  # the penultimate decoder layer, its heads averaged (measured: docs/TRANSLATE.md)
 
 
 def word_indices(pieces: Sequence[str]) -> list[int]:
@@ -169,7 +169,7 @@ def resolve_alignment_source(decode: DecodeConfig, run_config: Any | None, ctran
     """Fill `decode.alignment_layer`/`alignment_head` when both are null: a run trained with
     guided alignment aligns with its guided head (`train.guided_alignment_layer/head`);
     CTranslate2 gives the last layer's heads averaged (what `mtrain export` exports as its
-    alignment layer, and DEFAULT_LAYER's average, which `Aligner` takes when both are null).
+    alignment layer); otherwise `Aligner` takes DEFAULT_LAYER's average when both stay null.
     Nothing to do without alignments."""
     if alignment_level(decode.alignment) is AlignmentLevel.none:
         return
