@@ -16,10 +16,11 @@ import sentencepiece as spm
 import torch
 from omegaconf import OmegaConf
 
-from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain
+from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.alignment import Aligner, pharaoh, piece_links, to_words, word_indices
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.markup import parse_markup, tags_of
+from mtrain.decode.stream import translate_stream
 from mtrain.decode.translator import translate_encoded, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
@@ -197,13 +198,27 @@ def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedPro
 DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1"]
 
 
-def test_translate_writes_text_tab_alignment_and_the_same_text(run_dir, tmp_path):
-    text = ("\n".join(SENTENCES) + "\n\n").encode()
-    plain = mtrain("translate", f"run={run_dir}", *DECODE, stdin=text, cwd=tmp_path)
-    aligned = mtrain("translate", f"run={run_dir}", *DECODE, "decode.alignment=true", stdin=text, cwd=tmp_path)
-    assert plain.returncode == 0 and aligned.returncode == 0, aligned.stderr.decode()
-    rows = aligned.stdout.decode().split("\n")[:-1]
-    assert [row.split("\t")[0] for row in rows] == plain.stdout.decode().split("\n")[:-1]
+def job(**overrides) -> TranslateConfig:
+    decode = overrides.pop("decode", {})
+    cfg = OmegaConf.structured(TranslateConfig)
+    cfg.decode = OmegaConf.merge(cfg.decode, {"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
+    return OmegaConf.merge(cfg, overrides)
+
+
+def stream(model, tokenizer, tmp_path, lines, **overrides) -> list[str]:
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    translate_stream(
+        model, tokenizer, job(input=str(source), output=str(output), **overrides), torch.device("cpu"), "fp32"
+    )
+    return output.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def test_translate_writes_text_tab_alignment_and_the_same_text(model, tokenizer, tmp_path):
+    lines = [*SENTENCES, ""]
+    plain = stream(model, tokenizer, tmp_path, lines)
+    rows = stream(model, tokenizer, tmp_path, lines, decode={"alignment": "true"})
+    assert [row.split("\t")[0] for row in rows] == plain
     for source, row in zip(SENTENCES, rows, strict=False):
         output, links = row.split("\t")
         for link in links.split():
@@ -212,22 +227,30 @@ def test_translate_writes_text_tab_alignment_and_the_same_text(run_dir, tmp_path
     assert rows[-1] == "\t"  # the blank line: no text, no links
 
 
-def test_translate_puts_the_tags_back(run_dir, tmp_path):
+def test_translate_puts_the_tags_back(model, tokenizer, tmp_path):
     lines = ['Ein <b>Mann</b> mit <a href="x?a=1&amp;b=>2">rotem Hut</a>.<br/>', "<x id='1'/>", "Ein &amp; Hund."]
-    result = mtrain("translate", f"run={run_dir}", *DECODE, "format=xml", stdin="\n".join(lines).encode(), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr.decode()
-    outputs = result.stdout.decode().split("\n")[:-1]
+    outputs = stream(model, tokenizer, tmp_path, lines, format="xml")
     assert len(outputs) == 3
     for source, output in zip(lines, outputs, strict=True):
         assert Counter(tags_of(parse_markup(output, "xml"))) == Counter(tags_of(parse_markup(source, "xml")))
 
 
 @pytest.mark.parametrize(
+    ("fmt", "lines", "message"),
+    [
+        ("html", ["<p>open"], "in.txt:1: format=html: element <p> is never closed"),
+        ("xml", ["fine", "a & b"], "in.txt:2: format=xml: not well-formed XML at column 4"),
+    ],
+)
+def test_malformed_markup_names_the_file_and_line(model, tokenizer, tmp_path, fmt, lines, message):
+    with pytest.raises(MtrainError, match=message):
+        stream(model, tokenizer, tmp_path, lines, format=fmt)
+
+
+@pytest.mark.parametrize(
     ("args", "stdin", "message"),
     [
         (["format=xml"], b"ok\n<b>bad\n", "stdin:2: format=xml: element <b> is never closed"),
-        (["format=xml"], b"a & b\n", "stdin:1: format=xml: not well-formed XML at column 4"),
-        (["format=html"], b"<p>open\n", "stdin:1: format=html: element <p> is never closed"),
         (["format=md"], b"x\n", "format: 'md' must be one of text|xml|html"),
         (["format=xml", "decode.alignment=subword"], b"x\n", "format=xml puts tags back by word alignments"),
         (["decode.alignment=maybe"], b"x\n", "decode.alignment=maybe: choose true (= word), word, subword or false"),
@@ -245,17 +268,14 @@ def test_translate_refuses_in_one_line(run_dir, tmp_path, args, stdin, message):
     assert message in stderr and "Traceback" not in stderr
 
 
-def test_ctranslate2_alignments_equal_the_torch_engine_s_last_layer(run_dir, tmp_path):
+def test_ctranslate2_alignments_equal_the_torch_engine_s_last_layer(run_dir, model, tokenizer, tmp_path):
     pytest.importorskip("ctranslate2")
+    decode = {"alignment": "true", "beam": 1}
+    torch_rows = stream(model, tokenizer, tmp_path, SENTENCES, decode={**decode, "alignment_layer": -1})
     text = ("\n".join(SENTENCES) + "\n").encode()
-    args = [
-        "decode.alignment=true",
-        "decode.alignment_layer=-1",
-        "decode.beam=1",
-        "decode.max_len_a=0.5",
-        "decode.max_len_b=3",
-    ]
-    torch_run = mtrain("translate", f"run={run_dir}", *args, stdin=text, cwd=tmp_path)
-    ct2_run = mtrain("translate", f"run={run_dir}", *args, "engine=ctranslate2", stdin=text, cwd=tmp_path)
-    assert torch_run.returncode == 0 and ct2_run.returncode == 0, ct2_run.stderr.decode()
-    assert ct2_run.stdout == torch_run.stdout
+    args = [f"decode.{key}={value}" for key, value in {**decode, "max_len_a": 0.5, "max_len_b": 3}.items()]
+    ct2_run = mtrain(
+        "translate", f"run={run_dir}", *args, "engine=ctranslate2", "precision=fp32", stdin=text, cwd=tmp_path
+    )
+    assert ct2_run.returncode == 0, ct2_run.stderr.decode()
+    assert ct2_run.stdout.decode().split("\n")[:-1] == torch_rows  # (null layer: CTranslate2's last)

@@ -204,7 +204,7 @@ def test_fit_trains_with_guidance_and_dropped_pairs_drop_their_alignment(corpus_
     long_line = max(range(10, 300), key=lambda n: len(links[n].split()))
     result = fit(
         f"data.local_dir={corpus_dir}",
-        f"data.cache_dir={tmp_path / 'cache'}",
+        f"data.cache_dir={corpus_dir / 'cache'}",  # shared: one tokenizer and encoding for the module
         f"train.guided_alignment={corpus_dir / 'train.align'}",
         "data.clean.deduplicate=true",
         f"hydra.run.dir={tmp_path / 'run'}",
@@ -212,7 +212,7 @@ def test_fit_trains_with_guidance_and_dropped_pairs_drop_their_alignment(corpus_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "update 6" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
-    lines = np.fromfile(next((tmp_path / "cache").rglob("line.numbers")), dtype=np.uint64)
+    lines = np.fromfile(next((corpus_dir / "cache").rglob("line.numbers")), dtype=np.uint64)
     assert 5 not in lines and 7 not in lines and len(lines) == 298 and long_line in lines
 
 
@@ -229,7 +229,7 @@ def test_fit_refuses_a_bad_alignment_file_before_training(corpus_dir, tmp_path, 
     bad.write_text("\n".join(edit(links)) + "\n", encoding="utf-8")
     result = fit(
         f"data.local_dir={corpus_dir}",
-        f"data.cache_dir={tmp_path / 'cache'}",
+        f"data.cache_dir={corpus_dir / 'cache'}",  # shared: one tokenizer and encoding for the module
         f"train.guided_alignment={bad}",
         f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
