@@ -197,7 +197,7 @@ def corpus_dir(tmp_path_factory, multi30k_slice) -> Path:
     return directory
 
 
-def test_fit_trains_with_guidance_and_dropped_pairs_drop_their_alignment(corpus_dir, tmp_path):
+def test_fit_trains_with_guidance_dropped_pairs_drop_their_alignment_and_eval_aligns(corpus_dir, tmp_path):
     # Line 8's target is empty: its link "" is fine. If line identity were lost after the two
     # dropped pairs, later pairs would read their neighbours' links and some would be out of range.
     links = (corpus_dir / "train.align").read_text(encoding="utf-8").splitlines()
@@ -214,6 +214,22 @@ def test_fit_trains_with_guidance_and_dropped_pairs_drop_their_alignment(corpus_
     assert "update 6" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     lines = np.fromfile(next((corpus_dir / "cache").rglob("line.numbers")), dtype=np.uint64)
     assert 5 not in lines and 7 not in lines and len(lines) == 298 and long_line in lines
+
+    # eval writes the alignments of its hypotheses beside them (the guided head's, by default)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    command = ["eval", f"run={tmp_path / 'run'}", "decode.alignment=true", "decode.beam=1", f"out={tmp_path / 'ev'}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "mtrain", *command], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = (tmp_path / "ev" / "test.hyp").read_text(encoding="utf-8").splitlines()
+    links = (tmp_path / "ev" / "test.align").read_text(encoding="utf-8").splitlines()
+    sources = (corpus_dir / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    assert len(links) == len(hyps) == len(sources) == 100
+    for source, hyp, line in zip(sources, hyps, links, strict=True):
+        for link in line.split():
+            i, j = map(int, link.split("-"))
+            assert i < len(source.split()) and j < len(hyp.split())
 
 
 @pytest.mark.parametrize(
