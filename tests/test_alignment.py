@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
-from mtrain.decode.alignment import Aligner, pharaoh, piece_links, to_words, word_indices
+from mtrain.decode.alignment import Aligner, pharaoh, piece_links, resolve_alignment_source, to_words, word_indices
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.markup import parse_markup, tags_of
 from mtrain.decode.stream import translate_stream
@@ -185,6 +185,26 @@ def test_pictures_and_alignments_together_read_their_own_layers(model, tokenizer
     )[0]
     assert hyp.alignment == alone.alignment
     assert torch.allclose(hyp.attention, picture.attention)
+
+
+def test_where_alignments_come_from_by_default():
+    guided = OmegaConf.create(
+        {"train": {"guided_alignment": "a.align", "guided_alignment_layer": 1, "guided_alignment_head": 2}}
+    )
+    plain = OmegaConf.create({"train": {"guided_alignment": None}})
+    cases = [
+        (plain, False, (None, None)),  # Aligner's default: the penultimate layer's average
+        (guided, False, (1, 2)),  # the head guided alignment trained
+        (plain, True, (-1, None)),  # CTranslate2's only attention, whatever the run
+        (guided, True, (-1, None)),
+    ]
+    for run_config, ctranslate2, expected in cases:
+        decode = DecodeConfig()  # alignment off: filled anyway (markup and serve's requests align)
+        resolve_alignment_source(decode, run_config, ctranslate2, used=False)
+        assert (decode.alignment_layer, decode.alignment_head) == expected
+    chosen = DecodeConfig(alignment="word", alignment_layer=0)
+    resolve_alignment_source(chosen, guided, False)
+    assert (chosen.alignment_layer, chosen.alignment_head) == (0, None)  # what the user set stays
 
 
 # ------------------------------------------------------------------ the command

@@ -147,7 +147,10 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         "threads": threads,
     }
     resolve_alignment_source(
-        cfg.decode, engine.loaded.config if engine.loaded else None, engine.engine == Engine.ctranslate2
+        cfg.decode,
+        engine.loaded.config if engine.loaded else None,
+        engine.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
     )
     translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
     alignments: list[str] = []  # with decode.alignment: each hypothesis' links, for <split>.align

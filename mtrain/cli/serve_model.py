@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from mtrain.config import DecodeConfig, DecodeWeights, Engine, ServeConfig, with_values
+from mtrain.config import AlignmentLevel, DecodeConfig, DecodeWeights, Engine, ServeConfig, alignment_level
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.translator import as_engine, translate_encoded
@@ -128,11 +128,12 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
     opened = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, **extra)
     # Where a request's alignments come from (the guided head of a run that trained one), decided
     # once whether or not the server's default asks for them: a request may.
-    source = with_values(cfg.decode, alignment="word")
     resolve_alignment_source(
-        source, opened.loaded.config if opened.loaded else None, opened.engine == Engine.ctranslate2
+        cfg.decode,
+        opened.loaded.config if opened.loaded else None,
+        opened.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
     )
-    cfg.decode.alignment_layer, cfg.decode.alignment_head = source.alignment_layer, source.alignment_head
     limit = cfg.max_input_tokens
     model_limit = position_limit(opened.model)
     if model_limit is not None and model_limit < limit:

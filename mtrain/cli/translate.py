@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import Engine, TranslateConfig
+from mtrain.config import AlignmentLevel, Engine, TranslateConfig, alignment_level
 from mtrain.errors import MtrainError
 from mtrain.wording import counted
 
@@ -67,8 +67,11 @@ def run_translate(cfg: TranslateConfig) -> None:
     )
     # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
-    resolve_alignment_source(
-        cfg.decode, engine.loaded.config if engine.loaded else None, engine.engine == Engine.ctranslate2
+    resolve_alignment_source(  # (format=xml|html aligns too)
+        cfg.decode,
+        engine.loaded.config if engine.loaded else None,
+        engine.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none or cfg.format != "text",
     )
     log.info(
         "translating with %s on %s, engine=%s, beam %d, %s%s",

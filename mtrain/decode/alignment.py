@@ -165,20 +165,21 @@ class Aligner:
         hyp.alignment = links if self.level is AlignmentLevel.subword else to_words(links, src_pieces, tgt_pieces)
 
 
-def resolve_alignment_source(decode: DecodeConfig, run_config: Any | None, ctranslate2: bool) -> None:
+def resolve_alignment_source(
+    decode: DecodeConfig, run_config: Any | None, ctranslate2: bool, used: bool = True
+) -> None:
     """Fill `decode.alignment_layer`/`alignment_head` when both are null: a run trained with
     guided alignment aligns with its guided head (`train.guided_alignment_layer/head`);
     CTranslate2 gives the last layer's heads averaged (what `mtrain export` exports as its
     alignment layer); otherwise `Aligner` takes DEFAULT_LAYER's average when both stay null.
-    Nothing to do without alignments."""
-    if alignment_level(decode.alignment) is AlignmentLevel.none:
-        return
+    Filled whether or not `decode.alignment` asks (markup and serve's requests align too);
+    `used`: alignments will be made, so a guided head CTranslate2 cannot read is warned about."""
     if decode.alignment_layer is not None or decode.alignment_head is not None:
         return
     train = getattr(run_config, "train", None) if run_config is not None else None
     guided = train is not None and getattr(train, "guided_alignment", None) is not None
     if ctranslate2:
-        if guided:
+        if guided and used:
             log.warning(
                 "decode.alignment: this run trained guided alignment on one head, but CTranslate2 gives only "
                 "the last layer's average of heads (less reliable); engine=torch aligns with the guided head"
