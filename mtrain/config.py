@@ -20,6 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mtrain.errors import MtrainError
+
 
 class Choice(str, Enum):
     """One of a fixed set of strings (a config key's allowed values).
@@ -452,6 +454,37 @@ class TrainConfig:
     # test decode use the averaged weights (mtrain/train/ema.py).
     ema_decay: float | None = None
     ema_start_update: int = 0  # before this update the average follows the weights exactly
+    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): a Pharaoh file of word
+    # alignments, line for line with the training corpus (scripts/align_eflomal.py); one
+    # cross-attention head is trained towards them (mtrain/batches/guided_alignment.py). null: off.
+    guided_alignment: str | None = None
+    guided_alignment_weight: float = 0.1  # of the alignment cross-entropy beside the translation loss
+    guided_alignment_layer: int = -2  # the decoder layer (negative: from the last): Garg's penultimate
+    guided_alignment_head: int = 0  # the head of that layer that is guided
+
+
+class AlignmentRule(Choice):
+    """Which argmax of the attention matrix (target pieces x source pieces) makes a link."""
+
+    source = "source"  # each source piece to the output piece attending to it most
+    target = "target"  # each output piece to the source piece it attends to most (fairseq, Marian)
+    union = "union"  # both
+
+
+class AlignmentLevel(str, Enum):
+    none = "none"
+    word = "word"
+    subword = "subword"
+
+
+def alignment_level(value: object) -> AlignmentLevel:
+    """`decode.alignment` as typed: true/word, subword, false/none/null."""
+    text = "none" if value is None else str(value).strip().lower()
+    text = {"true": "word", "false": "none", "null": "none", "": "none"}.get(text, text)
+    try:
+        return AlignmentLevel(text)
+    except ValueError:
+        raise MtrainError(f"decode.alignment={value}: choose true (= word), word, subword or false") from None
 
 
 @dataclass
@@ -473,6 +506,18 @@ class DecodeConfig:
     # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
     early_stopping: bool = True
     valid_beam: int = 1  # beam used for validation BLEU during training (1 = greedy)
+    # Word alignments of every output from cross-attention (mtrain/decode/alignment.py,
+    # docs/TRANSLATE.md): false | true (= word) | word | subword.
+    alignment: str = "false"
+    # The decoder layer (negative: from the last) and head (null: the average of the heads)
+    # the alignments come from; null layer: the run's guided head if it trained one, else -2
+    # (engine=ctranslate2: -1, the only layer it exports).
+    alignment_layer: int | None = None
+    alignment_head: int | None = None
+    # source: every source piece to the output piece attending to it most (the default: AER 36.3
+    # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 45.5);
+    # target: every output piece to the source piece it attends to most; union: both
+    alignment_rule: AlignmentRule = AlignmentRule.source
 
 
 @dataclass
@@ -519,6 +564,9 @@ class TranslateConfig:
     terms: str | None = None  # a glossary `source term<TAB>target term`: found source terms -> constraints
     terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     avoid: str | None = None  # a file of phrases (one per line) no output may contain
+    # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
+    # (mtrain/decode/markup.py, docs/TRANSLATE.md)
+    format: str = "text"
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import (
+    AlignmentLevel,
     AverageConfig,
     ConstraintOrder,
     DecodeWeights,
@@ -41,6 +42,7 @@ from mtrain.config import (
     Scheduler,
     ServeConfig,
     TranslateConfig,
+    alignment_level,
 )
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
@@ -56,15 +58,18 @@ def check_config(cfg: DictConfig) -> None:
         _check_fit(cfg)
     elif schema is TranslateConfig:
         _check_decode(cfg.decode, "decode")
+        _check_alignment(cfg)
         _check_decoding_precision(cfg)
         _check_ensemble(cfg)
         _check_translate(cfg)
     elif schema is ServeConfig:
         _check_decode(cfg.decode, "decode")
+        _check_alignment(cfg)
         _check_decoding_precision(cfg)
         _check_serve(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
+        _check_alignment(cfg)
         _check_decoding_precision(cfg)
         _check_ensemble(cfg)
         _at_least(cfg, "average_last", 0)
@@ -244,9 +249,46 @@ def _check_fit(cfg: DictConfig) -> None:
     check_corpora(cfg.data, cfg.tokenizer)
     check_model_config(cfg.model)
     _check_train(cfg.train)
+    _check_guided_alignment(cfg)
     _check_decode(cfg.decode, "decode")
     _at_least(cfg.decode, "valid_beam", 1, prefix="decode")
     _check_init(cfg)
+
+
+def _check_guided_alignment(cfg: DictConfig) -> None:
+    """train.guided_alignment: one training corpus, read as it is segmented (the file's lines
+    are its lines and its words the pieces' words), and a head the model has."""
+    train = cfg.train
+    if train.guided_alignment is None:
+        return
+    if not Path(train.guided_alignment).is_file():
+        raise MtrainError(
+            f"train.guided_alignment: {train.guided_alignment} is not a file (Pharaoh word alignments of "
+            "the training corpus, e.g. from scripts/align_eflomal.py)"
+        )
+    if cfg.data.corpora:
+        raise MtrainError(
+            "train.guided_alignment: with data.corpora the file's lines match no one corpus; "
+            "train guided alignment on a single corpus (data=...)"
+        )
+    if cfg.data.subword_sampling.alpha > 0:
+        raise MtrainError("train.guided_alignment: not with data.subword_sampling (sampled copies); switch one off")
+    if cfg.data.lang_tags:
+        raise MtrainError("train.guided_alignment: not with data.lang_tags (tagged sources); switch one off")
+    if not train.guided_alignment_weight >= 0:
+        raise MtrainError(f"train.guided_alignment_weight: {train.guided_alignment_weight} must be >= 0")
+    model = cfg.model
+    layers = model.decoder_layers if model.layers is None else model.layers
+    if not -layers <= train.guided_alignment_layer < layers:
+        raise MtrainError(
+            f"train.guided_alignment_layer: {train.guided_alignment_layer} is not a layer of the "
+            f"{layers}-layer decoder (0..{layers - 1}, or negative from the last)"
+        )
+    if not -model.heads <= train.guided_alignment_head < model.heads:
+        raise MtrainError(
+            f"train.guided_alignment_head: {train.guided_alignment_head} is not one of the "
+            f"{model.heads} heads (0..{model.heads - 1})"
+        )
 
 
 def _check_init(cfg: DictConfig) -> None:
@@ -494,6 +536,40 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
 
 
+def _check_alignment(cfg: DictConfig) -> None:
+    """decode.alignment's value, and what CTranslate2 can give: the last layer's heads
+    averaged (the alignment layer `mtrain export` writes), nothing else."""
+    if alignment_level(cfg.decode.alignment) is AlignmentLevel.none:
+        return
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))
+    layer, head = cfg.decode.alignment_layer, cfg.decode.alignment_head
+    if (cfg.engine == Engine.ctranslate2 or exported) and (layer not in (None, -1) or head is not None):
+        raise MtrainError(
+            f"decode.alignment_layer={_null(layer)} alignment_head={_null(head)}: CTranslate2 gives the last layer's "
+            "attention averaged over heads only; leave both unset (or layer -1), or use engine=torch"
+        )
+
+
+MARKUP_FORMATS = ("text", "xml", "html")
+
+
+def _check_format(fmt: str, decode: DictConfig, key: str) -> None:
+    """translate's `format` (serve's request field): text, or markup put back by word alignments."""
+    if fmt not in MARKUP_FORMATS:
+        raise MtrainError(
+            f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
+        )
+    if fmt != "text" and alignment_level(decode.alignment) is AlignmentLevel.subword:
+        raise MtrainError(
+            f"{key}={fmt} puts tags back by word alignments; decode.alignment=subword would print other "
+            "links than it uses: use decode.alignment=word (or false)"
+        )
+
+
+def _null(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
 def _check_decoding_precision(cfg: DictConfig) -> None:
     """`precision` of translate/eval/serve: mtrain's precisions with engine=torch (CTranslate2,
     and so an `mtrain export` directory as run=, also takes its compute types, checked by
@@ -537,6 +613,7 @@ def _check_ensemble(cfg: DictConfig) -> None:
 
 def _check_translate(cfg: DictConfig) -> None:
     _at_least(cfg, "max_input_tokens", 2, why="(one token and eos)")
+    _check_format(str(cfg.format), cfg.decode, "format")
     _optional_at_least(cfg, "num_threads", 1)
     layer = str(cfg.attention_layer)
     if layer not in ("last", "all") and not layer.lstrip("-").isdigit():

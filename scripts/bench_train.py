@@ -9,6 +9,8 @@ one process so their ratio is meaningful on a noisy machine.
     python scripts/bench_train.py experiment=multi30k_cpu --precisions fp32,bf16 --updates 60
     python scripts/bench_train.py model=transformer_base train.max_tokens=8192 --device cuda
     python scripts/bench_train.py experiment=multi30k_cpu_best --ema-decays none,0.999 --rounds 3   # EMA's cost
+    python scripts/bench_train.py experiment=multi30k_cpu_best --guided-alignment train.align --rounds 3
+        # guided alignment's cost: without and with train.guided_alignment=train.align, interleaved
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ def main() -> None:
     parser.add_argument(
         "--ema-decays", default=None, help="comma-separated train.ema_decay values measured back to back (none: off)"
     )
+    parser.add_argument(
+        "--guided-alignment", default=None, help="an alignment file: each row measured without and with it"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole list, interleaved (noisy machines)")
     args = parser.parse_args()
 
@@ -140,18 +145,26 @@ def main() -> None:
             for value in args.ema_decays.split(",")
         ]
     )
+    guided_data = None
+    if args.guided_alignment is not None:  # the same corpus with its alignments loaded
+        cfg.train.guided_alignment = args.guided_alignment
+        guided_data = prepare_fit_data(cfg, resolve_machine(cfg), progress=lambda *_: None)
     runs = [
-        (round_, name, decay)
+        (round_, name, decay, guided)
         for round_ in range(args.rounds)
         for name in args.precisions.split(",")
         for decay in decays
+        for guided in ([False, True] if guided_data is not None else [False])
     ]
-    for round_, name, decay in runs:
+    for round_, name, decay, guided in runs:
         precision = resolve_precision(name, device)
         cfg.train.precision = precision.value
         if args.ema_decays is not None:
             cfg.train.ema_decay = decay
-        r = measure(cfg, data, args.updates, args.warmup, args.trim_every)
+        cfg.train.guided_alignment = args.guided_alignment if guided else None
+        r = measure(cfg, guided_data if guided else data, args.updates, args.warmup, args.trim_every)
+        if guided_data is not None:
+            print(f"# guided alignment: {'on' if guided else 'off'}", flush=True)
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(
             f"{r['precision']:>9} {cfg.train.ema_decay or '-'!s:>6} {r['tgt_tok_s']:>10.0f} "

@@ -298,10 +298,11 @@ def test_identity_cross_projections_do_not_exist_and_match_hand_formula():
     for h in range(4):
         xh, mh = x[..., h * 8 : (h + 1) * 8], memory[..., h * 8 : (h + 1) * 8]
         probabilities = torch.softmax(xh @ mh.transpose(1, 2) / math.sqrt(8) + bias[:, None, :], dim=-1)
+        torch.testing.assert_close(weights[:, h], probabilities)  # every head's weights, (batch, tgt, src)
         heads.append(probabilities @ mh)
     expected = attention.out_proj(torch.cat(heads, dim=-1))
     torch.testing.assert_close(output, expected)
-    assert weights.shape == (2, 3, 4) and torch.all(weights[1, :, 2:] == 0)
+    assert weights.shape == (2, 4, 3, 4) and torch.all(weights[1, :, :, 2:] == 0)
 
 
 def test_tied_embeddings():

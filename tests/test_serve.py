@@ -268,6 +268,33 @@ def test_constraints_are_refused_where_the_server_cannot_honour_them():
     assert controlled_sentences(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
 
 
+def test_alignments_and_markup_per_request(server, model, tokenizer):
+    from mtrain.decode.alignment import pharaoh
+    from mtrain.decode.markup import parse_markup, restore_markup, tags_of
+
+    response = server.post({"text": SENTENCES[:2], "alignment": True, "nbest": 2})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    hyps = expected(model, tokenizer, SENTENCES[:2], nbest=2, alignment="word")
+    assert body["alignments"] == [pharaoh(sentence_hyps[0].alignment) for sentence_hyps in hyps]
+    assert [[entry["alignment"] for entry in served] for served in body["nbest"]] == [
+        [pharaoh(hyp.alignment) for hyp in sentence_hyps] for sentence_hyps in hyps
+    ]
+    assert "alignments" not in server.post({"text": SENTENCES[:1]}).json()
+
+    tagged = ["Ein <b>Hund</b> läuft.<br/>", "<x id='1'/>"]
+    markup = [parse_markup(line, "xml") for line in tagged]
+    body = server.post({"text": tagged, "format": "xml"}).json()
+    plain = expected(model, tokenizer, [m.text for m in markup], alignment="word")
+    assert body["translations"] == [
+        restore_markup(m, hyps[0].text, hyps[0].alignment) for m, hyps in zip(markup, plain, strict=True)
+    ]
+    assert sorted(tags_of(parse_markup(body["translations"][0], "xml"))) == sorted(tags_of(markup[0]))
+    bad = server.post({"text": ["fine", "<b>open"], "format": "html"})
+    assert bad.status_code == 422 and bad.json()["error"] == "text[1]: format=html: element <b> is never closed"
+    assert server.post({"text": ["x"], "format": "md"}).status_code == 422
+
+
 def test_concurrent_requests_are_decoded_in_fewer_batches(server, model, tokenizer):
     before = server.health()
     answers: dict[int, httpx.Response] = {}

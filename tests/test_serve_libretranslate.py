@@ -161,6 +161,12 @@ def test_one_path_two_apis_and_libretranslate_s_answers():
         assert client.post("/libretranslate/translate", json={"q": "a", "source": "de", "target": "en"}).json() == {
             "translatedText": "A"
         }
+        # format=html: the text translated without its tags, every tag back (the stand-in aligns
+        # nothing, so the element is written empty where its source word's position lands)
+        html = {"q": 'ein <b class="x>y">hund</b><br>\nzwei', "source": "de", "target": "en", "format": "html"}
+        assert client.post("/translate", json=html).json() == {
+            "translatedText": 'EIN <b class="x>y"></b>HUND <br>\nZWEI'
+        }
         for fields, error in (
             ({"source": "de", "target": "en"}, "Invalid request: missing q parameter"),
             ({"q": "a", "target": "en"}, "Invalid request: missing source parameter"),
@@ -169,7 +175,7 @@ def test_one_path_two_apis_and_libretranslate_s_answers():
                 {"q": "a", "source": "de", "target": "de"},
                 "German (de) is not available as a target language from German (de)",
             ),
-            ({"q": "a", "source": "de", "target": "en", "format": "html"}, "format: html is not supported"),
+            ({"q": "a\n<b>b", "source": "de", "target": "en", "format": "html"}, "q: line 2: format=html: element"),
             ({"q": "a", "source": "de", "target": "en", "format": "xml"}, "xml format is not supported"),
             (
                 {"q": "a", "source": "de", "target": "en", "alternatives": "x"},

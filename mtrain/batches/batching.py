@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from mtrain.batches.buckets import bucket_of, bucketed_batches, pair_widths
+
+if TYPE_CHECKING:
+    from mtrain.batches.guided_alignment import GuidedAlignments
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Batch:
     indices: torch.Tensor  # (batch,) positions in the corpus
     num_src_tokens: int  # non-pad source tokens (eos included)
     num_tgt_tokens: int  # non-pad labels (eos included): what the loss averages over
+    # (batch, tgt_len, src_len) guided alignment's targets (train.guided_alignment), else None
+    alignment: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -113,11 +118,13 @@ def collate(
     eos_id: int,
     pad_to_multiple: int = 1,
     bucket_widths: np.ndarray | None = None,
+    guided: GuidedAlignments | None = None,
 ) -> Batch:
     """The padded tensors of the pairs at `indices` of an EncodedCorpus or a ConcatenatedCorpus
     (teacher forcing); src_len and tgt_len are rounded up to multiples of `pad_to_multiple`.
     With `bucket_widths` both are the bucket width of the widest pair, and an index -1 is a
-    dummy row: source eos, target input bos, no label (mtrain.batches.buckets)."""
+    dummy row: source eos, target input bos, no label (mtrain.batches.buckets). With `guided`,
+    the batch carries guided alignment's targets (mtrain.batches.guided_alignment)."""
     indices = np.asarray(indices, dtype=np.int64)
     dummy_rows = int(np.count_nonzero(indices < 0))
     indices = indices[indices >= 0]  # the dummy rows go last
@@ -141,6 +148,10 @@ def collate(
         tgt_output = np.concatenate([tgt_output, np.full((dummy_rows, tgt_width), pad_id, dtype=np.int64)])
     tgt_input[:, 0] = bos_id
     padding = np.arange(src.shape[1])[None, :] >= src_lengths[:, None]
+    alignment = None
+    if guided is not None:
+        rows_indices = np.concatenate([indices, np.full(dummy_rows, -1, dtype=np.int64)])
+        alignment = guided.targets(rows_indices, src.shape[1], tgt_input.shape[1])
     return Batch(
         src_tokens=torch.from_numpy(src),
         src_padding_mask=torch.from_numpy(padding),
@@ -149,6 +160,7 @@ def collate(
         indices=torch.from_numpy(indices),
         num_src_tokens=int(src_lengths[: len(indices)].sum()),
         num_tgt_tokens=int(tgt_lengths.sum()) + len(indices),
+        alignment=alignment,
     )
 
 

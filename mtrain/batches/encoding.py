@@ -35,6 +35,7 @@ class EncodedChunk:
     hashes: np.ndarray | None  # (n,) pair hashes (training split: deduplication, overlap)
     rejected: dict[str, int]  # pairs filtered out, by reason
     src_hashes: np.ndarray | None = None  # (n,) source hashes (training split: overlap)
+    rows: np.ndarray | None = None  # (n,) each kept pair's position in the chunk read (line identity)
 
 
 class ChunkEncoder:
@@ -104,7 +105,7 @@ class ChunkEncoder:
             src_ids, rows, src_lengths, self.dtype, self.eos_id, self.src_prefix
         )
         tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
-        return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected, src_hashes)
+        return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected, src_hashes, rows)
 
 
 def sequence_lengths(sequences: list[list[int]]) -> np.ndarray:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtrain.batches.corpus import EncodedCorpus
 from mtrain.batches.eval_sets import EvalSet, eval_set
@@ -39,6 +39,9 @@ from mtrain.data.tags import Direction, run_directions, source_tags
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
 from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
+
+if TYPE_CHECKING:
+    from mtrain.batches.guided_alignment import GuidedAlignments
 
 Log = Callable[[str], Any]
 
@@ -82,6 +85,8 @@ class PreparedData:
     # for metrics.json: per corpus its cleaning counts, train–test overlap and provenance;
     # per direction its valid/test counts
     summary: dict[str, Any] = field(default_factory=dict)
+    # train.guided_alignment's subword links of `train` (set by mtrain.train.setup), else None
+    guided_alignment: GuidedAlignments | None = None
 
     def training_corpora(self) -> list[EncodedCorpus | ConcatenatedCorpus]:
         """Every segmentation training may see: `train`, and its sampled copies."""

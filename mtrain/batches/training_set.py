@@ -7,7 +7,9 @@ evaluation sets' hashes when `data.clean.drop_eval_overlap` drops pairs by them)
 validation or test split, or another corpus beside it, finds the entry as it was. Beside the
 token arrays the entry keeps the hashes of the kept pairs (`src.hashes`, `pair.hashes`,
 uint64), from which train–test overlap is counted against any evaluation set without
-reading the text again (mtrain.data.overlap).
+reading the text again (mtrain.data.overlap), and each kept pair's line in the corpus as read
+(`line.numbers`, uint64, 0-based), which line-aligned side files (guided alignment:
+mtrain.batches.guided_alignment) follow through cleaning and deduplication.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ from mtrain.data.sources import ReadStats
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 
-CACHE_FORMAT = 2  # bump when the stored layout or the encoding changes (2: one entry per training corpus)
+# bump when the stored layout or the encoding changes (2: one entry per training corpus;
+# 3: line.numbers)
+CACHE_FORMAT = 3
 PROGRESS_EVERY = 1_000_000  # training pairs between progress lines
 HASH_FILES = ("src.hashes", "pair.hashes")
+LINE_NUMBERS = "line.numbers"
 
 Log = Callable[[str], Any]
 
@@ -97,6 +102,11 @@ def training_set(
     return EncodedTrainingSet(EncodedCorpus.open(entry / "train"), src_hashes, pair_hashes, summary, entry, key, hit)
 
 
+def line_numbers(entry: Path) -> np.ndarray:
+    """(n,) uint64: the 0-based line of the corpus (as read) of each kept training pair."""
+    return _map_hashes(entry / "train" / LINE_NUMBERS)
+
+
 def _map_hashes(path: Path) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.empty(0, dtype=np.uint64)
@@ -128,13 +138,14 @@ def _encode(
     )
     deduplicator = Deduplicator() if data.clean.deduplicate else None
     writer = CorpusWriter(staging / "train", dtype)
-    hash_files = {name: open(staging / "train" / name, "wb") for name in HASH_FILES}
+    hash_files = {name: open(staging / "train" / name, "wb") for name in (*HASH_FILES, LINE_NUMBERS)}
     rejected: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
     read, next_progress, start = 0, PROGRESS_EVERY, time.perf_counter()
     where = "train" if corpus.key == "data" else f"train [{corpus.label}]"
     try:
         for chunk in encode_chunks(encoder, chunked(pairs, data.chunk_size), data.num_workers):
-            assert chunk.hashes is not None  # the training split is encoded with data.clean: hashed
+            assert chunk.hashes is not None and chunk.rows is not None  # encoded with data.clean
+            first_line = read
             rejected.update(chunk.rejected)
             read += len(chunk.src_lengths) + sum(chunk.rejected.values())
             if deduplicator is not None:
@@ -144,6 +155,8 @@ def _encode(
             writer.append(chunk.src_tokens, chunk.src_lengths, chunk.tgt_tokens, chunk.tgt_lengths)
             hash_files["src.hashes"].write(np.ascontiguousarray(chunk.src_hashes, dtype=np.uint64).tobytes())
             hash_files["pair.hashes"].write(np.ascontiguousarray(chunk.hashes, dtype=np.uint64).tobytes())
+            lines = first_line + np.asarray(chunk.rows, dtype=np.uint64)
+            hash_files[LINE_NUMBERS].write(np.ascontiguousarray(lines, dtype=np.uint64).tobytes())
             if read >= next_progress:
                 log(f"data: {where}: {read:,} pairs read ({read / (time.perf_counter() - start):,.0f} pairs/s)")
                 next_progress += PROGRESS_EVERY
@@ -171,7 +184,7 @@ def _encode(
 
 def _subset(chunk: EncodedChunk, keep: np.ndarray) -> EncodedChunk:
     """The pairs of `chunk` where `keep` is True."""
-    assert chunk.hashes is not None and chunk.src_hashes is not None  # a training chunk (see _encode)
+    assert chunk.hashes is not None and chunk.src_hashes is not None and chunk.rows is not None  # (see _encode)
     return EncodedChunk(
         src_tokens=chunk.src_tokens[np.repeat(keep, chunk.src_lengths)],
         src_lengths=chunk.src_lengths[keep],
@@ -180,4 +193,5 @@ def _subset(chunk: EncodedChunk, keep: np.ndarray) -> EncodedChunk:
         hashes=chunk.hashes[keep],
         rejected=chunk.rejected,
         src_hashes=chunk.src_hashes[keep],
+        rows=chunk.rows[keep],
     )

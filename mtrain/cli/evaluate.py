@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import EvalConfig, to_plain, with_values
+from mtrain.config import Engine, EvalConfig, to_plain, with_values
 from mtrain.config_checks import check_writable_dir
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir
@@ -60,6 +60,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     `average_last`; with `ensemble`, that and the members together), score it, write
     `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
     `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
+    from mtrain.decode.alignment import AlignmentLevel, alignment_level, resolve_alignment_source
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
@@ -145,7 +146,16 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         "engine": str(engine.engine),
         "threads": threads,
     }
+    resolve_alignment_source(
+        cfg.decode,
+        engine.loaded.config if engine.loaded else None,
+        engine.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
+    )
     translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
+    alignments: list[str] = []  # with decode.alignment: each hypothesis' links, for <split>.align
+    if alignment_level(cfg.decode.alignment) is not AlignmentLevel.none:
+        translate = collecting_alignments(translate, alignments)
     report_name = scored_report_name(
         cfg, cfg.split if direction is None else f"{cfg.split}.{direction[0]}-{direction[1]}"
     )
@@ -154,7 +164,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
             f"scoring with {_scoring_settings(cfg)}: the report is {report_name}.*, beside any of the "
             "default scoring (which `mtrain report` reads)"
         )
-    return score_split(
+    report = score_split(
         run,
         cfg.split,
         data_cfg,
@@ -172,6 +182,25 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         cfg.worst_lines,
         report_name=report_name,
     )
+    if alignments:
+        from mtrain.rundir import atomic_write_text
+
+        path = report_dir / f"{report_name}.align"
+        atomic_write_text(path, "".join(line + "\n" for line in alignments))
+        log(f"alignments (Pharaoh, line for line with {report_name}.hyp): {path}")
+    return report
+
+
+def collecting_alignments(translate: Any, alignments: list[str]) -> Any:
+    """`translate` that also appends each best hypothesis' Pharaoh links to `alignments`."""
+    from mtrain.decode.alignment import pharaoh
+
+    def translate_and_collect(sources: list[str]) -> Any:
+        hypotheses = translate(sources)
+        alignments.extend(pharaoh(hyp.alignment or []) for hyp in hypotheses)
+        return hypotheses
+
+    return translate_and_collect
 
 
 def exported_model(run: RunDir, metadata: dict[str, Any]) -> tuple[Any, RunDir, dict[str, Any]]:

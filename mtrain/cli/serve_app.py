@@ -1,8 +1,10 @@
 """The HTTP face of `mtrain serve`: routes, request checks and JSON errors (FastAPI).
 
     GET  /health     {"status": "ok", "model": ..., "batches": N, ...}
-    POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en"}
-                  -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1)
+    POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en",
+                      "alignment": true, "format": "text|xml|html"}
+                  -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1,
+                     + "alignments": ["0-0 1-2", ...] with alignment)
     optional, per sentence of text: "prefix": ["A man", null], "constraints": [["dog"], []];
     for all of them: "avoid": ["phrase", ...]   (docs/SERVE.md, mtrain.decode.controls)
 
@@ -41,10 +43,12 @@ from mtrain.cli.serve_http import RequestBody, RequestLog, printable
 from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.cli.serve_page import page_router
-from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
+from mtrain.config import AlignmentLevel, DecodeConfig, Sampling, ServeConfig, alignment_level, with_values
+from mtrain.decode.alignment import pharaoh
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.decode.constraints import CONSTRAINTS_REFUSED
 from mtrain.decode.controls import TargetRequest
+from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.serve")
@@ -62,6 +66,8 @@ class TranslateRequest(BaseModel):
     prefix: list[str | None] | None = None  # per sentence, what its translation starts with (null: nothing)
     constraints: list[list[str]] | None = None  # per sentence, phrases its translation must contain
     avoid: list[str] | None = None  # phrases no translation of the request may contain
+    alignment: bool | None = None  # word alignments in the answer; default: the server's decode.alignment
+    format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.markup)
 
 
 # What each field must be, in the words of an error message.
@@ -73,6 +79,8 @@ FIELDS = {
     "prefix": "a list with a string (or null) per sentence of text",
     "constraints": "a list with a list of phrases (strings) per sentence of text",
     "avoid": "a list of phrases (strings)",
+    "alignment": "true, false or null",
+    "format": "text, xml or html",
 }
 # What an item of a list field must be.
 PHRASE = "a phrase (a string)"
@@ -171,9 +179,16 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
             raise Rejected(422, str(error)) from None
         check_text(body.text, cfg)
         decode = request_decoding(body, cfg)
+        markups = request_markup(body)
+        if markups is not None:  # the sentences without their tags, whose words the controls see
+            body = body.model_copy(update={"text": [markup.text for markup in markups]})
         sentences = controlled_sentences(body, cfg, model.engine_name)
         hypotheses = await translated(state["batcher"], sentences, Setting(decode, tgt_lang), cfg.request_timeout_s)
-        return response_body(hypotheses, decode.nbest)
+        if markups is not None:
+            for markup, hyps in zip(markups, hypotheses, strict=True):
+                for hyp in hyps:
+                    hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
+        return response_body(hypotheses, decode.nbest, alignments=wants_alignment(body, cfg))
 
     # The web page, LibreTranslate's API beside mtrain's, who may translate (serve_page, _libretranslate, _access).
     app.include_router(page_router())
@@ -365,8 +380,32 @@ def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: st
     ]
 
 
+def wants_alignment(request: TranslateRequest, cfg: ServeConfig) -> bool:
+    """Whether the answer carries word alignments: the request's `alignment`, else the server's."""
+    if request.alignment is not None:
+        return request.alignment
+    return alignment_level(cfg.decode.alignment) is not AlignmentLevel.none
+
+
+def request_markup(request: TranslateRequest) -> list[Markup] | None:
+    """The sentences' text and tags with `format` xml|html (None for text); Rejected 422
+    naming the sentence whose markup is malformed."""
+    if request.format == "text":
+        return None
+    if request.format not in ("xml", "html"):
+        raise Rejected(422, f"format: {printable(request.format)} must be text, xml or html")
+    markups = []
+    for index, sentence in enumerate(request.text):
+        try:
+            markups.append(parse_markup(sentence, request.format))
+        except MarkupError as error:
+            raise Rejected(422, f"text[{index}]: format={request.format}: {error}") from None
+    return markups
+
+
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
-    """The server's decode settings with the request's beam and nbest."""
+    """The server's decode settings with the request's beam and nbest; word alignments when
+    the request asks for them or for markup (which is put back by them)."""
     beam = cfg.decode.beam if request.beam is None else request.beam
     nbest = cfg.decode.nbest if request.nbest is None else request.nbest
     for key, value in (("beam", beam), ("nbest", nbest)):
@@ -374,14 +413,35 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
     if nbest > beam and cfg.decode.sampling == Sampling.none:
         raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
-    return with_values(cfg.decode, beam=beam, nbest=nbest)
+    alignment = cfg.decode.alignment
+    if request.alignment is not None:
+        alignment = "word" if request.alignment else "false"
+    if request.format != "text" and alignment_level(alignment) is AlignmentLevel.none:
+        alignment = "word"
+    if request.format != "text" and alignment_level(alignment) is AlignmentLevel.subword:
+        raise Rejected(422, "format: markup is put back by word alignments; the server aligns subwords")
+    return with_values(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
 
 
-def response_body(hypotheses: list[list[Any]], nbest: int) -> dict:
+def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False) -> dict:
+    """translations and scores (and alignments: Pharaoh `i-j` strings) of the best
+    hypotheses; with nbest > 1, every hypothesis under "nbest"."""
     body: dict[str, Any] = {
         "translations": [hyps[0].text for hyps in hypotheses],
         "scores": [hyps[0].score for hyps in hypotheses],
     }
+    if alignments:
+        body["alignments"] = [pharaoh(hyps[0].alignment or []) for hyps in hypotheses]
     if nbest > 1:
-        body["nbest"] = [[{"text": hyp.text, "score": hyp.score} for hyp in hyps] for hyps in hypotheses]
+        body["nbest"] = [
+            [
+                {
+                    "text": hyp.text,
+                    "score": hyp.score,
+                    **({"alignment": pharaoh(hyp.alignment or [])} if alignments else {}),
+                }
+                for hyp in hyps
+            ]
+            for hyps in hypotheses
+        ]
     return body

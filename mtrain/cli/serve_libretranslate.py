@@ -25,7 +25,9 @@ Where mtrain differs:
 - source=auto: mtrain detects no language. A model that translates from one language takes
   "auto" for it and answers `detectedLanguage` with that language; a model with several
   source languages refuses it (400: name the source).
-- format=html is refused (400): mtrain translates plain text; send the text without markup.
+- format=html: each line's tags are taken out, the text translated and the tags put back
+  around the aligned words (mtrain.decode.markup, as mtrain's own `format`); a line's markup
+  must be complete within the line (400 naming the line otherwise).
 - alternatives: N asks the beam for N+1 hypotheses per line (beam raised to N+1 when below);
   N+1 may not exceed max_beam. An alternative joins each line's next hypothesis; repeats and
   copies of the translation are dropped, as LibreTranslate drops them.
@@ -53,6 +55,7 @@ from mtrain.cli.serve_model import ServedModel
 from mtrain.config import DecodeConfig, ServeConfig, with_values
 from mtrain.data.languages import language_name
 from mtrain.decode.batcher import BatcherClosed
+from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.errors import MtrainError
 
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
@@ -71,6 +74,7 @@ class LibreRequest:
     source: str
     target: str
     alternatives: int
+    html: bool = False  # format=html: inline tags out and back (mtrain.decode.markup)
 
 
 def body_fields(content_type: str, body: bytes) -> dict[str, Any] | None:
@@ -158,11 +162,20 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
             f"Invalid request: alternatives parameter must be <= {cfg.max_beam - 1} (max_beam={cfg.max_beam})"
         )
     text_format = fields.get("format") or "text"
-    if text_format == "html":
-        raise invalid("format: html is not supported; mtrain translates plain text (send the text without markup)")
-    if text_format != "text":
+    if text_format not in ("text", "html"):
         raise invalid(f"{text_format} format is not supported")
-    return LibreRequest(texts, batch, *direction(source, target, model), alternatives)
+    return LibreRequest(texts, batch, *direction(source, target, model), alternatives, html=text_format == "html")
+
+
+def html_lines(lines: list[list[str]]) -> list[Markup]:
+    """Each line's text and tags (format=html); 400 naming the line whose markup is malformed."""
+    markups = []
+    for number, line in enumerate((line for text_lines in lines for line in text_lines), start=1):
+        try:
+            markups.append(parse_markup(line, "html"))
+        except MarkupError as error:
+            raise invalid(f"q: line {number}: format=html: {error}") from None
+    return markups
 
 
 def direction(source: str, target: str, model: ServedModel) -> tuple[str, str]:
@@ -242,6 +255,10 @@ def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) 
         nbest = libre.alternatives + 1
         decode = with_values(cfg.decode, beam=max(cfg.decode.beam, nbest), nbest=nbest)
         sentences = [line for text_lines in lines for line in text_lines]
+        markups = html_lines(lines) if libre.html else None
+        if markups is not None:  # the text alone is translated; the tags go back by word alignments
+            sentences = [markup.text for markup in markups]
+            decode = with_values(decode, alignment="word")
         try:
             future = submit(sentences, decode, libre.target)
         except BatcherClosed:
@@ -255,6 +272,10 @@ def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) 
             ) from None
         except MtrainError as error:
             raise invalid(str(error)) from None
+        if markups is not None:
+            for markup, hyps in zip(markups, hypotheses, strict=True):
+                for hyp in hyps:
+                    hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
         results = join_translations(lines, hypotheses, libre.alternatives)
         body: dict[str, Any] = {"translatedText": [r[0] for r in results] if libre.batch else results[0][0]}
         if libre.alternatives > 0:

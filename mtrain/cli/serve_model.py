@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from mtrain.config import DecodeConfig, DecodeWeights, ServeConfig
+from mtrain.config import AlignmentLevel, DecodeConfig, DecodeWeights, Engine, ServeConfig, alignment_level
 from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.hypothesis import Hypothesis
@@ -128,6 +128,7 @@ def check_target_language(requested: str | None, allowed: Sequence[str]) -> str 
 
 def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> ServedModel:
     """Open `cfg.run`'s engine once, as `mtrain translate` does."""
+    from mtrain.decode.alignment import resolve_alignment_source
     from mtrain.export.engine import open_engine
 
     if cfg.run is None:
@@ -141,6 +142,14 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
     if cfg.weights != DecodeWeights.auto:
         extra["weights"] = cfg.weights
     opened = open_engine(cfg.run, cfg.engine, device, cfg.precision, threads, cfg.checkpoint, **extra)
+    # Where a request's alignments come from (the guided head of a run that trained one), decided
+    # once whether or not the server's default asks for them: a request may.
+    resolve_alignment_source(
+        cfg.decode,
+        opened.loaded.config if opened.loaded else None,
+        opened.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
+    )
     limit = cfg.max_input_tokens
     model_limit = position_limit(opened.model)
     if model_limit is not None and model_limit < limit:

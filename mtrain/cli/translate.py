@@ -4,6 +4,7 @@
     cat input.de | mtrain translate run=RUN_DIR > output.en
     mtrain translate run=RUN_DIR input=test.de decode.nbest=5 decode.beam=5   # n-best TSV
     mtrain translate run=RUN_DIR input=some.de attention=att/ attention_layer=all
+    mtrain translate run=RUN_DIR input=test.de decode.alignment=true   # text<TAB>Pharaoh word alignment
     mtrain translate run=RUN_DIR input=test.de engine=ctranslate2 [precision=int8]
     mtrain translate run=EXPORTED_DIR input=test.de      # from `mtrain export`: CTranslate2 decodes it
     mtrain translate run=RUN_A ensemble=[RUN_B,c.pt] input=test.de    # an ensemble of 3 (run= and the members)
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 from mtrain.cli.common import mtrain_app
-from mtrain.config import TranslateConfig
+from mtrain.config import AlignmentLevel, Engine, TranslateConfig, alignment_level
 from mtrain.errors import MtrainError
 from mtrain.wording import counted
 
@@ -33,6 +34,7 @@ log = logging.getLogger("mtrain.translate")
 def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.data.provenance import provenance_path
+    from mtrain.decode.alignment import resolve_alignment_source
     from mtrain.decode.controls import check_prefix_lines, line_controls
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
@@ -70,6 +72,12 @@ def run_translate(cfg: TranslateConfig) -> None:
     )
     # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
+    resolve_alignment_source(  # (format=xml|html aligns too)
+        cfg.decode,
+        engine.loaded.config if engine.loaded else None,
+        engine.engine == Engine.ctranslate2,
+        used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none or cfg.format != "text",
+    )
     log.info(
         "translating with %s on %s, engine=%s, beam %d, %s%s",
         engine.description,

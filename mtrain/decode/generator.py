@@ -98,7 +98,8 @@ def generate(
     src_tokens (batch, src_len) with the eos appended; src_padding_mask True at padding.
     `use_cache=False` recomputes the whole prefix every step (reference and benchmark).
     `attention_layer` ("last", "all" or an index; cached decoder only) fills
-    `Hypothesis.attention` with that layer's cross-attention averaged over heads.
+    `Hypothesis.attention` with that layer's cross-attention averaged over heads ("LAYER:HEAD":
+    one head's; word alignments, mtrain.decode.alignment).
     `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
     multilingual run: `Tokenizer.tag_ids`).
     `controls`: per sentence, a target prefix, constraints and avoided phrases

@@ -19,10 +19,12 @@ class Hypothesis:
     score: float  # length-normalised log-probability (what hypotheses are ranked by)
     log_prob: float = 0.0  # sum of the token log-probabilities, EOS included
     text: str = ""  # detokenized `tokens`, filled by the translator
-    # Cross-attention averaged over heads, one row per output token incl. EOS:
+    # Cross-attention averaged over heads (or one head's), one row per output token incl. EOS:
     # (len(tokens) + 1, src_len), or (len(tokens) + 1, layers, src_len) for all layers.
-    # Only when asked for (attention pictures).
+    # Only when asked for (attention pictures, word alignments).
     attention: torch.Tensor | None = field(default=None, repr=False)
+    # (source, target) word or piece links (`decode.alignment`; mtrain.decode.alignment).
+    alignment: list[tuple[int, int]] | None = None
 
 
 def length_normalise(log_prob: torch.Tensor, length: torch.Tensor | int, alpha: float) -> torch.Tensor:

@@ -51,8 +51,8 @@ class CachedStep:
     sentence's hypotheses (`mtrain.model.state`). The first step runs one row per sentence:
     every hypothesis starts as the same [bos], so the `width` rows would compute the same
     logits (in beam search all but one of them are dead anyway). `attention_layer` (None: no
-    attention) is passed to `decode_step`: "last", "all" or a layer index; the weights come
-    back averaged over heads.
+    attention) is passed to `decode_step`: "last", "all" or a layer index (the weights come
+    back averaged over heads), or "LAYER:HEAD" (that head's).
     """
 
     def __init__(

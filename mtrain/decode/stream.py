@@ -16,6 +16,7 @@ file decode fast. With stdin and stderr both terminals a prompt goes to stderr.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import select
@@ -28,18 +29,19 @@ from typing import TYPE_CHECKING, BinaryIO, TextIO
 import torch
 from tqdm import tqdm
 
-from mtrain.config import TranslateConfig
+from mtrain.config import AlignmentLevel, TranslateConfig, alignment_level
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.controls import LineControls, encode_request, phrase_encoder
 from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.decode.textio import (
     InputRepairs,
     count_lines,
     decode_line,
     nbest_rows,
-    one_line,
     open_input,
+    output_line,
     read_chunks,
     write_output,
 )
@@ -86,6 +88,23 @@ def encode_line(tokenizer: Tokenizer, text: str, line_number: int, limit: int) -
         )
         ids = ids[: limit - 1]
     return ids + [tokenizer.eos_id], cut
+
+
+def markup_of(text: str, fmt: str, where: str) -> Markup:
+    """The line's text and tags (`format=xml|html`); MtrainError naming `where` (file:line)."""
+    try:
+        return parse_markup(text.rstrip("\n"), fmt)
+    except MarkupError as error:
+        raise MtrainError(f"{where}: format={fmt}: {error}") from None
+
+
+def put_tags_back(markup: Markup, hyps: list[Hypothesis], keep_links: bool) -> None:
+    """Each hypothesis' text with the source's tags put back; its links are dropped unless
+    they were asked for (`decode.alignment`)."""
+    for hyp in hyps:
+        hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
+        if not keep_links:
+            hyp.alignment = None
 
 
 def attention_layer_of(cfg: TranslateConfig) -> int | str | None:
@@ -200,6 +219,12 @@ def translate_stream(
     if model_limit is not None and model_limit < limit:
         limit = model_limit  # the encoder cannot embed more positions
     attention_layer = attention_layer_of(cfg)
+    markup_format = None if cfg.format == "text" else str(cfg.format)
+    decode_cfg = cfg.decode
+    if markup_format is not None and alignment_level(decode_cfg.alignment) is AlignmentLevel.none:
+        decode_cfg = copy.deepcopy(decode_cfg)  # the tags go back by word alignments, not printed
+        decode_cfg.alignment = "word"
+    input_name = cfg.input if cfg.input is not None else "stdin"
     attention_dir = Path(cfg.attention) if cfg.attention is not None else None
     nbest = cfg.decode.nbest > 1
     interactive = is_interactive(cfg)
@@ -233,7 +258,11 @@ def translate_stream(
                     ]
                     chunk = [source for source, _ in requests]
                     controls = [encode_request(tokenizer, request, encode_phrase) for _, request in requests]
+                markups: list[Markup] = []
                 for offset, text in enumerate(chunk):
+                    if markup_format is not None:
+                        markups.append(markup_of(text, markup_format, f"{input_name}:{first_line + offset}"))
+                        text = markups[-1].text
                     ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
                     truncated += cut
                     sources.append(ids)
@@ -242,7 +271,7 @@ def translate_stream(
                     engine,
                     tokenizer,
                     sources,
-                    cfg.decode,
+                    decode_cfg,
                     device,
                     precision,
                     attention_layer=attention_layer,
@@ -250,10 +279,12 @@ def translate_stream(
                     controls=controls,
                 )
                 for offset, sentence_hyps in enumerate(hyps):
+                    if markups:
+                        put_tags_back(markups[offset], sentence_hyps, keep_links=decode_cfg is cfg.decode)
                     if nbest:
                         sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
                     else:
-                        sink.write(one_line(sentence_hyps[0].text) + "\n")
+                        sink.write(output_line(sentence_hyps[0]) + "\n")
                 sink.flush()
                 if attention_dir is not None:
                     _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
 from mtrain.data.local_files import count_lines as count_file_lines
+from mtrain.decode.alignment import pharaoh
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.rundir import atomic_write, enclosing_run
@@ -176,5 +177,14 @@ def one_line(text: str) -> str:
 
 
 def nbest_rows(index: int, hyps: list[Hypothesis]) -> list[str]:
-    """n-best TSV rows `index<TAB>score<TAB>hypothesis`; index is the 0-based input line."""
-    return [f"{index}\t{hyp.score:.4f}\t{one_line(hyp.text)}" for hyp in hyps]
+    """n-best TSV rows `index<TAB>score<TAB>hypothesis`; index is the 0-based input line.
+    With alignments (`decode.alignment`), a fourth column holds the hypothesis' links."""
+    return [f"{index}\t{hyp.score:.4f}\t{output_line(hyp)}" for hyp in hyps]
+
+
+def output_line(hyp: Hypothesis) -> str:
+    """The hypothesis' text on one line, and `<TAB>` and its Pharaoh links when it has any
+    (`decode.alignment`: Marian's and fairseq's users cut them off with `cut -f1`)."""
+    if hyp.alignment is None:
+        return one_line(hyp.text)
+    return f"{one_line(hyp.text)}\t{pharaoh(hyp.alignment)}"

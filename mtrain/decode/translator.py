@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.decode.alignment import Aligner
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.torch_engine import TorchEngine
@@ -114,17 +115,24 @@ def translate_encoded(
     `model` is mtrain's model (decoded by a `TorchEngine` on `device` in `precision`) or
     an `Engine` (e.g. CTranslate2's, which brings its own device and compute type).
     Returns, per source, up to `cfg.nbest` hypotheses with `.text` filled, best first.
-    `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`.
+    `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`;
+    `cfg.alignment` fills `Hypothesis.alignment` (mtrain.decode.alignment).
     `on_batch(num_sentences)` is called after each batch (progress bars).
     `controls`: per source, its target prefix, constraints and avoided phrases (target ids,
     `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
     """
     engine = as_engine(model, tokenizer, device, precision, use_cache)
-    results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
+    aligner = Aligner.of(cfg, tokenizer, attention_layer)
+    if aligner is not None:
+        attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
+    no_links: list[tuple[int, int]] | None = None if aligner is None else []  # a blank line's alignment
+    results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0, alignment=no_links)] for _ in sources]
     if controls is not None:
         for i, (ids, control) in enumerate(zip(sources, controls, strict=True)):
             if not ids and control is not None and control.prefix:  # nothing to translate: the prefix as typed
-                results[i] = [Hypothesis(list(control.prefix), 0.0, text=tokenizer.decode_tgt(control.prefix))]
+                results[i] = [
+                    Hypothesis(list(control.prefix), 0.0, text=tokenizer.decode_tgt(control.prefix), alignment=no_links)
+                ]
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
@@ -142,6 +150,8 @@ def translate_encoded(
         for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
+                if aligner is not None:
+                    aligner.align(sources[i] or (), hyp)
             results[i] = sentence_hyps
         if on_batch is not None:
             on_batch(len(indices))

@@ -210,7 +210,7 @@ class CrossAttention(nn.Module):
         self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """x (rows, tgt_len, d_model) -> output (rows, tgt_len, d_model) and, when asked,
-        attention probabilities averaged over heads (rows, tgt_len, src_len).
+        the attention probabilities of every head (rows, heads, tgt_len, src_len).
 
         keys/values (sentences, heads, src_len, head_dim) and bias (sentences, 1, 1, src_len)
         have one row per sentence; x has `rows = sentences x hypotheses` rows, sentence-major
@@ -223,7 +223,11 @@ class CrossAttention(nn.Module):
         q = split_heads(self.q_proj(to_compute_dtype(x)), self.heads)
         output, weights = self.attention(q, keys, values, bias, False, need_weights)
         output = self.out_proj(merge_heads(output)).view(rows, tgt_len, d_model)
-        return output, (weights.mean(dim=1).view(rows, tgt_len, -1) if need_weights else None)
+        if weights is None:
+            return output, None
+        sentences, heads, _, src_len = weights.shape  # queries: hypotheses x tgt_len per sentence
+        per_row = weights.view(sentences, heads, -1, tgt_len, src_len).transpose(1, 2)
+        return output, per_row.reshape(rows, heads, tgt_len, src_len)
 
 
 def _use_sdpa(impl: AttentionImpl, x: Tensor) -> bool:

@@ -80,8 +80,8 @@ class DecoderLayer(nn.Module):
         offset: int = 0,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (batch, tgt_len, d_model) -> same shape, and the cross-attention weights
-        (batch, tgt_len, src_len) averaged over heads when `need_weights`.
+        """x (batch, tgt_len, d_model) -> same shape, and the cross-attention weights of
+        every head (batch, heads, tgt_len, src_len) when `need_weights`.
 
         cross_keys/values come from `self.cross_attn.project_memory`. With a `cache`, x is the
         single position `offset` of incremental decoding.

@@ -126,6 +126,27 @@ class Seq2SeqTransformer(nn.Module):
             x, _ = layer(x, keys, values, src_bias)
         return self._final_decoder_norm(x)
 
+    def decoder_states_and_attention(
+        self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        """`decoder_states` and the cross-attention probabilities of decoder layer `layer`,
+        every head: (batch, heads, tgt_len, src_len), before dropout (guided alignment)."""
+        memory = self.encode(src_tokens, src_padding_mask)
+        if self.detach_memory:
+            memory = memory.detach()
+        memory = to_compute_dtype(memory)
+        src_bias = padding_bias(src_padding_mask)
+        x = self.tgt_embed(tgt_input)
+        wanted = layer % len(self.decoder)
+        attention: Tensor | None = None
+        for index, layer_module in enumerate(cast("list[DecoderLayer]", self.decoder)):
+            keys, values = layer_module.cross_attn.project_memory(memory)
+            x, weights = layer_module(x, keys, values, src_bias, need_weights=index == wanted)
+            if weights is not None:
+                attention = weights
+        assert attention is not None  # `wanted` is one of the layers
+        return self._final_decoder_norm(x), attention
+
     @property
     def output_weight(self) -> Tensor:
         """The output projection's (tgt_vocab_size, d_model) rows, without the padded ones."""
@@ -196,8 +217,14 @@ class Seq2SeqTransformer(nn.Module):
         prev_tokens sit at position `state.step` ([bos] at step 0); the step advances by one.
         With `need_attention`, also returns the cross-attention weights averaged over heads:
         (batch, src_len) for one layer (`attention_layer`: "last" or an index) or
-        (batch, layers, src_len) for "all".
+        (batch, layers, src_len) for "all"; "LAYER:HEAD" (e.g. "-2:0") gives one head of
+        one layer instead of the average (word alignments from a guided head).
         """
+        head = None
+        if need_attention and isinstance(attention_layer, str) and ":" in attention_layer:
+            layer_text, head_text = attention_layer.split(":", 1)
+            head = _head_index(head_text, cast("list[DecoderLayer]", self.decoder)[0].cross_attn.heads)
+            attention_layer = layer_text
         wanted = _attention_layers(attention_layer, len(self.decoder)) if need_attention else set()
         x = self.tgt_embed(prev_tokens[:, None], offset=state.step)
         attention = []
@@ -211,8 +238,8 @@ class Seq2SeqTransformer(nn.Module):
                 offset=state.step,
                 need_weights=index in wanted,
             )
-            if weights is not None:
-                attention.append(weights[:, 0])  # (batch, src_len)
+            if weights is not None:  # (batch, heads, 1, src_len)
+                attention.append(weights[:, :, 0].mean(dim=1) if head is None else weights[:, head, 0])
         state.step += 1
         logits = self._logits(self._final_decoder_norm(x))[:, 0]
         if not need_attention:
@@ -252,6 +279,16 @@ class Seq2SeqTransformer(nn.Module):
 
 def _refresh_after_load(model: Seq2SeqTransformer, _incompatible_keys: object) -> None:
     model._refresh_output_ids()
+
+
+def _head_index(text: str, heads: int) -> int:
+    try:
+        head = int(text)
+    except ValueError:
+        head = heads  # reported below
+    if not -heads <= head < heads:
+        raise MtrainError(f"attention head {text!r}: the cross-attention has {heads} heads (0..{heads - 1})")
+    return head % heads
 
 
 def _attention_layers(attention_layer: int | str, num_layers: int) -> set[int]:

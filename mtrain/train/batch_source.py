@@ -23,6 +23,7 @@ import torch
 
 from mtrain.batches import Batch, EncodedCorpus, PreparedData, TokenBatchSampler, collate
 from mtrain.batches.buckets import batch_shapes, bucket_widths, pair_widths
+from mtrain.batches.guided_alignment import GuidedAlignments
 from mtrain.batches.mixture import CorpusMixture, EpochDraw, MixtureSampler
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.prefetch import BatchPrefetcher
@@ -60,8 +61,10 @@ class BatchSource:
         num_replicas: int = 1,
         rank: int = 0,
         prefetch: bool = False,
+        guided: GuidedAlignments | None = None,
     ) -> None:
         self.special_ids = special_ids
+        self.guided = guided  # guided alignment's targets, batched with the pairs
         self.device = device
         self.update_freq = update_freq
         self.max_epochs = max_epochs
@@ -205,5 +208,7 @@ class BatchSource:
         still collate an epoch's last batches when the trainer has moved to the next."""
         ids = self.special_ids
         corpus = self.corpora[self._segmentation(key[0])]
-        batch = collate(corpus, indices, ids.pad, ids.bos, ids.eos, self.pad_to_multiple, self.bucket_widths)
+        batch = collate(
+            corpus, indices, ids.pad, ids.bos, ids.eos, self.pad_to_multiple, self.bucket_widths, self.guided
+        )
         return batch.pin_memory() if self.device.type == "cuda" else batch

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from mtrain.batches.guided_alignment import GuidedAlignments
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import Seq2SeqTransformer
 from mtrain.tokenizer import SpecialIds
@@ -21,7 +22,7 @@ from mtrain.train.compilation import compile_network, shape_buckets
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
-from mtrain.train.loss import TranslationLoss
+from mtrain.train.loss import GuidedHead, TranslationLoss
 from mtrain.train.schedule import LearningRateSchedule
 
 
@@ -84,8 +85,13 @@ def build_network(
     """The model and its loss as one module, in DDP under torchrun, compiled if asked. Under
     CUDA graphs the loss projects every target position (pad rows weighted 0), so that no
     shape depends on the batch's token count."""
+    guided_head = None
+    if train_cfg.guided_alignment is not None:
+        guided_head = GuidedHead(
+            train_cfg.guided_alignment_layer, train_cfg.guided_alignment_head, train_cfg.guided_alignment_weight
+        )
     network: torch.nn.Module = TranslationLoss(
-        model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs
+        model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs, guided=guided_head
     )
     if dist.enabled:
         network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
@@ -114,11 +120,13 @@ def build_parts(
     precision: Precision,
     dist: DistributedContext | None = None,
     prefetch: bool | None = None,
+    guided: GuidedAlignments | None = None,
 ) -> TrainingParts:
     """Everything an update needs. `corpora`: the training split's segmentations (one, or one
     per subword-sampling copy), or a `CorpusMixture` of several corpora (`training_corpora`);
     `prefetch` (default: on CUDA) collates the next batches in a background thread; on a CPU
-    that thread would take cores from the update itself."""
+    that thread would take cores from the update itself. `guided`: guided alignment's targets
+    (train.guided_alignment), batched with the pairs and trained by the loss."""
     dist = dist or DistributedContext()
     buckets = shape_buckets(train_cfg)
     batches = BatchSource(
@@ -134,6 +142,7 @@ def build_parts(
         num_replicas=dist.world_size,
         rank=dist.rank,
         prefetch=device.type == "cuda" if prefetch is None else prefetch,
+        guided=guided,
     )
     return TrainingParts(
         model=model,

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mtrain.batches import PreparedData, prepare_data
+from mtrain.batches import EncodedCorpus, PreparedData, prepare_data
+from mtrain.batches.guided_alignment import load_guided_alignments
 from mtrain.config import FitConfig, Positions, Precision, to_plain
 from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
@@ -99,6 +100,11 @@ def prepare_fit_data(
     if not dist.is_main:
         data = prepare_data(cfg.data, cfg.tokenizer, log=lambda *_: None, tokenizer=tokenizer)
     check_eval_lengths(data, cfg)
+    if cfg.train.guided_alignment is not None:  # refused here, before the run directory is written
+        assert isinstance(data.train, EncodedCorpus)  # one corpus (config_checks)
+        data.guided_alignment = load_guided_alignments(
+            cfg.train.guided_alignment, data.train, data.directory, data.tokenizer, cfg.data.train_limit
+        )
     return data
 
 
@@ -153,6 +159,7 @@ def build_fit(
         device,
         machine.precision,
         dist,
+        guided=data.guided_alignment,
     )
     if init is not None:
         keep_parent_optimizer(parts.optimizer, init)

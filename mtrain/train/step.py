@@ -99,6 +99,7 @@ class UpdateStep:
                 batch.tgt_input,
                 batch.tgt_output,
                 None if graphs else batch.num_tgt_tokens,
+                *(() if batch.alignment is None else (batch.alignment,)),  # guided alignment's targets
             )
         return losses
 
