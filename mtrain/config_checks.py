@@ -30,6 +30,7 @@ from mtrain.config import (
     Engine,
     EvalConfig,
     FitConfig,
+    MbrCandidates,
     ModelConfig,
     NormPosition,
     Positions,
@@ -56,15 +57,18 @@ def check_config(cfg: DictConfig) -> None:
     elif schema is TranslateConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_ensemble(cfg)
         _check_translate(cfg)
     elif schema is ServeConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_serve(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_ensemble(cfg)
         _at_least(cfg, "average_last", 0)
         _at_least(cfg, "bootstrap_samples", 0)
@@ -245,6 +249,7 @@ def _check_fit(cfg: DictConfig) -> None:
     _check_train(cfg.train)
     _check_decode(cfg.decode, "decode")
     _at_least(cfg.decode, "valid_beam", 1, prefix="decode")
+    _refuse_quality_decoding_in_fit(cfg.decode)
     _check_init(cfg)
 
 
@@ -478,6 +483,11 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         _at_least(decode, key, 0, prefix=prefix)
     if decode.max_len_a == 0 and decode.max_len_b == 0:
         raise MtrainError(f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)")
+    if not 0.0 <= decode.epsilon < 1.0:
+        raise MtrainError(f"{prefix}.epsilon: {decode.epsilon} must be in [0, 1) (0 samples from the whole vocabulary)")
+    _check_mbr(decode, prefix)
+    if decode.mbr.candidates != MbrCandidates.none:
+        return  # the beam and nbest of the candidates are MBR's (mtrain.decode.mbr)
     if decode.sampling == Sampling.none:
         if decode.nbest > decode.beam:
             raise MtrainError(
@@ -491,6 +501,50 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         _at_least(decode, "top_k", 0, prefix=prefix, why="(0 samples from the whole vocabulary)")
     if decode.sampling == Sampling.topp and not 0.0 < decode.top_p <= 1.0:
         raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
+
+
+def _check_mbr(decode: DictConfig, prefix: str) -> None:
+    """MBR decoding's counts (mtrain.decode.mbr); the reranking files are checked when a
+    command starts (mtrain.decode.rerank.check_rerank_files), before any model loads."""
+    mbr = decode.mbr
+    _at_least(mbr, "num_candidates", 1, prefix=f"{prefix}.mbr")
+    _optional_at_least(mbr, "num_pseudo_refs", 1, prefix=f"{prefix}.mbr")
+    if mbr.candidates != MbrCandidates.none and decode.nbest > mbr.num_candidates:
+        raise MtrainError(
+            f"{prefix}.nbest: {decode.nbest} is above {prefix}.mbr.num_candidates={mbr.num_candidates} "
+            f"(MBR ranks only its candidates); raise {prefix}.mbr.num_candidates"
+        )
+
+
+def _refuse_quality_decoding_in_fit(decode: DictConfig) -> None:
+    """Training validates and tests with the beam; MBR and reranking are decode-time choices."""
+    if decode.mbr.candidates != MbrCandidates.none:
+        raise MtrainError(
+            f"decode.mbr.candidates: {decode.mbr.candidates} is for mtrain translate, eval and serve; "
+            "`mtrain fit` validates and tests with beam search (score the run with mtrain eval decode.mbr...)"
+        )
+    for key in ("weights", "reverse_run", "second_run"):
+        if decode.rerank[key] is not None:
+            raise MtrainError(
+                f"decode.rerank.{key}: reranking is for mtrain translate, eval and serve; `mtrain fit` "
+                "validates and tests with beam search"
+            )
+
+
+def _check_engine_sampling(cfg: DictConfig) -> None:
+    """CTranslate2 samples with top-k, top-p and temperature only: no epsilon cut."""
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))
+    if cfg.engine != Engine.ctranslate2 and not exported:
+        return
+    decode = cfg.decode
+    mbr_samples = decode.mbr.candidates in (MbrCandidates.sample, MbrCandidates.both) or (
+        decode.mbr.candidates != MbrCandidates.none and decode.mbr.num_pseudo_refs is not None
+    )
+    if decode.sampling == Sampling.epsilon or (mbr_samples and decode.sampling == Sampling.none):
+        raise MtrainError(
+            "decode.sampling: CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
+            "with engine=ctranslate2 use decode.sampling=topp or topk, or decode with engine=torch"
+        )
 
 
 def _check_decoding_precision(cfg: DictConfig) -> None:

@@ -2,7 +2,8 @@
 
     GET  /health     {"status": "ok", "model": ..., "batches": N, ...}
     POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en"}
-                  -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1)
+                  -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1;
+                     + "expected_utilities" with MBR decoding, "rerank_scores" with reranking)
 
 Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wrong>"}` with a
 4xx status (400 a body that is not JSON, 408 one that came too slowly, 413 over a size
@@ -39,7 +40,7 @@ from mtrain.cli.serve_http import RequestBody, RequestLog, printable
 from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.cli.serve_page import page_router
-from mtrain.config import DecodeConfig, Sampling, ServeConfig, with_values
+from mtrain.config import DecodeConfig, MbrCandidates, Sampling, ServeConfig, with_values
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.errors import MtrainError
 
@@ -299,7 +300,13 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if nbest > beam and cfg.decode.sampling == Sampling.none:
+    if cfg.decode.mbr.candidates != MbrCandidates.none:
+        if nbest > cfg.decode.mbr.num_candidates:
+            raise Rejected(
+                422,
+                f"nbest: {nbest} is above decode.mbr.num_candidates={cfg.decode.mbr.num_candidates} (MBR ranks its candidates)",
+            )
+    elif nbest > beam and cfg.decode.sampling == Sampling.none:
         raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
     return with_values(cfg.decode, beam=beam, nbest=nbest)
 
@@ -309,6 +316,14 @@ def response_body(hypotheses: list[list[Any]], nbest: int) -> dict:
         "translations": [hyps[0].text for hyps in hypotheses],
         "scores": [hyps[0].score for hyps in hypotheses],
     }
+    # MBR decoding's expected utility (a confidence score) and reranking's score, when decoded with them.
+    plural = {"expected_utility": "expected_utilities", "rerank_score": "rerank_scores"}
+    extras = [key for key in plural if any(getattr(hyps[0], key) is not None for hyps in hypotheses)]
+    for key in extras:
+        body[plural[key]] = [getattr(hyps[0], key) for hyps in hypotheses]
     if nbest > 1:
-        body["nbest"] = [[{"text": hyp.text, "score": hyp.score} for hyp in hyps] for hyps in hypotheses]
+        body["nbest"] = [
+            [{"text": hyp.text, "score": hyp.score, **{key: getattr(hyp, key) for key in extras}} for hyp in hyps]
+            for hyps in hypotheses
+        ]
     return body

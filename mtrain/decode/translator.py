@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.selection import NbestSelection, decoded_per_sentence, selects
 from mtrain.decode.torch_engine import TorchEngine
 from mtrain.tokenizer import Tokenizer
 
@@ -109,15 +110,21 @@ def translate_encoded(
     `on_batch(num_sentences)` is called after each batch (progress bars).
     """
     engine = as_engine(model, tokenizer, device, precision, use_cache)
+    # MBR decoding and reranking (mtrain.decode.selection), when asked, after the n-best.
+    selection = NbestSelection(cfg, device) if selects(cfg) else None
     results: list[list[Hypothesis]] = [[Hypothesis(tokens=[], score=0.0)] for _ in sources]
     to_decode = [i for i, ids in enumerate(sources) if ids]
-    hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
+    hypotheses = decoded_per_sentence(cfg)
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
-        for i, sentence_hyps in zip(
-            indices, engine.translate_batch([sources[i] or () for i in indices], cfg, attention_layer), strict=True
-        ):
+        batch_sources = [sources[i] or () for i in indices]
+        decoded = (
+            selection.translate_batch(engine, tokenizer, batch_sources, attention_layer)
+            if selection is not None
+            else engine.translate_batch(batch_sources, cfg, attention_layer)
+        )
+        for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)
             results[i] = sentence_hyps
