@@ -102,6 +102,12 @@ def check_rerank_files(cfg: DecodeConfig, run: str | Path | None, tuning: bool =
     run translates the other way with the same tokenizer, the second run this way with it.
     `tuning`: the weights are being made (scripts/tune_rerank.py), none is read."""
     rerank = cfg.rerank
+    if (rerank.reverse_run or rerank.second_run) and run is None:
+        raise MtrainError("decode.rerank: scoring with other runs needs run=RUN_DIR (the decoding run)")
+    if rerank.reverse_run is not None:
+        _check_partner(run, rerank.reverse_run, "decode.rerank.reverse_run", reverse=True)
+    if rerank.second_run is not None:
+        _check_partner(run, rerank.second_run, "decode.rerank.second_run", reverse=False)
     weights = None
     if rerank.weights is not None and not tuning:
         weights = read_weights(rerank.weights)
@@ -118,12 +124,6 @@ def check_rerank_files(cfg: DecodeConfig, run: str | Path | None, tuning: bool =
             f"decode.rerank.{key}: its score needs a weight: give decode.rerank.weights=FILE "
             "(tuned on a validation set by scripts/tune_rerank.py)"
         )
-    if (rerank.reverse_run or rerank.second_run) and run is None:
-        raise MtrainError("decode.rerank: scoring with other runs needs run=RUN_DIR (the decoding run)")
-    if rerank.reverse_run is not None:
-        _check_partner(run, rerank.reverse_run, "decode.rerank.reverse_run", reverse=True)
-    if rerank.second_run is not None:
-        _check_partner(run, rerank.second_run, "decode.rerank.second_run", reverse=False)
     return weights
 
 
@@ -312,23 +312,24 @@ def tune_weights(
     corpus_bleu: Callable[[list[str], list[str]], float] | None = None,
 ) -> tuple[RerankWeights, float]:
     """Seeded random search for the weights that maximise corpus BLEU of the reranked
-    first-best on a validation set; `forward` keeps weight 1 (the scale), the others are drawn
-    uniformly from [-1, 1] x (1, 10 ** U(-1, 1)); the first trial is the beam's own order
-    (forward 1, the rest 0), so the search never returns worse than it. Returns the best
-    weights and their BLEU. `features[i]` (k_i, len(names)), `texts[i]` its k_i hypotheses."""
+    first-best on a validation set. The decode's own ranking feature (`mbr` with MBR, else
+    `forward`) keeps weight 1 (the scale); the others are drawn from U(-1, 1) x 10 ** U(-1, 1);
+    the first trial is the decoded order itself (that feature alone), so the search never
+    returns worse than it. Returns the best weights and their BLEU. `features[i]`
+    (k_i, len(names)), `texts[i]` its k_i hypotheses."""
     import sacrebleu
 
     score = corpus_bleu or (lambda hyps, refs: float(sacrebleu.corpus_bleu(hyps, [refs]).score))
     rng = np.random.default_rng(seed)
-    forward = list(names).index("forward")
+    anchor = list(names).index("mbr" if "mbr" in names else "forward")
     best_weights = np.zeros(len(names))
-    best_weights[forward] = 1.0
+    best_weights[anchor] = 1.0
     best_bleu = -1.0
     candidate = best_weights.copy()
     for trial in range(trials):
         if trial > 0:
             candidate = rng.uniform(-1.0, 1.0, len(names)) * 10.0 ** rng.uniform(-1.0, 1.0, len(names))
-            candidate[forward] = 1.0
+            candidate[anchor] = 1.0
         firsts = [
             hyps[int(np.argmax(f @ candidate))] if len(hyps) else "" for f, hyps in zip(features, texts, strict=True)
         ]
