@@ -205,3 +205,20 @@ def test_serve_answers_with_the_expected_utility():
     assert response_body(hyps, 1)["expected_utilities"] == [42.0]
     plain = response_body([[Hypothesis(tokens=[5], score=-1.0, text="a")]], 1)
     assert set(plain) == {"translations", "scores"}  # unchanged without MBR
+
+
+def test_mbr_decodes_with_ctranslate2(run):
+    """CTranslate2 draws the candidates (top-p: it has no epsilon sampling). Its generator is
+    seeded once per process and thread, so a second call in the same process draws others (the
+    same command run again repeats its output: docs/TRANSLATE.md)."""
+    pytest.importorskip("ctranslate2")
+    from mtrain.config import Engine
+    from mtrain.export.engine import open_engine
+
+    engine = open_engine(run, Engine.ctranslate2, CPU, "fp32", 1)
+    cfg = with_values(mbr_cfg(candidates=MbrCandidates.both, num_candidates=4), sampling=Sampling.topp, nbest=2)
+    chosen = translate_sentences(engine.model, engine.tokenizer, SENTENCES, cfg, CPU, engine.precision)
+    for hyps in chosen:
+        assert 1 <= len(hyps) <= 2 and len({h.text for h in hyps}) == len(hyps)
+        utilities = [h.expected_utility for h in hyps]
+        assert None not in utilities and utilities == sorted(utilities, reverse=True)
