@@ -137,6 +137,11 @@ def _check_partner(run: Any, partner: str, key: str, reverse: bool) -> None:
         said = ", ".join(f"{s}-{t}" for s, t in languages.directions())
         need = ", ".join(f"{s}-{t}" for s, t in sorted(wanted))
         raise MtrainError(f"{key}={partner}: translates {said}; it must translate {need}")
+    if reverse and len(languages.target_languages()) > 1:
+        raise MtrainError(
+            f"{key}={partner}: translates into {', '.join(languages.target_languages())}; a reverse run must "
+            "translate into one language, the decoded source's"
+        )
     swap = {SRC_MODEL: TGT_MODEL, TGT_MODEL: SRC_MODEL, JOINT_MODEL: JOINT_MODEL} if reverse else {}
     expected = {swap.get(name, name): data for name, data in own_files.items()}
     if files != expected:
@@ -231,8 +236,7 @@ def sequence_log_probs(
 class FeatureScorer:
     """The features of n-best lists (`FEATURES`), the other runs loaded once."""
 
-    def __init__(self, cfg: DecodeConfig, device: torch.device | str = "cpu", src_lang: str | None = None) -> None:
-        """`src_lang`: the decoded source language, for a multilingual reverse run (its tag)."""
+    def __init__(self, cfg: DecodeConfig, device: torch.device | str = "cpu") -> None:
         self.features = features_of(cfg)
         self.device = torch.device(device)
         self.max_tokens = cfg.max_tokens
@@ -245,8 +249,8 @@ class FeatureScorer:
             from mtrain.decode.directions import RunLanguages
 
             languages = RunLanguages.of(self.reverse.config.data)
-            if languages.lang_tags:
-                target = languages.target(src_lang, "decode.rerank.reverse_run's target language")
+            if languages.lang_tags:  # its one target language's tag (`check_rerank_files` refuses several)
+                target = languages.target(None, "decode.rerank.reverse_run")
                 self.reverse_prefix = languages.tokenizer_for(self.reverse.tokenizer, target).source_prefix
 
     def __call__(
