@@ -222,3 +222,13 @@ def test_mbr_decodes_with_ctranslate2(run):
         assert 1 <= len(hyps) <= 2 and len({h.text for h in hyps}) == len(hyps)
         utilities = [h.expected_utility for h in hyps]
         assert None not in utilities and utilities == sorted(utilities, reverse=True)
+
+
+def test_serve_requests_may_ask_for_up_to_num_candidates():
+    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
+    from mtrain.config import ServeConfig
+
+    cfg = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates=MbrCandidates.sample, num_candidates=8)))
+    assert request_decoding(TranslateRequest(text=["a"], nbest=8), cfg).nbest == 8  # above beam 5
+    with pytest.raises(Rejected, match="above decode.mbr.num_candidates=8"):
+        request_decoding(TranslateRequest(text=["a"], nbest=9), cfg)

@@ -170,3 +170,43 @@ def test_bad_settings_are_refused_in_one_line_before_a_model_loads(runs, tmp_pat
     ]  # fmt: skip
     for args, expected in cases:
         assert_refused(mtrain(*args, cwd=tmp_path), expected)
+
+
+def test_a_tagged_source_is_scored_without_its_tag(runs):
+    """A multilingual run's sources start with the target language's tag: the reverse model
+    scores the source text alone, as for an untagged run."""
+    loaded = load_run(runs["deen"], device=CPU)
+    tagged = loaded.tokenizer.with_tags([7], [7])  # (any id stands in for a tag here)
+    cfg = DecodeConfig(beam=2, nbest=2, **SHORT, rerank=RerankConfig(reverse_run=str(runs["ende"])))
+    nbest = as_engine(loaded.model, loaded.tokenizer, CPU).translate_batch(encoded(loaded.tokenizer), cfg)
+    scorer = FeatureScorer(cfg, CPU)
+    plain = scorer(loaded.tokenizer, encoded(loaded.tokenizer), nbest)
+    with_tag = scorer(tagged, encoded(tagged), nbest)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, with_tag, strict=True))
+
+
+def test_translate_writes_mbr_n_best_rows(runs, tmp_path):
+    from omegaconf import OmegaConf
+
+    from mtrain.cli.translate import run_translate
+    from mtrain.config import TranslateConfig
+
+    source, output = tmp_path / "in.de", tmp_path / "out.tsv"
+    source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(TranslateConfig),
+            {
+                "run": str(runs["deen"]),
+                "input": str(source),
+                "output": str(output),
+                "device": "cpu",
+                "precision": "fp32",
+                "decode": {**SHORT, "nbest": 2, "mbr": {"candidates": "both", "num_candidates": 4}},
+            },
+        )
+    )
+    run_translate(cfg)
+    rows = [line.split("\t") for line in output.read_text(encoding="utf-8").splitlines()]
+    assert {int(row[0]) for row in rows} == {0, 1, 2} and all(len(row) == 3 for row in rows)
+    assert all(sum(int(row[0]) == i for row in rows) <= 2 for i in range(3))
