@@ -144,7 +144,7 @@ def main() -> None:
     if names:
         command = [
             sys.executable, "-m", "sacrebleu", str(args.out / "ref.txt"), "-i", str(args.out / "beam5.hyp"),
-            *(str(args.out / f"{name}.hyp") for name in names), "-m", "bleu", "chrf", "ter", "--paired-bs", "-w", "2",
+            *(str(args.out / f"{name}.hyp") for name in names), "-m", "bleu", "chrf", "ter", "--paired-bs", "-w", "2", "-f", "text",
         ]  # fmt: skip
         table = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         (args.out / "paired_bs.txt").write_text(table, encoding="utf-8")
