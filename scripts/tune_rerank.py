@@ -12,7 +12,7 @@ mbr with decode.mbr.candidates), and searches the weights that maximise corpus B
 reranked first-best (`tune_weights`: seeded random search, `trials` of them; the same inputs
 and seed give the same weights). The file names its features, so a decode with other
 settings refuses it. Keys: run, out, split, trials, seed, limit (the first N sentences),
-num_threads, device, and any decode.* key. Refusals are one line on stderr, exit status 2.
+num_threads, device, precision, and any decode.* key. Refusals are one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def main(argv: list[str]) -> int:
         check_rerank_files(cfg, settings["run"], tuning=True)
         set_decode_threads(int(settings["num_threads"]))
         device = resolve_device(str(settings["device"]))
-        engine = open_engine(settings["run"], full.engine, device, "fp32", int(settings["num_threads"]))
+        engine = open_engine(
+            settings["run"], full.engine, device, str(settings["precision"]), int(settings["num_threads"])
+        )
         assert engine.loaded is not None
         split = read_run_split(RunDir(settings["run"]), engine.loaded.config.data, str(settings["split"]))
         sources, references = split.sources, split.references[0]
