@@ -35,6 +35,7 @@ SCRIPT_KEYS = {
     "limit": 0,
     "num_threads": 1,
     "device": "cpu",
+    "precision": "auto",
 }
 
 
