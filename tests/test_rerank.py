@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from mtrain.config import DecodeConfig, MbrCandidates, MbrConfig, RerankConfig
-from mtrain.decode.rerank import FeatureScorer, RerankWeights, tune_weights, write_weights
+from mtrain.decode.rerank import (
+    TOKEN_LOG_PROB_FLOOR,
+    FeatureScorer,
+    RerankWeights,
+    sequence_log_probs,
+    tune_weights,
+    write_weights,
+)
 from mtrain.decode.selection import NbestSelection
 from mtrain.decode.translator import as_engine
 from mtrain.train.checkpoint_files import load_run
@@ -81,8 +88,20 @@ def test_reverse_feature_is_the_teacher_forced_log_probability(runs):
                 prefix = torch.tensor([[tok.bos_id, *target[:t]]])
                 with torch.no_grad():
                     logits = reverse.model(src, src.eq(tok.pad_id), prefix)[0, -1]
-                total += float(torch.log_softmax(logits.float(), dim=-1)[token])
+                total += max(float(torch.log_softmax(logits.float(), dim=-1)[token]), TOKEN_LOG_PROB_FLOOR)
             assert value * (len(target) + 1) == pytest.approx(total, rel=1e-4, abs=1e-4)
+
+
+def test_a_token_the_scorer_never_emits_counts_the_floor():
+    """A run with a restricted output vocabulary gives -inf to the pieces outside it."""
+
+    def model(src, padding, tgt_in):  # uniform over 4 tokens, token 3 never emitted
+        logits = torch.zeros(*tgt_in.shape, 4)
+        logits[..., 3] = float("-inf")
+        return logits
+
+    scores = sequence_log_probs(model, [[1, 2]], [[0, 3, 0]], pad_id=9, bos_id=1, eos_id=2)
+    assert scores == pytest.approx([3 * np.log(1 / 3) + TOKEN_LOG_PROB_FLOOR])  # 0, 0 and eos; 3 floored
 
 
 def test_reranking_reorders_mbr_candidates_with_their_utility(runs, tmp_path):

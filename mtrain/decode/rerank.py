@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 
 FEATURES = ("forward", "reverse", "second", "length_ratio", "mbr")
 
+# A token a scoring model can never emit (a run whose output vocabulary is restricted to the
+# pieces of its training targets: a piece of German text seen only on the English side) has
+# log-probability -inf, which would make every hypothesis of the sentence score -inf alike;
+# it counts this floor instead, so the rest of the sentence still tells the hypotheses apart.
+TOKEN_LOG_PROB_FLOOR = -30.0
+
 
 def uses_rerank(cfg: DecodeConfig) -> bool:
     return cfg.rerank.weights is not None
@@ -206,7 +212,8 @@ def sequence_log_probs(
     max_tokens: int = 8000,
 ) -> list[float]:
     """log p(target + eos | source) per pair, teacher-forced (sources end in eos), in batches
-    of at most `max_tokens` padded source + target tokens."""
+    of at most `max_tokens` padded source + target tokens; a token's log-probability is at
+    least `TOKEN_LOG_PROB_FLOOR`."""
     order = sorted(range(len(sources)), key=lambda i: -(len(sources[i]) + len(targets[i])))
     result = [0.0] * len(sources)
     start = 0
@@ -227,7 +234,8 @@ def sequence_log_probs(
         src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
         logits = model(src, src.eq(pad_id), tgt_in)  # (batch, tgt_len, vocab)
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        picked = lprobs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1).masked_fill(tgt_out.eq(pad_id), 0.0)
+        picked = lprobs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1).clamp(min=TOKEN_LOG_PROB_FLOOR)
+        picked = picked.masked_fill(tgt_out.eq(pad_id), 0.0)
         for row, value in zip(batch, picked.sum(dim=1).tolist(), strict=True):
             result[row] = float(value)
     return result
