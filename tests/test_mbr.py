@@ -232,3 +232,18 @@ def test_serve_requests_may_ask_for_up_to_num_candidates():
     assert request_decoding(TranslateRequest(text=["a"], nbest=8), cfg).nbest == 8  # above beam 5
     with pytest.raises(Rejected, match="above decode.mbr.num_candidates=8"):
         request_decoding(TranslateRequest(text=["a"], nbest=9), cfg)
+
+
+def test_the_mbr_preset_composes_and_passes_the_checks():
+    from hydra import compose, initialize_config_dir
+
+    from mtrain.config import register_configs
+    from mtrain.config_checks import check_config
+
+    register_configs()
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = compose(config_name="translate", overrides=["decode=mbr_chrf", "run=somewhere"])
+    check_config(cfg)
+    assert cfg.decode.mbr.candidates == MbrCandidates.beam and cfg.decode.mbr.utility == MbrUtility.chrf
+    assert cfg.decode.beam == DecodeConfig().beam  # beam 5's other settings, as decode=beam5
