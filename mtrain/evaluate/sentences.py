@@ -111,7 +111,15 @@ def write_sentences_tsv(path: Path, rows: Sequence[SentenceScore]) -> None:
 
 def per_sentence_record(path: Path, rows: Sequence[SentenceScore], count: int) -> dict[str, Any]:
     """What a report says of the per-sentence scores: the TSV's path and the worst lines."""
-    return {"path": str(Path(path).resolve()), "worst_lines": [asdict(row) for row in worst_lines(rows, count)]}
+    return {"path": str(Path(path).resolve()), "worst_lines": [_record(row) for row in worst_lines(rows, count)]}
+
+
+def _record(row: SentenceScore) -> dict[str, Any]:
+    """A row as the report lists it; the expected utility only when decoded with MBR."""
+    record = asdict(row)
+    if record["expected_utility"] is None:
+        del record["expected_utility"]
+    return record
 
 
 def worst_lines_table(worst: Sequence[dict[str, Any]]) -> Table:
