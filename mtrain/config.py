@@ -160,6 +160,21 @@ class Sampling(Choice):
     none = "none"
     topk = "topk"
     topp = "topp"
+    epsilon = "epsilon"  # tokens of probability below decode.epsilon cut (Hewitt et al. 2022)
+
+
+class MbrCandidates(Choice):
+    """Where MBR decoding's candidates come from (mtrain/decode/mbr.py); none: no MBR."""
+
+    none = "none"
+    beam = "beam"  # the beam's n-best (beam = nbest = num_candidates)
+    sample = "sample"  # num_candidates samples (decode.sampling; none means epsilon)
+    both = "both"  # half from the beam (rounded up), the rest sampled
+
+
+class MbrUtility(Choice):
+    chrf = "chrf"  # sacreBLEU's sentence chrF (chrF2, character 6-grams)
+    bleu = "bleu"  # sacreBLEU's sentence BLEU (exp smoothing, effective order)
 
 
 class ConstraintOrder(Choice):
@@ -488,6 +503,27 @@ def alignment_level(value: object) -> AlignmentLevel:
 
 
 @dataclass
+class MbrConfig:
+    """Minimum Bayes risk decoding (mtrain/decode/mbr.py): of `num_candidates` candidates, the one
+    of highest mean `utility` against the pseudo-references."""
+
+    candidates: MbrCandidates = MbrCandidates.none  # none: MBR off
+    num_candidates: int = 16
+    # null: the candidates are their own pseudo-references; N: N more samples drawn for them
+    num_pseudo_refs: int | None = None
+    utility: MbrUtility = MbrUtility.chrf
+
+
+@dataclass
+class RerankConfig:
+    """n-best reranking (mtrain/decode/rerank.py): a weighted sum of features per hypothesis."""
+
+    weights: str | None = None  # a JSON weights file (scripts/tune_rerank.py); null: no reranking
+    reverse_run: str | None = None  # a run of the opposite direction: log p(source | hypothesis)
+    second_run: str | None = None  # another run of this direction: its log p(hypothesis | source)
+
+
+@dataclass
 class DecodeConfig:
     beam: int = 5
     length_penalty: float = 1.0  # alpha of length normalisation score / len**alpha
@@ -500,6 +536,7 @@ class DecodeConfig:
     sampling: Sampling = Sampling.none
     top_k: int = 0
     top_p: float = 0.9
+    epsilon: float = 0.02  # sampling=epsilon: tokens of lower probability are never drawn
     temperature: float = 1.0
     seed: int = 1  # sampling's random generator (same seed, same samples)
     # true: a sentence stops once `beam` hypotheses finished (fairseq); false: only once no
@@ -518,6 +555,8 @@ class DecodeConfig:
     # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 45.5);
     # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
+    mbr: MbrConfig = field(default_factory=MbrConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from mtrain.config import (
     Engine,
     EvalConfig,
     FitConfig,
+    MbrCandidates,
     ModelConfig,
     NormPosition,
     Positions,
@@ -60,17 +61,20 @@ def check_config(cfg: DictConfig) -> None:
         _check_decode(cfg.decode, "decode")
         _check_alignment(cfg)
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_ensemble(cfg)
         _check_translate(cfg)
     elif schema is ServeConfig:
         _check_decode(cfg.decode, "decode")
         _check_alignment(cfg)
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_serve(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
         _check_alignment(cfg)
         _check_decoding_precision(cfg)
+        _check_engine_sampling(cfg)
         _check_ensemble(cfg)
         _at_least(cfg, "average_last", 0)
         _at_least(cfg, "bootstrap_samples", 0)
@@ -252,6 +256,7 @@ def _check_fit(cfg: DictConfig) -> None:
     _check_guided_alignment(cfg)
     _check_decode(cfg.decode, "decode")
     _at_least(cfg.decode, "valid_beam", 1, prefix="decode")
+    _refuse_quality_decoding_in_fit(cfg.decode)
     _check_init(cfg)
 
 
@@ -521,6 +526,11 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         _at_least(decode, key, 0, prefix=prefix)
     if decode.max_len_a == 0 and decode.max_len_b == 0:
         raise MtrainError(f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)")
+    if not 0.0 <= decode.epsilon < 1.0:
+        raise MtrainError(f"{prefix}.epsilon: {decode.epsilon} must be in [0, 1) (0 samples from the whole vocabulary)")
+    _check_mbr(decode, prefix)
+    if decode.mbr.candidates != MbrCandidates.none:
+        return  # the beam and nbest of the candidates are MBR's (mtrain.decode.mbr)
     if decode.sampling == Sampling.none:
         if decode.nbest > decode.beam:
             raise MtrainError(
@@ -541,6 +551,11 @@ def _check_alignment(cfg: DictConfig) -> None:
     averaged (the alignment layer `mtrain export` writes), nothing else."""
     if alignment_level(cfg.decode.alignment) is AlignmentLevel.none:
         return
+    if cfg.decode.mbr.candidates != MbrCandidates.none:
+        raise MtrainError(
+            f"decode.alignment={cfg.decode.alignment}: MBR decoding (decode.mbr.candidates="
+            f"{cfg.decode.mbr.candidates}) keeps no attention to align with; use beam search for alignments"
+        )
     exported = cfg.run is not None and is_export_dir(str(cfg.run))
     layer, head = cfg.decode.alignment_layer, cfg.decode.alignment_head
     if (cfg.engine == Engine.ctranslate2 or exported) and (layer not in (None, -1) or head is not None):
@@ -568,6 +583,50 @@ def _check_format(fmt: str, decode: DictConfig, key: str) -> None:
 
 def _null(value: Any) -> str:
     return "null" if value is None else str(value)
+
+
+def _check_mbr(decode: DictConfig, prefix: str) -> None:
+    """MBR decoding's counts (mtrain.decode.mbr); the reranking files are checked when a
+    command starts (mtrain.decode.rerank.check_rerank_files), before any model loads."""
+    mbr = decode.mbr
+    _at_least(mbr, "num_candidates", 1, prefix=f"{prefix}.mbr")
+    _optional_at_least(mbr, "num_pseudo_refs", 1, prefix=f"{prefix}.mbr")
+    if mbr.candidates != MbrCandidates.none and decode.nbest > mbr.num_candidates:
+        raise MtrainError(
+            f"{prefix}.nbest: {decode.nbest} is above {prefix}.mbr.num_candidates={mbr.num_candidates} "
+            f"(MBR ranks only its candidates); raise {prefix}.mbr.num_candidates"
+        )
+
+
+def _refuse_quality_decoding_in_fit(decode: DictConfig) -> None:
+    """Training validates and tests with the beam; MBR and reranking are decode-time choices."""
+    if decode.mbr.candidates != MbrCandidates.none:
+        raise MtrainError(
+            f"decode.mbr.candidates: {decode.mbr.candidates} is for mtrain translate, eval and serve; "
+            "`mtrain fit` validates and tests with beam search (score the run with mtrain eval decode.mbr...)"
+        )
+    for key in ("weights", "reverse_run", "second_run"):
+        if decode.rerank[key] is not None:
+            raise MtrainError(
+                f"decode.rerank.{key}: reranking is for mtrain translate, eval and serve; `mtrain fit` "
+                "validates and tests with beam search"
+            )
+
+
+def _check_engine_sampling(cfg: DictConfig) -> None:
+    """CTranslate2 samples with top-k, top-p and temperature only: no epsilon cut."""
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))
+    if cfg.engine != Engine.ctranslate2 and not exported:
+        return
+    decode = cfg.decode
+    mbr_samples = decode.mbr.candidates in (MbrCandidates.sample, MbrCandidates.both) or (
+        decode.mbr.candidates != MbrCandidates.none and decode.mbr.num_pseudo_refs is not None
+    )
+    if decode.sampling == Sampling.epsilon or (mbr_samples and decode.sampling == Sampling.none):
+        raise MtrainError(
+            "decode.sampling: CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
+            "with engine=ctranslate2 use decode.sampling=topp or topk, or decode with engine=torch"
+        )
 
 
 def _check_decoding_precision(cfg: DictConfig) -> None:
@@ -621,6 +680,35 @@ def _check_translate(cfg: DictConfig) -> None:
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
     _check_target_controls(cfg)
+    _check_selection_with_controls(cfg)
+
+
+def _check_selection_with_controls(cfg: DictConfig) -> None:
+    """MBR draws and ranks its own candidates and reranking reorders the n-best by features
+    that know nothing of a forced prefix or required phrases (mtrain.decode.selection): not
+    combined with translate's controls, nor MBR with markup, whose tags follow the alignments."""
+    decode = cfg.decode
+    selection = (
+        "decode.mbr.candidates"
+        if decode.mbr.candidates != MbrCandidates.none
+        else "decode.rerank.weights"
+        if decode.rerank.weights is not None
+        else None
+    )
+    if selection is None:
+        return
+    controls = [
+        f"{key}={cfg.get(key)}"
+        for key in ("prefix", "constraints", "terms", "avoid")
+        if cfg.get(key) not in (None, ConstraintOrder.none)
+    ]
+    if str(cfg.format) != "text" and selection == "decode.mbr.candidates":
+        controls.append(f"format={cfg.format}")
+    if controls:
+        raise MtrainError(
+            f"{controls[0]}: {selection} (MBR or reranking) does not take prefixes, constraints, terms, avoided "
+            "phrases or markup; decode them with beam search"
+        )
 
 
 def _check_target_controls(cfg: DictConfig) -> None:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain
+from mtrain.config import DecodeConfig, FitConfig, MbrConfig, ModelConfig, ServeConfig, to_plain
 from mtrain.decode.translator import translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
@@ -256,7 +256,7 @@ def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tok
 
 
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, controlled_sentences
+    from mtrain.cli.serve_app import Rejected, TranslateRequest, controlled_sentences, request_decoding
 
     request = TranslateRequest(text=["Ein Hund."], constraints=[["dog"]])
     with pytest.raises(Rejected, match="constraints: lexical constraints .*use engine=torch"):
@@ -266,6 +266,11 @@ def test_constraints_are_refused_where_the_server_cannot_honour_them():
         controlled_sentences(request, sampling, "torch")
     prefix_only = TranslateRequest(text=["Ein Hund."], prefix=["A"], avoid=["cat"])
     assert controlled_sentences(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
+    mbr = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates="beam", num_candidates=4)))
+    with pytest.raises(Rejected, match="prefix: MBR decoding and n-best reranking .* do not take prefixes"):
+        controlled_sentences(prefix_only, mbr, "torch")
+    with pytest.raises(Rejected, match="alignment: MBR decoding .* keeps no attention"):
+        request_decoding(TranslateRequest(text=["Ein Hund."], alignment=True), mbr)
 
 
 def test_alignments_and_markup_per_request(server, model, tokenizer):

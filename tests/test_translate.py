@@ -631,6 +631,10 @@ def test_the_command_refuses_target_controls_it_cannot_honour(run_dir, tmp_path)
         ((f"terms={terms}", "decode.sampling=topk"), "lexical constraints need beam search"),
         ((f"prefix={prefixes}",), "prefix=" + str(prefixes) + ": 1 lines, input=" + str(source) + " has 2"),
         ((f"terms={terms}",), "line 1: expected `source term<TAB>target term`"),
+        # MBR and reranking choose among their own candidates: not with controls, markup or alignments.
+        ((f"avoid={terms}", "decode.mbr.candidates=beam"), f"avoid={terms}: decode.mbr.candidates (MBR or reranking)"),
+        (("format=xml", "decode.mbr.candidates=sample"), "format=xml: decode.mbr.candidates (MBR or reranking)"),
+        (("decode.alignment=true", "decode.mbr.candidates=beam"), "MBR decoding (decode.mbr.candidates=beam) keeps no"),
     ]
     for args, message in cases:
         result = mtrain("translate", f"run={run_dir}", f"input={source}", *args, cwd=tmp_path)

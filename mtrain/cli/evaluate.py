@@ -61,6 +61,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
     `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
     from mtrain.decode.alignment import AlignmentLevel, alignment_level, resolve_alignment_source
+    from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
@@ -76,6 +77,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
     report_dir = check_output_dirs(run, cfg)  # before any averaging or decoding
+    check_rerank_files(cfg.decode, run.path)
     exported = is_export_dir(run.path)  # an `mtrain export` directory: CTranslate2 decodes its one model
     if exported and cfg.average_last > 0:
         raise MtrainError(

@@ -38,6 +38,11 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
             "mtrain fit -m model.dropout=0.1,0.3 experiment=multi30k_cpu     # a sweep",
             "mtrain fit experiment=multi30k_cpu hydra.run.dir=runs/m30k train.resume=true",
         ],
+        # Training validates and tests with beam search: MBR and reranking are decode-time keys.
+        "hidden": [
+            *(f"decode.mbr.{key}" for key in ("*", "candidates", "num_candidates", "num_pseudo_refs", "utility")),
+            *(f"decode.rerank.{key}" for key in ("*", "weights", "reverse_run", "second_run")),
+        ],
     },
     "translate": {
         "config": "translate",

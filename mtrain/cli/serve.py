@@ -39,6 +39,7 @@ def run_serve(cfg: ServeConfig) -> None:
 
     from mtrain.cli.serve_app import build_app
     from mtrain.cli.serve_model import open_served_model
+    from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
 
@@ -47,6 +48,7 @@ def run_serve(cfg: ServeConfig) -> None:
             "run=RUN_DIR is missing: give the directory `mtrain fit` wrote, or an `mtrain export` directory"
             + ("; an ensemble is written run=A ensemble=[B,...] (run= gives the tokenizer)" if cfg.ensemble else "")
         )
+    check_rerank_files(cfg.decode, cfg.run)  # before the model loads
     allow_open_files(cfg.max_connections)
     listener = listen(cfg.host, cfg.port)
     try:

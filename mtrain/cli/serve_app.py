@@ -4,7 +4,8 @@
     POST /translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "tgt_lang": "en",
                       "alignment": true, "format": "text|xml|html"}
                   -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1,
-                     + "alignments": ["0-0 1-2", ...] with alignment)
+                     + "alignments": ["0-0 1-2", ...] with alignment, "expected_utilities" with
+                     MBR decoding, "rerank_scores" with reranking)
     optional, per sentence of text: "prefix": ["A man", null], "constraints": [["dog"], []];
     for all of them: "avoid": ["phrase", ...]   (docs/SERVE.md, mtrain.decode.controls)
 
@@ -43,12 +44,22 @@ from mtrain.cli.serve_http import RequestBody, RequestLog, printable
 from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.cli.serve_page import page_router
-from mtrain.config import AlignmentLevel, DecodeConfig, Sampling, ServeConfig, alignment_level, with_values
+from mtrain.config import (
+    AlignmentLevel,
+    DecodeConfig,
+    MbrCandidates,
+    Sampling,
+    ServeConfig,
+    alignment_level,
+    with_values,
+)
 from mtrain.decode.alignment import pharaoh
 from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.decode.constraints import CONSTRAINTS_REFUSED
 from mtrain.decode.controls import TargetRequest
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
+from mtrain.decode.mbr import uses_mbr
+from mtrain.decode.selection import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CONTROLS, selects
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.serve")
@@ -371,6 +382,9 @@ def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: st
             raise Rejected(422, "constraints: lexical constraints need beam search; this server samples")
     if request.prefix is None and request.constraints is None and not request.avoid:
         return list(request.text)
+    if selects(cfg.decode):
+        field = next(key for key in ("prefix", "constraints", "avoid") if getattr(request, key) is not None)
+        raise Rejected(422, f"{field}: {SELECTION_WITH_CONTROLS}")
     prefixes = request.prefix or [None] * count
     constraints = request.constraints or [[] for _ in range(count)]
     avoid = tuple(request.avoid or ())
@@ -411,7 +425,13 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if nbest > beam and cfg.decode.sampling == Sampling.none:
+    if cfg.decode.mbr.candidates != MbrCandidates.none:
+        if nbest > cfg.decode.mbr.num_candidates:
+            raise Rejected(
+                422,
+                f"nbest: {nbest} is above decode.mbr.num_candidates={cfg.decode.mbr.num_candidates} (MBR ranks its candidates)",
+            )
+    elif nbest > beam and cfg.decode.sampling == Sampling.none:
         raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
     alignment = cfg.decode.alignment
     if request.alignment is not None:
@@ -420,6 +440,8 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
         alignment = "word"
     if request.format != "text" and alignment_level(alignment) is AlignmentLevel.subword:
         raise Rejected(422, "format: markup is put back by word alignments; the server aligns subwords")
+    if alignment_level(alignment) is not AlignmentLevel.none and uses_mbr(cfg.decode):
+        raise Rejected(422, f"{'alignment' if request.format == 'text' else 'format'}: {SELECTION_WITH_ALIGNMENT}")
     return with_values(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
 
 
@@ -432,6 +454,11 @@ def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = Fa
     }
     if alignments:
         body["alignments"] = [pharaoh(hyps[0].alignment or []) for hyps in hypotheses]
+    # MBR decoding's expected utility (a confidence score) and reranking's score, when decoded with them.
+    plural = {"expected_utility": "expected_utilities", "rerank_score": "rerank_scores"}
+    extras = [key for key in plural if any(getattr(hyps[0], key) is not None for hyps in hypotheses)]
+    for key in extras:
+        body[plural[key]] = [getattr(hyps[0], key) for hyps in hypotheses]
     if nbest > 1:
         body["nbest"] = [
             [
@@ -439,6 +466,7 @@ def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = Fa
                     "text": hyp.text,
                     "score": hyp.score,
                     **({"alignment": pharaoh(hyp.alignment or [])} if alignments else {}),
+                    **{key: getattr(hyp, key) for key in extras},
                 }
                 for hyp in hyps
             ]

@@ -36,6 +36,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     from mtrain.data.provenance import provenance_path
     from mtrain.decode.alignment import resolve_alignment_source
     from mtrain.decode.controls import check_prefix_lines, line_controls
+    from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
     from mtrain.decode.threads import describe_threads, set_decode_threads
@@ -45,6 +46,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     if cfg.run is None:  # (with ensemble= the config check has said how an ensemble is written)
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
     check_streams(cfg.input is None, cfg.output is None)  # before the model loads
+    check_rerank_files(cfg.decode, cfg.run)
     check_paths(cfg.input, cfg.output)
     if cfg.output is not None:  # neither the translation nor its record may replace what is read
         reads = [("input", cfg.input), ("run", cfg.run), ("checkpoint", cfg.checkpoint)]

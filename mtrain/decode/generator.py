@@ -61,6 +61,7 @@ def build_search(cfg: DecodeConfig, device: torch.device) -> SearchAlgorithm:
         top_p=cfg.top_p if cfg.sampling == Sampling.topp else 1.0,
         temperature=cfg.temperature,
         generator=generator,
+        epsilon=cfg.epsilon if cfg.sampling == Sampling.epsilon else 0.0,
     )
 
 

@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision, Sampling
+from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.alignment import Aligner
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.selection import SELECTION_WITH_CONTROLS, NbestSelection, decoded_per_sentence, selects
 from mtrain.decode.torch_engine import TorchEngine
+from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -122,6 +124,8 @@ def translate_encoded(
     `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
     """
     engine = as_engine(model, tokenizer, device, precision, use_cache)
+    # MBR decoding and reranking (mtrain.decode.selection), when asked, after the n-best.
+    selection = NbestSelection(cfg, device) if selects(cfg) else None
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
     if aligner is not None:
         attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
@@ -134,7 +138,7 @@ def translate_encoded(
                     Hypothesis(list(control.prefix), 0.0, text=tokenizer.decode_tgt(control.prefix), alignment=no_links)
                 ]
     to_decode = [i for i, ids in enumerate(sources) if ids]
-    hypotheses = cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
+    hypotheses = decoded_per_sentence(cfg)
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         indices = [to_decode[j] for j in batch]
@@ -142,11 +146,14 @@ def translate_encoded(
         batch_controls = [controls[i] for i in indices] if controls is not None else None
         if batch_controls is not None and all(c is None or c.empty for c in batch_controls):
             batch_controls = None  # (an engine without the keyword decodes such batches too)
-        decoded = (
-            engine.translate_batch(batch_sources, cfg, attention_layer)
-            if batch_controls is None
-            else engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls)
-        )
+        if selection is not None and batch_controls is not None:
+            raise MtrainError(SELECTION_WITH_CONTROLS)  # (refused earlier where a config says so)
+        if selection is not None:
+            decoded = selection.translate_batch(engine, tokenizer, batch_sources, attention_layer)
+        elif batch_controls is None:
+            decoded = engine.translate_batch(batch_sources, cfg, attention_layer)
+        else:
+            decoded = engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls)
         for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
                 hyp.text = tokenizer.decode_tgt(hyp.tokens)

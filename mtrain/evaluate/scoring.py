@@ -43,6 +43,8 @@ class Scored:
     # Per line, the model's score of its hypothesis (None for a blank source, never decoded);
     # None when the translator gave plain text.
     model_scores: list[float | None] | None = None
+    # Per line, MBR decoding's expected utility of its hypothesis; None when not decoded with MBR.
+    expected_utilities: list[float | None] | None = None
 
     @property
     def sentences_per_second(self) -> float:
@@ -85,8 +87,9 @@ def translate_and_score(
             float(output.score) if source.strip() and not isinstance(output, str) else None
             for source, output in zip(sources, outputs, strict=True)
         ]
+    expected = [getattr(output, "expected_utility", None) for output in outputs]
     scores = score_corpus(hypotheses, references, metrics, tokenize, lowercase, chrf_word_order)
-    return Scored(hypotheses, scores, seconds, model_scores)
+    return Scored(hypotheses, scores, seconds, model_scores, expected if any(v is not None for v in expected) else None)
 
 
 def sentence_translator(
@@ -157,6 +160,7 @@ def score_split(
             tokenize,
             lowercase,
             chrf_word_order,
+            scored.expected_utilities,
         )
         tsv = sentences_path(Path(out_dir) if out_dir is not None else run.eval_dir, name)
         report["per_sentence"] = per_sentence_record(tsv, sentences, worst_lines)

@@ -36,6 +36,7 @@ class SentenceScore:
     source: str  # "" when unknown (hyp= ref=)
     hypothesis: str
     references: list[str]  # one per reference stream
+    expected_utility: float | None = None  # MBR decoding's (mtrain.decode.mbr); None: not decoded with MBR
 
 
 def sentences_path(out_dir: Path, name: str) -> Path:
@@ -51,6 +52,7 @@ def score_sentences(
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
+    expected_utilities: Sequence[float | None] | None = None,
 ) -> list[SentenceScore]:
     """Sentence-BLEU and chrF of every hypothesis against its references (`references[k][i]`)."""
     bleu = build_metric("bleu", tokenize, lowercase, chrf_word_order, effective_order=True)
@@ -67,6 +69,7 @@ def score_sentences(
                 source=sources[i] if sources is not None else "",
                 hypothesis=hypothesis,
                 references=refs,
+                expected_utility=expected_utilities[i] if expected_utilities is not None else None,
             )
         )
     return rows
@@ -86,15 +89,20 @@ def write_sentences_tsv(path: Path, rows: Sequence[SentenceScore]) -> None:
     """The TSV, atomically: header, then one row per line of the split."""
     streams = len(rows[0].references) if rows else 1
     ref_columns = ["reference"] if streams == 1 else [f"reference_{k + 1}" for k in range(streams)]
-    header = ["line", "bleu", "chrf", "model_score", "source", "hypothesis", *ref_columns]
+    # MBR decoding's expected utility gets a column after model_score, only when decoded with MBR.
+    with_utility = any(row.expected_utility is not None for row in rows)
+    header = ["line", "bleu", "chrf", "model_score", *(["expected_utility"] if with_utility else [])]
+    header += ["source", "hypothesis", *ref_columns]
     lines = ["\t".join(header)]
     for row in rows:
         model_score = "" if row.model_score is None else f"{row.model_score:.4f}"
+        utility = "" if row.expected_utility is None else f"{row.expected_utility:.4f}"
         fields = [
             str(row.line),
             f"{row.bleu:.4f}",
             f"{row.chrf:.4f}",
             model_score,
+            *([utility] if with_utility else []),
             *(tsv_field(text) for text in (row.source, row.hypothesis, *row.references)),
         ]
         lines.append("\t".join(fields))
@@ -103,7 +111,15 @@ def write_sentences_tsv(path: Path, rows: Sequence[SentenceScore]) -> None:
 
 def per_sentence_record(path: Path, rows: Sequence[SentenceScore], count: int) -> dict[str, Any]:
     """What a report says of the per-sentence scores: the TSV's path and the worst lines."""
-    return {"path": str(Path(path).resolve()), "worst_lines": [asdict(row) for row in worst_lines(rows, count)]}
+    return {"path": str(Path(path).resolve()), "worst_lines": [_record(row) for row in worst_lines(rows, count)]}
+
+
+def _record(row: SentenceScore) -> dict[str, Any]:
+    """A row as the report lists it; the expected utility only when decoded with MBR."""
+    record = asdict(row)
+    if record["expected_utility"] is None:
+        del record["expected_utility"]
+    return record
 
 
 def worst_lines_table(worst: Sequence[dict[str, Any]]) -> Table:
