@@ -180,3 +180,16 @@ def test_a_constraint_is_never_continued_by_a_word_continuation(models):
         for hyp in hyps:
             ends = [i + len(phrase) for i in range(len(hyp.tokens)) if tuple(hyp.tokens[i : i + len(phrase)]) == phrase]
             assert ends and all(end == len(hyp.tokens) or hyp.tokens[end] not in continuations for end in ends)
+
+
+def test_a_constraint_may_continue_into_another_that_extends_it(models):
+    """`bull` and `bullpen` (`bull` + `pen`, `pen` a word continuation): both are met."""
+    src, mask = source_batch([7, 9], seed=14)
+    short, long = (20,), (20, 21)
+    controls = [ControlIds(constraints=(short, long))] * 2
+    results = generate(
+        models[0], src, mask, DecodeConfig(beam=5, nbest=3), BOS, EOS, PAD, controls=controls, word_continuations=[21]
+    )
+    for hyps in results:
+        for hyp in hyps:
+            assert contains(hyp.tokens, long)

@@ -18,7 +18,8 @@ One sentence's controls (`ControlIds`, target token ids) are:
 
 A constraint ends a word: right after its last token, a piece that would continue the word
 (`s` after `▁dog`: the engine's `word_continuations`) is banned, so a hypothesis meets `dog`
-with the word `dog`, not with `dogs`.
+with the word `dog`, not with `dogs` (unless the piece advances another constraint: with
+`bull` and `bullpen` both asked for, `▁bull` may go on to `pen`).
 
 Matching a phrase is exact token matching, tracked for every hypothesis and phrase at once
 with the shift-and algorithm: a boolean `partial[row, phrase, k]` says the last k output
@@ -201,7 +202,13 @@ class TargetControls:
             if self.continuing is None or self.continuing.size(0) != lprobs.size(1):
                 self.continuing = torch.zeros(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
                 self.continuing[self.word_continuations[self.word_continuations < lprobs.size(1)]] = True
-            lprobs.masked_fill_(self.just_completed.unsqueeze(1) & self.continuing, NEG_INF)
+            banned = self.just_completed.unsqueeze(1) & self.continuing  # (rows, vocab)
+            # ... unless the piece advances another constraint (`bull` met, `bullpen` under way).
+            advancing = self._next_tokens()  # (rows, constraints), -1: none
+            exempt = torch.zeros_like(banned, dtype=torch.long).scatter_reduce_(
+                1, advancing.clamp(min=0), (advancing >= 0).long(), reduce="amax"
+            )
+            lprobs.masked_fill_(banned & (exempt == 0), NEG_INF)
         if step < self.prefix.size(1):
             lengths = self.prefix_lengths.index_select(0, self.row_sentence)
             forcing = (lengths > step) & (row_max_len > step)  # (rows,)

@@ -14,10 +14,11 @@ Phrases are matched as target tokens. A phrase is tokenized on its own, as a wor
 follows a space: SentencePiece gives its first piece the word-start marker `▁` (`Hund` ->
 `▁Hund`). Its pieces never cross a space (whitespace splitting, SentencePiece's default), so
 a word after a space is segmented in a sentence exactly as on its own: a constraint asks for
-the phrase as whole words, and an avoided phrase bans it as whole words (a word that merely
-contains it, `Haushund`, tokenizes otherwise and is not banned; nor is a word glued to a
-punctuation mark before it, `(Hund`, whose pieces lack the marker). Matching is exact: case
-and spelling count, inflected forms are other tokens. The prefix is tokenized as the start
+the phrase as whole words (it also ends a word: `mtrain.decode.constraints`), and an avoided
+phrase bans its tokens, which start a word (a word that merely contains it, `Haushund`,
+tokenizes otherwise and is not banned; nor is a word glued to a punctuation mark before it,
+`(Hund`, whose pieces lack the marker; a longer word whose pieces start with the phrase's,
+`dogs` as `▁dog s`, is banned with it). Matching is exact: case and spelling count. The prefix is tokenized as the start
 of the output it is, with the same marker.
 """
 
