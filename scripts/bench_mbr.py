@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
 
     threads = set_decode_threads(args.num_threads)
-    device = __import__("torch").device("cpu")
+    device = torch.device("cpu")
     opened = open_engine(args.run, Engine(args.engine), device, args.precision, threads)
     if is_export_dir(args.run):  # the split of the run it was exported from, as `mtrain eval` reads it
         data_cfg, split_run, _ = exported_model(RunDir(args.run), opened.model.metadata)
