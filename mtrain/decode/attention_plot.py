@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 
 DPI = 100
@@ -41,6 +39,10 @@ def plot_attention(
     if weights.dim() == 2:
         weights = weights.unsqueeze(1)
     num_tgt, panels, num_src = weights.shape
+    # matplotlib only when a picture is drawn: its import is 0.4 s of every translate command's start-up.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=figure_size(num_src, num_tgt, panels), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, panels, squeeze=False)[0]
