@@ -8,7 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
+
+from mtrain.tokenizer import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +44,30 @@ def multi30k_slice(tmp_path_factory, data_dir) -> Path:
         for lang in ("de", "en"):
             write_head(data_dir / "multi30k" / f"{split}.{lang}.gz", out / f"{split}.{lang}", n)
     return out
+
+
+@pytest.fixture(scope="session")
+def multi30k_spm_tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
+    """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so),
+    shared by the decoding tests (test_translate, test_serve, test_alignment) of a worker."""
+    directory = tmp_path_factory.mktemp("spm")
+    lines = []
+    for lang in ("de", "en"):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines += [next(f) for _ in range(400)]
+    (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
+    with open(os.devnull, "w") as quiet:
+        spm.SentencePieceTrainer.train(
+            input=str(directory / "train.txt"),
+            model_prefix=str(directory / "spm"),
+            vocab_size=300,
+            unk_id=0,
+            pad_id=1,
+            bos_id=2,
+            eos_id=3,
+            logstream=quiet,
+        )
+    return Tokenizer({"spm.model": directory / "spm.model"})
 
 
 def test_threads() -> int:

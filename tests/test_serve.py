@@ -6,7 +6,6 @@ stand-in model."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sentencepiece as spm
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,26 +61,8 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
-    """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so)."""
-    directory = tmp_path_factory.mktemp("spm")
-    lines = []
-    for lang in ("de", "en"):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines += [next(f) for _ in range(400)]
-    (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
-    with open(os.devnull, "w") as quiet:
-        spm.SentencePieceTrainer.train(
-            input=str(directory / "train.txt"),
-            model_prefix=str(directory / "spm"),
-            vocab_size=300,
-            unk_id=0,
-            pad_id=1,
-            bos_id=2,
-            eos_id=3,
-            logstream=quiet,
-        )
-    return Tokenizer({"spm.model": directory / "spm.model"})
+def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
+    return multi30k_spm_tokenizer  # tests/conftest.py: one per worker, shared with the other decoding tests
 
 
 @pytest.fixture(scope="module")
