@@ -443,11 +443,24 @@ def _read_line(fd: int, timeout: float) -> bytes:
     return data
 
 
+def _foreground_job() -> None:
+    """In the child, before exec: a shell's foreground job at the pseudo-terminal. It takes the
+    terminal as its controlling one, and SIGINT back to its default: a suite started in the
+    background (`pytest ... &`, nohup) ignores SIGINT, every process it starts inherits that, and
+    a Python that starts with SIGINT ignored never raises KeyboardInterrupt (the test waited
+    60 s for an exit that could not come)."""
+    import fcntl
+    import signal
+    import termios
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def _start_on_a_terminal(run_dir: Path, cwd: Path, *args: str) -> tuple[subprocess.Popen, int]:
     """`mtrain translate` with its stdin on a pseudo-terminal, which is also its controlling
     terminal (so Ctrl-C typed there is SIGINT, as in a shell); stdout and stderr are pipes.
     The process and the terminal's master side, for typing."""
-    import fcntl
     import termios
 
     master, slave = os.openpty()
@@ -462,7 +475,7 @@ def _start_on_a_terminal(run_dir: Path, cwd: Path, *args: str) -> tuple[subproce
         cwd=cwd,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509 - no threads yet in the child
+        preexec_fn=_foreground_job,  # noqa: PLW1509 - no threads yet in the child
     )
     os.close(slave)
     return process, master
