@@ -21,6 +21,7 @@ from mtrain.hydra_internals import (
     primary_configs,
     read_command_line,
     read_composition_error,
+    tell_hydra_the_mode,
 )
 
 
@@ -94,6 +95,52 @@ def test_composing_leaves_no_global_hydra_behind():
 
 
 # ----------------------------------------------------------------------------- error texts
+def hydras_own_mode(config_name: str, overrides: list[str]):
+    """What Hydra.get_mode answers, composing (as Hydra does before every run)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = Hydra.create_main_hydra2(config_name, create_automatic_config_search_path(None, None, CONFIG_DIR))
+    try:
+        get_mode = getattr(Hydra.get_mode, "__wrapped__", Hydra.get_mode)
+        return get_mode(hydra, config_name, list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(
+    "overrides, multirun",
+    [
+        ([], False),
+        (["train.lr=1e-3"], False),
+        (["hydra.mode=MULTIRUN", "train.lr=1e-3,2e-3"], False),
+        (["hydra.mode=RUN"], False),
+        (["train.lr=1e-3,2e-3"], True),
+    ],
+)
+def test_the_mode_mtrains_composition_reads_is_the_one_hydra_composes_to_read(overrides, multirun):
+    """mtrain tells Hydra the `hydra.mode` of its own composition (the base config of a
+    sweep), sparing Hydra's composition for it; both must read the same mode."""
+    if "hydra.mode=MULTIRUN" in overrides:  # a sweep by the config's mode: composed as one, as with -m
+        multirun = True
+    [(_, base), *_] = compose_jobs(CONFIG_DIR, "fit", overrides, multirun)
+    assert OmegaConf.select(base, "hydra.mode") == hydras_own_mode("fit", overrides)
+
+
+def test_hydra_takes_the_told_mode_once_for_those_overrides_and_composes_otherwise(monkeypatch):
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    tell_hydra_the_mode("fit", ["train.lr=1e-3"], RunMode.MULTIRUN)
+    composed = []
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *args, **kwargs: composed.append(args) or None)
+    hydra = object.__new__(Hydra)
+    assert Hydra.get_mode(hydra, "fit", ["train.lr=1e-3"]) == RunMode.MULTIRUN and composed == []
+    assert Hydra.get_mode(hydra, "fit", ["train.lr=1e-3"]) is None and len(composed) == 1  # told once
+    assert Hydra.get_mode(hydra, "fit", ["train.lr=2e-3"]) is None and len(composed) == 2  # not told
+
+
 def composition_error(overrides, multirun=False):
     with pytest.raises(Exception) as raised:
         compose_jobs(CONFIG_DIR, "fit", overrides, multirun)

@@ -52,6 +52,7 @@ from mtrain.hydra_internals import (
     primary_configs,
     read_command_line,
     read_composition_error,
+    tell_hydra_the_mode,
 )
 from mtrain.rundir import RunDir, atomic_write_text
 
@@ -194,7 +195,8 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         return None
     run_dir = None
     try:
-        for job, cfg in compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun):
+        jobs = compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun)
+        for job, cfg in jobs:
             if command_line.prints_config:
                 return None  # --cfg prints the config: composing it is the check
             try:
@@ -207,6 +209,7 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _exit_with(composition_error_message(error, config_name))
+    tell_hydra_the_mode(config_name, command_line.overrides, OmegaConf.select(jobs[0][1], "hydra.mode"))
     return None if command_line.multirun else run_dir
 
 
