@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
+from tests.warm_process import run_mtrain
 
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
 SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
@@ -190,9 +190,7 @@ def test_where_alignments_come_from_by_default():
 # ------------------------------------------------------------------ the command
 def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=120
-    )
+    return run_mtrain(*args, input=stdin, cwd=cwd, env=env, timeout=120)
 
 
 DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1"]

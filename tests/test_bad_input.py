@@ -22,7 +22,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.train.checkpoint_files import load_checkpoint, load_run, save_checkpoint
 from mtrain.train.setup import check_eval_lengths
+from tests.warm_process import run_mtrain
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -356,9 +356,7 @@ def test_appended_unknown_config_key_is_refused():
 def mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
-    )
+    return run_mtrain(*args, text=True, cwd=cwd, env=env, timeout=120)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.warm_process import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_compile.py"
@@ -18,10 +19,8 @@ def test_smoke_mode_times_two_epochs_of_the_graph_captured_step(tmp_path):
     """One mode, one size: the graphs mode compiles (and in smoke takes the captured step's path);
     eager and compile rows run the same code with less of it."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, str(SCRIPT), "--smoke", "--modes", "graphs", "--max-tokens", "1024", "--pairs", "300"]
-    result = subprocess.run(
-        [*command, "--json", str(tmp_path / "bench.json")], capture_output=True, text=True, env=env, timeout=300
-    )
+    command = [str(SCRIPT), "--smoke", "--modes", "graphs", "--max-tokens", "1024", "--pairs", "300"]
+    result = run_python(*command, "--json", str(tmp_path / "bench.json"), text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     [row] = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert (row["mode"], row["max_tokens"], row["skipped"]) == ("graphs", 1024, None)

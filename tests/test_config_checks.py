@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from mtrain.config import (
     to_plain,
     with_resolved_model,
 )
+from tests.warm_process import run_mtrain
 
 # (overrides, the key the one error line must start with)
 BAD_FIT_VALUES = [
@@ -270,9 +270,7 @@ def test_hydra_full_error_shows_hydras_own_error(monkeypatch, capsys):
 def _mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    script = Path(sys.executable).with_name("mtrain")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "mtrain"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    return run_mtrain(*args, text=True, cwd=cwd, env=env, timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ import hashlib
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from mtrain.config import CorpusConfig, DataConfig, FitConfig, TokenizerConfig
 from mtrain.config_checks import check_corpora
 from mtrain.data.provenance import provenance_path, write_provenance
 from mtrain.errors import MtrainError
+from tests.warm_process import run_mtrain
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = {
@@ -312,9 +312,7 @@ def test_a_direction_without_validation_data_names_the_language(corpus, tmp_path
 
 def mtrain_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_mtrain(*args, cwd=cwd, env=env, text=True, timeout=120)
 
 
 def test_the_command_refuses_a_misspelt_corpus_key_and_an_unreadable_corpus(tmp_path):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from mtrain.batches.corpus import CorpusWriter, EncodedCorpus, token_dtype
 from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, TokenizerConfig
 from mtrain.data.cache import COMPLETE_MARKER
+from tests.warm_process import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 3
@@ -112,13 +111,7 @@ def assert_same_corpus(a: EncodedCorpus, b: EncodedCorpus) -> None:
 def test_a_killed_preparation_is_detected_and_rebuilt(multi30k_slice, tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run(
-        [sys.executable, "-c", KILL_AFTER_FIRST_CHUNK, str(multi30k_slice), str(cache)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_python("-c", KILL_AFTER_FIRST_CHUNK, str(multi30k_slice), str(cache), env=env, text=True, timeout=120)
     assert run.returncode == -9, run.stderr
     leftovers = list((cache / "corpora").iterdir())
     assert len(leftovers) == 1 and ".tmp-" in leftovers[0].name  # only the half-written build

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from mtrain.train.checkpointer import data_fingerprints
 from tests.test_generator import source_batch, tiny_model, train_to_copy
 from tests.test_search import exhaustive_best
 from tests.test_search import tiny_model as search_model
+from tests.warm_process import run_mtrain
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 CPU = torch.device("cpu")
@@ -447,14 +447,7 @@ def test_the_config_checks_refuse_an_ensemble_where_it_cannot_decode_or_report(o
 
 # ------------------------------------------------------------------ the commands
 def mtrain(*args: str, cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args],
-        input=stdin,
-        capture_output=True,
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=120,
-    )
+    return run_mtrain(*args, input=stdin, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
 
 
 @pytest.mark.slow

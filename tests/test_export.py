@@ -25,6 +25,7 @@ from mtrain.decode.translator import translate_encoded, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.export import check_exportable, export_ctranslate2, export_run
 from mtrain.model import build_model
+from tests.warm_process import run_mtrain
 
 WORDS = [
     "ein",
@@ -589,11 +590,7 @@ def test_argos_refusals(run_dir, tmp_path):
     from mtrain.decode.directions import RunLanguages
     from mtrain.export.argos import package_direction
 
-    done = subprocess.run(
-        [sys.executable, "-m", "mtrain", "export", f"run={run_dir}", "format=argos", f"out={tmp_path / 'de_en.zip'}"],
-        capture_output=True,
-        timeout=120,
-    )
+    done = run_mtrain("export", f"run={run_dir}", "format=argos", f"out={tmp_path / 'de_en.zip'}", timeout=120)
     assert done.returncode != 0
     assert done.stderr.decode().strip() == (
         f"mtrain: error: out={tmp_path / 'de_en.zip'}: an Argos package is a file named *.argosmodel; "

@@ -19,14 +19,20 @@ from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
 from mtrain.train.step import UpdateStep
 from tests.test_fit import TINY, compose_fit, run_fit, scalars
+from tests.warm_process import WarmPopen, start_mtrain
 
 # No test decode unless a test asks for one (data.splits.test=... later on its command line wins):
 # these runs check what training does, and decoding an untrained model runs to its length limit.
 FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=600", "train.log_every=1", "data.splits.test=null"]
 
 
-def start_fit(overrides) -> subprocess.Popen:
+def start_fit(overrides, new_interpreter: bool = False) -> WarmPopen | subprocess.Popen:
+    """`mtrain fit` started, to be signalled; forked from the warm process (tests.warm_process)
+    unless the test needs a `new_interpreter`: one whose start-up it kills, or whose stdout it
+    reads while it runs. Read the output of a forked one by communicate(), at its end."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not new_interpreter:
+        return start_mtrain("fit", *overrides, env=env, text=True)
     return subprocess.Popen(
         [sys.executable, "-m", "mtrain", "fit", *overrides],
         env=env,
@@ -36,7 +42,7 @@ def start_fit(overrides) -> subprocess.Popen:
     )
 
 
-def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_for(path: Path, process: WarmPopen | subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while not path.exists():
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -78,7 +84,7 @@ def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_sl
     assert "stop signal" in log and "valid |" not in log and not (run_dir / "metrics.json").exists()
 
 
-def wait_for_line(path: Path, text: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_for_line(path: Path, text: str, process: WarmPopen | subprocess.Popen, timeout: float = 120.0) -> None:
     wait_for(path, process, timeout)
     deadline = time.time() + timeout
     while text not in path.read_text():
@@ -156,7 +162,8 @@ def test_sigterm_during_data_preparation_stops_it(tmp_path, multi30k_slice):
             "data.train_limit=null",
             "tokenizer.vocab_size=2000",
             f"hydra.run.dir={run_dir}",
-        ]
+        ],
+        new_interpreter=True,  # its console is read as it runs
     )
     for line in process.stdout:  # the console: train.log is not written before the data is ready
         if "data: " in line:  # the tokenizer is trained, then the corpus encoded, from here on
@@ -193,7 +200,9 @@ def test_ten_sigkills_at_random_moments_then_resume_match_an_uninterrupted_run(t
     kills = 0
     while kills < 10:
         resume = ["train.resume=true"] if run.has_checkpoints() else []
-        process = start_fit([*common, *resume, f"hydra.run.dir={killed}"])
+        # A new interpreter each time: kills also land in its start-up (a warm fork trains at once
+        # and ran the 24 updates to the end before the second kill).
+        process = start_fit([*common, *resume, f"hydra.run.dir={killed}"], new_interpreter=True)
         time.sleep(rng.uniform(0.5, 4.0))
         if process.poll() is not None:  # it finished (or refused) before the kill
             _, stderr = process.communicate()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from mtrain.config import ModelConfig
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.train.loss import GuidedHead, TranslationLoss, alignment_loss
+from tests.warm_process import run_mtrain
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 3
@@ -164,14 +164,7 @@ TINY = [
 
 def fit(*overrides, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", "fit", *TINY, *overrides],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=300,
-    )
+    return run_mtrain("fit", *TINY, *overrides, text=True, cwd=cwd, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +211,7 @@ def test_fit_trains_with_guidance_dropped_pairs_drop_their_alignment_and_eval_al
     # eval writes the alignments of its hypotheses beside them (the guided head's, by default)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     command = ["eval", f"run={tmp_path / 'run'}", "decode.alignment=true", "decode.beam=1", f"out={tmp_path / 'ev'}"]
-    result = subprocess.run(
-        [sys.executable, "-m", "mtrain", *command], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
-    )
+    result = run_mtrain(*command, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     hyps = (tmp_path / "ev" / "test.hyp").read_text(encoding="utf-8").splitlines()
     links = (tmp_path / "ev" / "test.align").read_text(encoding="utf-8").splitlines()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from mtrain.batches.encoding import ChunkEncoder
 from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, TokenizerConfig
+from tests.warm_process import run_mtrain
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = TokenizerConfig(vocab_size=600)
@@ -118,14 +118,7 @@ def test_hub_path_gives_the_same_arrays_as_local_files(multi30k_slice, tmp_path,
 def run_cli(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MTRAIN_DATA_DIR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", "prepare", *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_mtrain("prepare", *overrides, cwd=cwd, env=env, text=True, timeout=300)
 
 
 def test_mtrain_prepare_command(multi30k_slice, tmp_path):

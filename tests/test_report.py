@@ -21,6 +21,7 @@ from mtrain.decode.threads import DEFAULT_DECODE_THREADS
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision
+from tests.warm_process import run_mtrain, run_python
 
 WORDS = [
     "ein",
@@ -253,9 +254,7 @@ def read_only(directory: Path) -> Iterator[None]:
 
 def mtrain_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
+    return run_mtrain(*args, text=True, cwd=cwd, env=env, timeout=300)
 
 
 def test_eval_of_a_read_only_run_refuses_before_any_work_and_writes_to_out(tiny_run, tmp_path):
@@ -709,60 +708,32 @@ def test_report_and_comparison_list_failed_jobs_with_their_reasons(fake_sweep, t
 
 
 def test_scalar_table_script_prints_tags_at_updates(fake_sweep):
-    import subprocess
-    import sys
 
     from mtrain.evaluate.curves import scalar_tags
 
     assert scalar_tags(fake_sweep / "0") == ["train/loss", "valid/bleu"]
     script = Path(__file__).resolve().parents[1] / "scripts" / "scalar_table.py"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(fake_sweep / "0"),
-            str(fake_sweep / "1"),
-            "--tags",
-            "train/*",
-            "--steps",
-            "10,25",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_python(
+        str(script), str(fake_sweep / "0"), str(fake_sweep / "1"), "--tags", "train/*", "--steps", "10,25", text=True
     )
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[2] == "| train/loss | 0 | 6 | 5 (@20) |"  # 25 was not logged: the last value before it
     assert rows[3] == "| train/loss | 1 | 6.5 | 90 (@20) |"
-    missing = subprocess.run(
-        [sys.executable, str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1"],
-        capture_output=True,
-        text=True,
-    )
+    missing = run_python(str(script), str(fake_sweep / "0"), "--tags", "nope/*", "--steps", "1", text=True)
     assert missing.returncode != 0 and "no tag matches" in missing.stderr
 
 
 def test_norm_gains_script_reads_a_runs_norms(tiny_run):
-    import subprocess
-    import sys
-
     script = Path(__file__).resolve().parents[1] / "scripts" / "norm_gains.py"
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.0"],
-        capture_output=True,
-        text=True,
-    )
+    result = run_python(str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.0", text=True)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[2]
     # An untrained model's gains are all exactly 1: mean 1, no spread (correlation undefined).
     assert row.startswith("| run | decoder.0 | self_attn 1.000, cross_attn 1.000, ffn 1.000 | self_attn 0.000,")
-    missing = subprocess.run(
-        [sys.executable, str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.7"],
-        capture_output=True,
-        text=True,
-    )
+    missing = run_python(str(script), str(tiny_run), "--checkpoint", "best", "--layers", "decoder.7", text=True)
     assert missing.returncode != 0 and "no norms under decoder.7" in missing.stderr
-    no_last = subprocess.run([sys.executable, str(script), str(tiny_run)], capture_output=True, text=True)
+    no_last = run_python(str(script), str(tiny_run), text=True)
     assert no_last.returncode != 0 and no_last.stderr.startswith("norm_gains: run=")  # one line, no traceback
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from mtrain.decode.translator import as_engine
 from mtrain.train.checkpoint_files import load_run
 from tests.test_ensemble import SENTENCES, train_tokenizer, write_run
 from tests.test_mbr import SHORT, write_config
+from tests.warm_process import run_mtrain, run_python
 
 CPU = torch.device("cpu")
 
@@ -136,7 +136,6 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
     (data / "valid.src").write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
     (data / "valid.ref").write_text("Two young men.\nA dog.\nA man rides a bike.\n", encoding="utf-8")
     command = [
-        sys.executable,
         str(Path(__file__).resolve().parents[1] / "scripts" / "tune_rerank.py"),
         f"run={runs['deen']}",
         f"decode.rerank.reverse_run={runs['ende']}",
@@ -146,20 +145,19 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
         "trials=20",
         f"out={out}",
     ]
-    first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    first = run_python(*command, text=True, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     written = json.loads(out.read_text())
     assert written["features"] == ["forward", "reverse", "length_ratio"] and written["weights"][0] == 1.0
-    subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=True)
+    second = run_python(*command, text=True, env=env, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
     assert json.loads(out.read_text())["weights"] == written["weights"]
 
 
 def mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
-    )
+    return run_mtrain(*args, text=True, cwd=cwd, env=env, timeout=120)
 
 
 def assert_refused(result: subprocess.CompletedProcess, expected: str) -> None:

@@ -157,15 +157,18 @@ def test_two_resumes_of_one_run_one_is_refused_a_reader_is_not(run_copy, tmp_pat
 def test_a_resume_after_a_sigkill_is_not_blocked(tmp_path, finished_run):
     common, _ = finished_run
     run_dir = tmp_path / "run"
-    settings = [*common, "train.max_updates=4", "data.splits.test=null", f"hydra.run.dir={run_dir}"]
+    # 40 updates: the kill comes at the first checkpoint (update 2), with 38 updates of margin
+    # before the run would end and let go of its lock on its own.
+    settings = [*common, "train.max_updates=40", "data.splits.test=null", f"hydra.run.dir={run_dir}"]
     process = start_fit(settings)
     wait_for(RunDir(run_dir).checkpoint("last"), process)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
     assert RunDir(run_dir).lock_file.exists()  # the kill left the file, not the lock
     result = mtrain("fit", *settings, "train.resume=true")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert load_checkpoint(RunDir(run_dir).checkpoint("last"))["update"] == 4
+    assert load_checkpoint(RunDir(run_dir).checkpoint("last"))["update"] == 40
 
 
 def test_refused_fresh_start_leaves_the_run_byte_identical(run_copy):

@@ -11,8 +11,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +29,7 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
+from tests.warm_process import run_mtrain, start_mtrain
 
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
 # device=cpu: the references are decoded on the CPU here, on a machine with a GPU too.
@@ -92,14 +91,8 @@ class Server:
 
     def __init__(self, *args: str, cwd: Path) -> None:
         self.log = cwd / "serve.log"
-        self.handle = self.log.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mtrain", "serve", "port=0", *args],
-            cwd=cwd,
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=self.handle,
-        )
+        self.log.write_bytes(b"")
+        self.process = start_mtrain("serve", "port=0", *args, cwd=cwd, env=ENV, stderr_file=self.log)
         deadline = time.monotonic() + 90
         while not (found := re.search(r"on http://127\.0\.0\.1:(\d+)\n", self.stderr())):
             assert self.process.poll() is None, f"the server exited:\n{self.stderr()}"
@@ -135,10 +128,7 @@ class Server:
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=30)
-        finally:
-            self.handle.close()
+        return self.process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +160,7 @@ def test_health_describes_the_model_and_the_limits(server, run_dir):
 def test_translations_equal_mtrain_translate_s(server, run_dir, tmp_path):
     source = tmp_path / "in.de"
     source.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "mtrain", "translate", f"run={run_dir}", f"input={source}", *DECODE],
-        capture_output=True,
-        env=ENV,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    result = run_mtrain("translate", f"run={run_dir}", f"input={source}", *DECODE, env=ENV, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
     from_translate = result.stdout.decode().splitlines()
 

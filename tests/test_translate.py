@@ -26,6 +26,7 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
+from tests.warm_process import run_mtrain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
@@ -252,9 +253,7 @@ def test_bad_attention_layer_is_a_clear_error(model, tokenizer, tmp_path):
 # ------------------------------------------------------------------ the command
 def mtrain(*args: str, stdin: bytes = b"", cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "mtrain", *args], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=120
-    )
+    return run_mtrain(*args, input=stdin, cwd=cwd, env=env, timeout=120)
 
 
 def test_translate_command_pipes_stdin_to_clean_stdout(run_dir, model, tokenizer, tmp_path):
