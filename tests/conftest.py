@@ -88,40 +88,47 @@ test_threads.__test__ = False  # a helper, not a test, though tests import it by
 # no mypy cache). pytest-xdist gives each worker whole files in collection order (addopts:
 # --dist loadfile --no-loadscope-reorder; its default reorder puts the files with the most
 # tests first, which left the 2-test files of half a minute each for the end and one worker idle).
-# Long files start first; the short ones fill both workers' last minutes. Files not listed
+# Long files start first; the short ones fill the workers' last minutes. Files not listed
 # follow in their usual order.
 SLOWEST_FILES = (
-    "test_run_safety.py",
-    "test_faults.py",
     "test_fit.py",
+    "test_faults.py",
+    "test_run_safety.py",
+    "test_gpu_check.py",
+    "test_translate.py",
     "test_distributed.py",
     "test_types.py",
-    "test_translate.py",
     "test_model.py",
-    "test_report.py",
-    "test_serve.py",
-    "test_compilation.py",
-    "test_gpu_check.py",
-    "test_host_memory.py",
     "test_config_checks.py",
-    "test_bench_compile.py",
-    "test_export.py",
-    "test_ema.py",
-    "test_bad_input.py",
-    "test_ensemble.py",
-    "test_tokenizer.py",
-    "test_prepare.py",
     "test_hf_export.py",
+    "test_serve.py",
+    "test_export.py",
+    "test_report.py",
+    "test_compilation.py",
+    "test_tokenizer.py",
+    "test_host_memory.py",
+    "test_bench_compile.py",
     "test_finetune.py",
-    "test_instruments.py",
-    "test_serve_page.py",
+    "test_ema.py",
+    "test_prepare.py",
+    "test_ensemble.py",
+    "test_properties.py",
     "test_experiments.py",
+    "test_instruments.py",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: place for place, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than there are cores. With commands forked warm
+    (tests/warm_process.py) much of the suite waits rather than computes (a budget on the clock,
+    sleeps between kills, servers and their clients, mypy's files): two workers kept 2 cores
+    only 144% busy; a third fills those waits."""
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_configure(config: pytest.Config) -> None:
