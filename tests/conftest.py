@@ -131,6 +131,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (os.cpu_count() or 1) + 1
 
 
+_seconds_per_worker: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On xdist's controller: each phase's time, added to the worker that ran it."""
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if worker is not None:
+        _seconds_per_worker[worker] = _seconds_per_worker.get(worker, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Beside the slowest tests in every log: how busy each worker was (an idle one at the end
+    means the slowest files should start earlier: SLOWEST_FILES)."""
+    if _seconds_per_worker:
+        times = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_seconds_per_worker.items()))
+        terminalreporter.write_line(f"time in tests per worker: {times}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Subprocesses (`mtrain ...`, torchrun) inherit this unless a test sets its own.
     os.environ.setdefault("OMP_NUM_THREADS", str(test_threads()))
