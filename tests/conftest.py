@@ -50,11 +50,17 @@ def multi30k_slice(tmp_path_factory, data_dir) -> Path:
 def multi30k_spm_tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
     """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so),
     shared by the decoding tests (test_translate, test_serve, test_alignment) of a worker."""
-    directory = tmp_path_factory.mktemp("spm")
+    return train_spm_tokenizer(tmp_path_factory.mktemp("spm") / "spm", data_dir, first_line=0)
+
+
+def train_spm_tokenizer(directory: Path, data_dir: Path, first_line: int) -> Tokenizer:
+    """A joint SentencePiece model (300 pieces) of the 400 Multi30k training pairs from
+    `first_line` on, written under `directory` (made here)."""
     lines = []
     for lang in ("de", "en"):
         with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines += [next(f) for _ in range(400)]
+            lines += [line for i, line in zip(range(first_line + 400), f, strict=False) if i >= first_line]
+    directory.mkdir(parents=True)
     (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
     with open(os.devnull, "w") as quiet:
         spm.SentencePieceTrainer.train(

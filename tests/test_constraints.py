@@ -133,23 +133,14 @@ def test_prefix_constraints_and_avoid_together_with_sentences_without(models):
 def test_controls_add_no_host_synchronisation(beam, models, monkeypatch):
     """Constraints, avoided phrases and prefixes are tensor work: the loop still reads the
     host twice per step (tests/test_generator.py's count)."""
-    from tests.test_generator import HOST_SYNCS
+    from tests.test_generator import record_host_syncs
 
     model = models[0]
     src, mask = source_batch([9, 5, 7, 3, 6], seed=2)
     controls = [
         ControlIds(prefix=(5,), constraints=((30, 31), (9,)), avoid=((7, 8),), ordered=i % 2 == 1) for i in range(5)
     ]
-    events: list[str] = []
-    for name in HOST_SYNCS:
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(
-            torch.Tensor,
-            name,
-            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k),
-        )
-    decode_step = model.decode_step
-    monkeypatch.setattr(model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
+    events = record_host_syncs(monkeypatch, model)
     decode(model, src, mask, controls, beam=beam)
     first, last = events.index("step"), len(events) - events[::-1].index("step")
     loop = events[first:last]

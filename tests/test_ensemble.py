@@ -3,14 +3,12 @@ the mean of the members' log-probabilities, one KV cache per member, tokenizers 
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 from omegaconf import OmegaConf
 
@@ -28,6 +26,7 @@ from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
 from mtrain.train.checkpointer import data_fingerprints
+from tests.conftest import train_spm_tokenizer
 from tests.test_generator import source_batch, tiny_model, train_to_copy
 from tests.test_search import exhaustive_best
 from tests.test_search import tiny_model as search_model
@@ -228,27 +227,6 @@ MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64
 SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
 
 
-def train_tokenizer(directory: Path, data_dir: Path, first_line: int) -> Tokenizer:
-    lines = []
-    for lang in ("de", "en"):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines += [line for i, line in zip(range(first_line + 400), f, strict=False) if i >= first_line]
-    directory.mkdir(parents=True)
-    (directory / "train.txt").write_text("".join(lines), encoding="utf-8")
-    with open(os.devnull, "w") as quiet:
-        spm.SentencePieceTrainer.train(
-            input=str(directory / "train.txt"),
-            model_prefix=str(directory / "spm"),
-            vocab_size=300,
-            unk_id=0,
-            pad_id=1,
-            bos_id=2,
-            eos_id=3,
-            logstream=quiet,
-        )
-    return Tokenizer({"spm.model": directory / "spm.model"})
-
-
 def write_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int, **model) -> Path:
     """A run directory as `mtrain fit` leaves it: tokenizer/, checkpoints/best.pt (with the
     tokenizer's fingerprint), data/test.{src,ref}."""
@@ -280,8 +258,8 @@ def write_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int, **m
 def runs(tmp_path_factory, data_dir):
     """Runs a and b (one tokenizer; b a rope model with 1 decoder layer), and c (another tokenizer)."""
     root = tmp_path_factory.mktemp("ensemble_runs")
-    shared = train_tokenizer(root / "spm_shared", data_dir, 0)
-    other = train_tokenizer(root / "spm_other", data_dir, 5000)
+    shared = train_spm_tokenizer(root / "spm_shared", data_dir, 0)
+    other = train_spm_tokenizer(root / "spm_other", data_dir, 5000)
     assert shared.fingerprint != other.fingerprint
     return {
         "a": write_run(root / "a", shared, seed=0, update=7),

@@ -240,10 +240,9 @@ def test_bf16_autocast_decodes():
 HOST_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__")
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_model, monkeypatch):
-    """On a GPU each host synchronisation stalls the queue of kernels; per step the loop needs
-    two (which hypotheses finished, which sentences stay) and nothing else reads a tensor."""
+def record_host_syncs(monkeypatch, model) -> list[str]:
+    """A list that records, in order, each host synchronisation (HOST_SYNCS) and each of
+    `model`'s decoding steps ("step") from here on."""
     events: list[str] = []
     for name in HOST_SYNCS:
         original = getattr(torch.Tensor, name)
@@ -252,8 +251,16 @@ def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_mo
             name,
             lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k),
         )
-    decode_step = copy_model.decode_step
-    monkeypatch.setattr(copy_model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
+    decode_step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
+    return events
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_model, monkeypatch):
+    """On a GPU each host synchronisation stalls the queue of kernels; per step the loop needs
+    two (which hypotheses finished, which sentences stay) and nothing else reads a tensor."""
+    events = record_host_syncs(monkeypatch, copy_model)
     src, mask = source_batch([9, 5, 7, 3, 6], seed=2)
     decode(copy_model, src, mask, beam=beam, nbest=1)
     first, last = events.index("step"), len(events) - events[::-1].index("step")

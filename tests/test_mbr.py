@@ -23,7 +23,8 @@ from mtrain.decode.translator import translate_sentences
 from mtrain.decode.utility import bleu_matrix, chrf_matrix
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_run
-from tests.test_ensemble import SENTENCES, train_tokenizer, write_run
+from tests.conftest import train_spm_tokenizer
+from tests.test_ensemble import SENTENCES, write_run
 
 CPU = torch.device("cpu")
 WORDS = [
@@ -68,7 +69,7 @@ def write_config(run: Path, src: str, tgt: str) -> Path:
 def run(tmp_path_factory, data_dir) -> Path:
     """A de->en run of a tiny untrained model (its outputs vary: a fine test of choices)."""
     root = tmp_path_factory.mktemp("mbr_runs")
-    tokenizer = train_tokenizer(root / "spm", data_dir, 0)
+    tokenizer = train_spm_tokenizer(root / "spm", data_dir, 0)
     return write_config(write_run(root / "deen", tokenizer, seed=0, update=3), "de", "en")
 
 

@@ -26,7 +26,8 @@ from mtrain.decode.rerank import (
 from mtrain.decode.selection import NbestSelection
 from mtrain.decode.translator import as_engine
 from mtrain.train.checkpoint_files import load_run
-from tests.test_ensemble import SENTENCES, train_tokenizer, write_run
+from tests.conftest import train_spm_tokenizer
+from tests.test_ensemble import SENTENCES, write_run
 from tests.test_mbr import SHORT, write_config
 from tests.warm_process import run_mtrain, run_python
 
@@ -37,8 +38,8 @@ CPU = torch.device("cpu")
 def runs(tmp_path_factory, data_dir) -> dict[str, Path]:
     """deen (forward), ende (its reverse), ende_other (another tokenizer), deen2 (a second de->en)."""
     root = tmp_path_factory.mktemp("rerank_runs")
-    shared = train_tokenizer(root / "spm", data_dir, 0)
-    other = train_tokenizer(root / "spm_other", data_dir, 5000)
+    shared = train_spm_tokenizer(root / "spm", data_dir, 0)
+    other = train_spm_tokenizer(root / "spm_other", data_dir, 5000)
     return {
         "deen": write_config(write_run(root / "deen", shared, seed=0, update=3), "de", "en"),
         "ende": write_config(write_run(root / "ende", shared, seed=1, update=3), "en", "de"),
