@@ -512,3 +512,14 @@ def test_average_never_replaces_a_run_checkpoint_and_a_weights_only_file_is_not_
         "not a point of training to resume"
     )
     assert snapshot(run_dir) == before
+
+
+def test_a_first_run_of_matplotlib_writes_nothing_into_the_report_table(run_copy, tmp_path):
+    # With no font cache, matplotlib logs "generated new fontManager" at INFO; report and eval log
+    # INFO to stdout, so that line once landed above the table (a fresh machine's first report).
+    _, run_dir = run_copy
+    fresh = {"MPLCONFIGDIR": str(tmp_path / "no-font-cache")}
+    reported = mtrain("report", str(run_dir), "bootstrap_samples=0", env=fresh)
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    assert "fontManager" not in reported.stdout + reported.stderr
+    assert reported.stdout.splitlines()[2].split()[0] == run_dir.name, reported.stdout

@@ -7,6 +7,7 @@ readable: `figure_size` gives it, and the PNG is exactly `figure_size(...) * DPI
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def plot_attention(
         weights = weights.unsqueeze(1)
     num_tgt, panels, num_src = weights.shape
     # matplotlib only when a picture is drawn: its import is 0.4 s of every translate command's start-up.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its first run's font-cache line is INFO
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

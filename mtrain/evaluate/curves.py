@@ -86,6 +86,12 @@ def readable_limits(values: Sequence[float]) -> tuple[float, float]:
     return middle - 0.6 * span, middle + 0.6 * span
 
 
+def quiet_matplotlib() -> None:
+    """matplotlib logs "generated new fontManager" at INFO on its first import on a machine (no
+    font cache yet); eval and report log INFO to stdout, so that line landed inside their table."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
 def plot_curves(
     runs: Sequence[RunSummary],
     curves: dict[str, dict[str, Curve]],  # run name -> tag -> curve
@@ -96,6 +102,7 @@ def plot_curves(
     title: str,
 ) -> bool:
     """All runs' curves of one tag on one figure, saved as PNG; False when no run has it."""
+    quiet_matplotlib()
     import matplotlib.pyplot as plt
 
     figure = curves_figure(runs, curves, tag, keys, ylabel, title)
@@ -119,6 +126,7 @@ def curves_figure(
     legend below it, outside, its labels wrapped, and the figure as tall as the legend needs,
     so a label of any length and any number of runs fit without covering a curve or being cut;
     the update ticks thinned (then slanted) until no two labels touch."""
+    quiet_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
