@@ -423,7 +423,7 @@ def test_serve_translates_into_the_language_each_request_names(run_dir, model, t
         threads=1,
     )
     assert served.target_languages() == ["en", "de", "fr"] and (served.src_lang, served.tgt_lang) == (None, None)
-    with TestClient(build_app(served, ServeConfig(decode=decode_cfg()))) as client:
+    with TestClient(build_app(served, ServeConfig(decode=decode_cfg())), base_url="http://localhost") as client:
         for tgt in ("fr", "de"):
             response = client.post("/translate", json={"text": SENTENCES, "tgt_lang": tgt})
             assert response.status_code == 200, response.text

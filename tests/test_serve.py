@@ -460,8 +460,9 @@ def test_random_unicode_in_concurrent_requests_never_fails_a_neighbour(model_ser
 
 
 def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_server):
-    """schemathesis makes requests from the server's own OpenAPI schema, valid ones and ones
-    that break it (wrong types, missing and unknown fields); none may get a 5xx."""
+    """schemathesis makes requests from the server's own OpenAPI schema (mtrain's API and
+    LibreTranslate's), valid ones and ones that break it (wrong types, missing and unknown
+    fields); none may get a 5xx, and every answer says it may not be framed or sniffed."""
     schemathesis = pytest.importorskip(
         "schemathesis", reason="schemathesis is not installed (pip install 'mtrain[dev]')"
     )
@@ -472,23 +473,28 @@ def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_ser
         schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
         schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
     )
-    statuses: set[int] = set()
+    statuses: set[tuple[str, int]] = set()
     with requests.Session() as session:
 
         @settings(
-            max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
         )
         @given(cases)
         def no_server_error(case) -> None:
             response = case.call(base_url=model_server.url, session=session, timeout=60)
-            statuses.add(response.status_code)
+            statuses.add((case.path, response.status_code))
             assert response.status_code < 500, case.as_curl_command()
             assert response.headers["content-type"] == ["application/json"]  # an answer of ours, JSON
+            assert response.headers["x-frame-options"] == ["DENY"], case.as_curl_command()
+            assert response.headers["x-content-type-options"] == ["nosniff"]
+            assert response.headers["content-security-policy"] == ["frame-ancestors 'none'"]
             # an object, or GET /languages' list of languages (LibreTranslate's shape)
             assert isinstance(json.loads(response.content), list if case.path == "/languages" else dict)
 
         no_server_error()
-    assert {200, 422} <= statuses, statuses  # it did reach the routes, with good and bad requests
+    # it did reach the routes, with good and bad requests
+    assert {("/translate", 200), ("/translate", 422), ("/libretranslate/translate", 200)} <= statuses, statuses
+    assert {status for path, status in statuses if path == "/libretranslate/translate"} & {400, 422}, statuses
 
 
 # ------------------------------------------------------------------ what it refuses
@@ -678,6 +684,7 @@ class StandIn:
             1,
         )
         self.src_lang, self.tgt_lang = "de", "en"
+        self.directions = {"de": ["en"]}
 
     def target_languages(self) -> list[str]:
         return ["en"]
@@ -727,7 +734,9 @@ def app_client(translate, **limits):
 
     from mtrain.serve.app import build_app
 
-    return TestClient(build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False)
+    return TestClient(
+        build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False, base_url="http://localhost"
+    )
 
 
 def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback():

@@ -141,7 +141,9 @@ def app_client(**settings):
 
     from mtrain.serve.app import build_app
 
-    return TestClient(build_app(StandIn(), ServeConfig(**settings)), raise_server_exceptions=False)
+    return TestClient(
+        build_app(StandIn(), ServeConfig(**settings)), raise_server_exceptions=False, base_url="http://localhost"
+    )
 
 
 def test_one_path_two_apis_and_libretranslate_s_answers():

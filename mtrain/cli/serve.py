@@ -41,6 +41,7 @@ def run_serve(cfg: ServeConfig) -> None:
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
     from mtrain.serve.app import build_app
+    from mtrain.serve.guards import check_browser_rules
     from mtrain.serve.model import open_served_model
 
     if cfg.run is None:
@@ -49,6 +50,7 @@ def run_serve(cfg: ServeConfig) -> None:
             + ("; an ensemble is written run=A ensemble=[B,...] (run= gives the tokenizer)" if cfg.ensemble else "")
         )
     check_rerank_files(cfg.decode, cfg.run)  # before the model loads
+    check_browser_rules(cfg)
     allow_open_files(cfg.max_connections)
     listener = listen(cfg.host, cfg.port)
     try:
@@ -74,7 +76,9 @@ def run_serve(cfg: ServeConfig) -> None:
 
 def uvicorn_config(app: FastAPI, cfg: ServeConfig) -> uvicorn.Config:
     """How uvicorn runs `app`: mtrain's guarded HTTP/1.1 protocol, mtrain's log (one line per
-    request from serve.protocol.RequestLog, none from uvicorn), the app's lifespan."""
+    request from serve.protocol.RequestLog, none from uvicorn), the app's lifespan. uvicorn's
+    X-Forwarded-For handling is off: it trusts 127.0.0.1 by default, and the client's address
+    is the socket's unless `trusted_proxies` says otherwise (serve.guards)."""
     import uvicorn
 
     from mtrain.serve.protocol import guarded_protocol
@@ -84,6 +88,7 @@ def uvicorn_config(app: FastAPI, cfg: ServeConfig) -> uvicorn.Config:
         http=guarded_protocol(cfg.read_timeout_s, cfg.max_connections),
         log_config=None,
         access_log=False,
+        proxy_headers=False,
         lifespan="on",
     )
 

@@ -57,6 +57,7 @@ from mtrain.decode.selection import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CON
 from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher, BatcherClosed
+from mtrain.serve.guards import SecurityHeaders, add_browser_rules
 from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.serve.page import page_router
@@ -205,7 +206,9 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
     app.include_router(page_router())
     add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
     add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
+    add_browser_rules(app, cfg)  # Host allow-list, CORS, the client's address behind trusted proxies (serve.guards)
     app.add_middleware(RequestBody, max_bytes=cfg.max_request_bytes, read_timeout_s=cfg.read_timeout_s)
+    app.add_middleware(SecurityHeaders)  # on every answer, RequestBody's 408 and 413 too
     if cfg.access_log:
         app.add_middleware(RequestLog)  # added last: the outermost, it logs what RequestBody refuses too
     return app
