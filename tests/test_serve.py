@@ -477,7 +477,7 @@ def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_ser
     with requests.Session() as session:
 
         @settings(
-            max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
         )
         @given(cases)
         def no_server_error(case) -> None:
