@@ -684,9 +684,8 @@ class ServeConfig:
     # Host names clients may reach the server by (others get 400: DNS rebinding); "*": any.
     # null: localhost, 127.0.0.1 and ::1 when bound to a loopback address, any otherwise.
     allowed_hosts: list[str] | None = None
-    cors_origins: list[str] = field(
-        default_factory=list
-    )  # web origins whose pages may call the API ("*": any); []: none
+    # Web origins whose pages may call both APIs from a browser (CORS; "*": any); []: none.
+    cors_origins: list[str] = field(default_factory=list)
 
 
 @dataclass
