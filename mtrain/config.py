@@ -678,6 +678,14 @@ class ServeConfig:
     # Who may translate (both APIs' POST /translate; docs/LIBRETRANSLATE.md). Off by default.
     api_keys_file: str | None = None  # one key per line (# comments): a request without one of them gets 403
     rate_limit_per_minute: int = 0  # requests per minute per API key, else per client address (429 above); 0: off
+    # Behind a reverse proxy (docs/SERVE.md). A client's address is the socket's, unless the
+    # peer is one of these proxies (addresses or networks: [127.0.0.1, 10.0.0.0/8]): then X-Forwarded-For's.
+    trusted_proxies: list[str] = field(default_factory=list)
+    # Host names clients may reach the server by (others get 400: DNS rebinding); "*": any.
+    # null: localhost, 127.0.0.1 and ::1 when bound to a loopback address, any otherwise.
+    allowed_hosts: list[str] | None = None
+    # Web origins whose pages may call both APIs from a browser (CORS; "*": any); []: none.
+    cors_origins: list[str] = field(default_factory=list)
 
 
 @dataclass

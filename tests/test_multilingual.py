@@ -414,8 +414,8 @@ def test_eval_scores_a_zero_shot_direction_into_its_own_report(run_dir, model, t
 def test_serve_translates_into_the_language_each_request_names(run_dir, model, tokenizer, languages):
     from starlette.testclient import TestClient
 
-    from mtrain.cli.serve_app import build_app
-    from mtrain.cli.serve_model import open_served_model
+    from mtrain.serve.app import build_app
+    from mtrain.serve.model import open_served_model
 
     served = open_served_model(
         ServeConfig(run=str(run_dir), device="cpu", precision="fp32", decode=decode_cfg()),
@@ -423,7 +423,7 @@ def test_serve_translates_into_the_language_each_request_names(run_dir, model, t
         threads=1,
     )
     assert served.target_languages() == ["en", "de", "fr"] and (served.src_lang, served.tgt_lang) == (None, None)
-    with TestClient(build_app(served, ServeConfig(decode=decode_cfg()))) as client:
+    with TestClient(build_app(served, ServeConfig(decode=decode_cfg())), base_url="http://localhost") as client:
         for tgt in ("fr", "de"):
             response = client.post("/translate", json={"text": SENTENCES, "tgt_lang": tgt})
             assert response.status_code == 200, response.text

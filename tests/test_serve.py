@@ -220,7 +220,7 @@ def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tok
 
 
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, controlled_sentences, request_decoding
+    from mtrain.serve.app import Rejected, TranslateRequest, controlled_sentences, request_decoding
 
     request = TranslateRequest(text=["Ein Hund."], constraints=[["dog"]])
     with pytest.raises(Rejected, match="constraints: lexical constraints .*use engine=torch"):
@@ -325,7 +325,7 @@ def test_a_lone_surrogate_fails_its_own_request_only(server, model, tokenizer):
 
 
 def test_a_sentence_the_tokenizer_refuses_is_the_client_s_error(tokenizer):
-    from mtrain.cli.serve_model import ServedModel
+    from mtrain.serve.model import ServedModel
 
     served = ServedModel(
         None, tokenizer, torch.device("cpu"), "fp32", "a checkpoint", "run", "torch", "de", "en", 64, 1
@@ -402,7 +402,7 @@ def is_unicode(text: str) -> bool:
 @pytest.fixture(scope="module")
 def model_server(run_dir):
     """The test model in an InProcessServer that takes sentences of up to 10,000 characters."""
-    from mtrain.cli.serve_model import open_served_model
+    from mtrain.serve.model import open_served_model
 
     settings = dict(
         run=str(run_dir),
@@ -460,8 +460,9 @@ def test_random_unicode_in_concurrent_requests_never_fails_a_neighbour(model_ser
 
 
 def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_server):
-    """schemathesis makes requests from the server's own OpenAPI schema, valid ones and ones
-    that break it (wrong types, missing and unknown fields); none may get a 5xx."""
+    """schemathesis makes requests from the server's own OpenAPI schema (mtrain's API and
+    LibreTranslate's), valid ones and ones that break it (wrong types, missing and unknown
+    fields); none may get a 5xx, and every answer says it may not be framed or sniffed."""
     schemathesis = pytest.importorskip(
         "schemathesis", reason="schemathesis is not installed (pip install 'mtrain[dev]')"
     )
@@ -472,7 +473,7 @@ def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_ser
         schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
         schema.as_strategy(schemathesis.GenerationMode.NEGATIVE),
     )
-    statuses: set[int] = set()
+    statuses: set[tuple[str, int]] = set()
     with requests.Session() as session:
 
         @settings(
@@ -481,14 +482,19 @@ def test_an_api_fuzz_run_from_the_openapi_schema_finds_no_server_error(model_ser
         @given(cases)
         def no_server_error(case) -> None:
             response = case.call(base_url=model_server.url, session=session, timeout=60)
-            statuses.add(response.status_code)
+            statuses.add((case.path, response.status_code))
             assert response.status_code < 500, case.as_curl_command()
             assert response.headers["content-type"] == ["application/json"]  # an answer of ours, JSON
+            assert response.headers["x-frame-options"] == ["DENY"], case.as_curl_command()
+            assert response.headers["x-content-type-options"] == ["nosniff"]
+            assert response.headers["content-security-policy"] == ["frame-ancestors 'none'"]
             # an object, or GET /languages' list of languages (LibreTranslate's shape)
             assert isinstance(json.loads(response.content), list if case.path == "/languages" else dict)
 
         no_server_error()
-    assert {200, 422} <= statuses, statuses  # it did reach the routes, with good and bad requests
+    # it did reach the routes, with good and bad requests
+    assert {("/translate", 200), ("/translate", 422), ("/libretranslate/translate", 200)} <= statuses, statuses
+    assert {status for path, status in statuses if path == "/libretranslate/translate"} & {400, 422}, statuses
 
 
 # ------------------------------------------------------------------ what it refuses
@@ -678,6 +684,7 @@ class StandIn:
             1,
         )
         self.src_lang, self.tgt_lang = "de", "en"
+        self.directions = {"de": ["en"]}
 
     def target_languages(self) -> list[str]:
         return ["en"]
@@ -698,7 +705,7 @@ class InProcessServer:
         import uvicorn
 
         from mtrain.cli.serve import listen, uvicorn_config
-        from mtrain.cli.serve_app import build_app
+        from mtrain.serve.app import build_app
 
         self.cfg = ServeConfig(**settings)
         self.listener = listen("127.0.0.1", 0)
@@ -725,9 +732,11 @@ class InProcessServer:
 def app_client(translate, **limits):
     from starlette.testclient import TestClient
 
-    from mtrain.cli.serve_app import build_app
+    from mtrain.serve.app import build_app
 
-    return TestClient(build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False)
+    return TestClient(
+        build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False, base_url="http://localhost"
+    )
 
 
 def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback():
@@ -760,8 +769,8 @@ def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback()
 
 
 def test_request_settings_start_from_the_server_s_decode_section():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
     from mtrain.config import Sampling
+    from mtrain.serve.app import Rejected, TranslateRequest, request_decoding
 
     cfg = ServeConfig(decode=DecodeConfig(beam=4, nbest=2, length_penalty=0.6), max_beam=6)
     decode = request_decoding(TranslateRequest(text=["a"], beam=6), cfg)

@@ -6,8 +6,8 @@
     curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
-process, one event loop for HTTP (`serve_app`), one decoding thread (`mtrain.decode.batcher`)
-that owns the engine; `serve_http` bounds what a client may hold (read_timeout_s,
+process, one event loop for HTTP (`serve.app`), one decoding thread (`mtrain.serve.batcher`)
+that owns the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
 max_connections, max_request_bytes). SIGTERM or Ctrl-C: uvicorn stops accepting connections
 and answers the requests in flight, the decoder drains, and the command exits with status 0.
 Logs go to stderr, one line per request (access_log); nothing is written to disk.
@@ -37,11 +37,12 @@ def run_serve(cfg: ServeConfig) -> None:
     """Open the run's engine and serve it until a stop signal."""
     import uvicorn
 
-    from mtrain.cli.serve_app import build_app
-    from mtrain.cli.serve_model import open_served_model
     from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
+    from mtrain.serve.app import build_app
+    from mtrain.serve.guards import check_browser_rules
+    from mtrain.serve.model import open_served_model
 
     if cfg.run is None:
         raise MtrainError(
@@ -49,6 +50,7 @@ def run_serve(cfg: ServeConfig) -> None:
             + ("; an ensemble is written run=A ensemble=[B,...] (run= gives the tokenizer)" if cfg.ensemble else "")
         )
     check_rerank_files(cfg.decode, cfg.run)  # before the model loads
+    check_browser_rules(cfg)
     allow_open_files(cfg.max_connections)
     listener = listen(cfg.host, cfg.port)
     try:
@@ -74,16 +76,19 @@ def run_serve(cfg: ServeConfig) -> None:
 
 def uvicorn_config(app: FastAPI, cfg: ServeConfig) -> uvicorn.Config:
     """How uvicorn runs `app`: mtrain's guarded HTTP/1.1 protocol, mtrain's log (one line per
-    request from serve_http.RequestLog, none from uvicorn), the app's lifespan."""
+    request from serve.protocol.RequestLog, none from uvicorn), the app's lifespan. uvicorn's
+    X-Forwarded-For handling is off: it trusts 127.0.0.1 by default, and the client's address
+    is the socket's unless `trusted_proxies` says otherwise (serve.guards)."""
     import uvicorn
 
-    from mtrain.cli.serve_http import guarded_protocol
+    from mtrain.serve.protocol import guarded_protocol
 
     return uvicorn.Config(
         app,
         http=guarded_protocol(cfg.read_timeout_s, cfg.max_connections),
         log_config=None,
         access_log=False,
+        proxy_headers=False,
         lifespan="on",
     )
 

@@ -2,17 +2,21 @@
 (`rate_limit_per_minute`), both off by default.
 
 They guard the routes that translate: POST /translate, mtrain's API and LibreTranslate's alike
-(and LibreTranslate's own path, serve_libretranslate.LIBRETRANSLATE_PATH); the page, /health
+(and LibreTranslate's own path, serve.libretranslate.LIBRETRANSLATE_PATH); the page, /health
 and /languages stay open, as LibreTranslate's do. A request names its key as LibreTranslate's
 clients do, in the field `api_key` of its body (JSON or form), or in the query (`?api_key=`),
 or in the header `Authorization: Bearer KEY` (mtrain's JSON API has no field for it).
 
 - Keys: with `api_keys_file`, a request without a key gets 403 and one with a key not in the
-  file 403 too. The file holds one key per line; blank lines and lines starting with `#` are
-  skipped. It is read when the server starts (restart it to change the keys); only the keys'
-  SHA-256 digests are kept, so a lookup takes the same time whatever the key.
-- Rate: with `rate_limit_per_minute: N`, each key (a valid one; else the client's address,
-  as the socket gives it: behind a proxy every client shares the proxy's) may send N
+  file 403 too, after FAILED_KEY_DELAY_S; a client address may send FAILED_KEYS_PER_MINUTE
+  wrong keys at once and then one every 60/FAILED_KEYS_PER_MINUTE s, and meanwhile gets 429
+  whatever key it sends (so keys cannot be guessed quickly, nor told right by a 200). The file
+  holds one key per line (UTF-8, a byte order mark and CRLF line ends taken); blank lines and
+  lines starting with `#` are skipped. It is read when the server starts (restart it to
+  change the keys); only the keys' SHA-256 digests are kept, so a lookup takes the same time
+  whatever the key.
+- Rate: with `rate_limit_per_minute: N`, each key (a valid one; else the client's address:
+  the socket's, or behind `trusted_proxies` the one they forward, serve.guards) may send N
   requests at once and then one every 60/N s (a token bucket of N); one more gets 429 with
   a Retry-After header. Counted per server process, in memory.
 
@@ -22,6 +26,7 @@ route (the ASGI middleware `AccessControl`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import time
@@ -35,9 +40,13 @@ from starlette.responses import JSONResponse
 from mtrain.config import ServeConfig
 from mtrain.errors import MtrainError
 
-# The body's fields as LibreTranslate's handler read them (`serve_libretranslate`), in the
+# The body's fields as LibreTranslate's handler read them (`serve.libretranslate`), in the
 # request's ASGI state: its api_key counts like the header's.
 BODY_FIELDS = "libretranslate"
+
+# Wrong API keys: each answered after this delay, and this many a minute per client address.
+FAILED_KEY_DELAY_S = 0.25
+FAILED_KEYS_PER_MINUTE = 10
 
 
 def digest(key: str) -> str:
@@ -47,7 +56,8 @@ def digest(key: str) -> str:
 def read_api_keys(path: Path) -> frozenset[str]:
     """The digests of the keys in `path` (one per line; blank lines and # comments skipped)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        # utf-8-sig: a byte order mark (Windows editors write one) is not part of the first key.
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise MtrainError(f"api_keys_file: cannot read {path} ({error})") from None
     keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
@@ -77,6 +87,14 @@ class RateLimiter:
             return 0.0
         self.buckets[client] = (tokens, now)
         return (1.0 - tokens) / self.rate
+
+    def peek(self, client: str) -> float:
+        """0 when `client` may go on (nothing taken); else the seconds until it may."""
+        if client not in self.buckets:
+            return 0.0
+        tokens, then = self.buckets[client]
+        tokens = min(float(self.per_minute), tokens + (self.clock() - then) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
     def forget_full(self, now: float) -> None:
         full = [
@@ -114,18 +132,25 @@ class AccessControl:
         self.paths = frozenset(paths)
         self.keys = keys
         self.limiter = limiter
+        self.failures = RateLimiter(FAILED_KEYS_PER_MINUTE)  # wrong keys, per client address
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
-            refused = self.refusal(scope)
+            refused = await self.refusal(scope)
             if refused is not None:
                 await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def refusal(self, scope: dict) -> JSONResponse | None:
+    async def refusal(self, scope: dict) -> JSONResponse | None:
         key = request_key(scope)
         if self.keys is not None:
+            address = client_address(scope)
+            blocked = self.failures.peek(address)
+            if blocked > 0:
+                return too_many(
+                    f"api_key: over {FAILED_KEYS_PER_MINUTE} wrong API keys a minute from this address", blocked
+                )
             if key is None:
                 return JSONResponse(
                     {
@@ -135,6 +160,8 @@ class AccessControl:
                     status_code=403,
                 )
             if digest(key) not in self.keys:
+                self.failures.wait(address)
+                await asyncio.sleep(FAILED_KEY_DELAY_S)
                 return JSONResponse({"error": "api_key: invalid API key"}, status_code=403)
         if self.limiter is None:
             return None
@@ -144,16 +171,16 @@ class AccessControl:
         wait = self.limiter.wait(client)
         if wait <= 0:
             return None
-        seconds = math.ceil(wait)
         who = "this API key" if client.startswith("key") else "this address"
-        return JSONResponse(
-            {
-                "error": f"rate_limit_per_minute: over {self.limiter.per_minute} requests a minute from {who}; "
-                f"retry in {seconds} s"
-            },
-            status_code=429,
-            headers={"Retry-After": str(seconds)},
-        )
+        return too_many(f"rate_limit_per_minute: over {self.limiter.per_minute} requests a minute from {who}", wait)
+
+
+def too_many(reason: str, wait_s: float) -> JSONResponse:
+    """429 with `reason`, when to retry, and Retry-After."""
+    seconds = math.ceil(wait_s)
+    return JSONResponse(
+        {"error": f"{reason}; retry in {seconds} s"}, status_code=429, headers={"Retry-After": str(seconds)}
+    )
 
 
 def client_address(scope: dict) -> str:

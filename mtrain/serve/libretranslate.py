@@ -10,14 +10,16 @@ browser plugins, the web page at `GET /`) translate with an mtrain model.
 
 One path, two APIs. A POST /translate whose body is a form (application/x-www-form-urlencoded,
 what libretranslatepy sends), or a JSON object with LibreTranslate's q, source or target and
-without mtrain's `text`, is LibreTranslate's; anything else stays mtrain's (serve_app). `LibreTranslateDispatch`, an ASGI
-middleware, reads the body once (after serve_http.RequestBody has bounded it), keeps its fields
+without mtrain's `text`, is LibreTranslate's; anything else stays mtrain's (serve.app). `LibreTranslateDispatch`, an ASGI
+middleware, reads the body once (after serve.protocol.RequestBody has bounded it), keeps its fields
 in the request's state and routes the request to `LIBRETRANSLATE_PATH`, which can also be
 called directly.
 
 As LibreTranslate: the fields q, source, target, format, alternatives, api_key (others are
 ignored); errors are `{"error": "..."}` with 400 (a missing or wrong field, an unsupported
-language or format, over a limit), 403 (API keys, serve_access) and 429 (the rate limit).
+language or format, over a limit), 403 (API keys, serve.access) and 429 (the rate limit);
+a number that is no number (alternatives: Infinity, NaN or 1e400) is 422, where LibreTranslate
+fails (500).
 Where mtrain differs:
 - Each line of a text is translated as one sentence (mtrain's models translate sentences; a
   line with several is translated whole, as `mtrain translate` does) and the lines are joined
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -50,13 +53,13 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
-from mtrain.cli.serve_access import BODY_FIELDS
-from mtrain.cli.serve_model import ServedModel
 from mtrain.config import DecodeConfig, ServeConfig, with_values
 from mtrain.data.languages import language_name
-from mtrain.decode.batcher import BatcherClosed
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.errors import MtrainError
+from mtrain.serve.access import BODY_FIELDS
+from mtrain.serve.batcher import BatcherClosed
+from mtrain.serve.model import ServedModel
 
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
 FORM = "application/x-www-form-urlencoded"
@@ -153,8 +156,15 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
     if len(texts) != len(given):
         raise invalid("Invalid request: q must be a text or a list of texts")
     source, target = str(fields["source"]), str(fields["target"])
+    given_alternatives = fields.get("alternatives") or 0
+    if isinstance(given_alternatives, float) and not math.isfinite(given_alternatives):
+        # JSON's 1e400 is Infinity to Python's parser (as are Infinity and NaN, which it also takes)
+        raise HTTPException(
+            422,
+            f"alternatives: {json.dumps(given_alternatives)} is not a whole number; give 0..{cfg.max_beam - 1}",
+        )
     try:
-        alternatives = max(0, int(fields.get("alternatives") or 0))
+        alternatives = max(0, int(given_alternatives))
     except (TypeError, ValueError):
         raise invalid("Invalid request: alternatives parameter is not a number") from None
     if alternatives + 1 > cfg.max_beam:
@@ -232,6 +242,26 @@ def join_translations(lines: list[list[str]], hypotheses: list[list[Any]], alter
     return results
 
 
+def request_schema(model: ServedModel, cfg: ServeConfig) -> dict[str, Any]:
+    """The OpenAPI body of LibreTranslate's POST translate (the route reads its own body): for
+    clients and the API fuzz run (tests/test_serve.py), JSON and a form alike."""
+    targets = sorted({target for targets in model.directions.values() for target in targets})
+    schema = {
+        "type": "object",
+        "properties": {
+            "q": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "source": {"type": "string", "enum": [*model.directions, "auto"]},
+            "target": {"type": "string", "enum": targets},
+            "format": {"type": "string", "enum": ["text", "html"]},
+            "alternatives": {"type": "integer", "minimum": 0, "maximum": cfg.max_beam - 1},
+            "api_key": {"type": "string"},
+        },
+        "required": ["q", "source", "target"],
+    }
+    content = {kind: {"schema": schema} for kind in ("application/json", FORM)}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) -> APIRouter:
     router = APIRouter()
 
@@ -244,7 +274,7 @@ def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) 
             for code in dict.fromkeys(codes)
         ]
 
-    @router.post(LIBRETRANSLATE_PATH)
+    @router.post(LIBRETRANSLATE_PATH, openapi_extra=request_schema(model, cfg))
     async def translate(request: Request) -> dict:
         fields = getattr(request.state, BODY_FIELDS, None)
         if fields is None:  # the dispatch middleware fills it; called without it, read the body here

@@ -1,4 +1,4 @@
-"""How a request reaches `mtrain serve`'s routes (`serve_app`), and why no client can hold the
+"""How a request reaches `mtrain serve`'s routes (`serve.app`), and why no client can hold the
 server: the connection and the body, below the routes.
 
 uvicorn's HTTP/1.1 protocol waits for a request's head without end and accepts connections
@@ -55,12 +55,23 @@ def printable(text: str, limit: int = 80) -> str:
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
+# On every answer (serve.guards.SecurityHeaders; raw_response's too): no page may frame one, no
+# browser may sniff a type other than the one it says.
+SECURITY_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+]
+
+
 def raw_response(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, written past h11 (which has no request to answer)."""
     body = error_json(message)
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        + "".join(f"{name.decode()}: {value.decode()}\r\n" for name, value in SECURITY_HEADERS)
+        + "\r\n"
     )
     return head.encode("ascii") + body
 
