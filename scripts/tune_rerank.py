@@ -12,13 +12,21 @@ mbr with decode.mbr.candidates), and searches the weights that maximise corpus B
 reranked first-best (`tune_weights`: seeded random search, `trials` of them; the same inputs
 and seed give the same weights). The file names its features, so a decode with other
 settings refuses it. Keys: run, out, split, trials, seed, limit (the first N sentences),
-num_threads, device, precision, and any decode.* key. Refusals are one line on stderr, exit status 2.
+num_threads, device, precision, progress_every (seconds), and any decode.* key. Refusals are
+one line on stderr, exit status 2.
+
+It says what it does on stderr as it goes (`tune_rerank: ...`): each stage as it starts, the
+decode's progress every `progress_every` seconds (30), the search's every quarter of the trials.
+Most of its time is the decode of the split with the whole beam (or MBR's candidates); the
+search itself takes seconds. On Multi30k's valid (1,014 sentences), 2 cores: docs/TRANSLATE.md,
+"The best-quality recipe".
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -36,13 +44,43 @@ SCRIPT_KEYS = {
     "num_threads": 1,
     "device": "cpu",
     "precision": "auto",
+    "progress_every": 30,
 }
+HELP_FLAGS = ("-h", "--help")
+
+
+def say(line: str) -> None:
+    """A progress line: on stderr, so that stdout keeps only the result line."""
+    print(f"tune_rerank: {line}", file=sys.stderr, flush=True)
+
+
+def counting_bleu(
+    trials: int, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[list[str], list[str]], float]:
+    """sacreBLEU's corpus BLEU for `tune_weights`, saying every quarter of the trials how far
+    the search is (one call per trial)."""
+    import sacrebleu
+
+    calls, start = [0], clock()
+    marks = {max(1, round(trials * quarter / 4)) for quarter in (1, 2, 3)} - {trials}
+
+    def score(hypotheses: list[str], references: list[str]) -> float:
+        calls[0] += 1
+        if calls[0] in marks:
+            say(f"searched {calls[0]}/{trials} weight trials ({clock() - start:.1f} s)")
+        return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+    return score
 
 
 def main(argv: list[str]) -> int:
+    if any(arg in HELP_FLAGS for arg in argv):
+        print(__doc__.strip())
+        return 0
     from mtrain.config import DecodeConfig, RerankConfig, with_values
     from mtrain.config_checks import check_config
-    from mtrain.decode.rerank import FeatureScorer, check_rerank_files, tune_weights, write_weights
+    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.rerank import FeatureScorer, check_rerank_files, features_of, tune_weights, write_weights
     from mtrain.decode.threads import set_decode_threads
     from mtrain.decode.translator import translate_sentences
     from mtrain.errors import MtrainError
@@ -51,6 +89,7 @@ def main(argv: list[str]) -> int:
     from mtrain.rundir import RunDir
     from mtrain.runtime import resolve_device
 
+    began = time.perf_counter()
     try:
         given = OmegaConf.from_dotlist(argv)
         unknown = [key for key in given if key not in SCRIPT_KEYS and key != "decode"]
@@ -80,25 +119,43 @@ def main(argv: list[str]) -> int:
         plain = with_values(
             cfg, rerank=RerankConfig(), nbest=cfg.mbr.num_candidates if cfg.mbr.candidates != "none" else cfg.beam
         )
+        candidates = (
+            f"MBR's {cfg.mbr.num_candidates} {cfg.mbr.candidates} candidates"
+            if cfg.mbr.candidates != "none"
+            else f"the whole beam of {cfg.beam}"
+        )
+        say(
+            f"decoding {len(sources):,} sentences of {settings['split']} ({candidates} each, {settings['num_threads']} thread(s))"
+        )
         start = time.perf_counter()
-        nbest = translate_sentences(engine.model, engine.tokenizer, sources, plain, device, engine.precision)
+        with DecodeProgress(
+            str(settings["split"]), len(sources), float(settings["progress_every"]), write=say
+        ) as progress:
+            nbest = translate_sentences(
+                engine.model, engine.tokenizer, sources, plain, device, engine.precision, on_batch=progress.update
+            )
         decoded = time.perf_counter() - start
+        say(f"decoded in {decoded:.1f} s; scoring the features {', '.join(features_of(cfg))}")
         scorer = FeatureScorer(cfg, device)
         encoded = [engine.tokenizer.encode_src(s) + [engine.tokenizer.eos_id] for s in sources]
         start = time.perf_counter()
         features = scorer(engine.tokenizer, encoded, nbest)
         scored = time.perf_counter() - start
+        trials = int(settings["trials"])
+        say(f"scored in {scored:.1f} s; searching the weights ({trials} seeded trials, corpus BLEU)")
         texts = [[hyp.text for hyp in hyps] for hyps in nbest]
+        start = time.perf_counter()
         weights, bleu = tune_weights(
-            features, texts, references, scorer.features, int(settings["trials"]), int(settings["seed"])
+            features, texts, references, scorer.features, trials, int(settings["seed"]), counting_bleu(trials)
         )
+        searched = time.perf_counter() - start
         first_bleu = tune_weights(features, texts, references, scorer.features, 1)[1]
         weights.record.update(
             run=str(settings["run"]),
             split=str(settings["split"]),
             decode=OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True),
             bleu_before=first_bleu,
-            seconds={"decode": round(decoded, 1), "features": round(scored, 1)},
+            seconds={"decode": round(decoded, 1), "features": round(scored, 1), "search": round(searched, 1)},
         )
         write_weights(settings["out"], weights)
     except MtrainError as error:
@@ -107,7 +164,7 @@ def main(argv: list[str]) -> int:
     print(
         f"{settings['split']} BLEU {first_bleu:.2f} (decoded order) -> {bleu:.2f} reranked; weights "
         + ", ".join(f"{name}={w:.3f}" for name, w in zip(weights.features, weights.weights, strict=True))
-        + f"; written to {settings['out']}"
+        + f"; written to {settings['out']} ({time.perf_counter() - began:.0f} s in all)"
     )
     return 0
 

@@ -150,6 +150,14 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     written = json.loads(out.read_text())
     assert written["features"] == ["forward", "reverse", "length_ratio"] and written["weights"][0] == 1.0
+    # It says what it does as it goes (it was silent for minutes on a real validation set).
+    said = [line for line in first.stderr.splitlines() if line.startswith("tune_rerank: ")]
+    assert said[0] == "tune_rerank: decoding 3 sentences of valid (the whole beam of 3 each, 1 thread(s))", said
+    assert "scoring the features forward, reverse, length_ratio" in said[1]
+    assert "searching the weights (20 seeded trials" in said[2] and "searched 10/20 weight trials" in said[4]
+    assert set(written["seconds"]) == {"decode", "features", "search"}
+    helped = run_python(command[0], "--help", text=True, env=env, timeout=60)
+    assert helped.returncode == 0 and "Keys: run, out, split" in helped.stdout and "unknown key" not in helped.stderr
     second = run_python(*command, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert json.loads(out.read_text())["weights"] == written["weights"]
