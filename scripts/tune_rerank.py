@@ -1,8 +1,8 @@
 """Tune n-best reranking weights on a run's validation set; write the weights file.
 
     python scripts/tune_rerank.py run=RUN decode.rerank.reverse_run=REVERSE_RUN out=weights.json
-    python scripts/tune_rerank.py run=RUN decode.rerank.reverse_run=REV decode.mbr.candidates=sample \\
-        decode.mbr.num_candidates=32 out=weights_mbr.json           # rerank MBR's candidates
+    python scripts/tune_rerank.py run=RUN decode=mbr_chrf decode.rerank.reverse_run=REV \\
+        out=weights_mbr.json           # rerank MBR's candidates (a decode preset, as translate's)
     mtrain eval run=RUN split=test decode.rerank.reverse_run=REV decode.rerank.weights=weights.json out=DIR
 
 Decodes `split` (valid unless given) with the `decode.*` settings given (the whole beam, or
@@ -12,8 +12,9 @@ mbr with decode.mbr.candidates), and searches the weights that maximise corpus B
 reranked first-best (`tune_weights`: seeded random search, `trials` of them; the same inputs
 and seed give the same weights). The file names its features, so a decode with other
 settings refuses it. Keys: run, out, split, trials, seed, limit (the first N sentences),
-num_threads, device, precision, progress_every (seconds), and any decode.* key. Refusals are
-one line on stderr, exit status 2.
+num_threads, device, precision, progress_every (seconds), a decode preset (decode=mbr_chrf: the
+keys of configs/decode/mbr_chrf.yaml) and any decode.* key. Refusals are one line on stderr,
+exit status 2.
 
 It says what it does on stderr as it goes (`tune_rerank: ...`): each stage as it starts, the
 decode's progress every `progress_every` seconds (30), the search's every quarter of the trials.
@@ -28,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -73,6 +75,19 @@ def counting_bleu(
     return score
 
 
+def decode_preset(name: str) -> Any:
+    """configs/decode/NAME.yaml, as `mtrain translate decode=NAME` reads it (decode.* keys given
+    beside it override it, as there)."""
+    from mtrain.cli.common import CONFIG_DIR
+    from mtrain.errors import MtrainError
+
+    presets = Path(CONFIG_DIR) / "decode"
+    if not (presets / f"{name}.yaml").is_file():
+        known = ", ".join(sorted(path.stem for path in presets.glob("*.yaml")))
+        raise MtrainError(f"decode={name}: no such preset in {presets} (presets: {known})")
+    return OmegaConf.load(presets / f"{name}.yaml") or {}
+
+
 def main(argv: list[str]) -> int:
     if any(arg in HELP_FLAGS for arg in argv):
         print(__doc__.strip())
@@ -91,17 +106,20 @@ def main(argv: list[str]) -> int:
 
     began = time.perf_counter()
     try:
-        given = OmegaConf.from_dotlist(argv)
+        presets = [arg.split("=", 1)[1] for arg in argv if arg.startswith("decode=")]
+        given = OmegaConf.from_dotlist([arg for arg in argv if not arg.startswith("decode=")])
         unknown = [key for key in given if key not in SCRIPT_KEYS and key != "decode"]
         if unknown:
-            raise MtrainError(f"{unknown[0]}: unknown key (keys: {', '.join(SCRIPT_KEYS)}, decode.*)")
+            raise MtrainError(f"{unknown[0]}: unknown key (keys: {', '.join(SCRIPT_KEYS)}, decode=PRESET, decode.*)")
         settings = {**SCRIPT_KEYS, **{key: given[key] for key in given if key != "decode"}}
         if not settings["run"] or not settings["out"]:
             raise MtrainError("run=RUN_DIR and out=WEIGHTS.json are needed")
         from mtrain.config import TranslateConfig
 
         full = OmegaConf.merge(
-            OmegaConf.structured(TranslateConfig), {"run": settings["run"], "decode": given.get("decode", {})}
+            OmegaConf.structured(TranslateConfig),
+            {"run": settings["run"], "decode": decode_preset(presets[-1]) if presets else {}},
+            {"decode": given.get("decode", {})},
         )
         check_config(full)
         cfg: DecodeConfig = OmegaConf.to_object(full).decode  # type: ignore[union-attr]

@@ -158,6 +158,14 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
     assert set(written["seconds"]) == {"decode", "features", "search"}
     helped = run_python(command[0], "--help", text=True, env=env, timeout=60)
     assert helped.returncode == 0 and "Keys: run, out, split" in helped.stdout and "unknown key" not in helped.stderr
+    # A decode preset, as `mtrain translate decode=mbr_chrf` reads it: MBR's candidates, reranked.
+    mbr = run_python(
+        *command[:3], "decode=mbr_chrf", "decode.mbr.num_candidates=3", *command[4:], text=True, env=env, timeout=300
+    )
+    assert mbr.returncode == 0, mbr.stderr[-2000:]
+    assert json.loads(out.read_text())["features"] == ["forward", "reverse", "length_ratio", "mbr"]
+    unknown = run_python(*command[:3], "decode=mbr_chrff", f"out={out}", text=True, env=env, timeout=60)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("tune_rerank: decode=mbr_chrff: no such preset")
     second = run_python(*command, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert json.loads(out.read_text())["weights"] == written["weights"]
