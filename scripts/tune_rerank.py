@@ -17,10 +17,11 @@ keys of configs/decode/mbr_chrf.yaml) and any decode.* key. Refusals are one lin
 exit status 2.
 
 It says what it does on stderr as it goes (`tune_rerank: ...`): each stage as it starts, the
-decode's progress every `progress_every` seconds (30), the search's every quarter of the trials.
-Most of its time is the decode of the split with the whole beam (or MBR's candidates); the
-search itself takes seconds. On Multi30k's valid (1,014 sentences), 2 cores: docs/TRANSLATE.md,
-"The best-quality recipe".
+decode's progress every `progress_every` seconds (30), the scoring's every eighth of the
+sentences, the search's every quarter of the trials.
+Its time goes to the decode of the split with the whole beam (or MBR's candidates), to scoring
+every hypothesis with the other runs, and to the search (one corpus BLEU a trial); how long on
+Multi30k: docs/TRANSLATE.md, "The best-quality recipe".
 """
 
 from __future__ import annotations
@@ -157,7 +158,12 @@ def main(argv: list[str]) -> int:
         scorer = FeatureScorer(cfg, device)
         encoded = [engine.tokenizer.encode_src(s) + [engine.tokenizer.eos_id] for s in sources]
         start = time.perf_counter()
-        features = scorer(engine.tokenizer, encoded, nbest)
+        features = []  # in eighths, to say how far it is (it can take longer than the decode)
+        eighth = max(1, -(-len(encoded) // 8))
+        for begin in range(0, len(encoded), eighth):
+            features += scorer(engine.tokenizer, encoded[begin : begin + eighth], nbest[begin : begin + eighth])
+            if begin + eighth < len(encoded):
+                say(f"scored {begin + eighth:,}/{len(encoded):,} sentences ({time.perf_counter() - start:.1f} s)")
         scored = time.perf_counter() - start
         trials = int(settings["trials"])
         say(f"scored in {scored:.1f} s; searching the weights ({trials} seeded trials, corpus BLEU)")

@@ -153,8 +153,9 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
     # It says what it does as it goes (it was silent for minutes on a real validation set).
     said = [line for line in first.stderr.splitlines() if line.startswith("tune_rerank: ")]
     assert said[0] == "tune_rerank: decoding 3 sentences of valid (the whole beam of 3 each, 1 thread(s))", said
-    assert "scoring the features forward, reverse, length_ratio" in said[1]
-    assert "searching the weights (20 seeded trials" in said[2] and "searched 10/20 weight trials" in said[4]
+    assert "scoring the features forward, reverse, length_ratio" in said[1] and "scored 1/3 sentences" in said[2]
+    assert [line for line in said if "searching the weights (20 seeded trials" in line]
+    assert [line for line in said if "searched 10/20 weight trials" in line]
     assert set(written["seconds"]) == {"decode", "features", "search"}
     helped = run_python(command[0], "--help", text=True, env=env, timeout=60)
     assert helped.returncode == 0 and "Keys: run, out, split" in helped.stdout and "unknown key" not in helped.stderr
