@@ -22,12 +22,14 @@ cheaply that the docs show these files and that their commands compose.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
 import shlex
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -177,7 +179,7 @@ def main() -> None:
 
 def check_proxy_and_unit(work: Path, venv: Path, run: Path, env: dict[str, str]) -> None:
     """The unit's server behind nginx with TLS, `nginx -t` first; `systemd-analyze verify`."""
-    port, https, http = free_port(), free_port(), free_port()
+    port, https, http_port = free_port(), free_port(), free_port()
     unit = unit_command(DEPLOY / "mtrain.service")
     unit[0] = str(venv / "bin" / "mtrain")
     unit = [arg.replace("run=/srv/mtrain/model", f"run={run}") for arg in unit]
@@ -193,7 +195,7 @@ def check_proxy_and_unit(work: Path, venv: Path, run: Path, env: dict[str, str])
         if shutil.which("nginx") is None:
             print("nginx: not installed (apt-get install nginx-light): the proxy is not checked")
         else:
-            check_nginx(work, port, https, http)
+            check_nginx(work, port, https, http_port)
     finally:
         server.terminate()
     if shutil.which("systemd-analyze") is None:
@@ -203,7 +205,7 @@ def check_proxy_and_unit(work: Path, venv: Path, run: Path, env: dict[str, str])
     step("systemd-analyze verify deploy/mtrain.service", ["systemd-analyze", "verify", str(unit_file)])
 
 
-def nginx_for_test(work: Path, port: int, https: int, http: int) -> tuple[list[str], Path]:
+def nginx_for_test(work: Path, port: int, https: int, http_port: int) -> tuple[list[str], Path]:
     """deploy/nginx.conf made runnable in `work`: a self-signed certificate for mt.example.org in
     place of Let's Encrypt's, the given ports on 127.0.0.1, a top-level config around it.
     Returns the nginx command (add `-t`, or `-g 'daemon off;'`) and the certificate."""
@@ -220,7 +222,7 @@ def nginx_for_test(work: Path, port: int, https: int, http: int) -> tuple[list[s
     site = site.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
     site = re.sub(r"\n *listen \[::\]:\d+[^;]*;", "", site)  # IPv6 may be off on the checking machine
     site = site.replace("listen 443 ssl;", f"listen 127.0.0.1:{https} ssl;")
-    site = site.replace("listen 80;", f"listen 127.0.0.1:{http};")
+    site = site.replace("listen 80;", f"listen 127.0.0.1:{http_port};")
     (work / "site.conf").write_text(site, encoding="utf-8")
     (work / "nginx.conf").write_text(
         f"pid {work}/nginx.pid;\nerror_log {work}/error.log;\nevents {{}}\n"
@@ -238,16 +240,13 @@ def unit_for_test(work: Path, mtrain: str) -> Path:
     return work / "mtrain.service"
 
 
-def check_nginx(work: Path, port: int, https: int, http: int) -> None:
-    nginx, certificate = nginx_for_test(work, port, https, http)
+def check_nginx(work: Path, port: int, https: int, http_port: int) -> None:
+    nginx, certificate = nginx_for_test(work, port, https, http_port)
     step("nginx -t (deploy/nginx.conf, the test's certificate and ports)", [*nginx, "-t"])
     proxy = subprocess.Popen([*nginx, "-g", "daemon off;"], stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)
         # mt.example.org resolves to 127.0.0.1 only inside this check: connect there, name it in Host and SNI.
-        import http.client
-        import ssl
-
         context = ssl.create_default_context(cafile=str(certificate))
         connection = http.client.HTTPSConnection("127.0.0.1", https, context=context, timeout=60)
         connection.sock = context.wrap_socket(
@@ -260,7 +259,7 @@ def check_nginx(work: Path, port: int, https: int, http: int) -> None:
         if answer.status != 200:
             sys.exit(f"through nginx: HTTP {answer.status}: {text}")
         print(f"HTTPS through nginx: 200, {json.loads(text)['translations'][0]!r}")
-        plain = http.client.HTTPConnection("127.0.0.1", http, timeout=10)
+        plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
         plain.request("GET", "/", headers={"Host": "mt.example.org"})
         redirect = plain.getresponse()
         if redirect.status != 301 or not redirect.getheader("Location", "").startswith("https://mt.example.org"):
