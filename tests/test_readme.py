@@ -122,3 +122,16 @@ def compose_each(lines) -> None:
         command, *overrides = shlex.split(line)[1:]
         overrides = friendly.get(command, list)(overrides)
         assert compose_jobs(CONFIG_DIR, command, overrides, multirun=False), line
+
+
+def test_the_pages_call_the_server_on_its_default_port():
+    """`curl localhost:8000` against a server on 8080 fails: every address a page names uses
+    `mtrain serve`'s default port, or one that page starts a server on (`port=N`)."""
+    from mtrain.config import ServeConfig
+
+    for page in ["README.md", *(str(path.relative_to(REPO)) for path in sorted((REPO / "docs").glob("*.md")))]:
+        ports = {int(port) for port in re.findall(r"(?:localhost|127\.0\.0\.1):(\d+)", text(page))}
+        started = {int(port) for port in re.findall(r"\bport=(\d+)", text(page))}
+        assert ports <= {ServeConfig().port} | started, (
+            f"{page} calls ports {sorted(ports)}; the server listens on 8080"
+        )
