@@ -713,7 +713,8 @@ class ExportConfig:
     checkpoint: str = "best"  # best | last | a path
     format: ExportFormat = ExportFormat.ctranslate2
     out: str | None = None  # the model directory to write (format=argos: the FILE.argosmodel)
-    # format=ctranslate2 only: null (fp32) | int8 | int8_float16 | int16 | float16 | bfloat16 ...
+    # format=ctranslate2 and argos (CTranslate2's weights): null (fp32) | int8 | int8_float16 | int16 |
+    # float16 | bfloat16 ...; format=hf writes float32 only
     quantization: str | None = None
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
+import mtrain as mtrain_package
 from mtrain.cli.help import command_help, field_descriptions
 
 
@@ -88,3 +90,60 @@ def test_version_prints_the_installed_version():
     for flag in ("--version", "-V"):
         result = mtrain(flag)
         assert result.returncode == 0 and result.stdout == f"mtrain {version('mtrain')}\n"
+
+
+def prose(text: str) -> str:
+    """A command's help without its key lines (whose types list an enum's values by themselves)."""
+    head, _, rest = text.partition("\nkeys (")
+    return head + rest.partition("\nexamples:")[2]
+
+
+def served_paths() -> set[str]:
+    """The HTTP paths `mtrain serve` routes, read from the package's route decorators
+    (`@app.get("/health")`, `@router.post(...)`), wherever the server's modules live."""
+    import ast
+
+    paths = set()
+    for source in Path(mtrain_package.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    if (
+                        isinstance(decorator, ast.Call)
+                        and isinstance(decorator.func, ast.Attribute)
+                        and decorator.func.attr in ("get", "post", "put", "delete")
+                        and decorator.args
+                        and isinstance(decorator.args[0], ast.Constant)
+                        and str(decorator.args[0].value).startswith("/")
+                    ):
+                        paths.add(decorator.args[0].value)
+    return paths
+
+
+def test_every_help_names_every_format_and_api_the_command_has():
+    """What a command offers is named where a newcomer looks first (`mtrain --help`, the
+    command's `--help` beyond its key lines): every export format, the markup formats, every
+    HTTP path of the server and LibreTranslate's API. The lists come from the code."""
+    from mtrain.cli.main import usage
+    from mtrain.config import ExportFormat
+    from mtrain.decode.markup import FORMATS
+
+    export_line = next(line for line in usage().splitlines() if line.split()[:1] == ["export"])
+    export = prose(command_help("export"))
+    for fmt in ExportFormat:
+        assert f"format={fmt.value}" in export, f"export --help does not name format={fmt.value}"
+        assert fmt.value in export_line, f"mtrain --help's export line does not name {fmt.value}"
+    # quantization is CTranslate2's, so an Argos package (a CTranslate2 model inside) takes it too
+    quantization = command_help("export").split("quantization ")[1].split("\n    force")[0]
+    assert "argos" in quantization and "ctranslate2 only" not in quantization
+    translate = command_help("translate")
+    assert all(fmt in translate for fmt in FORMATS)
+    serve = prose(command_help("serve"))
+    paths = served_paths()
+    assert {"/translate", "/health", "/languages", "/"} <= paths  # the scan finds the routes
+    for path in paths:
+        assert f" {path}" in serve, f"serve --help does not name {path}"
+    libretranslate = [p for p in Path(mtrain_package.__file__).parent.rglob("*.py") if "libretranslate" in p.name]
+    if libretranslate:
+        assert "LibreTranslate's API" in serve and "docs/LIBRETRANSLATE.md" in serve
+        assert "LibreTranslate" in next(line for line in usage().splitlines() if line.split()[:1] == ["serve"])

@@ -150,9 +150,41 @@ def test_tuning_script_writes_weights_the_decoder_takes(runs, tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     written = json.loads(out.read_text())
     assert written["features"] == ["forward", "reverse", "length_ratio"] and written["weights"][0] == 1.0
+    # It says what it does as it goes (it was silent for minutes on a real validation set).
+    said = [line for line in first.stderr.splitlines() if line.startswith("tune_rerank: ")]
+    assert said[0] == "tune_rerank: decoding 3 sentences of valid (the whole beam of 3 each, 1 thread(s))", said
+    assert "scoring the features forward, reverse, length_ratio" in said[1] and "scored 1/3 sentences" in said[2]
+    assert [line for line in said if "searching the weights (20 seeded trials" in line]
+    assert [line for line in said if "searched 10/20 weight trials" in line]
+    assert set(written["seconds"]) == {"decode", "features", "search"}
+    # A decode preset, as `mtrain translate decode=mbr_chrf` reads it: MBR's candidates, reranked.
+    mbr = run_python(
+        *command[:3], "decode=mbr_chrf", "decode.mbr.num_candidates=3", *command[4:], text=True, env=env, timeout=300
+    )
+    assert mbr.returncode == 0, mbr.stderr[-2000:]
+    assert json.loads(out.read_text())["features"] == ["forward", "reverse", "length_ratio", "mbr"]
     second = run_python(*command, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert json.loads(out.read_text())["weights"] == written["weights"]
+
+
+def test_tuning_script_help_and_presets(capsys):
+    """`--help` prints the usage (it said `unknown key`); `decode=PRESET` reads configs/decode/."""
+    import importlib.util
+
+    from mtrain.errors import MtrainError
+
+    spec = importlib.util.spec_from_file_location(
+        "tune_rerank", Path(__file__).resolve().parents[1] / "scripts" / "tune_rerank.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--help"]) == 0
+    assert "Keys: run, out, split" in capsys.readouterr().out
+    assert script.decode_preset("mbr_chrf")["mbr"]["candidates"] == "beam"
+    with pytest.raises(MtrainError, match="decode=mbr_chrff: no such preset .* mbr_chrf"):
+        script.decode_preset("mbr_chrff")
 
 
 def mtrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -61,13 +61,17 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
     },
     "serve": {
         "config": "serve",
-        "about": "Serve a run (or an exported CTranslate2 model) as an HTTP JSON translation service: "
-        'POST /translate {"text": [...]}, GET /health. Concurrent requests are decoded '
-        "together in batches; it listens on 127.0.0.1 unless host= says otherwise.",
+        "about": "Serve a run (or an exported CTranslate2 model) over HTTP: mtrain's JSON API "
+        '(POST /translate {"text": [...]}, GET /health; docs/SERVE.md), LibreTranslate\'s API on the same '
+        "port (POST /translate with q, source, target; GET /languages; its clients and plugins work: "
+        "docs/LIBRETRANSLATE.md) and a page to translate in (GET /). Concurrent requests are decoded "
+        "together in batches; it listens on 127.0.0.1 unless host= says otherwise (behind a reverse "
+        "proxy, with TLS, as a service or in a container: docs/DEPLOY.md).",
         "examples": [
-            "mtrain serve run=runs/m30k port=8080",
+            "mtrain serve run=runs/m30k port=8080     # http://127.0.0.1:8080/ is the page",
             "mtrain serve run=runs/m30k_ct2 host=0.0.0.0     # an `mtrain export` directory: CTranslate2",
             "curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{\"text\": [\"Ein Hund.\"]}'",
+            "curl -s localhost:8080/translate -d q='Ein Hund.' -d source=de -d target=en     # LibreTranslate's API",
         ],
         "hidden": ["decode.valid_beam"],
     },
@@ -111,10 +115,14 @@ COMMAND_HELP: dict[str, dict[str, Any]] = {
     },
     "export": {
         "config": "export",
-        "about": "Convert a run into a CTranslate2 model directory for fast CPU/GPU inference, or into a "
-        "transformers model directory (format=hf: AutoModelForSeq2SeqLM and AutoTokenizer load it).",
+        "about": "Convert a run for an inference engine: a CTranslate2 model directory for fast CPU/GPU "
+        "inference (format=ctranslate2, the default; translate, eval and serve decode it as run=), an "
+        "Argos Translate package for Argos Translate and LibreTranslate (format=argos, out=FILE.argosmodel), "
+        "or a Hugging Face transformers model directory (format=hf: AutoModelForSeq2SeqLM and "
+        "AutoTokenizer load it). docs/EXPORT.md.",
         "examples": [
             "mtrain export run=runs/m30k format=ctranslate2 out=runs/m30k_ct2 quantization=int8",
+            "mtrain export run=runs/m30k format=argos out=runs/de_en.argosmodel quantization=int8",
             "mtrain export run=runs/m30k format=hf out=runs/m30k_hf",
         ],
     },
@@ -151,8 +159,6 @@ def command_help(command: str, overrides: Sequence[str] = ()) -> str:
 def _compose(command: str, config_name: str, config_dir: Path, overrides: list[str]) -> tuple[Any, str]:
     from hydra import compose, initialize_config_dir
 
-    if command == "export":
-        pass
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         if overrides:
             try:

@@ -14,12 +14,15 @@ import sys
 COMMANDS = {
     "fit": ("mtrain.cli.fit", "train a tokenizer and a model, validate, checkpoint, test"),
     "translate": ("mtrain.cli.translate", "translate a file or stdin with a trained run"),
-    "serve": ("mtrain.cli.serve", "translate over HTTP (JSON), batching concurrent requests"),
+    "serve": ("mtrain.cli.serve", "translate over HTTP: a JSON API, LibreTranslate's API and a page"),
     "eval": ("mtrain.cli.evaluate", "score a run or a hypothesis file with sacreBLEU; compare runs"),
     "prepare": ("mtrain.cli.prepare", "tokenize and encode a corpus ahead of training"),
     "average": ("mtrain.cli.average", "average the parameters of several checkpoints"),
     "report": ("mtrain.cli.report", "tables and plots for a sweep of runs"),
-    "export": ("mtrain.cli.export", "convert a run for an inference engine (CTranslate2)"),
+    "export": (
+        "mtrain.cli.export",
+        "convert a run for CTranslate2, Argos Translate or transformers (format=ctranslate2|argos|hf)",
+    ),
 }
 
 
