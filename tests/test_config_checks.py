@@ -167,7 +167,7 @@ def test_an_override_hydra_cannot_apply_is_one_line_with_a_suggestion(overrides,
 
 
 def test_suggestions_prefer_the_last_part_of_a_key_and_the_nearest_size():
-    from mtrain.config_checks import closest_sizes, did_you_mean, did_you_mean_key
+    from mtrain.config_names import closest_sizes, did_you_mean, did_you_mean_key
 
     keys = ["seed", "decode.beam", "decode.valid_beam", "decode.seed", "train.lr", "train.max_time"]
     assert did_you_mean_key("beam", keys) == " (did you mean decode.beam?)"

@@ -176,7 +176,9 @@ def test_bad_settings_are_refused_in_one_line_before_a_model_loads(runs, tmp_pat
     with_reverse = weights_file(tmp_path / "wr.json", forward=1.0, reverse=0.3, length_ratio=0.5)
     cases = [
         (["translate", deen, f"input={source}", "decode.mbr.candidates=sample", "decode.mbr.num_candidates=0"],
-         "decode.mbr.num_candidates: 0 must be >= 1"),
+         "decode.mbr.num_candidates: 0 must be in 1..1024"),
+        (["translate", deen, f"input={source}", "decode.mbr.candidates=sample", "decode.mbr.num_candidates=10000"],
+         "decode.mbr.num_candidates: 10000 must be in 1..1024"),
         (["translate", deen, f"input={source}", f"decode.rerank.reverse_run={runs['deen2']}", f"decode.rerank.weights={with_reverse}"],
          "translates de-en; it must translate en-de"),
         (["translate", deen, f"input={source}", f"decode.rerank.reverse_run={runs['ende_other']}", f"decode.rerank.weights={with_reverse}"],
