@@ -125,14 +125,16 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
     layer and head the run has: its config.yaml says how many, so a 1-layer decoder is refused
     here, naming decode.alignment_layer, and not once the model has loaded."""
     decode = cfg.decode
-    markup = isinstance(cfg, TranslateConfig) and str(cfg.format) != "text"
+    fmt = str(cfg.format) if isinstance(cfg, TranslateConfig) else "text"
+    markup = fmt != "text"
     if (decode.alignment_level is AlignmentLevel.none and not markup) or cfg.run is None:
         return
     if _decodes_with_ctranslate2(cfg):
         return  # the last layer, the only one `mtrain export` writes (checked by _check_alignment)
-    config_file = RunDir(cfg.run).config_file
-    if not config_file.is_file():
-        return  # not a run directory: said when the run loads
+    run = RunDir(cfg.run)
+    config_file = next((path for path in (run.config_file, run.hydra_dir / "config.yaml") if path.is_file()), None)
+    if config_file is None:
+        return  # not a run directory, or one without its config: said when the run loads
     try:
         run_config = OmegaConf.load(config_file)
         model = run_config.model
@@ -144,7 +146,7 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
     layer = decode.alignment_layer
     if layer is None and decode.alignment_head is None and guided:
         return  # the head it trained (mtrain.decode.alignment), a layer it has
-    why = "alignments" if not markup else f"format={cfg.format} (its tags are put back by word alignments)"
+    why = "alignments" if not markup else f"format={fmt} (its tags are put back by word alignments)"
     if layer is None:
         layer = DEFAULT_ALIGNMENT_LAYER
         if not -layers <= layer < layers:

@@ -77,9 +77,7 @@ def main(argv: list[str]) -> int:
         sources, references = split.sources, split.references[0]
         if int(settings["limit"]) > 0:
             sources, references = sources[: int(settings["limit"])], references[: int(settings["limit"])]
-        plain = with_values(
-            cfg, rerank=RerankConfig(), nbest=cfg.mbr.num_candidates if cfg.mbr.candidates != "none" else cfg.beam
-        )
+        plain = with_values(cfg, rerank=RerankConfig(), nbest=cfg.mbr.num_candidates if cfg.uses_mbr else cfg.beam)
         start = time.perf_counter()
         nbest = translate_sentences(engine.model, engine.tokenizer, sources, plain, device, engine.precision)
         decoded = time.perf_counter() - start
