@@ -9,14 +9,16 @@ naming the key, before any work starts.
 The rules a type cannot say live here too, beside the fields (mtrain.config_fields walks them
 for every command before any work, through mtrain.config_checks.check_config):
 
-- a number's range is its field's metadata: `beam: int = ranged(5, at_least=1)`,
-  `top_p: float = ranged(0.9, above=0, at_most=1)`, `why=` for what the refusal adds
-  (`port: 70000 must be in 0..65535 (0: any free port)`); a new number field says its range so;
-- a rule between keys of one section is that dataclass's `check(self, prefix)`, raising
-  MtrainError("<prefix>.<key>: <why>") (keys named with `key(prefix, name)`); a rule between
-  sections is the command's `check` (FitConfig: the model's decoder layers and the guided head);
+- a number's range is its field's metadata, written as its default:
+  `beam: int = ranged(5, at_least=1)`, `top_p: float = ranged(0.9, above=0, at_most=1)`,
+  `train_limit: int | None = ranged(None, at_least=1)` (null passes), with `why=` for what the
+  refusal adds (`port: 70000 must be in 0..65535 (0: any free port)`). A new number field
+  writes its range so, never as a check elsewhere; every float is refused when inf or nan;
+- a rule between keys of one section is that dataclass's `check(self, prefix)` (`prefix`: the
+  section's dotted key, e.g. "decode"), raising MtrainError(f"{prefix}.<key>: <why>"); a rule
+  between sections is the command's `check` (FitConfig: the guided head against the model);
 - what needs the file system or another run (a file exists, a run's config.yaml) stays in
-  mtrain.config_checks.
+  mtrain.config_checks; so do the decode-combination rules shared with the HTTP APIs.
 
 Config groups mirror the package: `data/` -> mtrain.data, `tokenizer/` ->
 mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
@@ -36,11 +38,6 @@ from omegaconf import OmegaConf
 from mtrain.config_fields import check_section, ranged
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
-
-
-def key(prefix: str, name: str) -> str:
-    """The dotted key of `name` in the section at `prefix` ("" at the top)."""
-    return f"{prefix}.{name}" if prefix else name
 
 
 class Choice(str, Enum):
