@@ -78,7 +78,7 @@ def ranged(
     return field(default=default, metadata={"range": limits})
 
 
-def range_of(schema_field: dataclasses.Field) -> Range | None:
+def range_of(schema_field: dataclasses.Field[Any]) -> Range | None:
     return schema_field.metadata.get("range")
 
 
