@@ -4,7 +4,21 @@ The YAML files under `configs/` only set values, and only those that differ from
 defaults here; the dataclasses define which keys exist, their types and, for choices, their
 allowed values (`Choice` enums), so a typo (`model.d_modle=512`), a wrong type
 (`train.lr=fast`) or an unknown choice (`model.activation=rleu`) fails at composition time,
-naming the key, before any work starts. Value ranges are checked in mtrain.config_checks.
+naming the key, before any work starts.
+
+The rules a type cannot say live here too, beside the fields (mtrain.config_fields walks them
+for every command before any work, through mtrain.config_checks.check_config):
+
+- a number's range is its field's metadata, written as its default:
+  `beam: int = ranged(5, at_least=1)`, `top_p: float = ranged(0.9, above=0, at_most=1)`,
+  `train_limit: int | None = ranged(None, at_least=1)` (null passes), with `why=` for what the
+  refusal adds (`port: 70000 must be in 0..65535 (0: any free port)`). A new number field
+  writes its range so, never as a check elsewhere; every float is refused when inf or nan;
+- a rule between keys of one section is that dataclass's `check(self, prefix)` (`prefix`: the
+  section's dotted key, e.g. "decode"), raising MtrainError(f"{prefix}.<key>: <why>"); a rule
+  between sections is the command's `check` (FitConfig: the guided head against the model);
+- what needs the file system or another run (a file exists, a run's config.yaml) stays in
+  mtrain.config_checks; so do the decode-combination rules shared with the HTTP APIs.
 
 Config groups mirror the package: `data/` -> mtrain.data, `tokenizer/` ->
 mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
@@ -14,12 +28,15 @@ mtrain.tokenizer, `model/` -> mtrain.model, `train/` -> mtrain.train,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from mtrain.config_fields import check_section, ranged
+from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
 
 
@@ -241,15 +258,20 @@ class HubConfig:
 class CleanConfig:
     """Filters applied to training pairs (validation/test sets are never filtered)."""
 
-    max_len: int = 256  # subword tokens per side
-    min_len: int = 1
-    max_len_ratio: float = 3.0  # longer/shorter side, in subword tokens
+    max_len: int = ranged(256, at_least=1)  # subword tokens per side
+    min_len: int = ranged(1, at_least=0)
+    # longer/shorter side, in subword tokens
+    max_len_ratio: float = ranged(3.0, at_least=1.0, why="(the longer side over the shorter)")
     drop_identical: bool = False
     deduplicate: bool = False
     normalize: Normalization | None = None
     # Drop training pairs whose source side also occurs in the validation or test split
     # (they are counted and logged either way; metrics.json records the counts).
     drop_eval_overlap: bool = False
+
+    def check(self, prefix: str) -> None:
+        if self.min_len > self.max_len:
+            raise MtrainError(f"{prefix}.min_len: {self.min_len} is above {prefix}.max_len={self.max_len}")
 
 
 @dataclass
@@ -279,13 +301,32 @@ class CorpusConfig:
     pattern: str | None = None  # as data.pattern, e.g. "synthetic.{lang}"
     split: str | None = None  # the split read for training; null: data.splits.train
     hub: HubConfig | None = None
-    train_limit: int | None = None
+    train_limit: int | None = ranged(None, at_least=1, why="(or null: data.train_limit)")
     # Share of the training draw: each epoch draws weight * size^(1/data.sampling_temperature)
     # pairs in proportion (1 everywhere and temperature 1: the corpora concatenated).
-    weight: float = 1.0
+    weight: float = ranged(1.0, above=0, why="and finite (its share of the training draw)")
     # A reserved symbol <tag> starts every source sentence of this corpus, e.g. bt for
     # tagged back-translation (Caswell et al. 2019); null: no tag.
     tag: str | None = None
+
+    def check(self, prefix: str) -> None:
+        if self.tag is None:
+            return
+        symbol = f"<{self.tag}>"
+        if not self.tag or any(character.isspace() or character in "<>" for character in self.tag):
+            raise MtrainError(
+                f"{prefix}.tag: {self.tag!r} must be a non-empty name without spaces or "
+                "angle brackets (e.g. bt: the symbol <bt>)"
+            )
+        if symbol in SPECIAL_PIECES:
+            raise MtrainError(
+                f"{prefix}.tag: {self.tag!r} makes {symbol}, a special piece of the tokenizer; "
+                "choose another name (e.g. bt)"
+            )
+
+
+# SentencePiece's own pieces: a tag must not be one of them.
+SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
 
 
 @dataclass
@@ -304,23 +345,34 @@ class DataConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig)
     # Keep only the first N training pairs (quick experiments and tests).
-    train_limit: int | None = None
+    train_limit: int | None = ranged(None, at_least=1)
     # What to do with a line that is not valid UTF-8: skip the pair and count it, or fail.
     invalid_utf8: InvalidUtf8 = InvalidUtf8.skip
     # Encoded corpora and tokenizers are cached here, keyed by data+settings hashes.
     cache_dir: str | None = None  # default: $MTRAIN_CACHE or ~/.cache/mtrain
-    num_workers: int = 1  # processes for encoding during preparation
-    chunk_size: int = 100_000  # pairs per preparation chunk
+    num_workers: int = ranged(1, at_least=1)  # processes for encoding during preparation
+    chunk_size: int = ranged(100_000, at_least=1)  # pairs per preparation chunk
     # Several training corpora, each with its own source, direction, weight and tag (see
     # CorpusConfig); empty: the one corpus above. Validation and test sets are data's own, one
     # pair of them per direction the corpora train.
     corpora: list[CorpusConfig] = field(default_factory=list)
     # fairseq's --sampling-temperature: corpus i is drawn in proportion to
     # weight_i * size_i^(1/T); 1: by size (times weight), larger: flatter, towards uniform.
-    sampling_temperature: float = 1.0
+    sampling_temperature: float = ranged(
+        1.0,
+        above=0,
+        why="and finite (1: draw in proportion to size times weight; larger: flatter, e.g. 100 for nearly uniform)",
+    )
     # A target-language token <2xx> starts every source sentence (Johnson et al. 2017,
     # fairseq --encoder-langtok tgt): one model for several directions; translate tgt_lang=xx.
     lang_tags: bool = False
+
+    def check(self, prefix: str) -> None:
+        if len(self.corpora) > 1 and self.subword_sampling.alpha > 0:
+            raise MtrainError(
+                f"{prefix}.subword_sampling.alpha: subword sampling trains on one corpus; with several "
+                f"{prefix}.corpora set it to 0"
+            )
 
 
 @dataclass
@@ -329,34 +381,44 @@ class TokenizerConfig:
     # directory, its tokenizer/ or a cache entry. The settings below are then those of its files.
     # With the tokenizer fixed, a corpus added to data.corpora is the only one encoded.
     path: str | None = None
-    vocab_size: int = 8000
+    vocab_size: int = ranged(8000, at_least=5, why="(room for unk, pad, bos, eos and at least one piece)")
     model_type: TokenizerModel = TokenizerModel.unigram
     joint: bool = True  # one vocabulary for both languages
-    character_coverage: float = 1.0
-    max_sentences: int = 2_000_000  # SentencePiece samples at most this many sentences
+    character_coverage: float = ranged(1.0, above=0, at_most=1)
+    max_sentences: int = ranged(2_000_000, at_least=1)  # SentencePiece samples at most this many sentences
     # SentencePiece training threads. The trained model depends on the count (its EM sums
     # per-thread counts), so it is a setting of its own, part of the tokenizer's cache key,
     # and not the machine's core count: the same config gives the same tokenizer everywhere.
-    num_threads: int = 1
+    num_threads: int = ranged(1, at_least=1)
     # Explicit special ids (JoeyNMT/fairseq-compatible layout).
     unk_id: int = 0
     pad_id: int = 1
     bos_id: int = 2
     eos_id: int = 3
 
+    def check(self, prefix: str) -> None:
+        special = {name: getattr(self, name) for name in ("unk_id", "pad_id", "bos_id", "eos_id")}
+        for name, value in special.items():
+            if not 0 <= value < self.vocab_size:
+                raise MtrainError(f"{prefix}.{name}: {value} must be in [0, {prefix}.vocab_size={self.vocab_size})")
+        if len(set(special.values())) < len(special):
+            raise MtrainError(
+                f"{prefix}.unk_id/pad_id/bos_id/eos_id: {list(special.values())} must be four different ids"
+            )
+
 
 @dataclass
 class ModelConfig:
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    layers: int | None = None  # sets both stacks when given (handy for sweeps)
-    d_model: int = 256
-    heads: int = 4
-    ffn_dim: int = 1024
+    encoder_layers: int = ranged(3, at_least=1)
+    decoder_layers: int = ranged(3, at_least=1)
+    layers: int | None = ranged(None, at_least=1)  # sets both stacks when given (handy for sweeps)
+    d_model: int = ranged(256, at_least=1)
+    heads: int = ranged(4, at_least=1)
+    ffn_dim: int = ranged(1024, at_least=1)
     activation: Activation = Activation.relu
-    dropout: float = 0.1  # residual and embedding dropout
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    dropout: float = ranged(0.1, at_least=0, below=1)  # residual and embedding dropout
+    attention_dropout: float = ranged(0.0, at_least=0, below=1)
+    activation_dropout: float = ranged(0.0, at_least=0, below=1)
     norm_position: NormPosition = NormPosition.pre
     # What the pre-norm residual adds the sublayer's output to: the un-normalised stream x
     # (the standard: x + F(Norm(x))) or the normalised one (Norm(x) + F(Norm(x)); ablation).
@@ -367,7 +429,7 @@ class ModelConfig:
     # (there the last sublayer already ends in a norm).
     final_norm: bool | None = None
     positions: Positions = Positions.sinusoidal
-    max_positions: int = 1024
+    max_positions: int = ranged(1024, at_least=1)
     # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.
     cross_q_proj: bool = True
     cross_k_proj: bool = True
@@ -376,7 +438,7 @@ class ModelConfig:
     decoder_order: DecoderOrder = DecoderOrder.self_cross_ffn
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
-    vocab_multiple: int = 8  # pad the vocabulary rows to a multiple (tensor-core shapes)
+    vocab_multiple: int = ranged(8, at_least=1)  # pad the vocabulary rows to a multiple (tensor-core shapes)
     # Which pieces the output softmax ranges over. full: the whole target vocabulary. target:
     # the pieces that occur in the training targets (and eos, unk), fixed when training starts
     # and stored with the model: with a joint vocabulary about half the rows are source-only
@@ -387,25 +449,43 @@ class ModelConfig:
     # CPU for the short sentences of small corpora); auto: measured choice per device.
     attention_impl: AttentionImpl = AttentionImpl.auto
 
+    @property
+    def decoder_depth(self) -> int:
+        """The decoder's layers: `layers` when set, else `decoder_layers`."""
+        return self.decoder_layers if self.layers is None else self.layers
+
+    def check(self, prefix: str) -> None:
+        if self.residual_input == ResidualInput.normalized and self.norm_position != NormPosition.pre:
+            raise MtrainError(
+                f"{prefix}.residual_input: normalized needs {prefix}.norm_position=pre (post-norm's stream is "
+                "normalised after every sublayer already)"
+            )
+        if self.d_model % self.heads:
+            raise MtrainError(f"{prefix}.heads: {self.heads} does not divide {prefix}.d_model={self.d_model}")
+        if self.positions == Positions.rope and (self.d_model // self.heads) % 2:
+            raise MtrainError(
+                f"{prefix}.positions: rope needs an even head size, got d_model/heads = {self.d_model // self.heads}"
+            )
+
 
 @dataclass
 class TrainConfig:
-    max_tokens: int = 4096  # per batch: sentences x padded length of the longer side
-    update_freq: int = 1  # gradient accumulation steps per update
-    lr: float = 5e-4
+    max_tokens: int = ranged(4096, at_least=1)  # per batch: sentences x padded length of the longer side
+    update_freq: int = ranged(1, at_least=1)  # gradient accumulation steps per update
+    lr: float = ranged(5e-4, above=0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    eps: float = ranged(1e-8, above=0)
+    weight_decay: float = ranged(0.0, at_least=0)
     scheduler: Scheduler = Scheduler.inverse_sqrt
-    warmup_updates: int = 4000
-    min_lr: float = 0.0
+    warmup_updates: int = ranged(4000, at_least=0)
+    min_lr: float = ranged(0.0, at_least=0)
     # Horizon of cosine/linear decay, in updates. When null and a time budget is set (max_time
     # or max_train_time), the decay follows elapsed training time instead (ends with training).
-    decay_updates: int | None = None
-    clip_norm: float = 1.0  # 0 disables
-    label_smoothing: float = 0.1
-    max_updates: int | None = None
-    max_epochs: int | None = None
+    decay_updates: int | None = ranged(None, at_least=1)
+    clip_norm: float = ranged(1.0, at_least=0)  # 0 disables
+    label_smoothing: float = ranged(0.1, at_least=0, below=1)
+    max_updates: int | None = ranged(None, at_least=1)
+    max_epochs: int | None = ranged(None, at_least=1)
     # The wall time of the whole run ("90s", "20m", "2h"): preparation, training, validations,
     # checkpoints and the test decode. Training gets what is left once the time spent before it
     # and the estimated cost of the last validation and the test decode are set aside
@@ -414,24 +494,24 @@ class TrainConfig:
     # The training clock alone (updates; validation, checkpoints and the test come on top), as
     # a benchmark compares toolkits; with max_time, the smaller of the two governs.
     max_train_time: str | None = None
-    patience: int | None = None  # validations without a val-BLEU gain before stopping
+    patience: int | None = ranged(None, at_least=1)  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int | None = None  # CPU intra-op threads of training (null: torch's default)
+    num_threads: int | None = ranged(None, at_least=1)  # CPU intra-op threads of training (null: torch's default)
     # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
     # translate and eval decode, whatever the load; mtrain/decode/threads.py): a test decode at
     # train.num_threads=2 on busy cores ran 5x slower than `mtrain eval` on the same checkpoint.
-    decode_num_threads: int | None = None
-    validate_every: int = 1000
+    decode_num_threads: int | None = ranged(None, at_least=1)
+    validate_every: int = ranged(1000, at_least=1)
     # Also validate (and checkpoint) every this much training time ("2m"); null: by updates only.
     validate_every_time: str | None = None
     valid_bleu: bool = True
-    valid_max_sentences: int | None = None
-    log_every: int = 50
+    valid_max_sentences: int | None = ranged(None, at_least=1)
+    log_every: int = ranged(50, at_least=1)
     # Also log at least this often ("30s"), whichever comes first: a training line however slow
     # the updates, and the progress of the validation and test decodes; null: by updates only.
     log_every_time: str | None = "30s"
-    keep_last: int = 3  # update_N.pt checkpoints kept besides last/best
+    keep_last: int = ranged(3, at_least=1)  # update_N.pt checkpoints kept besides last/best
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.
     save_every: str | None = None
@@ -445,10 +525,10 @@ class TrainConfig:
     # "reduce-overhead" mode): one graph recorded per batch shape, then replayed with one launch
     # instead of ~700 (docs/PERFORMANCE.md, GPU). Compiles even with train.compile=false; CUDA only.
     cuda_graphs: bool = False
-    max_bad_updates: int = 5  # consecutive non-finite updates before aborting
-    max_oom_batches: int = 5  # consecutive out-of-memory batches before aborting
+    max_bad_updates: int = ranged(5, at_least=1)  # consecutive non-finite updates before aborting
+    max_oom_batches: int = ranged(5, at_least=1)  # consecutive out-of-memory batches before aborting
     instruments: bool = False  # per-layer statistics to TensorBoard (ablation bench)
-    instrument_every: int = 100
+    instrument_every: int = ranged(100, at_least=1)
     # Warmup as a share of the training time ("9%": of max_train_time, or of max_time's training
     # share) or a duration ("60s"), so the learning-rate curve has the same shape on a slow
     # machine as on a fast one. Used only with a time budget, and then instead of warmup_updates
@@ -458,24 +538,78 @@ class TrainConfig:
     # bounds the number of batch shapes per epoch (torch.compile, allocator, oneDNN's buffers);
     # mtrain/batches/batching.py. null: 8 on CUDA, 4 for bf16 on a CPU (less memory, as fast),
     # 1 for fp32 on a CPU (there padding costs its FLOPs: -5%). docs/PERFORMANCE.md.
-    pad_to_multiple: int | None = None
+    pad_to_multiple: int | None = ranged(None, at_least=1)
     # Pad every training batch to one of at most this many shapes: both sides to one of this
     # many widths chosen from the corpus's lengths (least padding), one row count per width
     # (mtrain/batches/buckets.py); 0: off. null: 8 when compiling (train.compile or
     # train.cuda_graphs: a CUDA graph per shape), else off (on a CPU padding costs its FLOPs).
-    shape_buckets: int | None = None
+    shape_buckets: int | None = ranged(None, at_least=0)
     # Exponential moving average of the weights (fairseq --ema-decay, Marian
     # --exponential-smoothing), e.g. 0.999; null: none. When on, validation, best.pt and the
     # test decode use the averaged weights (mtrain/train/ema.py).
-    ema_decay: float | None = None
-    ema_start_update: int = 0  # before this update the average follows the weights exactly
+    ema_decay: float | None = ranged(None, above=0, below=1, why=", e.g. 0.999, or null for none")
+    ema_start_update: int = ranged(0, at_least=0)  # before this update the average follows the weights exactly
     # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): a Pharaoh file of word
     # alignments, line for line with the training corpus (scripts/align_eflomal.py); one
     # cross-attention head is trained towards them (mtrain/batches/guided_alignment.py). null: off.
     guided_alignment: str | None = None
-    guided_alignment_weight: float = 0.1  # of the alignment cross-entropy beside the translation loss
+    # of the alignment cross-entropy beside the translation loss
+    guided_alignment_weight: float = ranged(0.1, at_least=0)
     guided_alignment_layer: int = -2  # the decoder layer (negative: from the last): Garg's penultimate
     guided_alignment_head: int = 0  # the head of that layer that is guided
+
+    def check(self, prefix: str) -> None:
+        if self.cuda_graphs and self.shape_buckets == 0:
+            raise MtrainError(
+                f"{prefix}.cuda_graphs: a CUDA graph is recorded for every batch shape, and {prefix}.shape_buckets=0 "
+                f"leaves their number unbounded; set {prefix}.shape_buckets (e.g. 8) or leave it null"
+            )
+        if self.min_lr > self.lr:
+            raise MtrainError(f"{prefix}.min_lr: {self.min_lr} is above {prefix}.lr={self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise MtrainError(f"{prefix}.betas: {list(self.betas)} must be two numbers in [0, 1), e.g. [0.9,0.98]")
+        for name in ("max_time", "max_train_time"):
+            value = getattr(self, name)
+            try:
+                seconds = parse_duration(value, f"{prefix}.{name}")
+            except MtrainError:
+                raise MtrainError(f"{prefix}.{name}: {value!r} is not a duration; write e.g. 90s, 20m or 2h") from None
+            if seconds is not None and seconds <= 0:
+                raise MtrainError(f"{prefix}.{name}: {value!r} must be a positive duration, e.g. 90s, 20m or 2h")
+        for name in ("validate_every_time", "save_every", "log_every_time"):
+            value = getattr(self, name)
+            try:
+                seconds = parse_duration(value, f"{prefix}.{name}")
+            except MtrainError:
+                seconds = -1.0
+            if seconds is not None and seconds <= 0:
+                raise MtrainError(
+                    f"{prefix}.{name}: {value!r} must be a positive duration, e.g. 90s, 20m or 2h (or null)"
+                )
+        # A duration of warmup must be shorter than the training time; max_time's training share is
+        # only known at the start of training, so its whole is the bound here.
+        budget_key = "max_train_time" if self.max_train_time is not None else "max_time"
+        budget = getattr(self, budget_key)
+        try:
+            share = parse_budget_share(self.warmup_time, budget, f"{prefix}.warmup_time")
+        except MtrainError:
+            share = -1.0
+        if share is not None and not 0.0 <= share < 1.0:
+            raise MtrainError(
+                f"{prefix}.warmup_time: {self.warmup_time!r} must be a share of the training time from 0% to "
+                f"below 100% (e.g. 9%) or a duration shorter than {prefix}.{budget_key}={budget}"
+            )
+        if (
+            self.scheduler in (Scheduler.cosine, Scheduler.linear)
+            and self.decay_updates is None
+            and self.max_time is None
+            and self.max_train_time is None
+            and self.max_updates is None
+        ):
+            raise MtrainError(
+                f"{prefix}.scheduler: {self.scheduler} needs a horizon: set {prefix}.decay_updates, "
+                f"{prefix}.max_updates, {prefix}.max_time or {prefix}.max_train_time"
+            )
 
 
 class AlignmentRule(Choice):
@@ -502,15 +636,22 @@ def alignment_level(value: object) -> AlignmentLevel:
         raise MtrainError(f"decode.alignment={value}: choose true (= word), word, subword or false") from None
 
 
+# The decoder layer word alignments read when decode.alignment_layer is null and the run trained
+# no guided head (mtrain.decode.alignment): the penultimate, measured in docs/TRANSLATE.md.
+DEFAULT_ALIGNMENT_LAYER = -2
+
+
 @dataclass
 class MbrConfig:
     """Minimum Bayes risk decoding (mtrain/decode/mbr.py): of `num_candidates` candidates, the one
     of highest mean `utility` against the pseudo-references."""
 
     candidates: MbrCandidates = MbrCandidates.none  # none: MBR off
-    num_candidates: int = 16
-    # null: the candidates are their own pseudo-references; N: N more samples drawn for them
-    num_pseudo_refs: int | None = None
+    # At most 1,024: each candidate is scored against each pseudo-reference, so time and memory
+    # grow with the square (10,000 took 47 s and 743 MB for one sentence; 1,024 is 1% of that)
+    num_candidates: int = ranged(16, at_least=1, at_most=1024)
+    # null: the candidates are their own pseudo-references; N: N more samples drawn for them (at most 1,024)
+    num_pseudo_refs: int | None = ranged(None, at_least=1, at_most=1024)
     utility: MbrUtility = MbrUtility.chrf
 
 
@@ -525,24 +666,25 @@ class RerankConfig:
 
 @dataclass
 class DecodeConfig:
-    beam: int = 5
+    beam: int = ranged(5, at_least=1)
     length_penalty: float = 1.0  # alpha of length normalisation score / len**alpha
-    max_len_a: float = 1.5  # max output length = a * source length + b
-    max_len_b: int = 10
-    min_len: int = 1
-    nbest: int = 1
-    max_tokens: int = 8000  # per decoding batch: sentences x beam x longest source
-    no_repeat_ngram: int = 0
+    max_len_a: float = ranged(1.5, at_least=0)  # max output length = a * source length + b
+    max_len_b: int = ranged(10, at_least=0)
+    min_len: int = ranged(1, at_least=0)
+    nbest: int = ranged(1, at_least=1)
+    max_tokens: int = ranged(8000, at_least=1)  # per decoding batch: sentences x beam x longest source
+    no_repeat_ngram: int = ranged(0, at_least=0)
     sampling: Sampling = Sampling.none
-    top_k: int = 0
-    top_p: float = 0.9
-    epsilon: float = 0.02  # sampling=epsilon: tokens of lower probability are never drawn
-    temperature: float = 1.0
-    seed: int = 1  # sampling's random generator (same seed, same samples)
+    top_k: int = ranged(0, at_least=0, why="(0 samples from the whole vocabulary)")
+    top_p: float = ranged(0.9, above=0, at_most=1)
+    # sampling=epsilon: tokens of lower probability are never drawn
+    epsilon: float = ranged(0.02, at_least=0, below=1, why="(0 samples from the whole vocabulary)")
+    temperature: float = ranged(1.0, above=0)
+    seed: int = ranged(1, at_least=0)  # sampling's random generator (same seed, same samples)
     # true: a sentence stops once `beam` hypotheses finished (fairseq); false: only once no
     # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
     early_stopping: bool = True
-    valid_beam: int = 1  # beam used for validation BLEU during training (1 = greedy)
+    valid_beam: int = ranged(1, at_least=1)  # beam used for validation BLEU during training (1 = greedy)
     # Word alignments of every output from cross-attention (mtrain/decode/alignment.py,
     # docs/TRANSLATE.md): false | true (= word) | word | subword.
     alignment: str = "false"
@@ -558,6 +700,32 @@ class DecodeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
+    @property
+    def uses_mbr(self) -> bool:
+        """MBR chooses the output among its candidates (mtrain.decode.mbr)."""
+        return self.mbr.candidates != MbrCandidates.none
+
+    @property
+    def uses_rerank(self) -> bool:
+        """Reranking reorders the n-best by weighted features (mtrain.decode.rerank)."""
+        return self.rerank.weights is not None
+
+    @property
+    def alignment_level(self) -> AlignmentLevel:
+        return alignment_level(self.alignment)
+
+    def check(self, prefix: str) -> None:
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise MtrainError(
+                f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)"
+            )
+        # (with MBR, beam and nbest are MBR's: mtrain.config_checks and mtrain.decode.mbr)
+        if not self.uses_mbr and self.sampling == Sampling.none and self.nbest > self.beam:
+            raise MtrainError(
+                f"{prefix}.nbest: {self.nbest} is above {prefix}.beam={self.beam} (beam search "
+                f"keeps only `beam` hypotheses); raise {prefix}.beam"
+            )
+
 
 @dataclass
 class FitConfig:
@@ -566,7 +734,7 @@ class FitConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    seed: int = 1
+    seed: int = ranged(1, at_least=0, below=2**32, shown="in [0, 2**32)", why="(numpy's seed range)")
     # Start a new run from another run's weights (a run directory: its best.pt; or a checkpoint
     # file) and reuse its tokenizer: fine-tuning, continued training, domain adaptation. Unlike
     # train.resume, the data, schedule and optimiser are this run's own.
@@ -574,25 +742,156 @@ class FitConfig:
     init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
     init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)
 
+    def check(self, prefix: str) -> None:
+        corpora_rules(self.data, self.tokenizer)
+        self._check_guided_alignment()
+        if self.init_from is None:
+            if self.init_keep_optimizer:
+                raise MtrainError(
+                    "init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
+                    "optimiser state to keep (a resume keeps its own: train.resume=true)"
+                )
+            if self.init_weights != DecodeWeights.auto:
+                raise MtrainError(
+                    f"init_weights: {self.init_weights} chooses the weights of init_from=RUN_DIR|CHECKPOINT, "
+                    "which is not set"
+                )
+        elif self.tokenizer.path is not None:
+            raise MtrainError(
+                f"tokenizer.path={self.tokenizer.path}: a fine-tune encodes with its parent's tokenizer (init_from="
+                f"{self.init_from}); drop tokenizer.path"
+            )
+
+    def _check_guided_alignment(self) -> None:
+        """train.guided_alignment: one training corpus, read as it is segmented (the file's lines
+        are its lines and its words the pieces' words), and a head the model has (the file itself:
+        mtrain.config_checks)."""
+        if self.train.guided_alignment is None:
+            return
+        if self.data.corpora:
+            raise MtrainError(
+                "train.guided_alignment: with data.corpora the file's lines match no one corpus; "
+                "train guided alignment on a single corpus (data=...)"
+            )
+        if self.data.subword_sampling.alpha > 0:
+            raise MtrainError("train.guided_alignment: not with data.subword_sampling (sampled copies); switch one off")
+        if self.data.lang_tags:
+            raise MtrainError("train.guided_alignment: not with data.lang_tags (tagged sources); switch one off")
+        layers, layer, heads, head = (
+            self.model.decoder_depth,
+            self.train.guided_alignment_layer,
+            self.model.heads,
+            self.train.guided_alignment_head,
+        )
+        if not -layers <= layer < layers:
+            raise MtrainError(
+                f"train.guided_alignment_layer: {layer} is not a layer of the "
+                f"{layers}-layer decoder (0..{layers - 1}, or negative from the last)"
+            )
+        if not -heads <= head < heads:
+            raise MtrainError(f"train.guided_alignment_head: {head} is not one of the {heads} heads (0..{heads - 1})")
+
+
+def check_corpora(data: Any, tokenizer: Any) -> None:
+    """data's values, data.corpora, data.sampling_temperature, data.lang_tags and the tags against
+    the tokenizer: config nodes or the dataclasses (`prepare_data` checks library callers too)."""
+    data, tokenizer = to_typed(data), to_typed(tokenizer)
+    check_section(data, "data")
+    corpora_rules(data, tokenizer)
+
+
+def corpora_rules(data: DataConfig, tokenizer: TokenizerConfig) -> None:
+    """The rules between data.corpora, data and the tokenizer (their own values are checked)."""
+    lang_symbols = {f"<2{corpus.tgt or data.tgt}>" for corpus in data.corpora} | {f"<2{data.tgt}>"}
+    directions = []
+    for index, corpus in enumerate(data.corpora):
+        name = f"data.corpora[{index}]"
+        src, tgt = corpus.src or data.src, corpus.tgt or data.tgt
+        if src == tgt:
+            raise MtrainError(
+                f"{name}.tgt: '{tgt}' is also its source language ({name}.src or data.src); "
+                "a corpus translates between two languages"
+            )
+        if (src, tgt) not in directions:
+            directions.append((src, tgt))
+        if data.lang_tags and corpus.tag is not None and f"<{corpus.tag}>" in lang_symbols:
+            raise MtrainError(
+                f"{name}.tag: <{corpus.tag}> is also a target-language tag (data.lang_tags=true); choose another name"
+            )
+    ambiguous = source_with_several_targets(directions)
+    if ambiguous is not None and not data.lang_tags:
+        src, targets = ambiguous
+        raise MtrainError(
+            f"data.lang_tags: false, but data.corpora translates {src} into {' and '.join(targets)}: without "
+            "a target-language tag the model cannot know which to write; set data.lang_tags=true (with "
+            "tokenizer.joint=true)"
+        )
+    if data.lang_tags and not tokenizer.joint:
+        raise MtrainError(
+            "data.lang_tags: the language tags need one vocabulary for all languages; set tokenizer.joint=true"
+        )
+    if len(directions) > 1 and not tokenizer.joint:
+        names = ", ".join(f"{src}-{tgt}" for src, tgt in directions)
+        raise MtrainError(
+            f"tokenizer.joint: false, but data.corpora trains {len(directions)} directions ({names}); "
+            "several directions need tokenizer.joint=true"
+        )
+    tagged = data.lang_tags or any(corpus.tag for corpus in data.corpora)
+    if data.subword_sampling.alpha > 0 and (len(data.corpora) > 1 or tagged):
+        raise MtrainError(
+            "data.subword_sampling.alpha: subword sampling works on one untagged training corpus; "
+            "set it to 0 with several data.corpora, a corpus tag or data.lang_tags"
+        )
+
+
+def source_with_several_targets(directions: Sequence[tuple[str, str]]) -> tuple[str, list[str]] | None:
+    """The first source language that `directions` translate into more than one language, with
+    those languages; None when each source has one target. Without data.lang_tags such a run
+    has nothing to tell it which of them to write."""
+    for src, _ in directions:
+        targets = [tgt for source, tgt in directions if source == src]
+        if len(targets) > 1:
+            return src, targets
+    return None
+
 
 @dataclass
-class TranslateConfig:
-    run: str | None = None  # a run directory written by `mtrain fit`
+class DecodingCommandConfig:
+    """The keys of every command that decodes with a model: translate, eval and serve."""
+
+    run: str | None = None  # a run directory written by `mtrain fit`, or an `mtrain export` directory (CTranslate2)
     checkpoint: str = "best"  # best | last | a path
-    input: str | None = None  # null: stdin
-    output: str | None = None  # null: stdout
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    device: str = "auto"
-    precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
-    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
-    max_input_tokens: int = 1024  # longer inputs are truncated with a warning
-    attention: str | None = None  # directory for cross-attention heat maps
-    attention_layer: str = "last"  # last | all | an index
-    engine: Engine = Engine.torch
     # Run directories or checkpoint files decoded together (mean of their log-probabilities at
     # every step); empty: run= alone. They must share run='s tokenizer.
     ensemble: list[str] = field(default_factory=list)
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
+    engine: Engine = Engine.torch
+    device: str = "auto"
+    precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
+    # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    num_threads: int | None = ranged(None, at_least=1)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)
+
+    def check(self, prefix: str) -> None:
+        if self.ensemble and self.engine != Engine.torch:
+            raise MtrainError("ensemble: engine=ctranslate2 decodes one model; decode an ensemble with engine=torch")
+
+    def _refuse_ensemble_without_run(self) -> None:
+        first, others = self.ensemble[0], ",".join(self.ensemble[1:])
+        raise MtrainError(
+            "ensemble: decodes with run= (its tokenizer) and the members, and run= is missing: an ensemble "
+            f"is written run=A ensemble=[B,...], here run={first}" + (f" ensemble=[{others}]" if others else "")
+        )
+
+
+@dataclass
+class TranslateConfig(DecodingCommandConfig):
+    input: str | None = None  # null: stdin
+    output: str | None = None  # null: stdout
+    # longer inputs are truncated with a warning
+    max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
+    attention: str | None = None  # directory for cross-attention heat maps
+    attention_layer: str = "last"  # last | all | an index
     # Translate and flush each line as soon as it is read; null: when stdin is a terminal.
     interactive: bool | None = None
     # A multilingual run (lang_tags): the language to translate into; null: the run's own target language.
@@ -607,16 +906,22 @@ class TranslateConfig:
     # (mtrain/decode/markup.py, docs/TRANSLATE.md)
     format: str = "text"
 
+    def check(self, prefix: str) -> None:
+        super().check(prefix)
+        if self.ensemble and not self.run:
+            self._refuse_ensemble_without_run()
+        layer = str(self.attention_layer)
+        if layer not in ("last", "all") and not layer.lstrip("-").isdigit():
+            raise MtrainError(f"attention_layer: {layer!r} must be last, all or a layer index")
+
 
 @dataclass
-class EvalConfig:
-    run: str | None = None
+class EvalConfig(DecodingCommandConfig):
     runs: str | None = None  # a sweep directory (or comma-separated run dirs) to compare
     split: EvalSplit = EvalSplit.test  # of the run's data config
     hyp: str | None = None
     ref: list[str] = field(default_factory=list)
-    checkpoint: str = "best"
-    average_last: int = 0  # average the last N checkpoints before decoding
+    average_last: int = ranged(0, at_least=0)  # average the last N checkpoints before decoding
     # Where run= writes its report (<split>.json, .md, .hyp) and, with average_last, the averaged
     # checkpoint (average_lastN.pt); null: the run's eval/ and checkpoints/ (a read-only run needs out=)
     out: str | None = None
@@ -625,59 +930,75 @@ class EvalConfig:
     # for lowercase=true, test.tok-intl, test.chrf++) and leaves the default eval/test.* alone
     tokenize: str = "13a"
     lowercase: bool = False
-    chrf_word_order: int = 0  # 2 gives chrF++
+    chrf_word_order: int = ranged(0, at_least=0)  # 2 gives chrF++
     baseline: str | None = None  # run to compare against with paired bootstrap
-    bootstrap_samples: int = 1000
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    device: str = "auto"
-    precision: str = "auto"  # as translate's
-    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
-    engine: Engine = Engine.torch
-    ensemble: list[str] = field(default_factory=list)  # as translate's
-    weights: DecodeWeights = DecodeWeights.auto
+    bootstrap_samples: int = ranged(1000, at_least=0)
     # Per line: sentence-BLEU, chrF and the model's score, in <split>.sentences.tsv beside the report
     # (hyp=: <hyp file>.sentences.tsv beside it, or in out=; no model score)
     per_sentence: bool = False
-    worst_lines: int = 10  # lines of lowest sentence-BLEU listed in the Markdown report
+    worst_lines: int = ranged(10, at_least=0)  # lines of lowest sentence-BLEU listed in the Markdown report
     # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
     src_lang: str | None = None
     tgt_lang: str | None = None
 
+    def check(self, prefix: str) -> None:
+        """An ensemble decodes with run= and reports to out=DIR, never into run='s eval/ (where it
+        would pass for run='s own score); out= is where run= writes, and `hyp= per_sentence=true`
+        its TSV: the other modes write nothing. runs= has no per-sentence scores."""
+        super().check(prefix)
+        if self.ensemble:
+            if not (self.run or self.runs or self.hyp):
+                self._refuse_ensemble_without_run()
+            if self.runs or self.hyp:
+                raise MtrainError(
+                    "ensemble: decodes with run=RUN's model; hyp= and runs= decode nothing "
+                    "(drop ensemble=, or evaluate a run with run=RUN)"
+                )
+            if self.out is None:
+                raise MtrainError(
+                    f"ensemble: the report of an ensemble is not run={self.run}'s own; "
+                    "give out=DIR to write it (and any average_last checkpoint) there"
+                )
+        if self.per_sentence and self.runs:
+            raise MtrainError(
+                "per_sentence: scores the lines of one run (run=) or file (hyp=), not a comparison "
+                "(runs=); evaluate each run with run=RUN per_sentence=true"
+            )
+        if self.out is not None and (self.runs or (self.hyp and not self.per_sentence) or not (self.run or self.hyp)):
+            raise MtrainError(
+                "out: is where `mtrain eval run=RUN` writes its report (and hyp= per_sentence=true its "
+                "sentence scores); hyp= alone and runs= write none (drop out=, or evaluate a run with "
+                "run=RUN)"
+            )
+
 
 @dataclass
-class ServeConfig:
+class ServeConfig(DecodingCommandConfig):
     """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
 
-    run: str | None = None  # a run directory of `mtrain fit`, or an `mtrain export` directory (engine=ctranslate2)
-    checkpoint: str = "best"  # best | last | a path
-    ensemble: list[str] = field(default_factory=list)  # as translate's
-    weights: DecodeWeights = DecodeWeights.auto  # as translate's
-    engine: Engine = Engine.torch
-    device: str = "auto"
-    precision: str = "auto"  # as translate's
-    num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the default of every request
-    max_input_tokens: int = 1024  # longer sentences are truncated with a warning, as translate does
+    # longer sentences are truncated with a warning, as translate does
+    max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = ranged(8080, at_least=0, at_most=65535, why="(0: any free port)")
     # Sentences of concurrent requests decoded together: a batch closes at this many sentences
     # or once its oldest has waited max_wait_ms.
-    max_batch_sentences: int = 64
-    max_wait_ms: float = 10.0
-    max_request_bytes: int = 1_048_576  # a larger body is refused (413)
-    max_sentences: int = 256  # per request (413 above)
-    max_sentence_chars: int = 2000  # per sentence (413 above)
-    request_timeout_s: float = 60.0  # a request not translated by then gets 504
-    max_beam: int = 10  # the largest beam (and nbest) a request may ask for (422 above)
+    max_batch_sentences: int = ranged(64, at_least=1)
+    max_wait_ms: float = ranged(10.0, at_least=0)
+    max_request_bytes: int = ranged(1_048_576, at_least=1)  # a larger body is refused (413)
+    max_sentences: int = ranged(256, at_least=1)  # per request (413 above)
+    max_sentence_chars: int = ranged(2000, at_least=1)  # per sentence (413 above)
+    request_timeout_s: float = ranged(60.0, above=0)  # a request not translated by then gets 504
+    max_beam: int = ranged(10, at_least=1)  # the largest beam (and nbest) a request may ask for (422 above)
     # A request's head, and then its body, must each arrive within this many seconds (else 408
     # and the connection is closed: a client sending slowly holds no connection for long).
-    read_timeout_s: float = 20.0
-    max_connections: int = 512  # open connections at once; one more is answered 503 and closed
+    read_timeout_s: float = ranged(20.0, above=0)
+    max_connections: int = ranged(512, at_least=1)  # open connections at once; one more is answered 503 and closed
     access_log: bool = True  # one log line per request: method, path, status, sentences, milliseconds
     # Who may translate (both APIs' POST /translate; docs/LIBRETRANSLATE.md). Off by default.
     api_keys_file: str | None = None  # one key per line (# comments): a request without one of them gets 403
-    rate_limit_per_minute: int = 0  # requests per minute per API key, else per client address (429 above); 0: off
+    # requests per minute per API key, else per client address (429 above); 0: off
+    rate_limit_per_minute: int = ranged(0, at_least=0)
     # Behind a reverse proxy (docs/SERVE.md). A client's address is the socket's, unless the
     # peer is one of these proxies (addresses or networks: [127.0.0.1, 10.0.0.0/8]): then X-Forwarded-For's.
     trusted_proxies: list[str] = field(default_factory=list)
@@ -687,11 +1008,21 @@ class ServeConfig:
     # Web origins whose pages may call both APIs from a browser (CORS; "*": any); []: none.
     cors_origins: list[str] = field(default_factory=list)
 
+    def check(self, prefix: str) -> None:
+        super().check(prefix)
+        for name in ("beam", "nbest"):
+            value = getattr(self.decode, name)
+            if value > self.max_beam:
+                raise MtrainError(
+                    f"max_beam: {self.max_beam} is below decode.{name}={value}, the default of "
+                    f"every request; raise max_beam or lower decode.{name}"
+                )
+
 
 @dataclass
 class AverageConfig:
     run: str | None = None  # average the last `last` update_<N>.pt checkpoints of this run
-    last: int = 3  # what train.keep_last keeps by default
+    last: int = ranged(3, at_least=1)  # what train.keep_last keeps by default
     checkpoints: list[str] = field(default_factory=list)  # or exactly these files
     out: str | None = None  # default: <run>/checkpoints/average_last<N>.pt
     force: bool = False  # replace an existing `out` (never a run's last.pt, best.pt or update_<N>.pt)
@@ -704,7 +1035,7 @@ class ReportConfig:
     # Paired bootstrap of every run's saved test hypotheses against a baseline (default: the
     # first run), as in `mtrain eval runs=...`; 0 resamples leaves the columns out.
     baseline: str | None = None
-    bootstrap_samples: int = 1000
+    bootstrap_samples: int = ranged(1000, at_least=0, why="(0 leaves the bootstrap columns out)")
 
 
 @dataclass
@@ -807,3 +1138,29 @@ def with_resolved_model(cfg: FitConfig) -> FitConfig:
     `cfg` itself is left as composed."""
     typed: FitConfig = to_typed(cfg)
     return dataclasses.replace(typed, model=resolved_model(typed.model))
+
+
+def check_model_config(cfg: Any, prefix: str = "model") -> None:
+    """Raise MtrainError("model.<key>: ...") for the first invalid value of a ModelConfig (or
+    its node): `build_model` checks library callers with it, before any tensor is allocated."""
+    _check_choices(cfg, ModelConfig, prefix)
+    check_section(to_typed(cfg) if OmegaConf.is_config(cfg) else cfg, prefix)
+
+
+def _check_choices(section: Any, schema: type, prefix: str) -> None:
+    """Choice fields hold one of their values. OmegaConf enforces this for a composed config;
+    a dataclass built in code (a library caller, a test) is checked here."""
+    import typing
+
+    from mtrain.config_names import did_you_mean
+
+    for name, field_type in typing.get_type_hints(schema).items():
+        choice = next(
+            (t for t in (field_type, *typing.get_args(field_type)) if isinstance(t, type) and issubclass(t, Enum)), None
+        )
+        value = getattr(section, name)
+        if choice is not None and value is not None and value not in {member.value for member in choice}:
+            allowed = [member.value for member in choice]
+            raise MtrainError(
+                f"{prefix}.{name}: {value!r} is not one of {'|'.join(allowed)}" + did_you_mean(str(value), allowed)
+            )

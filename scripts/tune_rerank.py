@@ -135,12 +135,10 @@ def main(argv: list[str]) -> int:
         sources, references = split.sources, split.references[0]
         if int(settings["limit"]) > 0:
             sources, references = sources[: int(settings["limit"])], references[: int(settings["limit"])]
-        plain = with_values(
-            cfg, rerank=RerankConfig(), nbest=cfg.mbr.num_candidates if cfg.mbr.candidates != "none" else cfg.beam
-        )
+        plain = with_values(cfg, rerank=RerankConfig(), nbest=cfg.mbr.num_candidates if cfg.uses_mbr else cfg.beam)
         candidates = (
             f"MBR's {cfg.mbr.num_candidates} {cfg.mbr.candidates} candidates"
-            if cfg.mbr.candidates != "none"
+            if cfg.uses_mbr
             else f"the whole beam of {cfg.beam}"
         )
         say(

@@ -266,6 +266,54 @@ def test_translate_refuses_in_one_line(run_dir, tmp_path, args, stdin, message):
     assert message in stderr and "Traceback" not in stderr
 
 
+@pytest.fixture(scope="module")
+def one_layer_run(tmp_path_factory, tokenizer) -> Path:
+    """A run of a 1-layer decoder, with the config.yaml `mtrain fit` writes."""
+    directory = tmp_path_factory.mktemp("one_layer_run")
+    tokenizer.save(directory / "tokenizer")
+    cfg = ModelConfig(**{**MODEL, "decoder_layers": 1})
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=True)
+    config = to_plain(OmegaConf.structured(FitConfig(model=cfg)))
+    (directory / "config.yaml").write_text(OmegaConf.to_yaml(config), encoding="utf-8")
+    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["decode.alignment=true"],
+            "decode.alignment_layer: null reads layer -2 (the penultimate) for alignments, and run=",
+        ),
+        (["format=html"], "decode.alignment_layer: null reads layer -2 (the penultimate) for format=html"),
+        (["decode.alignment=word", "decode.alignment_layer=1"], "decode.alignment_layer: 1 is not a layer of run="),
+        (["decode.alignment=true", "decode.alignment_layer=-1", "decode.alignment_head=4"], "decode.alignment_head: 4"),
+    ],
+)
+def test_a_layer_the_decoder_lacks_is_refused_before_the_model_loads(one_layer_run, tmp_path, args, message):
+    """Issue 49, item 12: named as the user's key, from the run's config.yaml (the checkpoint
+    moved away: nothing is loaded before the refusal)."""
+    (one_layer_run / "checkpoints" / "best.pt").rename(tmp_path / "best.pt")
+    try:
+        result = mtrain("translate", f"run={one_layer_run}", *DECODE, *args, stdin=b"Ein Hund.\n", cwd=tmp_path)
+    finally:
+        (tmp_path / "best.pt").rename(one_layer_run / "checkpoints" / "best.pt")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith(f"mtrain: error: {message}"), stderr
+
+
+def test_a_one_layer_decoder_aligns_with_its_last_layer(one_layer_run, tmp_path):
+    result = mtrain(
+        "translate", f"run={one_layer_run}", *DECODE, "format=html", "decode.alignment_layer=-1",
+        stdin=b"Ein <b>Hund</b>.\n", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    assert Counter(tags_of(parse_markup(result.stdout.decode().strip(), "html"))) == Counter(["<b>", "</b>"])
+
+
 def test_ctranslate2_alignments_equal_the_torch_engine_s_last_layer(run_dir, model, tokenizer, tmp_path):
     pytest.importorskip("ctranslate2")
     decode = {"alignment": "true", "beam": 1}

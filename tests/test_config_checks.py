@@ -167,7 +167,7 @@ def test_an_override_hydra_cannot_apply_is_one_line_with_a_suggestion(overrides,
 
 
 def test_suggestions_prefer_the_last_part_of_a_key_and_the_nearest_size():
-    from mtrain.config_checks import closest_sizes, did_you_mean, did_you_mean_key
+    from mtrain.config_names import closest_sizes, did_you_mean, did_you_mean_key
 
     keys = ["seed", "decode.beam", "decode.valid_beam", "decode.seed", "train.lr", "train.max_time"]
     assert did_you_mean_key("beam", keys) == " (did you mean decode.beam?)"
@@ -389,3 +389,47 @@ def test_yaml_files_state_only_what_differs_from_the_schema():
                 for key in _restated_defaults(values.get(group) or {}, schema, f"{group}.", inherited.get(group))
             ]
     assert not restated, restated
+
+
+def test_every_command_s_defaults_hold_their_ranges_and_rules():
+    """A range written beside a field (mtrain.config_fields.ranged) holds for its own default."""
+    from mtrain.config import APP_SCHEMAS
+    from mtrain.config_fields import check_section
+
+    for schema in set(APP_SCHEMAS.values()):
+        check_section(schema())
+
+
+@pytest.mark.parametrize(
+    "limits, text",
+    [
+        (dict(at_least=1), ">= 1"),
+        (dict(above=0), "> 0"),
+        (dict(at_least=0, below=1), "in [0, 1)"),
+        (dict(above=0, at_most=1), "in (0, 1]"),
+        (dict(at_least=0, at_most=65535), "in 0..65535"),
+        (dict(at_most=2.5), "<= 2.5"),
+    ],
+)
+def test_a_range_says_its_bounds(limits, text):
+    from mtrain.config_fields import Range
+
+    assert Range(**limits).bounds() == text
+
+
+@pytest.mark.parametrize(
+    "overrides, start",
+    [
+        # a decode range holds whatever the sampling (MBR samples with decode.temperature too)
+        (["decode.mbr.candidates=sample", "decode.temperature=0"], "decode.temperature: 0.0 must be > 0"),
+        (["decode.top_p=1.5"], "decode.top_p: 1.5 must be in (0, 1]"),
+        # issue 49: MBR's cost grows with the square of its candidates
+        (["decode.mbr.candidates=sample", "decode.mbr.num_candidates=10000"], "decode.mbr.num_candidates: 10000"),
+        (["decode.mbr.num_pseudo_refs=2000"], "decode.mbr.num_pseudo_refs: 2000 must be in 1..1024 (or null)"),
+        (["ensemble=[a]", "engine=ctranslate2"], "ensemble: engine=ctranslate2 decodes one model"),
+    ],
+)
+def test_serve_and_translate_refuse_a_decode_value_alike(overrides, start, capsys):
+    for command in ("translate", "serve"):
+        status, lines = run_check(command, ["run=somewhere", *overrides], capsys)
+        assert_refused(status, lines, start)

@@ -20,8 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mtrain.batches.prepare import prepare_data
-from mtrain.config import CorpusConfig, DataConfig, FitConfig, TokenizerConfig
-from mtrain.config_checks import check_corpora
+from mtrain.config import CorpusConfig, DataConfig, FitConfig, TokenizerConfig, check_corpora
 from mtrain.data.provenance import provenance_path, write_provenance
 from mtrain.errors import MtrainError
 from tests.warm_process import run_mtrain
@@ -252,7 +251,7 @@ def fit_config(**data_values) -> OmegaConf:
     "values, message",
     [
         ({"data.corpora": [{"weight": 0}]}, "data.corpora[0].weight: 0.0 must be > 0"),
-        ({"data.corpora": [{"weight": float("inf")}]}, "data.corpora[0].weight: inf must be > 0 and finite"),
+        ({"data.corpora": [{"weight": float("inf")}]}, "data.corpora[0].weight: inf must be a finite number"),
         (
             {"data.corpora": [{}, {"tgt": "fr"}], "tokenizer.joint": True},
             "data.lang_tags: false, but data.corpora translates de into en and fr",

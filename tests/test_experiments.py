@@ -24,8 +24,8 @@ from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtrain.cli.common import CONFIG_DIR
-from mtrain.config import ModelConfig
-from mtrain.config_checks import check_config, check_model_config
+from mtrain.config import ModelConfig, check_model_config
+from mtrain.config_checks import check_config
 from mtrain.durations import parse_duration
 from mtrain.model import build_model
 from mtrain.train.schedule import LearningRateSchedule

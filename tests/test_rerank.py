@@ -206,9 +206,12 @@ def test_bad_settings_are_refused_in_one_line_before_a_model_loads(runs, tmp_pat
     deen = f"run={runs['deen']}"
     weights = weights_file(tmp_path / "w.json", forward=1.0, length_ratio=0.5)
     with_reverse = weights_file(tmp_path / "wr.json", forward=1.0, reverse=0.3, length_ratio=0.5)
+    huge = weights_file(tmp_path / "huge.json", forward=1.0, length_ratio=1e308)
     cases = [
         (["translate", deen, f"input={source}", "decode.mbr.candidates=sample", "decode.mbr.num_candidates=0"],
-         "decode.mbr.num_candidates: 0 must be >= 1"),
+         "decode.mbr.num_candidates: 0 must be in 1..1024"),
+        (["translate", deen, f"input={source}", "decode.mbr.candidates=sample", "decode.mbr.num_candidates=10000"],
+         "decode.mbr.num_candidates: 10000 must be in 1..1024"),
         (["translate", deen, f"input={source}", f"decode.rerank.reverse_run={runs['deen2']}", f"decode.rerank.weights={with_reverse}"],
          "translates de-en; it must translate en-de"),
         (["translate", deen, f"input={source}", f"decode.rerank.reverse_run={runs['ende_other']}", f"decode.rerank.weights={with_reverse}"],
@@ -217,6 +220,8 @@ def test_bad_settings_are_refused_in_one_line_before_a_model_loads(runs, tmp_pat
          "weighs the features forward, length_ratio, this decode computes forward, reverse, length_ratio"),
         (["translate", deen, f"input={source}", "engine=ctranslate2", "decode.sampling=epsilon"],
          "CTranslate2 has no epsilon sampling"),
+        (["translate", deen, f"input={source}", f"decode.rerank.weights={huge}"],
+         f"decode.rerank.weights={huge}: the weight of length_ratio is 1e+308; weights must be within 1000 of 0"),
     ]  # fmt: skip
     for args, expected in cases:
         assert_refused(mtrain(*args, cwd=tmp_path), expected)

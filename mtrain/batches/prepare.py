@@ -28,8 +28,7 @@ from mtrain.batches.eval_sets import EvalSet, eval_set
 from mtrain.batches.mixture import ConcatenatedCorpus, CorpusPart
 from mtrain.batches.sampling import SAMPLING_FORMAT, build_copies, check_sampling_config, open_copies, sampling_enabled
 from mtrain.batches.training_set import EncodedTrainingSet, training_set
-from mtrain.config import DataConfig, TokenizerConfig
-from mtrain.config_checks import check_corpora
+from mtrain.config import DataConfig, TokenizerConfig, check_corpora
 from mtrain.data.cache import build_entry, fingerprint, is_complete
 from mtrain.data.cleaning import check_clean_config
 from mtrain.data.corpora import TrainingCorpus, evaluation_sources, training_corpora

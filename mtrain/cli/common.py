@@ -35,15 +35,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtrain.config import APP_SCHEMAS, register_configs, to_typed
-from mtrain.config_checks import (
-    check_config,
-    check_writable_dir,
-    did_you_mean,
-    did_you_mean_key,
-    list_item_schema,
-    schema_keys,
-    takes_a_list,
-)
+from mtrain.config_checks import check_config, check_writable_dir
+from mtrain.config_names import did_you_mean, did_you_mean_key, list_item_schema, schema_keys, takes_a_list
 from mtrain.errors import MtrainError
 from mtrain.hydra_internals import (
     ErrorKind,

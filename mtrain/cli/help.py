@@ -232,7 +232,7 @@ def _rows(cfg: Any, prefix: str):
     schema: type | None = OmegaConf.get_type(cfg)  # (`type`, not type[Any]: lru_cache hashes it)
     fields = {field.name: field for field in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     hints = typing.get_type_hints(schema) if fields else {}
-    notes = field_descriptions(schema) if fields and schema is not None else {}
+    notes = inherited_descriptions(schema) if fields and schema is not None else {}
     values = OmegaConf.to_container(cfg, resolve=False)  # as written: `${...}` and `???` shown, not resolved
     assert isinstance(values, dict)  # `cfg` is a section
     sections = []
@@ -282,6 +282,16 @@ def _value_text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
     return str(value)
+
+
+def inherited_descriptions(schema: type) -> dict[str, str]:
+    """`field_descriptions` of a schema and of the config dataclasses it extends (the keys the
+    decoding commands share: mtrain.config.DecodingCommandConfig)."""
+    descriptions: dict[str, str] = {}
+    for cls in reversed(schema.__mro__):
+        if dataclasses.is_dataclass(cls):
+            descriptions.update(field_descriptions(cls))
+    return descriptions
 
 
 @cache

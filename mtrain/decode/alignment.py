@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from mtrain.config import AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
+from mtrain.config import DEFAULT_ALIGNMENT_LAYER, AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
@@ -33,7 +33,6 @@ __all__ = ["Aligner", "AlignmentLevel", "alignment_level", "pharaoh", "resolve_a
 log = logging.getLogger("mtrain")
 
 WORD_START = "\u2581"  # SentencePiece's ▁: the piece starts a word
-DEFAULT_LAYER = -2  # the penultimate decoder layer, its heads averaged (measured: docs/TRANSLATE.md)
 
 
 def word_indices(pieces: Sequence[str]) -> list[int]:
@@ -128,7 +127,7 @@ class Aligner:
         level = alignment_level(cfg.alignment)
         if level is AlignmentLevel.none:
             return None
-        layer = DEFAULT_LAYER if cfg.alignment_layer is None else cfg.alignment_layer
+        layer = DEFAULT_ALIGNMENT_LAYER if cfg.alignment_layer is None else cfg.alignment_layer
         head = cfg.alignment_head
         collect: int | str
         if picture_layer is not None:
@@ -171,7 +170,7 @@ def resolve_alignment_source(
     """Fill `decode.alignment_layer`/`alignment_head` when both are null: a run trained with
     guided alignment aligns with its guided head (`train.guided_alignment_layer/head`);
     CTranslate2 gives the last layer's heads averaged (what `mtrain export` exports as its
-    alignment layer); otherwise `Aligner` takes DEFAULT_LAYER's average when both stay null.
+    alignment layer); otherwise `Aligner` takes DEFAULT_ALIGNMENT_LAYER's average when both stay null.
     Filled whether or not `decode.alignment` asks (markup and serve's requests align too);
     `used`: alignments will be made, so a guided head CTranslate2 cannot read is warned about."""
     if decode.alignment_layer is not None or decode.alignment_head is not None:

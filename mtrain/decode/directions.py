@@ -23,8 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mtrain.config import CorpusConfig, DataConfig
-from mtrain.config_checks import source_with_several_targets
+from mtrain.config import CorpusConfig, DataConfig, source_with_several_targets
 from mtrain.data.tags import Direction, reserved_symbols, run_directions, source_tags
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer

@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 
 FEATURES = ("forward", "reverse", "second", "length_ratio", "mbr")
 
+# The largest weight a weights file may give a feature. Tuning draws them within 10 of 0
+# (`tune_weights`) and the features are log-probabilities per token, a length ratio and a
+# utility / 100; a weight like 1e308 turns the weighted sums into inf or nan, whose order is
+# arbitrary, so the hypothesis chosen would be too.
+MAX_RERANK_WEIGHT = 1000.0
+
 # A token a scoring model can never emit (a run whose output vocabulary is restricted to the
 # pieces of its training targets: a piece of German text seen only on the English side) has
 # log-probability -inf, which would make every hypothesis of the sentence score -inf alike;
@@ -92,6 +98,13 @@ def read_weights(path: str | Path) -> RerankWeights:
         or not all(isinstance(w, (int, float)) and math.isfinite(w) for w in weights)
     ):
         raise MtrainError(f'{key}: needs "features" (names) and "weights" (as many finite numbers)')
+    too_large = [(name, w) for name, w in zip(features, weights, strict=True) if abs(w) > MAX_RERANK_WEIGHT]
+    if too_large:
+        name, weight = too_large[0]
+        raise MtrainError(
+            f"{key}: the weight of {name} is {weight}; weights must be within {MAX_RERANK_WEIGHT:g} of 0 "
+            "(tuned ones are within 10: scripts/tune_rerank.py)"
+        )
     unknown = [name for name in features if name not in FEATURES]
     if unknown or len(set(features)) != len(features):
         raise MtrainError(f"{key}: features {features}: each once, of {', '.join(FEATURES)}")

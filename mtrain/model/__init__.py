@@ -9,7 +9,7 @@ orders), `flops.py` (FLOPs per token), `instruments.py` (activation statistics, 
 hooks).
 """
 
-from mtrain.config_checks import check_model_config
+from mtrain.config import check_model_config
 from mtrain.model.build import build_model
 from mtrain.model.instruments import StatisticsRecorder
 from mtrain.model.state import DecoderState

@@ -1,14 +1,13 @@
 """`build_model`: check a ModelConfig, resolve its shortcuts, construct the Transformer.
 
 Every invalid value raises `MtrainError` naming the key, before any tensor is allocated
-(mtrain.config_checks). The derived values (`layers`, `final_norm`) are resolved by
+(mtrain.config.check_model_config). The derived values (`layers`, `final_norm`) are resolved by
 mtrain.config.resolved_model, the one place that decides them.
 """
 
 from __future__ import annotations
 
-from mtrain.config import ModelConfig, resolved_model
-from mtrain.config_checks import check_model_config
+from mtrain.config import ModelConfig, check_model_config, resolved_model
 from mtrain.errors import MtrainError
 from mtrain.model.transformer import Seq2SeqTransformer
 

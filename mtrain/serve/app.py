@@ -42,7 +42,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mtrain.config import (
     AlignmentLevel,
     DecodeConfig,
-    MbrCandidates,
     Sampling,
     ServeConfig,
     alignment_level,
@@ -428,7 +427,7 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if cfg.decode.mbr.candidates != MbrCandidates.none:
+    if uses_mbr(cfg.decode):
         if nbest > cfg.decode.mbr.num_candidates:
             raise Rejected(
                 422,
