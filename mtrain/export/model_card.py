@@ -43,7 +43,7 @@ def model_card(
     stored config). `exported`: the checkpoint's path, update and weights and the parameter
     count; `generation`: the generation settings written; `target_tags`: for a multilingual
     run, each target language's tag."""
-    plain = portable(to_plain(config))
+    plain = to_plain(config)
     data = plain.get("data", {})
     languages = sorted({data.get("src"), data.get("tgt")} | set(target_tags) - {None})
     sections = [
@@ -58,7 +58,7 @@ def model_card(
         + OmegaConf.to_yaml(OmegaConf.create(plain)).rstrip()
         + "\n```\n",
     ]
-    return "\n".join(sections)
+    return portable("\n".join(sections))  # the card is published: no path of this machine
 
 
 def _front_matter(languages: list[str], summary: RunSummary) -> str:
@@ -189,7 +189,7 @@ def _model(config: Any, exported: Mapping[str, Any]) -> str:
 
 def _training(summary: RunSummary, exported: Mapping[str, Any]) -> str:
     metrics = summary.metrics
-    overrides = portable(" ".join(f"{key}={value}" for key, value in summary.overrides.items()))
+    overrides = " ".join(f"{key}={value}" for key, value in summary.overrides.items())
     lines = [
         "## Training\n",
         f"Command: `mtrain fit {overrides}`".rstrip() + "\n",
