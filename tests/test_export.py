@@ -576,8 +576,8 @@ def test_argos_package_installs_and_translates_offline_like_mtrain_s_ctranslate2
     bleu = score_corpus(expected, [references], ["bleu"])["bleu"]["score"]
     assert (
         f"score: BLEU {bleu:.2f} on the run's test split (12 lines) with the package's decoding "
-        "(beam 4, length penalty 0.2, as Argos decodes)\n"
-    ) in printed  # the run has no eval/test.json to set beside it
+        "(beam 4, length penalty 0.2, as Argos decodes)"
+    ) in printed
 
     folders = {name: tmp_path / name for name in ("home", "data", "config", "cache", "packages")}
     env = {

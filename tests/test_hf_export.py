@@ -269,9 +269,9 @@ def test_the_card_and_the_docs_show_a_call_transformers_5_runs(exported, model, 
     docs = (REPO_ROOT / "docs" / "EXPORT.md").read_text(encoding="utf-8")
     for code in (
         python_block(card, "## Use").replace("THIS_DIRECTORY", str(exported)).replace("SOURCE SENTENCE", sentences[0]),
-        python_block(docs, "format=hf").replace("runs/m30k_hf", str(exported)).replace(
-            "Ein Mann fährt Fahrrad.", sentences[0]
-        ),
+        python_block(docs, "format=hf")
+        .replace("runs/m30k_hf", str(exported))
+        .replace("Ein Mann fährt Fahrrad.", sentences[0]),
     ):
         exec(compile(code, "snippet", "exec"), {})
         assert capsys.readouterr().out == expected[0].text + "\n"

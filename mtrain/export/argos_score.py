@@ -53,7 +53,7 @@ def package_score_line(model_dir: Path, run_dir: Path, direction: str, max_posit
     engine = load_ctranslate2(model_dir, torch.device("cpu"))
     settings = argos_decoding(max_positions)
     hypotheses = [hyps[0].text for hyps in translate_sentences(engine, engine.tokenizer, sources, settings, "cpu")]
-    bleu = float(score_corpus(hypotheses, [references], ["bleu"])["bleu"]["score"])
+    bleu = score_corpus(hypotheses, [references], ["bleu"])["bleu"]["score"]
     return (
         f"score: BLEU {bleu:.2f} on the run's test split ({len(sources):,} lines) with the package's decoding "
         f"(beam {ARGOS_BEAM}, length penalty {ARGOS_LENGTH_PENALTY}, as Argos decodes){_own_score(RunDir(run_dir))}"

@@ -58,7 +58,7 @@ def model_card(
         + OmegaConf.to_yaml(OmegaConf.create(plain)).rstrip()
         + "\n```\n",
     ]
-    return portable("\n".join(sections))  # the card is published: no path of this machine
+    return str(portable("\n".join(sections)))  # the card is published: no path of this machine
 
 
 def _front_matter(languages: list[str], summary: RunSummary) -> str:
