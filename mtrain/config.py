@@ -1049,6 +1049,7 @@ class ExportConfig:
     quantization: str | None = None
     force: bool = False  # replace an existing `out`
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
+    score: bool = True  # format=argos: print the BLEU of the package's decoding on the run's test split
 
 
 # The schema of each command's config, by config name (configs/<name>.yaml).

@@ -17,23 +17,29 @@ Every name below is spelled here and nowhere else:
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
     .lock                    held by the one process writing the run (`RunLock`)
 
-An `mtrain export` directory is no run directory: `is_export_dir` knows it by its
-`EXPORT_METADATA_FILE` (mtrain.export writes it, mtrain.decode.ct2_engine reads it), so a
-command given one as run= (and the config checks) can tell it apart.
+An `mtrain export` directory is no run directory: every export directory holds its
+`EXPORT_METADATA_FILE` (mtrain.export writes it; its "format" says which), and `is_export_dir`
+knows a CTranslate2 one by it (mtrain.decode.ct2_engine reads it), so a command given one as
+run= (and the config checks) can tell it apart.
 
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
 to a temporary file in the same directory, are fsynced, and are renamed over the target.
 `atomic_link` gives a file a second name the same way (best.pt and the update_N.pt it equals).
+Whatever is built as a whole (an export's directory or package, a cache entry) is built by
+`staged`: under a temporary name beside its place, renamed into place when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -46,9 +52,23 @@ TMP_SUFFIX = ".tmp"
 EXPORT_METADATA_FILE = "mtrain_export.json"
 
 
+def export_format(path: str | Path) -> str | None:
+    """The format of the `mtrain export` directory `path` (ctranslate2, hf), by the "format" of
+    its EXPORT_METADATA_FILE; None when `path` holds none. A file without a readable format is a
+    CTranslate2 export's (the first format, whose loader then says what is wrong with it)."""
+    record_file = Path(path) / EXPORT_METADATA_FILE
+    if not record_file.is_file():
+        return None
+    try:
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "ctranslate2"
+    return str(record.get("format", "ctranslate2")) if isinstance(record, dict) else "ctranslate2"
+
+
 def is_export_dir(path: str | Path) -> bool:
-    """Whether `path` is a directory written by `mtrain export` (a CTranslate2 model)."""
-    return (Path(path) / EXPORT_METADATA_FILE).is_file()
+    """Whether `path` is a CTranslate2 model directory written by `mtrain export`."""
+    return export_format(path) == "ctranslate2"
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
@@ -134,6 +154,78 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write` of UTF-8 text."""
     data = text.encode("utf-8")
     atomic_write(path, lambda handle: handle.write(data))
+
+
+@contextlib.contextmanager
+def staged(
+    target: str | Path,
+    *,
+    directory: bool = True,
+    staging: Path | None = None,
+    keep_existing: Callable[[Path], bool] | None = None,
+) -> Iterator[Path]:
+    """Build `target` (a directory; a file with `directory=False`) under a temporary name beside
+    it, and rename it into place when the block ends without an error: a reader never sees a
+    half-built one, and a failed or killed build leaves `target` as it was.
+
+    Yields the staging path, `.<name>.partial-<pid>` beside `target` unless `staging` names
+    another: an empty directory, or nothing yet for the block to write a file at. Whatever is
+    there already (left by a killed process of the same pid) is removed first; on an error the
+    staging path is removed and the error re-raised.
+
+    What is at `target` when the block ends is replaced, file or directory: it is renamed aside,
+    the new one renamed in, the old one removed (a file over a file is one atomic rename).
+    Callers decide before the build whether it may be replaced (`mtrain export`'s check). With
+    `keep_existing`, a `target` that appeared during the build (another process built the same
+    thing: a cache entry) is kept instead when `keep_existing(target)` says it is whole, and
+    the staging discarded.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(staging) if staging is not None else target.with_name(f".{target.name}.partial-{os.getpid()}")
+    _remove_path(staging)
+    if directory:
+        staging.mkdir()
+    try:
+        yield staging
+        _publish(staging, target, keep_existing)
+    except BaseException:
+        _remove_path(staging)
+        raise
+
+
+def _publish(staging: Path, target: Path, keep_existing: Callable[[Path], bool] | None) -> None:
+    """Rename the finished `staging` to `target` (see `staged`)."""
+    if keep_existing is not None:
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not keep_existing(target):
+                raise
+            _remove_path(staging)
+        return
+    replaced = os.path.lexists(target)
+    if not replaced or (staging.is_file() and not (target.is_dir() and not target.is_symlink())):
+        os.replace(staging, target)  # nothing there, or a file (a link) over a file: one atomic rename
+    else:
+        aside = target.with_name(f".{target.name}.replaced-{os.getpid()}")
+        _remove_path(aside)
+        os.rename(target, aside)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+        _remove_path(aside)
+    _fsync_directory(target.parent)
+
+
+def _remove_path(path: Path) -> None:
+    """Remove a file, a link or a directory tree at `path`, if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def _fsync_directory(directory: Path) -> None:

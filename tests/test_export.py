@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -541,26 +542,42 @@ print(json.dumps({
 """
 
 
-def test_argos_package_installs_and_translates_offline_like_mtrain_s_ctranslate2(run_dir, exported, corpus, tmp_path):
+def test_argos_package_installs_and_translates_offline_like_mtrain_s_ctranslate2(
+    run_dir, exported, corpus, tmp_path, capsys
+):
     from tests.conftest import needed_in_ci
 
     needed_in_ci("argostranslate", "pip install --no-deps argostranslate stanza minisbd (.ci/run)")
     from mtrain.cli.export import run_export
+    from mtrain.evaluate.metrics import score_corpus
 
+    run = tmp_path / "run"  # with the copy of its test split that `mtrain fit` keeps
+    shutil.copytree(run_dir, run)
+    (run / "data").mkdir()
+    shutil.copyfile(corpus / "test.de", run / "data" / "test.src")
+    shutil.copyfile(corpus / "test.en", run / "data" / "test.ref")
     package = tmp_path / "de_en.argosmodel"
-    run_export(compose("export", [f"run={run_dir}", "format=argos", f"out={package}"]))
+    run_export(compose("export", [f"run={run}", "format=argos", f"out={package}"]))
+    printed = capsys.readouterr().out
     with zipfile.ZipFile(package) as archive:
         names = set(archive.namelist())
         metadata = json.loads(archive.read("translate-de_en/metadata.json"))
     assert {"translate-de_en/sentencepiece.model", "translate-de_en/minisbd/keep_lines_whole.onnx"} <= names
     assert "translate-de_en/model/model.bin" in names and "translate-de_en/model/mtrain_export.json" not in names
-    assert metadata["mtrain"]["run"] == str(run_dir.resolve()) and metadata["mtrain"]["update"] == 200
+    assert metadata["mtrain"]["run"] == "run" and metadata["mtrain"]["checkpoint"] == "checkpoints/best.pt"
+    assert metadata["mtrain"]["update"] == 200
 
     # Argos decodes with beam 4 and length penalty 0.2; mtrain's limit never binds on these lines.
     lines = (corpus / "test.de").read_text(encoding="utf-8").splitlines()
     engine = load_ctranslate2(exported, CPU, num_threads=1)
     settings = DecodeConfig(beam=4, length_penalty=0.2, max_len_a=0.0, max_len_b=63)
     expected = [hyps[0].text for hyps in translate_sentences(engine, engine.tokenizer, lines, settings, CPU)]
+    references = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    bleu = score_corpus(expected, [references], ["bleu"])["bleu"]["score"]
+    assert (
+        f"score: BLEU {bleu:.2f} on the run's test split (12 lines) with the package's decoding "
+        "(beam 4, length penalty 0.2, as Argos decodes)"
+    ) in printed
 
     folders = {name: tmp_path / name for name in ("home", "data", "config", "cache", "packages")}
     env = {

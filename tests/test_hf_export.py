@@ -201,7 +201,8 @@ def test_the_directory_loads_as_pegasus_with_mtrains_tokenizer(exported, loaded,
     hf_model, hf_tokenizer = loaded
     assert type(hf_model).__name__ == "PegasusForConditionalGeneration"
     assert sorted(p.name for p in exported.iterdir()) == [
-        "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+        "README.md", "config.json", "generation_config.json", "model.safetensors", "mtrain_export.json", "tokenizer.json",
+        "tokenizer_config.json",
     ]  # fmt: skip
     umask = os.umask(0)
     os.umask(umask)
@@ -244,6 +245,36 @@ def test_model_card_names_data_config_and_metrics_with_signatures(exported):
     assert "`nrefs:1|case:mixed|eff:no|tok:13a`" in card  # the evaluation table
     assert "| multi30k | de-en |  | 1.0 | 2,000 | 45,000 | 41,000 |" in card  # the data table
     assert "250 updates" in card and "d_model: 64" in card  # training, and the stored config
+
+
+def python_block(markdown: str, after: str) -> str:
+    """The first ```python block of `markdown` after the text `after`."""
+    start = markdown.index("```python\n", markdown.index(after)) + len("```python\n")
+    return markdown[start : markdown.index("```", start)]
+
+
+def test_the_card_and_the_docs_show_a_call_transformers_5_runs(exported, model, tokenizer, sentences, capsys):
+    """transformers 5 has no translation pipeline; the card declares none, and the code of its
+    Use section and of docs/EXPORT.md runs as written and prints mtrain's translation."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    card = (exported / "README.md").read_text(encoding="utf-8")
+    assert "pipeline_tag" not in yaml.safe_load(card.split("---\n")[1])
+    with pytest.raises(KeyError, match="translation"):  # why: the tag would promise what fails
+        transformers.pipeline("translation", model=str(exported))
+    source = tokenizer.encode_src(sentences[0]) + [tokenizer.eos_id]
+    (expected,) = translate_encoded(model, tokenizer, [source], DecodeConfig(), CPU)
+    docs = (REPO_ROOT / "docs" / "EXPORT.md").read_text(encoding="utf-8")
+    for code in (
+        python_block(card, "## Use").replace("THIS_DIRECTORY", str(exported)).replace("SOURCE SENTENCE", sentences[0]),
+        python_block(docs, "format=hf")
+        .replace("runs/m30k_hf", str(exported))
+        .replace("Ein Mann fährt Fahrrad.", sentences[0]),
+    ):
+        exec(compile(code, "snippet", "exec"), {})
+        assert capsys.readouterr().out == expected[0].text + "\n"
 
 
 # ------------------------------------------------------------------ the computation

@@ -474,7 +474,7 @@ def test_export_replaces_a_previous_export_and_nothing_else(run_copy, tmp_path):
         export_run(run_dir, exported)
     export_run(run_dir, exported, force=True)  # what force is for
     shutil.copyfile(run_dir / "checkpoints" / "best.pt", exported / "best.pt")
-    with pytest.raises(MtrainError, match=r": holds a checkpoint or a run"):
+    with pytest.raises(MtrainError, match=r": holds best.pt, which `mtrain export` did not write; "):
         export_run(run_dir, exported, force=True)
     assert (exported / "best.pt").is_file() and snapshot(run_dir) == run_before
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mtrain.errors import MtrainError
-from mtrain.rundir import RunDir, RunLock, atomic_write_text
+from mtrain.rundir import RunDir, RunLock, atomic_write_text, staged
 from mtrain.train.checkpoint_files import save_checkpoint
 
 
@@ -80,3 +80,47 @@ def test_a_sigkilled_holder_leaves_a_file_but_no_lock(tmp_path):
     assert run.lock_file.exists()  # what a PID file would be: stale, yet no one holds it
     with RunLock(run):
         assert run.lock_file.read_text().split()[0] == str(os.getpid())
+
+
+# ------------------------------------------------------------------ staged
+def build(target, fail: bool = False, **options) -> None:
+    """A directory build through `staged`, which fails half way with `fail`."""
+    with staged(target, **options) as staging:
+        (staging / "ours").write_text("ours", encoding="utf-8")
+        if fail:
+            raise RuntimeError("the build failed")
+
+
+def test_staged_publishes_only_a_finished_build_and_replaces_files_and_directories(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        build(target, fail=True)
+    assert list(tmp_path.iterdir()) == []  # neither a target nor a staging directory
+    for directory, previous in ((True, None), (False, "directory"), (True, "file"), (False, "file")):
+        with staged(target, directory=directory) as staging:
+            assert staging.exists() == directory and target.exists() == bool(previous)
+            if directory:
+                (staging / "model.bin").write_text("new", encoding="utf-8")
+            else:
+                staging.write_text("package", encoding="utf-8")
+        assert target.is_dir() == directory and [p.name for p in tmp_path.iterdir()] == ["out"]
+    with pytest.raises(RuntimeError):
+        build(target, fail=True)  # leaves the previous output
+    assert target.read_text(encoding="utf-8") == "package" and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_staged_keeps_an_entry_another_process_published_meanwhile(tmp_path):
+    entry = tmp_path / "entry"
+
+    def complete(path):
+        return (path / "COMPLETE").is_file()
+
+    with staged(entry, keep_existing=complete) as staging:
+        (staging / "ours").write_text("ours", encoding="utf-8")
+        entry.mkdir()  # another rank published the same entry while we built ours
+        (entry / "COMPLETE").write_text("ok", encoding="utf-8")
+    assert sorted(p.name for p in entry.iterdir()) == ["COMPLETE"] and [p.name for p in tmp_path.iterdir()] == ["entry"]
+    (entry / "COMPLETE").rename(entry / "half")  # a copy stopped half way
+    with pytest.raises(OSError):
+        build(entry, keep_existing=complete)
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # an incomplete one is not taken for ours

@@ -217,7 +217,11 @@ def exported_model(run: RunDir, metadata: dict[str, Any]) -> tuple[Any, RunDir, 
             f"run={run.path}: this export does not record its run's data config (an older mtrain wrote it); "
             f"translate the split with `mtrain translate run={run.path}` and score the file with hyp=... ref=..."
         )
-    checkpoint = Path(str(metadata.get("checkpoint", "")))
+    from mtrain.export.portable import RELATIVE_TO_EXPORT, resolved_paths
+
+    data, checkpoint = metadata["data"], Path(str(metadata.get("checkpoint", "")))
+    if metadata.get("paths") == RELATIVE_TO_EXPORT:  # written relative to the export directory
+        data, checkpoint = resolved_paths(data, run.path), Path(os.path.normpath(run.path / checkpoint))
     origin = RunDir(checkpoint.parent.parent)
     split_run = origin if checkpoint.parent.name == "checkpoints" and origin.data_dir.is_dir() else run
     record = {
@@ -228,7 +232,7 @@ def exported_model(run: RunDir, metadata: dict[str, Any]) -> tuple[Any, RunDir, 
         "weights": metadata.get("weights"),
         "export": str(run.path.resolve()),
     }
-    return OmegaConf.create(metadata["data"]), split_run, record
+    return OmegaConf.create(data), split_run, record
 
 
 def scored_report_name(cfg: EvalConfig, name: str) -> str:

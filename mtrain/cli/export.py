@@ -1,4 +1,4 @@
-"""`mtrain export run=RUN format=ctranslate2|hf out=DIR`: a run for an inference engine or for transformers.
+"""`mtrain export run=RUN format=ctranslate2|hf|argos out=DIR`: a run for an inference engine, for transformers or for Argos Translate.
 
     mtrain export run=outputs/DATE/TIME format=ctranslate2 out=model_ct2
     mtrain export run=outputs/DATE/TIME out=model_ct2_int8 quantization=int8 checkpoint=last
@@ -57,19 +57,25 @@ def run_export(cfg: ExportConfig) -> Path:
 
 def run_export_argos(cfg: ExportConfig) -> Path:
     from mtrain.export.argos import export_argos
+    from mtrain.export.argos_score import scoring_command
 
     assert cfg.run is not None and cfg.out is not None
-    out = export_argos(
+    out, scored = export_argos(
         Path(cfg.run),
         Path(cfg.out),
         which=cfg.checkpoint,
         quantization=cfg.quantization,
         force=cfg.force,
         weights=cfg.weights,
+        score=cfg.score,
     )
     print(
         f"exported {cfg.run} ({cfg.checkpoint}, {cfg.quantization or 'float32'}) to {out}; install with: "
         f"python -c \"import argostranslate.package as p; p.install_from_path('{out}')\""
+    )
+    print(
+        scored
+        or f"score: skipped (score=false); Argos decodes with beam 4, length penalty 0.2: {scoring_command(Path(cfg.run))}"
     )
     return out
 

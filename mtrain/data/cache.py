@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mtrain.config import to_plain
+from mtrain.rundir import staged
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -45,7 +46,7 @@ def is_complete(entry: Path) -> bool:
 
 @contextlib.contextmanager
 def build_entry(entry: Path, log: Callable[[str], Any]) -> Iterator[Path]:
-    """Yield a fresh temporary directory; on success publish it as `entry`.
+    """Yield a fresh temporary directory; on success publish it as `entry` (mtrain.rundir.staged).
 
     If another process published the same entry meanwhile (two ranks preparing at once),
     its copy is kept and ours discarded: both were built from the same inputs.
@@ -56,21 +57,11 @@ def build_entry(entry: Path, log: Callable[[str], Any]) -> Iterator[Path]:
         # Present but unmarked: left by a tool that copied the cache half way, or by hand.
         log(f"cache: {entry} is incomplete (no {COMPLETE_MARKER} marker); rebuilding it")
         shutil.rmtree(entry)
-    staging = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    with staged(
+        entry, staging=entry.with_name(f"{entry.name}.tmp-{os.getpid()}"), keep_existing=is_complete
+    ) as staging:
         yield staging
         (staging / COMPLETE_MARKER).write_text("ok\n", encoding="utf-8")
-        try:
-            os.rename(staging, entry)
-        except OSError:
-            if not is_complete(entry):
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def _remove_interrupted_builds(entry: Path, log: Callable[[str], Any]) -> None:

@@ -12,6 +12,11 @@ imported only when an export or a CTranslate2 decode runs.
 `hf_tokenizer.py` (the SentencePiece model for the `tokenizers` library), `hf_generation.py`
 (the decoding settings as a GenerationConfig), `model_card.py` (README.md), `hf_export.py`
 (the directory). `transformers` is optional too (`pip install mtrain[hf]`).
+
+`format=argos`: `argos.py` (the package), `argos_score.py` (the BLEU of Argos's decoding settings).
+Every format: `target.py` (the mark an export leaves, and the one rule of what `force=true` may
+replace), `portable.py` (no path of the exporting machine in what is written), and
+`mtrain.rundir.staged` (built beside `out`, renamed into place).
 """
 
 from mtrain.decode.ct2_engine import METADATA_FILE

@@ -2,8 +2,10 @@
 
     FILE.argosmodel                    a zip archive of one folder, translate-<src>_<tgt>/
       metadata.json                    Argos's package metadata: type, from/to codes and names,
-                                       package_version, argos_version; and "mtrain": the run, the
-                                       checkpoint, its update and weights, mtrain's version
+                                       package_version, argos_version; and "mtrain": the run's name,
+                                       the checkpoint in it, its update and weights, mtrain's version
+                                       (no path of the exporting machine), which also marks the package
+                                       as mtrain's (mtrain.export.target: what force=true may replace)
       model/                           the CTranslate2 model (mtrain.export.ctranslate2_model),
                                        its config.json with add_source_eos
       sentencepiece.model              the run's (joint) SentencePiece model
@@ -37,7 +39,6 @@ models (an Argos package has one).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import zipfile
@@ -49,7 +50,11 @@ from mtrain.data.tags import source_tags
 from mtrain.decode.ct2_engine import METADATA_FILE
 from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
+from mtrain.export.argos_score import package_score_line
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
+from mtrain.export.portable import name_in_run
+from mtrain.export.target import check_export_target
+from mtrain.rundir import staged
 
 SUFFIX = ".argosmodel"
 SPLITTER = Path(__file__).with_name("keep_lines_whole.onnx")
@@ -65,15 +70,16 @@ def export_argos(
     quantization: str | None = None,
     force: bool = False,
     weights: str = "auto",
-) -> Path:
-    """`mtrain export format=argos`: the run's checkpoint (`which`) as the package `out_file`."""
+    score: bool = False,
+) -> tuple[Path, str | None]:
+    """`mtrain export format=argos`: the run's checkpoint (`which`) as the package `out_file`;
+    with `score`, also the line that says what the package's decoding scores (argos_score.py)."""
     from mtrain.train.checkpoint_files import load_run
 
     out_file = Path(out_file)
     if out_file.suffix != SUFFIX:
         raise MtrainError(f"out={out_file}: an Argos package is a file named *{SUFFIX}; e.g. out=de_en{SUFFIX}")
-    if out_file.exists() and not force:
-        raise MtrainError(f"out={out_file}: already exists; choose another file or pass force=true")
+    check_export_target(out_file, force, run_dir)  # before anything loads
     loaded = load_run(run_dir, which=which, weights=weights)
     src, tgt = package_direction(RunLanguages.of(loaded.config.data))
     if not loaded.tokenizer.joint:
@@ -81,9 +87,12 @@ def export_argos(
             f"run={run_dir}: separate source and target SentencePiece models; an Argos package has one "
             "(sentencepiece.model), so format=argos needs a run trained with a joint tokenizer"
         )
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_file.name}.", dir=out_file.parent) as staging:
-        folder = Path(staging) / f"translate-{src}_{tgt}"
+    scored = None
+    with (
+        staged(out_file, directory=False) as partial,
+        tempfile.TemporaryDirectory(prefix=f".{out_file.name}.", dir=out_file.parent) as scratch,
+    ):
+        folder = Path(scratch) / f"translate-{src}_{tgt}"
         model_dir = export_ctranslate2(
             loaded.model.state_dict(),
             loaded.config.model,
@@ -92,21 +101,24 @@ def export_argos(
             quantization,
             metadata=run_metadata(loaded),
         )
+        if score:
+            scored = package_score_line(
+                model_dir, Path(run_dir), f"{src}-{tgt}", int(loaded.config.model.max_positions)
+            )
         provenance = json.loads((model_dir / METADATA_FILE).read_text(encoding="utf-8"))
         (model_dir / METADATA_FILE).unlink()
         (model_dir / "spm.model").rename(folder / "sentencepiece.model")
         add_source_eos(model_dir / "config.json")
         (folder / "minisbd").mkdir()
         shutil.copyfile(SPLITTER, folder / "minisbd" / SPLITTER.name)
-        metadata = package_metadata(src, tgt, Path(run_dir).resolve(), provenance)
+        origin = {"run": Path(run_dir).resolve().name, "checkpoint": name_in_run(loaded.checkpoint_path, Path(run_dir))}
+        metadata = package_metadata(src, tgt, {**provenance, **origin})
         (folder / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
         (folder / "README.md").write_text(readme(metadata), encoding="utf-8")
-        partial = Path(staging) / out_file.name
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
             for path in sorted(folder.rglob("*")):
-                archive.write(path, path.relative_to(staging))
-        os.replace(partial, out_file)  # a failed export leaves no half-written package
-    return out_file
+                archive.write(path, path.relative_to(scratch))
+    return out_file, scored
 
 
 def package_direction(languages: RunLanguages) -> tuple[str, str]:
@@ -136,8 +148,9 @@ def add_source_eos(config_file: Path) -> None:
     config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def package_metadata(src: str, tgt: str, run_dir: Path, provenance: dict[str, Any]) -> dict[str, Any]:
-    """metadata.json: what Argos reads (its keys), and where the weights came from ("mtrain")."""
+def package_metadata(src: str, tgt: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    """metadata.json: what Argos reads (its keys), and where the weights came from ("mtrain": the
+    run's name and the checkpoint within it, no path of this machine)."""
     return {
         "type": "translate",
         "package_version": PACKAGE_VERSION,
@@ -147,7 +160,7 @@ def package_metadata(src: str, tgt: str, run_dir: Path, provenance: dict[str, An
         "to_code": tgt,
         "to_name": language_name(tgt),
         "mtrain": {
-            "run": str(run_dir),
+            "run": provenance["run"],
             "checkpoint": provenance["checkpoint"],
             "update": provenance["update"],
             "weights": provenance["weights"],
@@ -163,7 +176,8 @@ def readme(metadata: dict[str, Any]) -> str:
     origin = metadata["mtrain"]
     return (
         f"# {metadata['from_name']} → {metadata['to_name']} ({metadata['from_code']} → {metadata['to_code']})\n\n"
-        f"Trained with mtrain: {origin['checkpoint']} (update {origin['update']}, {origin['weights']} weights, "
+        f"Trained with mtrain: {origin['checkpoint']} of the run {origin['run']} (update {origin['update']}, "
+        f"{origin['weights']} weights, "
         f"{origin['quantization']}), exported {origin['created']} by mtrain {origin['mtrain_version']}.\n\n"
         "Each line of a text is translated as one sentence: the package's sentence splitter\n"
         "(minisbd/keep_lines_whole.onnx) keeps lines whole, as mtrain does, and needs no download.\n"

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.config import ModelConfig, to_plain
-from mtrain.decode.ct2_engine import METADATA_FILE, import_ctranslate2
+from mtrain.decode.ct2_engine import import_ctranslate2
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
+from mtrain.export.portable import RELATIVE_TO_EXPORT, portable, relative_paths, relative_to
+from mtrain.export.target import check_export_target, write_record
+from mtrain.rundir import staged
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -64,7 +64,8 @@ def export_ctranslate2(
     """Convert a model (state_dict + its ModelConfig + tokenizer) into `out_dir`.
 
     The directory is written next to `out_dir` and renamed into place, so a failed export
-    leaves no half-written model. With `force`, an existing `out_dir` is replaced.
+    leaves no half-written model. With `force`, an existing `out_dir` is replaced when it is an
+    export (mtrain.export.target); anything else there is refused before any work.
     """
     import_ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -79,11 +80,7 @@ def export_ctranslate2(
     for path in tokenizer.files.values():
         spec.register_file(str(path), Path(path).name)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)  # left by a killed export
-    staging.mkdir()
-    try:
+    with staged(out_dir) as staging:
         spec.save(str(staging))
         record = {
             "format": "ctranslate2",
@@ -94,54 +91,8 @@ def export_ctranslate2(
             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             **(metadata or {}),
         }
-        (staging / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        write_record(staging, record)
     return out_dir
-
-
-def check_export_target(out_dir: Path, force: bool, run_dir: Path | None = None) -> None:
-    """Refuse, before any work, an `out_dir` the export may not write: with or without `force`,
-    an existing one that is not a previous export (the run itself, a directory holding it or
-    any other run or checkpoint, a file, a symbolic link); without `force`, a previous export
-    (or an empty directory). `force` replaces an export and nothing else."""
-    out_dir = Path(out_dir)
-    if not (out_dir.exists() or out_dir.is_symlink()):
-        return
-    not_an_export = _not_an_export(out_dir, run_dir)
-    if not_an_export is not None:
-        raise MtrainError(
-            f"out={out_dir}: {not_an_export}; an export replaces only a previous export (a directory "
-            f"holding {METADATA_FILE}), whatever force says: choose another directory (nothing was written)"
-        )
-    if not force:
-        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
-
-
-def _not_an_export(out_dir: Path, run_dir: Path | None) -> str | None:
-    """Why the existing `out_dir` is no export that `force` may replace; None when it is one."""
-    if out_dir.is_symlink():
-        return "is a symbolic link"
-    if not out_dir.is_dir():
-        return "is a file"
-    if run_dir is not None and Path(run_dir).is_dir():
-        run, out = Path(run_dir).resolve(), out_dir.resolve()
-        if out == run:
-            return f"is run={run_dir} itself"
-        if out in run.parents:
-            return f"holds run={run_dir}"
-    if not any(out_dir.iterdir()):
-        return None  # nothing to lose
-    if not (out_dir / METADATA_FILE).is_file():
-        return "is not a directory `mtrain export` wrote"
-    for directory, subdirectories, files in os.walk(out_dir):
-        if "checkpoints" in subdirectories or any(name.endswith(".pt") for name in files):
-            return f"holds a checkpoint or a run ({directory})"
-    return None
 
 
 def export_run(
@@ -166,22 +117,30 @@ def export_run(
         loaded.tokenizer,
         out_dir,
         quantization,
-        metadata=run_metadata(loaded),
+        metadata=run_metadata(loaded, Path(out_dir)),
         force=force,
     )
 
 
-def run_metadata(loaded: LoadedRun) -> dict[str, Any]:
-    """What `mtrain_export.json` says about the origin of the weights."""
+def run_metadata(loaded: LoadedRun, out_dir: Path | None = None) -> dict[str, Any]:
+    """What `mtrain_export.json` says about the origin of the weights. Written into the export
+    directory `out_dir`, its paths (the checkpoint, the data's directories) are relative to it
+    (mtrain.export.portable): no path of this machine, and `mtrain eval run=EXPORT` still finds
+    the run's split; without `out_dir` (a conversion to a scratch directory), as they are."""
     from mtrain import __version__
 
-    return {
-        "checkpoint": str(loaded.checkpoint_path.resolve()),
+    checkpoint = str(loaded.checkpoint_path.resolve())
+    data = to_plain(loaded.config.data)
+    if out_dir is not None:
+        checkpoint, data = relative_to(checkpoint, out_dir), relative_paths(data, out_dir)
+    record = {
+        "checkpoint": checkpoint,
         "update": loaded.update,
         "weights": loaded.weights,  # raw (trained) or ema (train.ema_decay's average)
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
         # what it translates, and its tags (mtrain.decode.directions reads it back)
-        "data": to_plain(loaded.config.data),
+        "data": data,
         "model": to_plain(loaded.config.model),
         "mtrain_version": __version__,
     }
+    return portable({**record, "paths": RELATIVE_TO_EXPORT}) if out_dir is not None else record

@@ -6,6 +6,8 @@
       tokenizer.json, tokenizer_config.json
                                         the run's SentencePiece model for `tokenizers` (hf_tokenizer.py)
       README.md                         the model card (model_card.py)
+      mtrain_export.json                what mtrain wrote (format "hf", the files) and from which
+                                        checkpoint (mtrain.export.target: what force=true may replace)
 
 The directory loads offline, with no custom code:
 `AutoModelForSeq2SeqLM.from_pretrained(out)` and `AutoTokenizer.from_pretrained(out)`.
@@ -14,13 +16,14 @@ The directory loads offline, with no custom code:
 
 from __future__ import annotations
 
+import datetime
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from mtrain import __version__
 from mtrain.config import DecodeConfig, to_typed
 from mtrain.data.tags import lang_tag, reserved_symbols
 from mtrain.decode.directions import RunLanguages
@@ -30,6 +33,9 @@ from mtrain.export.hf_generation import generation_settings
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
 from mtrain.export.hf_tokenizer import build_hf_tokenizer
 from mtrain.export.model_card import model_card
+from mtrain.export.portable import name_in_run
+from mtrain.export.target import check_export_target, write_record
+from mtrain.rundir import staged
 
 
 def import_transformers() -> Any:
@@ -57,11 +63,10 @@ def export_hf_run(
     """
     from mtrain.train.checkpoint_files import load_run
 
+    out_dir = Path(out_dir)
+    check_export_target(out_dir, force, run_dir)  # before anything loads
     transformers = import_transformers()
     transformers.utils.logging.disable_progress_bar()  # the command prints one line when done
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
     loaded = load_run(run_dir, which=which, weights=weights)
     config, tokenizer = loaded.config, loaded.tokenizer
     check_hf_exportable(config.model, tokenizer.joint)
@@ -80,27 +85,20 @@ def export_hf_run(
     )
     model.generation_config = transformers.GenerationConfig(**generation)
     exported = {
-        "checkpoint": str(loaded.checkpoint_path),
+        "checkpoint": name_in_run(loaded.checkpoint_path, Path(run_dir)),  # no path of this machine
         "update": loaded.update,
         "weights": loaded.weights,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
     }
     card = model_card(config, load_run_summary(Path(run_dir)), exported, generation, target_tags)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)  # left by a killed export
-    try:
+    with staged(out_dir) as staging:
         model.save_pretrained(staging)
         hf_tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card, encoding="utf-8")
+        record = {"format": "hf", "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        write_record(staging, {**record, **exported, "mtrain_version": __version__})
         _plain_modes(staging)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -1,10 +1,11 @@
 """The model card (README.md) of a transformers export: what the model was trained on, how,
 and how well, from what the run directory recorded.
 
-    front matter    languages, library, pipeline tag, and a model-index with every metric of
-                    the run's evaluation reports (eval/*.json)
-    Use             loading and generating, the target-language tag of a multilingual run,
-                    mtrain's per-sentence length limit
+    front matter    languages, library, tags, and a model-index with every metric of the run's
+                    evaluation reports (eval/*.json); no pipeline tag: transformers 5 has no
+                    translation pipeline, and a tag would promise one
+    Use             loading and generating (AutoTokenizer + generate, which transformers 5 runs),
+                    the target-language tag of a multilingual run, mtrain's per-sentence length limit
     Data            each training corpus with its pairs kept and tokens (metrics.json), the
                     evaluation splits, the tokenizer
     Model           the architecture as mtrain built it, and as transformers runs it
@@ -12,6 +13,9 @@ and how well, from what the run directory recorded.
     Evaluation      every report: split, direction, checkpoint, decoding, each metric with its
                     sacreBLEU signature
     Configuration   the run's whole stored config
+
+Paths of the exporting machine (a corpus folder, the run directory in the command's overrides)
+are cut to their last name (mtrain.export.portable): the card is published.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from omegaconf import OmegaConf
 from mtrain import __version__
 from mtrain.config import resolved_model, to_plain
 from mtrain.evaluate.runs import RunSummary
+from mtrain.export.portable import portable
 
 
 def model_card(
@@ -53,7 +58,7 @@ def model_card(
         + OmegaConf.to_yaml(OmegaConf.create(plain)).rstrip()
         + "\n```\n",
     ]
-    return "\n".join(sections)
+    return str(portable("\n".join(sections)))  # the card is published: no path of this machine
 
 
 def _front_matter(languages: list[str], summary: RunSummary) -> str:
@@ -82,7 +87,6 @@ def _front_matter(languages: list[str], summary: RunSummary) -> str:
     meta: dict[str, Any] = {
         "language": languages,
         "library_name": "transformers",
-        "pipeline_tag": "translation",
         "tags": ["translation", "mtrain"],
     }
     if results:
@@ -119,6 +123,8 @@ def _use(generation: Mapping[str, Any], target_tags: Mapping[str, str]) -> str:
         "output = model.generate(**inputs, max_new_tokens=limit)",
         "print(tokenizer.decode(output[0], skip_special_tokens=True))",
         "```\n",
+        'transformers 5 has no translation pipeline (`pipeline("translation")` raises KeyError): '
+        "call `generate` as above.\n",
     ]
     if target_tags:
         tags = ", ".join(f"`{tag}` ({lang})" for lang, tag in target_tags.items())
