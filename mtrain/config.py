@@ -1047,7 +1047,7 @@ class ExportConfig:
     # format=ctranslate2 and argos (CTranslate2's weights): null (fp32) | int8 | int8_float16 | int16 |
     # float16 | bfloat16 ...; format=hf writes float32 only
     quantization: str | None = None
-    force: bool = False  # replace an existing `out`
+    force: bool = False  # replace `out` only when it is an earlier `mtrain export` (of any format), never anything else
     weights: DecodeWeights = DecodeWeights.auto  # a checkpoint's EMA or trained weights
     score: bool = True  # format=argos: print the BLEU of the package's decoding on the run's test split
 
