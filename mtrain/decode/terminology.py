@@ -2,7 +2,9 @@
 a constraint of that sentence's translation.
 
 The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
-starting with `#` are skipped). How a source term is found in a sentence:
+starting with `#` are skipped). An optional third field lists the words the target term replaces
+(`Hund<TAB>canine<TAB>dog|dogs`): decoding ignores it; `mtrain eval` counts how often one of them
+stays beside the term (mtrain/evaluate/terminology.py). How a source term is found in a sentence:
 
 - whole words only: a term matches where it is neither preceded nor followed by a word
   character (a Unicode letter, digit or `_`), so `Hund` matches in `Der Hund bellt.` and in
@@ -19,7 +21,7 @@ starting with `#` are skipped). How a source term is found in a sentence:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtrain.errors import MtrainError
@@ -32,17 +34,23 @@ class Glossary:
     targets: dict[str, str]  # source term (case-folded with ignore_case) -> target term
     pattern: re.Pattern[str]
     ignore_case: bool = False
+    # source term (keyed as in targets) -> the words its target term replaces (the third field)
+    replaced: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, terms: dict[str, str], ignore_case: bool = False) -> Glossary:
+    def of(
+        cls, terms: dict[str, str], ignore_case: bool = False, replaced: dict[str, list[str]] | None = None
+    ) -> Glossary:
+        replaced = replaced or {}
         if ignore_case:
             terms = {source.casefold(): target for source, target in terms.items()}
+            replaced = {source.casefold(): words for source, words in replaced.items()}
         # Longest first: at one position the regex takes the first alternative that matches.
         alternatives = [
             r"\s+".join(re.escape(word) for word in source.split()) for source in sorted(terms, key=len, reverse=True)
         ]
         pattern = re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)" if terms else r"(?!)")
-        return cls(terms, pattern, ignore_case)
+        return cls(terms, pattern, ignore_case, replaced)
 
     def constraints(self, source: str) -> list[str]:
         """The target terms of the source terms in `source`, in their order, each once."""
@@ -55,6 +63,7 @@ class Glossary:
 def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
     """The glossary in `path`; MtrainError naming the file and line for a malformed line."""
     terms: dict[str, str] = {}
+    replaced: dict[str, list[str]] = {}
     lines_of: dict[str, int] = {}
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -64,12 +73,13 @@ def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
         if not line.strip() or line.startswith("#"):
             continue
         fields = line.split("\t")
-        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+        if len(fields) not in (2, 3) or not fields[0].strip() or not fields[1].strip():
             raise MtrainError(
                 f"terms={path} line {number}: expected `source term<TAB>target term` "
-                f"(two non-empty fields), got {len(fields)} field(s)"
+                f"(two non-empty fields, and optionally the words the term replaces, |-separated), "
+                f"got {len(fields)} field(s)"
             )
-        source, target = (" ".join(field.split()) for field in fields)
+        source, target = (" ".join(text.split()) for text in fields[:2])
         key = source.casefold() if ignore_case else source
         if key in terms and terms[key] != target:
             raise MtrainError(
@@ -78,4 +88,6 @@ def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
             )
         terms[key] = target
         lines_of[key] = number
-    return Glossary.of(terms, ignore_case)
+        if len(fields) == 3:
+            replaced[source] = [" ".join(word.split()) for word in fields[2].split("|") if word.strip()]
+    return Glossary.of(terms, ignore_case, replaced)
