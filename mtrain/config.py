@@ -558,6 +558,29 @@ class DecodeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
+    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection).
+    @property
+    def uses_mbr(self) -> bool:
+        return MbrCandidates(self.mbr.candidates) != MbrCandidates.none
+
+    @property
+    def uses_rerank(self) -> bool:
+        return self.rerank.weights is not None
+
+    @property
+    def selects(self) -> bool:
+        """The n-best is chosen by MBR or reranked (mtrain.decode.selection)."""
+        return self.uses_mbr or self.uses_rerank
+
+    @property
+    def samples(self) -> bool:
+        return Sampling(self.sampling) != Sampling.none
+
+    @property
+    def aligns(self) -> bool:
+        """Every output gets word or subword alignments (`alignment` is not false)."""
+        return alignment_level(self.alignment) is not AlignmentLevel.none
+
 
 @dataclass
 class FitConfig:

@@ -58,8 +58,7 @@ from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.decode.constraints import CONSTRAINTS_REFUSED
 from mtrain.decode.controls import TargetRequest
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
-from mtrain.decode.mbr import uses_mbr
-from mtrain.decode.selection import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CONTROLS, selects
+from mtrain.decoding_rules import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CONTROLS
 from mtrain.errors import MtrainError
 
 log = logging.getLogger("mtrain.serve")
@@ -382,7 +381,7 @@ def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: st
             raise Rejected(422, "constraints: lexical constraints need beam search; this server samples")
     if request.prefix is None and request.constraints is None and not request.avoid:
         return list(request.text)
-    if selects(cfg.decode):
+    if cfg.decode.selects:
         field = next(key for key in ("prefix", "constraints", "avoid") if getattr(request, key) is not None)
         raise Rejected(422, f"{field}: {SELECTION_WITH_CONTROLS}")
     prefixes = request.prefix or [None] * count
@@ -440,7 +439,7 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
         alignment = "word"
     if request.format != "text" and alignment_level(alignment) is AlignmentLevel.subword:
         raise Rejected(422, "format: markup is put back by word alignments; the server aligns subwords")
-    if alignment_level(alignment) is not AlignmentLevel.none and uses_mbr(cfg.decode):
+    if alignment_level(alignment) is not AlignmentLevel.none and cfg.decode.uses_mbr:
         raise Rejected(422, f"{'alignment' if request.format == 'text' else 'format'}: {SELECTION_WITH_ALIGNMENT}")
     return with_values(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
 
