@@ -1,4 +1,4 @@
-"""mtrain.decode.batcher: concurrent requests into few batches, each request's results in order."""
+"""mtrain.serve.batcher: concurrent requests into few batches, each request's results in order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from mtrain.decode.batcher import Batcher, BatcherClosed
+from mtrain.serve.batcher import Batcher, BatcherClosed
 
 
 class Recorder:

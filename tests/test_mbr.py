@@ -200,7 +200,7 @@ def test_eval_per_sentence_tsv_has_the_expected_utility(run, tmp_path):
 
 
 def test_serve_answers_with_the_expected_utility():
-    from mtrain.cli.serve_app import response_body
+    from mtrain.serve.app import response_body
 
     hyps = [[Hypothesis(tokens=[5], score=-1.0, text="a", expected_utility=42.0)]]
     assert response_body(hyps, 1)["expected_utilities"] == [42.0]
@@ -226,8 +226,8 @@ def test_mbr_decodes_with_ctranslate2(run):
 
 
 def test_serve_requests_may_ask_for_up_to_num_candidates():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
     from mtrain.config import ServeConfig
+    from mtrain.serve.app import Rejected, TranslateRequest, request_decoding
 
     cfg = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates=MbrCandidates.sample, num_candidates=8)))
     assert request_decoding(TranslateRequest(text=["a"], nbest=8), cfg).nbest == 8  # above beam 5

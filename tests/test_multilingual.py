@@ -414,8 +414,8 @@ def test_eval_scores_a_zero_shot_direction_into_its_own_report(run_dir, model, t
 def test_serve_translates_into_the_language_each_request_names(run_dir, model, tokenizer, languages):
     from starlette.testclient import TestClient
 
-    from mtrain.cli.serve_app import build_app
-    from mtrain.cli.serve_model import open_served_model
+    from mtrain.serve.app import build_app
+    from mtrain.serve.model import open_served_model
 
     served = open_served_model(
         ServeConfig(run=str(run_dir), device="cpu", precision="fp32", decode=decode_cfg()),

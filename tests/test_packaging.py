@@ -23,7 +23,7 @@ def test_every_package_and_config_file_is_in_the_wheel():
     shipped = {path for pattern in patterns for path in (REPO / "configs").glob(pattern)}
     assert shipped == set((REPO / "configs").rglob("*.yaml"))
     data = setuptools["package-data"]  # beyond configs/: the page of `mtrain serve`, the Argos packages' splitter
-    for package, name in (("cli", "translate.html"), ("export", "keep_lines_whole.onnx")):
+    for package, name in (("serve", "translate.html"), ("export", "keep_lines_whole.onnx")):
         assert [path.name for path in (REPO / "mtrain" / package).glob(data[f"mtrain.{package}"][0])] == [name]
 
 

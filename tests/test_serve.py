@@ -220,7 +220,7 @@ def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tok
 
 
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, controlled_sentences, request_decoding
+    from mtrain.serve.app import Rejected, TranslateRequest, controlled_sentences, request_decoding
 
     request = TranslateRequest(text=["Ein Hund."], constraints=[["dog"]])
     with pytest.raises(Rejected, match="constraints: lexical constraints .*use engine=torch"):
@@ -325,7 +325,7 @@ def test_a_lone_surrogate_fails_its_own_request_only(server, model, tokenizer):
 
 
 def test_a_sentence_the_tokenizer_refuses_is_the_client_s_error(tokenizer):
-    from mtrain.cli.serve_model import ServedModel
+    from mtrain.serve.model import ServedModel
 
     served = ServedModel(
         None, tokenizer, torch.device("cpu"), "fp32", "a checkpoint", "run", "torch", "de", "en", 64, 1
@@ -402,7 +402,7 @@ def is_unicode(text: str) -> bool:
 @pytest.fixture(scope="module")
 def model_server(run_dir):
     """The test model in an InProcessServer that takes sentences of up to 10,000 characters."""
-    from mtrain.cli.serve_model import open_served_model
+    from mtrain.serve.model import open_served_model
 
     settings = dict(
         run=str(run_dir),
@@ -698,7 +698,7 @@ class InProcessServer:
         import uvicorn
 
         from mtrain.cli.serve import listen, uvicorn_config
-        from mtrain.cli.serve_app import build_app
+        from mtrain.serve.app import build_app
 
         self.cfg = ServeConfig(**settings)
         self.listener = listen("127.0.0.1", 0)
@@ -725,7 +725,7 @@ class InProcessServer:
 def app_client(translate, **limits):
     from starlette.testclient import TestClient
 
-    from mtrain.cli.serve_app import build_app
+    from mtrain.serve.app import build_app
 
     return TestClient(build_app(StandIn(translate), ServeConfig(**limits)), raise_server_exceptions=False)
 
@@ -760,8 +760,8 @@ def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback()
 
 
 def test_request_settings_start_from_the_server_s_decode_section():
-    from mtrain.cli.serve_app import Rejected, TranslateRequest, request_decoding
     from mtrain.config import Sampling
+    from mtrain.serve.app import Rejected, TranslateRequest, request_decoding
 
     cfg = ServeConfig(decode=DecodeConfig(beam=4, nbest=2, length_penalty=0.6), max_beam=6)
     decode = request_decoding(TranslateRequest(text=["a"], beam=6), cfg)

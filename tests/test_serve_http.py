@@ -1,4 +1,4 @@
-"""mtrain.cli.serve_http: what a slow, greedy or oversending client gets, through the server stack
+"""mtrain.serve.protocol: what a slow, greedy or oversending client gets, through the server stack
 `mtrain serve` runs (uvicorn with mtrain's protocol and middleware; `InProcessServer`, a stand-in
 model) on a free loopback port, spoken to with raw sockets and Python's own HTTP clients."""
 
@@ -15,7 +15,7 @@ import urllib.request
 import httpx
 import pytest
 
-from mtrain.cli.serve_http import DISCARD_LIMIT_BYTES, NowAndThen, printable
+from mtrain.serve.protocol import DISCARD_LIMIT_BYTES, NowAndThen, printable
 from tests.test_serve import InProcessServer, StandIn, upper_case
 
 BIG = json.dumps({"text": ["Ein Hund."] * 800_000}).encode()  # 10 MB, as in issue 40

@@ -10,10 +10,10 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from mtrain.cli.serve_access import RateLimiter, read_api_keys
 from mtrain.config import DecodeConfig, ServeConfig
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
+from mtrain.serve.access import RateLimiter, read_api_keys
 from tests.conftest import needed_in_ci
 from tests.test_serve import DECODE, SENTENCES, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
 
@@ -139,7 +139,7 @@ class StandIn:
 def app_client(**settings):
     from starlette.testclient import TestClient
 
-    from mtrain.cli.serve_app import build_app
+    from mtrain.serve.app import build_app
 
     return TestClient(build_app(StandIn(), ServeConfig(**settings)), raise_server_exceptions=False)
 

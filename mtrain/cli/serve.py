@@ -6,8 +6,8 @@
     curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
-process, one event loop for HTTP (`serve_app`), one decoding thread (`mtrain.decode.batcher`)
-that owns the engine; `serve_http` bounds what a client may hold (read_timeout_s,
+process, one event loop for HTTP (`serve.app`), one decoding thread (`mtrain.serve.batcher`)
+that owns the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
 max_connections, max_request_bytes). SIGTERM or Ctrl-C: uvicorn stops accepting connections
 and answers the requests in flight, the decoder drains, and the command exits with status 0.
 Logs go to stderr, one line per request (access_log); nothing is written to disk.
@@ -37,11 +37,11 @@ def run_serve(cfg: ServeConfig) -> None:
     """Open the run's engine and serve it until a stop signal."""
     import uvicorn
 
-    from mtrain.cli.serve_app import build_app
-    from mtrain.cli.serve_model import open_served_model
     from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
+    from mtrain.serve.app import build_app
+    from mtrain.serve.model import open_served_model
 
     if cfg.run is None:
         raise MtrainError(
@@ -74,10 +74,10 @@ def run_serve(cfg: ServeConfig) -> None:
 
 def uvicorn_config(app: FastAPI, cfg: ServeConfig) -> uvicorn.Config:
     """How uvicorn runs `app`: mtrain's guarded HTTP/1.1 protocol, mtrain's log (one line per
-    request from serve_http.RequestLog, none from uvicorn), the app's lifespan."""
+    request from serve.protocol.RequestLog, none from uvicorn), the app's lifespan."""
     import uvicorn
 
-    from mtrain.cli.serve_http import guarded_protocol
+    from mtrain.serve.protocol import guarded_protocol
 
     return uvicorn.Config(
         app,

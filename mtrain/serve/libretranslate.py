@@ -10,14 +10,14 @@ browser plugins, the web page at `GET /`) translate with an mtrain model.
 
 One path, two APIs. A POST /translate whose body is a form (application/x-www-form-urlencoded,
 what libretranslatepy sends), or a JSON object with LibreTranslate's q, source or target and
-without mtrain's `text`, is LibreTranslate's; anything else stays mtrain's (serve_app). `LibreTranslateDispatch`, an ASGI
-middleware, reads the body once (after serve_http.RequestBody has bounded it), keeps its fields
+without mtrain's `text`, is LibreTranslate's; anything else stays mtrain's (serve.app). `LibreTranslateDispatch`, an ASGI
+middleware, reads the body once (after serve.protocol.RequestBody has bounded it), keeps its fields
 in the request's state and routes the request to `LIBRETRANSLATE_PATH`, which can also be
 called directly.
 
 As LibreTranslate: the fields q, source, target, format, alternatives, api_key (others are
 ignored); errors are `{"error": "..."}` with 400 (a missing or wrong field, an unsupported
-language or format, over a limit), 403 (API keys, serve_access) and 429 (the rate limit).
+language or format, over a limit), 403 (API keys, serve.access) and 429 (the rate limit).
 Where mtrain differs:
 - Each line of a text is translated as one sentence (mtrain's models translate sentences; a
   line with several is translated whole, as `mtrain translate` does) and the lines are joined
@@ -50,13 +50,13 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
-from mtrain.cli.serve_access import BODY_FIELDS
-from mtrain.cli.serve_model import ServedModel
 from mtrain.config import DecodeConfig, ServeConfig, with_values
 from mtrain.data.languages import language_name
-from mtrain.decode.batcher import BatcherClosed
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.errors import MtrainError
+from mtrain.serve.access import BODY_FIELDS
+from mtrain.serve.batcher import BatcherClosed
+from mtrain.serve.model import ServedModel
 
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
 FORM = "application/x-www-form-urlencoded"

@@ -1,4 +1,4 @@
-"""How a request reaches `mtrain serve`'s routes (`serve_app`), and why no client can hold the
+"""How a request reaches `mtrain serve`'s routes (`serve.app`), and why no client can hold the
 server: the connection and the body, below the routes.
 
 uvicorn's HTTP/1.1 protocol waits for a request's head without end and accepts connections

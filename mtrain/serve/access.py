@@ -2,7 +2,7 @@
 (`rate_limit_per_minute`), both off by default.
 
 They guard the routes that translate: POST /translate, mtrain's API and LibreTranslate's alike
-(and LibreTranslate's own path, serve_libretranslate.LIBRETRANSLATE_PATH); the page, /health
+(and LibreTranslate's own path, serve.libretranslate.LIBRETRANSLATE_PATH); the page, /health
 and /languages stay open, as LibreTranslate's do. A request names its key as LibreTranslate's
 clients do, in the field `api_key` of its body (JSON or form), or in the query (`?api_key=`),
 or in the header `Authorization: Bearer KEY` (mtrain's JSON API has no field for it).
@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse
 from mtrain.config import ServeConfig
 from mtrain.errors import MtrainError
 
-# The body's fields as LibreTranslate's handler read them (`serve_libretranslate`), in the
+# The body's fields as LibreTranslate's handler read them (`serve.libretranslate`), in the
 # request's ASGI state: its api_key counts like the header's.
 BODY_FIELDS = "libretranslate"
 

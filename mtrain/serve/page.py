@@ -1,12 +1,12 @@
 """The web page of `mtrain serve`, at GET /: type or paste text, pick the languages, translate,
 read the translation and, when asked, its alternatives.
 
-The page is one HTML file shipped with mtrain (`mtrain/cli/static/translate.html`, package data)
+The page is one HTML file shipped with mtrain (`mtrain/serve/static/translate.html`, package data)
 with its style and script inside: no external asset, so it works offline, and its
 Content-Security-Policy forbids loading any (it may only call this server). It speaks the
-server's LibreTranslate API (serve_libretranslate): GET languages fills the language lists
+server's LibreTranslate API (serve.libretranslate): GET languages fills the language lists
 (the target list is a choice for a multilingual run), POST translate sends the text, the
-target and the number of alternatives. With API keys on (serve_access), a 403 answer shows a
+target and the number of alternatives. With API keys on (serve.access), a 403 answer shows a
 field for the key.
 """
 
@@ -25,7 +25,7 @@ POLICY = (
 
 
 def page_html() -> str:
-    return files("mtrain.cli").joinpath("static").joinpath("translate.html").read_text(encoding="utf-8")
+    return files("mtrain.serve").joinpath("static").joinpath("translate.html").read_text(encoding="utf-8")
 
 
 def page_router() -> APIRouter:

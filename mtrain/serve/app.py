@@ -14,10 +14,10 @@ Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wro
 limit, 422 a wrong field, type or value, 404/405 no such route), 504 past
 `request_timeout_s`, 503 while shutting down or over `max_connections`, and a 500 that
 names only the exception type, never a traceback. The body is read, within its limits, before
-a route sees it (`serve_http`). A /translate body is JSON whatever its Content-Type says,
+a route sees it (`serve.protocol`). A /translate body is JSON whatever its Content-Type says,
 checked here (`read_translate_request`) so that every message is ours and names the field.
 Handlers never decode: they submit the request's sentences to the batcher
-(`mtrain.decode.batcher`), whose one worker thread decodes the sentences of concurrent
+(`mtrain.serve.batcher`), whose one worker thread decodes the sentences of concurrent
 requests together, and await the result; a request whose sentence fails to encode or decode
 fails alone, never the requests that shared its batch.
 """
@@ -39,11 +39,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mtrain.cli.serve_access import add_access_control
-from mtrain.cli.serve_http import RequestBody, RequestLog, printable
-from mtrain.cli.serve_libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
-from mtrain.cli.serve_model import ServedModel, UnknownTargetLanguage, check_target_language
-from mtrain.cli.serve_page import page_router
 from mtrain.config import (
     AlignmentLevel,
     DecodeConfig,
@@ -54,12 +49,17 @@ from mtrain.config import (
     with_values,
 )
 from mtrain.decode.alignment import pharaoh
-from mtrain.decode.batcher import Batcher, BatcherClosed
 from mtrain.decode.constraints import CONSTRAINTS_REFUSED
 from mtrain.decode.controls import TargetRequest
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
 from mtrain.decoding_rules import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CONTROLS
 from mtrain.errors import MtrainError
+from mtrain.serve.access import add_access_control
+from mtrain.serve.batcher import Batcher, BatcherClosed
+from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
+from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
+from mtrain.serve.page import page_router
+from mtrain.serve.protocol import RequestBody, RequestLog, printable
 
 log = logging.getLogger("mtrain.serve")
 
@@ -200,7 +200,7 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
                     hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
         return response_body(hypotheses, decode.nbest, alignments=wants_alignment(body, cfg))
 
-    # The web page, LibreTranslate's API beside mtrain's, who may translate (serve_page, _libretranslate, _access).
+    # The web page, LibreTranslate's API beside mtrain's, who may translate (serve.page, .libretranslate, .access).
     app.include_router(page_router())
     add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
     add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
