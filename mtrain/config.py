@@ -680,6 +680,9 @@ class ServeConfig:
     precision: str = "auto"  # as translate's
     num_threads: int | None = None  # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the default of every request
+    # The server's glossary, applied to every request of both APIs as translate's terms= (docs/SERVE.md)
+    terms: str | None = None  # `source term<TAB>target term`: found source terms -> constraints
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     max_input_tokens: int = 1024  # longer sentences are truncated with a warning, as translate does
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.
     host: str = "127.0.0.1"

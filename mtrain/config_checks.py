@@ -25,7 +25,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mtrain.config import (
-    AlignmentLevel,
     AverageConfig,
     ConstraintOrder,
     DecodeWeights,
@@ -44,7 +43,9 @@ from mtrain.config import (
     ServeConfig,
     TranslateConfig,
     alignment_level,
+    to_typed,
 )
+from mtrain.decoding_rules import Asked, check_decoding
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
@@ -59,22 +60,22 @@ def check_config(cfg: DictConfig) -> None:
         _check_fit(cfg)
     elif schema is TranslateConfig:
         _check_decode(cfg.decode, "decode")
-        _check_alignment(cfg)
+        alignment_level(cfg.decode.alignment)  # (its value: one line naming it)
         _check_decoding_precision(cfg)
-        _check_engine_sampling(cfg)
         _check_ensemble(cfg)
         _check_translate(cfg)
+        _check_combinations(cfg)
     elif schema is ServeConfig:
         _check_decode(cfg.decode, "decode")
-        _check_alignment(cfg)
+        alignment_level(cfg.decode.alignment)
         _check_decoding_precision(cfg)
-        _check_engine_sampling(cfg)
         _check_serve(cfg)
+        _check_combinations(cfg)
     elif schema is EvalConfig:
         _check_decode(cfg.decode, "decode")
-        _check_alignment(cfg)
+        alignment_level(cfg.decode.alignment)
         _check_decoding_precision(cfg)
-        _check_engine_sampling(cfg)
+        _check_combinations(cfg)
         _check_ensemble(cfg)
         _at_least(cfg, "average_last", 0)
         _at_least(cfg, "bootstrap_samples", 0)
@@ -546,38 +547,14 @@ def _check_decode(decode: DictConfig, prefix: str) -> None:
         raise MtrainError(f"{prefix}.top_p: {decode.top_p} must be in (0, 1]")
 
 
-def _check_alignment(cfg: DictConfig) -> None:
-    """decode.alignment's value, and what CTranslate2 can give: the last layer's heads
-    averaged (the alignment layer `mtrain export` writes), nothing else."""
-    if alignment_level(cfg.decode.alignment) is AlignmentLevel.none:
-        return
-    if cfg.decode.mbr.candidates != MbrCandidates.none:
-        raise MtrainError(
-            f"decode.alignment={cfg.decode.alignment}: MBR decoding (decode.mbr.candidates="
-            f"{cfg.decode.mbr.candidates}) keeps no attention to align with; use beam search for alignments"
-        )
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    layer, head = cfg.decode.alignment_layer, cfg.decode.alignment_head
-    if (cfg.engine == Engine.ctranslate2 or exported) and (layer not in (None, -1) or head is not None):
-        raise MtrainError(
-            f"decode.alignment_layer={_null(layer)} alignment_head={_null(head)}: CTranslate2 gives the last layer's "
-            "attention averaged over heads only; leave both unset (or layer -1), or use engine=torch"
-        )
-
-
 MARKUP_FORMATS = ("text", "xml", "html")
 
 
-def _check_format(fmt: str, decode: DictConfig, key: str) -> None:
-    """translate's `format` (serve's request field): text, or markup put back by word alignments."""
+def _check_format(fmt: str, key: str) -> None:
+    """translate's `format`: text, or markup put back by word alignments (xml, html)."""
     if fmt not in MARKUP_FORMATS:
         raise MtrainError(
             f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
-        )
-    if fmt != "text" and alignment_level(decode.alignment) is AlignmentLevel.subword:
-        raise MtrainError(
-            f"{key}={fmt} puts tags back by word alignments; decode.alignment=subword would print other "
-            "links than it uses: use decode.alignment=word (or false)"
         )
 
 
@@ -611,22 +588,6 @@ def _refuse_quality_decoding_in_fit(decode: DictConfig) -> None:
                 f"decode.rerank.{key}: reranking is for mtrain translate, eval and serve; `mtrain fit` "
                 "validates and tests with beam search"
             )
-
-
-def _check_engine_sampling(cfg: DictConfig) -> None:
-    """CTranslate2 samples with top-k, top-p and temperature only: no epsilon cut."""
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    if cfg.engine != Engine.ctranslate2 and not exported:
-        return
-    decode = cfg.decode
-    mbr_samples = decode.mbr.candidates in (MbrCandidates.sample, MbrCandidates.both) or (
-        decode.mbr.candidates != MbrCandidates.none and decode.mbr.num_pseudo_refs is not None
-    )
-    if decode.sampling == Sampling.epsilon or (mbr_samples and decode.sampling == Sampling.none):
-        raise MtrainError(
-            "decode.sampling: CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
-            "with engine=ctranslate2 use decode.sampling=topp or topk, or decode with engine=torch"
-        )
 
 
 def _check_decoding_precision(cfg: DictConfig) -> None:
@@ -672,7 +633,7 @@ def _check_ensemble(cfg: DictConfig) -> None:
 
 def _check_translate(cfg: DictConfig) -> None:
     _at_least(cfg, "max_input_tokens", 2, why="(one token and eos)")
-    _check_format(str(cfg.format), cfg.decode, "format")
+    _check_format(str(cfg.format), "format")
     _optional_at_least(cfg, "num_threads", 1)
     layer = str(cfg.attention_layer)
     if layer not in ("last", "all") and not layer.lstrip("-").isdigit():
@@ -680,58 +641,39 @@ def _check_translate(cfg: DictConfig) -> None:
     if cfg.output is not None:
         check_writable_file(Path(cfg.output), "output")
     _check_target_controls(cfg)
-    _check_selection_with_controls(cfg)
-
-
-def _check_selection_with_controls(cfg: DictConfig) -> None:
-    """MBR draws and ranks its own candidates and reranking reorders the n-best by features
-    that know nothing of a forced prefix or required phrases (mtrain.decode.selection): not
-    combined with translate's controls, nor MBR with markup, whose tags follow the alignments."""
-    decode = cfg.decode
-    selection = (
-        "decode.mbr.candidates"
-        if decode.mbr.candidates != MbrCandidates.none
-        else "decode.rerank.weights"
-        if decode.rerank.weights is not None
-        else None
-    )
-    if selection is None:
-        return
-    controls = [
-        f"{key}={cfg.get(key)}"
-        for key in ("prefix", "constraints", "terms", "avoid")
-        if cfg.get(key) not in (None, ConstraintOrder.none)
-    ]
-    if str(cfg.format) != "text" and selection == "decode.mbr.candidates":
-        controls.append(f"format={cfg.format}")
-    if controls:
-        raise MtrainError(
-            f"{controls[0]}: {selection} (MBR or reranking) does not take prefixes, constraints, terms, avoided "
-            "phrases or markup; decode them with beam search"
-        )
 
 
 def _check_target_controls(cfg: DictConfig) -> None:
-    """translate's prefix=, constraints=, terms= and avoid=: readable files, and an engine and
-    search that can honour them (CTranslate2 has prefixes and avoided phrases, not constraints;
-    constraints need beam search)."""
+    """translate's prefix=, terms= and avoid=: readable files (what an engine and search can
+    honour with them: `_check_combinations`)."""
     for key in ("prefix", "terms", "avoid"):
         path = cfg.get(key)
         if path is not None and not Path(str(path)).is_file():
             raise MtrainError(f"{key}={path}: no such file")
-    constrained = [
-        f"{key}={cfg.get(key)}" for key in ("constraints", "terms") if cfg.get(key) not in (None, ConstraintOrder.none)
+
+
+def _check_combinations(cfg: DictConfig) -> None:
+    """What translate, eval and serve ask for beyond decode.*, by the command line's names,
+    against what the decode settings and the engine can honour (mtrain.decoding_rules, the
+    rules an HTTP request is checked by too)."""
+    decode = to_typed(cfg.decode)
+    given = {key: cfg.get(key) for key in ("prefix", "constraints", "terms", "avoid", "attention")}
+    constraints = [
+        f"{key}={value}"
+        for key, value in given.items()
+        if key in ("constraints", "terms") and value not in (None, ConstraintOrder.none)
     ]
-    if not constrained:
-        return
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    if cfg.engine != Engine.torch or exported:
-        raise MtrainError(
-            f"{constrained[0]}: CTranslate2 has no lexical constraints (only prefix= and avoid=); use engine=torch"
-            + (" with a run directory of `mtrain fit`" if exported else "")
-        )
-    if cfg.decode.sampling != Sampling.none:
-        raise MtrainError(f"{constrained[0]}: lexical constraints need beam search; drop decode.sampling")
+    fmt = str(cfg.get("format", "text"))
+    asked = Asked(
+        prefix=f"prefix={given['prefix']}" if given["prefix"] is not None else None,
+        constraints=constraints[0] if constraints else None,
+        avoid=f"avoid={given['avoid']}" if given["avoid"] is not None else None,
+        markup=f"format={fmt}" if fmt != "text" else None,
+        alignment=f"decode.alignment={cfg.decode.alignment}" if decode.aligns else None,
+        pictures=f"attention={given['attention']}" if given["attention"] is not None else None,
+    )
+    exported = cfg.run is not None and is_export_dir(str(cfg.run))  # CTranslate2 decodes it, whatever engine says
+    check_decoding(decode, asked, ctranslate2=cfg.engine == Engine.ctranslate2 or exported)
 
 
 def _check_average_out(cfg: DictConfig) -> None:
@@ -785,6 +727,8 @@ def _check_serve(cfg: DictConfig) -> None:
                 f"every request; raise max_beam or lower decode.{key}"
             )
     _at_least(cfg, "rate_limit_per_minute", 0)
+    if cfg.terms is not None and not Path(str(cfg.terms)).is_file():
+        raise MtrainError(f"terms={cfg.terms}: no such file")
     if cfg.api_keys_file is not None and not Path(cfg.api_keys_file).is_file():
         raise MtrainError(f"api_keys_file: {cfg.api_keys_file} is not a file (one API key per line)")
 

@@ -43,8 +43,8 @@ CONSTRAINTS_WITH_CTRANSLATE2 = (
 )
 CONSTRAINTS_WITH_SAMPLING = "lexical constraints need beam search: decode them with decode.sampling=none"
 MARKUP_WITH_SUBWORD_LINKS = (
-    "markup is put back by word alignments; decode.alignment=subword would print other links than it "
-    "uses: use decode.alignment=word (or false)"
+    "markup puts its tags back by word alignments; decode.alignment=subword would print other links than "
+    "it uses: use decode.alignment=word (or false)"
 )
 CTRANSLATE2_ALIGNMENT_LAYER = (
     "CTranslate2 gives the last layer's attention averaged over heads only; leave both unset "

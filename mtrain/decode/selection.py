@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mtrain.config import DecodeConfig, Sampling, with_values
+from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, with_values
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.engine import Engine
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.mbr import hypotheses_per_sentence, mbr_decode
-from mtrain.decode.rerank import FeatureScorer, read_weights, rerank, weight_vector
+from mtrain.decode.rerank import FeatureScorer, features_of, read_weights, rerank, weight_vector
 from mtrain.decoding_rules import SELECTION_WITH_CONTROLS, SELECTION_WITH_PICTURES
 from mtrain.errors import MtrainError
 
@@ -41,6 +41,32 @@ def decoded_per_sentence(cfg: DecodeConfig) -> int:
     if cfg.uses_mbr:
         return hypotheses_per_sentence(cfg)
     return cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
+
+
+def describe_search(cfg: DecodeConfig) -> str:
+    """How hypotheses are found and chosen, for a start line: `beam 5`, `greedy`, `top-p
+    sampling (p=0.9), 4 samples`, `MBR-chrF over 16 beam candidates, reranked by forward+reverse`."""
+    if cfg.uses_mbr:
+        utility = {MbrUtility.chrf: "chrF", MbrUtility.bleu: "BLEU"}[MbrUtility(cfg.mbr.utility)]
+        kind = {MbrCandidates.beam: "beam", MbrCandidates.sample: "sampled", MbrCandidates.both: "beam and sampled"}
+        text = f"MBR-{utility} over {cfg.mbr.num_candidates} {kind[MbrCandidates(cfg.mbr.candidates)]} candidates"
+        if cfg.mbr.num_pseudo_refs is not None:
+            text += f" against {cfg.mbr.num_pseudo_refs} sampled pseudo-references"
+    elif cfg.samples:
+        sampling = Sampling(cfg.sampling)
+        how = {
+            Sampling.topk: f"top-k sampling (k={cfg.top_k})",
+            Sampling.topp: f"top-p sampling (p={cfg.top_p:g})",
+            Sampling.epsilon: f"epsilon sampling (epsilon={cfg.epsilon:g})",
+        }[sampling]
+        text = f"{how}, {cfg.nbest} sample{'s' if cfg.nbest != 1 else ''}"
+    else:
+        text = "greedy" if cfg.beam == 1 else f"beam {cfg.beam}"
+    if cfg.uses_rerank:
+        text += f", reranked by {'+'.join(features_of(cfg))}"
+    if cfg.nbest > 1 and not cfg.samples:
+        text += f", {cfg.nbest}-best"
+    return text
 
 
 def selecting(engine: Engine, tokenizer: Tokenizer, cfg: DecodeConfig, device: torch.device | str) -> Engine:
