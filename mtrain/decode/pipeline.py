@@ -328,5 +328,3 @@ def with_options(decode: DecodeConfig, **values: Any) -> DecodeConfig:
     """`decode` (a dataclass, or a composed node) as the dataclass with `values` changed."""
     typed: DecodeConfig = to_typed(decode)
     return replace(typed, **values) if values else typed
-
-
