@@ -129,9 +129,92 @@ class PipelineStats:
             )
         return "; ".join(parts) or None
 
+    def count(self, sentence: Prepared, translation: str) -> None:
+        """One sentence and its best translation (without tags): a phrase is met where the
+        translation holds it as written (spaces inside it matching any whitespace)."""
+        self.sentences += 1
+        if sentence.request is None or not sentence.request.constraints:
+            return
+        words = " " + " ".join(translation.split()) + " "
+        terms = set(sentence.terms)
+        given = [phrase for phrase in sentence.request.constraints if phrase not in terms]
+        if given:
+            self.constrained_sentences += 1
+            self.constraints_applied += len(given)
+            self.constraints_met += sum(" ".join(phrase.split()) in words for phrase in given)
+        if sentence.terms:
+            self.termed_sentences += 1
+            self.terms_applied += len(sentence.terms)
+            self.terms_met += sum(" ".join(phrase.split()) in words for phrase in sentence.terms)
+
+
+def asked_of(requests: Sequence[DecodeRequest], options: Options) -> Asked:
+    """What `requests` ask for beyond the decode settings, by `options.names`."""
+    names = options.names
+    constraints = any(r.constraints for r in requests)
+    return Asked(
+        prefix=names.prefix if any(r.prefix.strip() for r in requests) else None,
+        constraints=names.constraints if constraints else names.terms if options.glossary is not None else None,
+        avoid=names.avoid if any(r.avoid for r in requests) else None,
+        markup=names.format if options.format != "text" else None,
+        alignment=names.alignment if options.decode.aligns else None,
+        pictures=names.pictures if options.attention_layer is not None else None,
+    )
+
+
+def check_requests(requests: Sequence[DecodeRequest], options: Options, ctranslate2: bool) -> None:
+    """1. RefusedCombination (mtrain.decoding_rules) for what cannot be honoured together on
+    this engine (`ctranslate2`: CTranslate2's, else mtrain's own)."""
+    check_decoding(options.decode, asked_of(requests, options), ctranslate2)
+
+
+def prepare_requests(requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
+    """2. Each request's plain text and controls: markup taken out, the glossary's terms found
+    in the plain text; MtrainError naming `where` for malformed markup."""
+    prepared = []
+    for request in requests:
+        markup = None
+        source = request.text
+        if options.format != "text":
+            try:
+                markup = parse_markup(request.text.rstrip("\n"), options.format)
+            except MarkupError as error:
+                raise MtrainError(f"{request.where}: format={options.format}: {error}") from None
+            source = markup.text
+        terms: tuple[str, ...] = ()
+        constraints = request.constraints
+        if options.glossary is not None:
+            terms = tuple(options.glossary.constraints(source))
+            constraints = tuple(dict.fromkeys([*constraints, *terms]))
+        target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
+        controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
+        prepared.append(Prepared(source, target if controlled else None, markup, terms, request.where))
+    return prepared
+
+
+def finish_requests(
+    sentences: Sequence[Prepared],
+    hypotheses: list[list[Hypothesis]],
+    options: Options,
+    stats: PipelineStats | None = None,
+) -> None:
+    """4. In place: the stats counted (on the translations without their tags), each
+    hypothesis' text with its sentence's tags put back, its links dropped unless
+    `options.decode` asked for them."""
+    keep_links = options.decode.aligns
+    for sentence, hyps in zip(sentences, hypotheses, strict=True):
+        if stats is not None:
+            stats.count(sentence, hyps[0].text if hyps else "")
+        if sentence.markup is not None:
+            for hyp in hyps:
+                hyp.text = restore_markup(sentence.markup, hyp.text, hyp.alignment or [])
+                if not keep_links:
+                    hyp.alignment = None
+
 
 class RequestPipeline:
-    """Requests in, hypotheses out (see the module's docstring), for one opened engine."""
+    """Requests in, hypotheses out (see the module's docstring), for one opened engine: the
+    steps above around its decoder (`decode`)."""
 
     def __init__(
         self,
@@ -143,12 +226,10 @@ class RequestPipeline:
         ctranslate2: bool = False,
         input_limit: int | None = None,
         tokenizers: dict[str, Tokenizer] | None = None,
-        glossary: Glossary | None = None,
     ) -> None:
         """`model`: mtrain's model, an ensemble or an engine (wrapped once: a bf16 engine casts
         its weights once). `input_limit`: source ids per sentence, eos included (None: no cut).
-        `tokenizers`: per target language, its tokenizer (its tag first in every source).
-        `glossary`: the terms of every request (a server's `terms=`; translate's)."""
+        `tokenizers`: per target language, its tokenizer (its tag first in every source)."""
         self.engine: Engine = as_engine(model, tokenizer, device, precision)
         self.model = model
         self.tokenizer = tokenizer
@@ -157,63 +238,18 @@ class RequestPipeline:
         self.precision = precision
         self.ctranslate2 = ctranslate2
         self.input_limit = input_limit
-        self.glossary = glossary
         self.stats = PipelineStats()
         self._phrase_encoders: dict[int, PhraseEncoder] = {}
 
     def tokenizer_for(self, tgt_lang: str | None) -> Tokenizer:
         return self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
 
-    def glossary_with(self, pairs: Sequence[tuple[str, str]]) -> Glossary | None:
-        """The pipeline's glossary with a request's own term pairs (they win over its entries)."""
-        if not pairs:
-            return self.glossary
-        base = self.glossary
-        terms = {**(base.targets if base else {}), **{" ".join(s.split()): " ".join(t.split()) for s, t in pairs}}
-        return Glossary.of(terms, base.ignore_case if base else False)
-
-    # 1. the rules
-    def asked(self, requests: Sequence[DecodeRequest], options: Options) -> Asked:
-        """What `requests` ask for beyond the decode settings, by `options.names`."""
-        names = options.names
-        constraints = any(r.constraints for r in requests)
-        return Asked(
-            prefix=names.prefix if any(r.prefix.strip() for r in requests) else None,
-            constraints=names.constraints if constraints else names.terms if options.glossary is not None else None,
-            avoid=names.avoid if any(r.avoid for r in requests) else None,
-            markup=names.format if options.format != "text" else None,
-            alignment=names.alignment if options.decode.aligns else None,
-            pictures=names.pictures if options.attention_layer is not None else None,
-        )
-
     def check(self, requests: Sequence[DecodeRequest], options: Options) -> None:
-        """RefusedCombination (mtrain.decoding_rules) for what cannot be honoured together."""
-        check_decoding(options.decode, self.asked(requests, options), self.ctranslate2)
+        check_requests(requests, options, self.ctranslate2)
 
-    # 2. markup out, terms found
     def prepare(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
-        """Each request's plain text and controls; MtrainError naming `where` for malformed markup."""
-        prepared = []
-        for request in requests:
-            markup = None
-            source = request.text
-            if options.format != "text":
-                try:
-                    markup = parse_markup(request.text.rstrip("\n"), options.format)
-                except MarkupError as error:
-                    raise MtrainError(f"{request.where}: format={options.format}: {error}") from None
-                source = markup.text
-            terms: tuple[str, ...] = ()
-            constraints = request.constraints
-            if options.glossary is not None:
-                terms = tuple(options.glossary.constraints(source))
-                constraints = tuple(dict.fromkeys([*constraints, *terms]))
-            target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
-            controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
-            prepared.append(Prepared(source, target if controlled else None, markup, terms, request.where))
-        return prepared
+        return prepare_requests(requests, options)
 
-    # 3. the decoder
     def decode(
         self,
         sentences: Sequence[Prepared],
@@ -222,12 +258,12 @@ class RequestPipeline:
         attention_layer: int | str | None = None,
         on_batch: Callable[[int], object] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Per prepared sentence, up to `decode.nbest` hypotheses (with `.text`), decoded with
-        `decode` as given (`Options.decoding()`: alignments for markup)."""
+        """3. Per prepared sentence, up to `decode.nbest` hypotheses (with `.text`), decoded
+        with `decode` as given (`Options.decoding()`: alignments for markup); each sentence's
+        `ids` and `cut` filled."""
         tokenizer = self.tokenizer_for(tgt_lang)
         for sentence in sentences:
             sentence.ids, sentence.cut = self.encode(sentence.source, tokenizer, sentence.where)
-        sources = [sentence.ids for sentence in sentences]
         controls = None
         if any(sentence.request is not None for sentence in sentences):
             encode = self._phrase_encoders.get(id(tokenizer))
@@ -237,7 +273,7 @@ class RequestPipeline:
         return translate_encoded(
             self.engine,
             tokenizer,
-            sources,
+            [sentence.ids for sentence in sentences],
             decode,
             self.device,
             self.precision,
@@ -270,19 +306,8 @@ class RequestPipeline:
             return ids[: limit - 1] + [tokenizer.eos_id], True
         return ids + [tokenizer.eos_id], False
 
-    # 4. tags back, links as asked, what the controls did
     def finish(self, sentences: Sequence[Prepared], hypotheses: list[list[Hypothesis]], options: Options) -> None:
-        """In place: each hypothesis' text with its sentence's tags put back; its links
-        dropped unless `options.decode` asked for them; the stats counted."""
-        keep_links = options.decode.aligns
-        tokenizer = self.tokenizer_for(options.tgt_lang)
-        for sentence, hyps in zip(sentences, hypotheses, strict=True):
-            if sentence.markup is not None:
-                for hyp in hyps:
-                    hyp.text = restore_markup(sentence.markup, hyp.text, hyp.alignment or [])
-                    if not keep_links:
-                        hyp.alignment = None
-            self._count(sentence, hyps[0] if hyps else None, tokenizer)
+        finish_requests(sentences, hypotheses, options, self.stats)
 
     def translate(
         self,
@@ -296,32 +321,6 @@ class RequestPipeline:
         hypotheses = self.decode(prepared, options.decoding(), options.tgt_lang, options.attention_layer, on_batch)
         self.finish(prepared, hypotheses, options)
         return hypotheses
-
-    def _count(self, sentence: Prepared, best: Hypothesis | None, tokenizer: Tokenizer) -> None:
-        stats = self.stats
-        stats.sentences += 1
-        if sentence.request is None or not sentence.request.constraints:
-            return
-        tokens = best.tokens if best is not None else []
-        encode = self._phrase_encoders.get(id(tokenizer), tokenizer.encode_tgt)
-        terms = set(sentence.terms)
-        given = [phrase for phrase in sentence.request.constraints if phrase not in terms]
-        for phrases, kind in ((given, "constraints"), (sentence.terms, "terms")):
-            if not phrases:
-                continue
-            met = sum(_contains(tokens, encode(" ".join(phrase.split()))) for phrase in phrases)
-            setattr(stats, f"{kind}_applied", getattr(stats, f"{kind}_applied") + len(phrases))
-            setattr(stats, f"{kind}_met", getattr(stats, f"{kind}_met") + met)
-            if kind == "terms":
-                stats.termed_sentences += 1
-            else:
-                stats.constrained_sentences += 1
-
-
-def _contains(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
-    """Whether `phrase` (non-empty) occurs in `tokens` as consecutive tokens."""
-    n = len(phrase)
-    return n > 0 and any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
 
 
 def with_options(decode: DecodeConfig, **values: Any) -> DecodeConfig:

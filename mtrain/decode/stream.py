@@ -185,9 +185,7 @@ def translate_stream(
     if model_limit is not None and model_limit < limit:
         limit = model_limit  # the encoder cannot embed more positions
     controlled = line_controls or LineControls()
-    pipeline = RequestPipeline(
-        model, tokenizer, device, precision, ctranslate2=ctranslate2, input_limit=limit, glossary=controlled.glossary
-    )
+    pipeline = RequestPipeline(model, tokenizer, device, precision, ctranslate2=ctranslate2, input_limit=limit)
     options = Options(
         with_options(cfg.decode),
         format=str(cfg.format),
