@@ -93,7 +93,7 @@ class Served:
         try:
             prepared = self.check(requests, options)
         except RefusedCombination as error:
-            raise Rejected(invalid, str(error)) from None
+            raise Rejected(422, str(error)) from None
         except MtrainError as error:
             raise Rejected(invalid, str(error)) from None
         setting = Setting(options.decoding(), options.tgt_lang)
