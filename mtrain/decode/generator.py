@@ -113,8 +113,9 @@ def generate(
     device = src_tokens.device
     target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
     # With constraints, the constrained beam chooses (mtrain.decode.constraints).
-    search = constrained_search(cfg, target) if target is not None and target.has_constraints else None
-    search = search or build_search(cfg, device)
+    search: SearchAlgorithm = (
+        constrained_search(cfg, target) if target is not None and target.has_constraints else build_search(cfg, device)
+    )
     width = search.width
     batch = src_tokens.size(0)
     if batch == 0:

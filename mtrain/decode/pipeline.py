@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision, to_typed, with_values
+from mtrain.config import DecodeConfig, Precision, to_typed
 from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.engine import Engine, as_engine
 from mtrain.decode.hypothesis import Hypothesis
@@ -84,7 +84,7 @@ class Options:
     def decoding(self) -> DecodeConfig:
         """The settings decoded with: word alignments added where markup needs them."""
         if self.format != "text" and not self.decode.aligns:
-            return with_values(self.decode, alignment="word")
+            return replace(self.decode, alignment="word")
         return self.decode
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, with_values
+from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, to_typed, with_values
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.engine import Engine
 from mtrain.decode.hypothesis import Hypothesis
@@ -46,6 +46,7 @@ def decoded_per_sentence(cfg: DecodeConfig) -> int:
 def describe_search(cfg: DecodeConfig) -> str:
     """How hypotheses are found and chosen, for a start line: `beam 5`, `greedy`, `top-p
     sampling (p=0.9), 4 samples`, `MBR-chrF over 16 beam candidates, reranked by forward+reverse`."""
+    cfg = to_typed(cfg)  # (a composed node from a library caller: the dataclass whose predicates it reads)
     if cfg.uses_mbr:
         utility = {MbrUtility.chrf: "chrF", MbrUtility.bleu: "BLEU"}[MbrUtility(cfg.mbr.utility)]
         kind = {MbrCandidates.beam: "beam", MbrCandidates.sample: "sampled", MbrCandidates.both: "beam and sampled"}

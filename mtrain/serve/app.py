@@ -320,10 +320,12 @@ def pipeline_request(
             raise Rejected(
                 422, f"{key}: {len(given)} entries for {count} sentences in text; give one per sentence (in order)"
             )
-    for key, phrases, most in [
-        ("avoid", request.avoid or [], MAX_PHRASES),
-        ("terms", request.terms or [], MAX_TERMS),
-    ] + [(f"constraints[{i}]", sentence, MAX_PHRASES) for i, sentence in enumerate(request.constraints or [])]:
+    limits: list[tuple[str, list[Any], int]] = [
+        ("avoid", list(request.avoid or []), MAX_PHRASES),
+        ("terms", list(request.terms or []), MAX_TERMS),
+    ]
+    limits += [(f"constraints[{i}]", sentence, MAX_PHRASES) for i, sentence in enumerate(request.constraints or [])]
+    for key, phrases, most in limits:
         if len(phrases) > most:
             raise Rejected(422, f"{key}: {len(phrases)} {'pairs' if key == 'terms' else 'phrases'}, at most {most}")
     for index, pair in enumerate(request.terms or []):
