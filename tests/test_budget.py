@@ -8,8 +8,8 @@ import pytest
 
 from mtrain.config import DecodeConfig, TrainConfig
 from mtrain.decode.cost import StepCost, _solve, decode_seconds
-from mtrain.train.budget import EndCost, RunBudget, budget_name, resumed_training_budget
-from mtrain.train.progress import TrainState, budget_reason
+from mtrain.train.budget import EndCost, RunBudget, budget_name, budget_reason, resumed_training_budget
+from mtrain.train.progress import TrainState
 
 
 class Clock:

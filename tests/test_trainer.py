@@ -15,9 +15,10 @@ from mtrain.batches.corpus import EncodedCorpus
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import build_model
 from mtrain.tokenizer import SpecialIds
+from mtrain.train.budget import budget_reason
 from mtrain.train.builders import build_parts
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
+from mtrain.train.progress import TrainState, ValidationRhythm
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
 from tests.test_fit import compose_fit

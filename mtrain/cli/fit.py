@@ -94,12 +94,13 @@ def _check_and_fit(
     cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str], started: float
 ) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
+    from mtrain.train.budget import budget_reason
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpoint_state import resumed_budget
     from mtrain.train.checkpointer import check_resumable_config, check_resumable_state, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.init_from import inherited_config, load_parent, resumed_config
-    from mtrain.train.progress import TrainState, budget_reason
+    from mtrain.train.progress import TrainState
 
     resume_path = _check_run_dir(run, cfg)
     resume_state = None
@@ -304,7 +305,7 @@ def _threads_line(cfg: FitConfig) -> str:
 
 def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
     """The one-line error of a stop signal outside training's updates (exit status 128 + signum)."""
-    from mtrain.train.trainer import TrainingInterrupted
+    from mtrain.train.faults import TrainingInterrupted
 
     return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
 

@@ -137,6 +137,14 @@ class TrainingDiverged(MtrainError):
     """Raised when too many consecutive updates are non-finite."""
 
 
+class TrainingInterrupted(MtrainError):
+    """A stop signal ended training after a checkpoint was written; exit with `exit_status`."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
