@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mtrain.wording import counted
+
 # Below this share of its threads' CPUs a run is said to be slowed by the machine: an idle
 # 2-core machine gives a 2-thread training ~95%; the slack covers Python's serial parts.
 LOW_SHARE = 0.70
@@ -68,10 +70,14 @@ class Share:
         }
 
     def describe(self, what: str = "this run") -> str:
-        """'other processes use this machine: this run got 53% of 2 CPUs (load average 3.4)'."""
-        load = "" if self.load is None else f" (load average {self.load:.1f} on {usable_cpus()} CPUs)"
-        got = f"{what} got {100 * self.fraction:.0f}% of {self.cpus} CPU{'' if self.cpus == 1 else 's'}{load}"
-        if self.load is not None and self.load < usable_cpus() + 0.5:
+        """'other processes use this machine: this run got 53% of 2 CPUs (load average 3.4 on 2 CPUs)'.
+
+        The load average is the machine's (runnable threads, this process's included): below its
+        CPUs and a half, no other process competes, and the process's own threads were waiting."""
+        machine_cpus = os.cpu_count() or self.cpus
+        load = "" if self.load is None else f" (load average {self.load:.1f} on {counted(machine_cpus, 'CPU')})"
+        got = f"{what} got {100 * self.fraction:.0f}% of {counted(self.cpus, 'CPU')}{load}"
+        if self.load is not None and self.load < machine_cpus + 0.5:
             return f"{got}: the load average shows no other busy process, its own threads wait"
         return f"other processes use this machine: {got}"
 
