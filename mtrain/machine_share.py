@@ -72,13 +72,15 @@ class Share:
     def describe(self, what: str = "this run") -> str:
         """'other processes use this machine: this run got 53% of 2 CPUs (load average 3.4 on 2 CPUs)'.
 
-        The load average is the machine's (runnable threads, this process's included): below its
-        CPUs and a half, no other process competes, and the process's own threads were waiting."""
+        The load average is the machine's (runnable threads, this process's included, over the
+        last minute): at or above its CPUs and a half, others compete for them. Below, the
+        process still ran less than its threads could (other processes on the CPUs it may use,
+        or its threads waited), which the line says without naming a cause."""
         machine_cpus = os.cpu_count() or self.cpus
         load = "" if self.load is None else f" (load average {self.load:.1f} on {counted(machine_cpus, 'CPU')})"
         got = f"{what} got {100 * self.fraction:.0f}% of {counted(self.cpus, 'CPU')}{load}"
         if self.load is not None and self.load < machine_cpus + 0.5:
-            return f"{got}: the load average shows no other busy process, its own threads wait"
+            return f"{got}, less than its threads could use"
         return f"other processes use this machine: {got}"
 
     def in_words(self) -> str:

@@ -36,7 +36,7 @@ from mtrain.train.progress import TrainState
 log = logging.getLogger("mtrain")
 
 # Training seconds before the machine's share is judged (the first updates build caches).
-SHARE_AFTER_S = 15.0
+SHARE_AFTER_S = 10.0
 
 
 class BudgetKeeper:
