@@ -122,11 +122,11 @@ def test_the_test_decode_is_skipped_or_stopped_to_keep_to_the_deadline():
     clock = Clock()
     references = ["a small dog runs ."] * 10
     hopeless = ScoringDeadline(clock.now + 30.0, expected=100.0, max_time="2m", clock=clock)
-    with pytest.raises(DecodeOutOfTime, match=r"^test: skipped to keep to max_time=2m: 2\d s left and the test decode"):
+    with pytest.raises(DecodeOutOfTime, match=r"^test: skipped to keep to max_time=2m: 30 s left and the test decode"):
         hopeless.check_start("test", references)  # 100 s measured, under 30 left: not started
-    deadline = ScoringDeadline(clock.now + 30.0, expected=40.0, max_time="2m", clock=clock)
+    deadline = ScoringDeadline(clock.now + 30.0, expected=60.0, max_time="2m", clock=clock)
     end = deadline.check_start("test", references)  # within twice what is left: tried
-    assert clock.now + 28.0 < end <= clock.now + 30.0 - ScoringDeadline.FINISH_S  # scoring and writing kept
+    assert clock.now + 29.0 < end < clock.now + 30.0  # its scoring kept
     on_batch = deadline.guard("test", DecodeProgress("test", 100, None), end)
     clock.now += 10.0
     on_batch(40)  # the next batch of ~10 s ends at 20 s: go on

@@ -228,11 +228,9 @@ class DecodeOutOfTime(Exception):
 
 
 class ScoringDeadline:
-    """When the test decode must end: `deadline` (`clock()` time: the run's, less what writing
-    the reports takes after it); `expected` seconds of decoding and scoring were measured."""
-
-    # Seconds after the last decoded batch: scoring (timed per direction), reports, metrics.json, exit.
-    FINISH_S = 1.0
+    """When the test decode must end: by `deadline` (`clock()` time: the run's) with its scoring;
+    `expected` seconds of decoding and scoring were measured for it. What follows the scores
+    (reports, metrics.json, the process's exit) takes about a second past it."""
 
     def __init__(
         self, deadline: float, expected: float, max_time: str, clock: Callable[[], float] = time.monotonic
@@ -240,16 +238,16 @@ class ScoringDeadline:
         self.deadline, self.expected, self.max_time, self.clock = deadline, expected, max_time, clock
 
     def check_start(self, label: str, references: Sequence[str]) -> float:
-        """The deadline of this direction's decode (scoring kept after it), or DecodeOutOfTime when
-        what was measured for the test cannot fit in the time left, even twice too pessimistic."""
-        decode_deadline = self.deadline - scoring_seconds(references, ["bleu", "chrf", "ter"]) - self.FINISH_S
-        left = decode_deadline - self.clock()
+        """The deadline of this direction's decode (its scoring, timed on a sample, kept after it), or
+        DecodeOutOfTime when what was measured for the test cannot fit in the time left even if it
+        was measured twice too long (what is started is stopped at the deadline anyway)."""
+        left = self.deadline - self.clock()
         if left <= 0 or self.expected > 2 * left:
             raise DecodeOutOfTime(
                 f"{label}: skipped to keep to max_time={self.max_time}: {format_duration(max(left, 0.0))} left "
                 f"and the test decode was measured at ~{format_duration(self.expected)}"
             )
-        return decode_deadline
+        return self.deadline - scoring_seconds(references, ["bleu", "chrf", "ter"])
 
     def for_each_of(self, directions: int) -> ScoringDeadline:
         """The deadline of a test decode of several directions, each measured at an equal share."""

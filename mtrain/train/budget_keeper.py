@@ -191,7 +191,8 @@ class BudgetKeeper:
             after = self.run.cost
             if before is not None and after is not None and abs(after.total - before.total) > 0.25 * before.total:
                 log.info(
-                    "budget: what follows training measured again: %s (was %s); %s of training planned",
+                    "budget: what follows training measured again (in %.1f s): %s (was %s); %s of training planned",
+                    self.run.measure_seconds,
                     after.describe(),
                     before.describe(),
                     format_duration(state.train_budget_seconds or 0.0),
