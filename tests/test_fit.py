@@ -209,7 +209,9 @@ def test_beside_a_busy_process_the_run_keeps_to_max_time_and_names_the_machine_s
         pytest.skip(stderr.strip().splitlines()[-1])  # start-up alone took the budget (see the test above)
     assert fit.returncode == 0, stderr[-3000:]
     train_log = (run_dir / "train.log").read_text()
-    share = r"training got \d+% of 1 CPU \(load average [\d.]+ on \d+ CPUs?\)[^;]*; a max_time=60s budget trains about"
+    share = (
+        r"training got \d+% of 1 CPU \(load average [\d.]+ on \d+ CPUs?\)[^;]*; a max_time=60s budget trains at most"
+    )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     said = 2 if metrics["train_time_s"] > 11 else 1  # after 10 s of training (if it trained as long), and at the end
     assert len(re.findall(share, train_log)) == said, train_log[-3000:]

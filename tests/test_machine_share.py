@@ -29,7 +29,7 @@ def test_the_share_is_cpu_time_over_wall_time_of_the_windows_counted():
     meter.lap(count=False)  # a pause (a validation): not counted
     share = meter.share()
     assert share.fraction == pytest.approx(0.5) and share.low
-    assert share.in_words() == "about half"
+    assert share.in_words() == "half"
     assert share.describe("training").startswith(
         f"other processes use this machine: training got 50% of 1 CPU (load average {busy:.1f} on "
     )
@@ -38,7 +38,7 @@ def test_the_share_is_cpu_time_over_wall_time_of_the_windows_counted():
 
 def test_a_share_near_all_is_not_low_and_a_quiet_load_names_no_other_process():
     full = Share(cpu_seconds=19.0, wall_seconds=10.0, cpus=2, load=None)
-    assert not full.low and full.in_words() == "about 95%"
+    assert not full.low and full.in_words() == "95%"
     quiet = Share(cpu_seconds=6.0, wall_seconds=10.0, cpus=1, load=0.5)
     assert quiet.low and quiet.describe() == (
         f"this run got 60% of 1 CPU (load average 0.5 on {os.cpu_count()} CPU"

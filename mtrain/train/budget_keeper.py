@@ -229,9 +229,9 @@ class BudgetKeeper:
 
     def share_line(self, share: Share) -> str:
         """'other processes use this machine: this run got 53% of 2 CPUs; a 20-minute budget
-        trains about half as many updates as on an idle machine'."""
+        trains at most half as many updates as on an idle machine'."""
         if self.cfg.max_time is not None or self.cfg.max_train_time is not None:
-            effect = f"a {budget_name(self.cfg, None)} budget trains {share.in_words()} as many updates as on an idle machine"
+            effect = f"a {budget_name(self.cfg, None)} budget trains at most {share.in_words()} as many updates as on an idle machine"
         else:
             effect = f"each update takes {1 / max(share.fraction, 1e-3):.1f}x as long as on an idle machine"
         return f"{share.describe('training')}; {effect}"
