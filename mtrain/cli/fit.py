@@ -341,9 +341,7 @@ def _threads_line(cfg: FitConfig) -> str:
 
 def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
     """The one-line error of a stop signal outside training's updates (exit status 128 + signum)."""
-    from mtrain.train.faults import TrainingInterrupted
-
-    return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
+    return stop_signal.interrupted(f"during {phase}; {kept}")
 
 
 def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[tuple[str, str]] = ()) -> str:

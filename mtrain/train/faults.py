@@ -47,6 +47,10 @@ class StopSignal:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "a signal"
 
+    def interrupted(self, where: str) -> TrainingInterrupted:
+        """The one-line error of a stop, 'stopped by SIGTERM <where>', exiting 128 + signum."""
+        return TrainingInterrupted(f"stopped by {self.name} {where}", 128 + self.signum)
+
     def install(self) -> None:
         if self._previous:  # already installed (mtrain fit installs it before preparing data)
             return

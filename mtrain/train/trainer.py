@@ -24,7 +24,7 @@ from mtrain.train.builders import TrainingParts
 from mtrain.train.checkpointer import Checkpointer
 from mtrain.train.compilation import GraphLog, compiling
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.faults import StopRequested, StopSignal, TrainingInterrupted
+from mtrain.train.faults import StopRequested, StopSignal
 from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
@@ -155,14 +155,13 @@ class Trainer:
                 elif self.metrics is not None and self.metrics.due_by_time():
                     self._log_train(read_skips=False)
                 stop_reason = self._stop_reason()
-                if stop_reason is None and self._validation_due():
+                if stop_reason is None and self.rhythm.due(self.state, self.dist):
                     self.validate_and_save(replan=True)
                     stop_reason = self._signal_stop()
                 elif stop_reason is None and self._save_due():
                     self.save_without_validation()
                 elif stop_reason is None and self.budget.measure_due:
-                    self.budget.measure(self.state)  # what follows training, on the machine as it is now
-                    self._off_the_clock()
+                    self._measure_end_cost()
             self._log_train()
             if stop_reason != "stop signal" and self._last_saved_update != self.state.update:
                 self.validate_and_save()
@@ -173,11 +172,8 @@ class Trainer:
                 log.info(
                     "training stopped: stop signal (update %d, %.0f s)", self.state.update, self.state.train_seconds
                 )
-                raise TrainingInterrupted(
-                    f"stopped by {self.stop_signal.name} at update {self.state.update}; checkpoint written, "
-                    "continue with train.resume=true",
-                    128 + self.stop_signal.signum,
-                )
+                where = f"at update {self.state.update}; checkpoint written, continue with train.resume=true"
+                raise self.stop_signal.interrupted(where)
         finally:
             if self._owns_stop_signal:
                 self.stop_signal.uninstall()
@@ -191,11 +187,6 @@ class Trainer:
 
     def _signal_stop(self) -> str | None:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
-
-    def _validation_due(self) -> bool:
-        if self.rhythm.by_updates(self.state):
-            return True
-        return self.rhythm.every_seconds is not None and self.dist.any(self.rhythm.by_time(self.state))
 
     def _save_due(self) -> bool:
         if self.cfg.save_every is None:
@@ -277,6 +268,15 @@ class Trainer:
     def _after_save(self) -> None:
         self._off_the_clock()
         self._last_saved_update = self.state.update
+
+    def _measure_end_cost(self) -> None:
+        """What follows training, measured again on the machine as it is now (not in the throughput)."""
+        if self.metrics is not None:
+            self.metrics.pause()
+        self.budget.measure(self.state)
+        self._off_the_clock()
+        if self.metrics is not None:
+            self.metrics.resume()
 
     def _off_the_clock(self) -> None:
         """Validation, saving and measuring are off the training clock (every rank waits for rank 0)."""
