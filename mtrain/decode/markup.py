@@ -141,8 +141,10 @@ def _excerpt(line: str, start: int) -> str:
     return piece + ("…" if len(line) > start + 24 else "")
 
 
-def _never_ends(what: str, line: str, start: int, closer: str) -> MarkupError:
-    return MarkupError(f"{what} at column {start + 1} ({_excerpt(line, start)}) never ends: close it with {closer}")
+def _never_ends(what: str, line: str, start: int, closer: str, also: str = "") -> MarkupError:
+    return MarkupError(
+        f"{what} at column {start + 1} ({_excerpt(line, start)}) never ends: close it with {closer}{also}"
+    )
 
 
 def _xml_error(line: str, start: int) -> MarkupError:
@@ -251,12 +253,16 @@ def _bogus_tag_end(line: str, at: int, xml: bool) -> int | None:
         found = line.find(">", at + 2)
         if found < 0:
             raise _never_ends("the end tag", line, at, ">")
-        if line[at + 2 : at + 3].isalpha():  # a name, but attributes that never end well
-            raise _never_ends("the end tag", line, at, "> (quotes closed)")
+        if _ascii_letter(line[at + 2 : at + 3]):  # a name, but attributes that never end well
+            raise _never_ends("the end tag", line, at, ">", " (and any quote it opens)")
         return found + 1
-    if following.isalpha():
-        raise _never_ends("the tag", line, at, "> (quotes closed; a literal < is written &lt;)")
+    if _ascii_letter(following):
+        raise _never_ends("the tag", line, at, ">", " (and any quote it opens); a literal < is written &lt;")
     return None
+
+
+def _ascii_letter(char: str) -> bool:
+    return char.isascii() and char.isalpha()  # HTML's tags start with an ASCII letter; `<ä` is text
 
 
 def _raw_text_end(line: str, start: int, name: str, at: int) -> int:
@@ -284,9 +290,11 @@ def _xml_hint(line: str, offset: int) -> str:
     """What to write instead, when expat's error is at a bare `&` or `<` or an entity XML lacks."""
     entity = re.match(r"&([\w.:-]+);", line[offset:])
     if entity is not None and entity.group(1) not in ("amp", "lt", "gt", "quot", "apos"):
+        meant = html.unescape(entity.group())
+        numeric = f" as &#{ord(meant)};" if len(meant) == 1 else " as a numeric reference"
         return (
             f"; XML defines only &amp; &lt; &gt; &quot; &apos; and numeric references: write "
-            f"{entity.group()} as one (&#160; is a no-break space), or use format=html"
+            f"{entity.group()}{numeric}, or use format=html"
         )
     found = _ENTITY_OR_TAG_START.search(line, 0, offset) or _ENTITY_OR_TAG_START.search(line, 0, offset + 1)
     if found is None:
