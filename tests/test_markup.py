@@ -280,6 +280,7 @@ def test_a_line_break_is_refused_and_a_carriage_return_is_whitespace():
     with pytest.raises(MarkupError, match=r"^a line break at column 11: markup is read one line at a time"):
         parse_markup("Hallo Welt\nEin <b>Hund</b> läuft .", "html")
     assert parse_markup("Hallo\rWelt <b>x</b>", "xml").text == "Hallo Welt x"
+    assert parse_markup("<b>x</b>\r\n", "xml").text == "x"  # the line's own end
 
 
 @pytest.mark.parametrize(

@@ -37,9 +37,10 @@ the output, once, the text of every word once, and the output is well-formed whe
 input was.
 
 The contract on line breaks: a line is one sentence. A `\\n` inside the text given to
-`parse_markup` is refused (MarkupError naming its column): `mtrain translate` reads lines, so
-it never passes one; `mtrain serve` answers 422 and the client sends each line as a sentence of
-its own (the LibreTranslate API splits its text into lines itself). A `\\r` is whitespace.
+`parse_markup` (not at its end) is refused (MarkupError naming its column): `mtrain translate`
+reads lines, so it never passes one; `mtrain serve` answers 422 and the client sends each line
+as a sentence of its own (the LibreTranslate API splits its text into lines itself). A `\\r`
+is whitespace.
 
 Malformed input (a tag, comment, CDATA section or declaration that never ends, an end tag that
 closes nothing or crosses another element, an element left open, and for xml whatever expat
@@ -349,7 +350,7 @@ def parse_markup(line: str, fmt: str) -> Markup:
     or if it holds a line break (one line is one sentence: see the module's docstring)."""
     if fmt not in FORMATS:
         raise MtrainError(f"format={fmt}: choose xml or html")
-    if "\n" in line:
+    if "\n" in line.rstrip("\r\n"):  # a line's own end is whitespace
         raise MarkupError(
             f"a line break at column {line.index(chr(10)) + 1}: markup is read one line at a time; "
             "send each line as a sentence of its own"
