@@ -144,8 +144,8 @@ def read_text_lines(path: str | Path, key: str) -> list[str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise MtrainError(f"{key}={path} line {line}: cannot read it: not UTF-8; save it as UTF-8") from None
+        number = data[: error.start].count(b"\n") + 1
+        raise MtrainError(f"{key}={path} line {number}: cannot read it: not UTF-8; save it as UTF-8") from None
     lines = [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
     if lines[-1] == "":
         lines.pop()  # the end of the last line, not an empty line after it
