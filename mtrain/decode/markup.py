@@ -184,6 +184,7 @@ def _scan(line: str, xml: bool) -> Iterator[tuple[str, str, str]]:
         slash, name, self_closing = match.group(1, 2, 4)
         if not xml:
             name = name.lower()
+            self_closing = text.endswith("/>")  # `<x a=b/>` too (its value is `b/`), as html.parser reads it
         if slash:
             void = not xml and name in VOID_ELEMENTS  # `</br>`: kept in place, as `</>`
             yield (POINT, text, "") if void else (END, text, name)
