@@ -275,6 +275,13 @@ def test_processing_instructions_comments_and_declarations_are_kept_untranslated
     assert output == "<!DOCTYPE html>A <!x>dog </>runs </br>. <script>if (a<b) go();</script>"
 
 
+def test_html_text_keeps_a_bare_ampersand_and_a_lone_less_than():
+    """html.parser dropped the `&` of `AT&T` (an entity `&T` it could not decode)."""
+    markup = parse_markup("AT&T <b>a < b</b> &amp; &eacute;", "html")
+    assert markup.text == "AT&T a < b & é"
+    assert restore_markup(markup, markup.text, [(i, i) for i in range(6)]) == "AT&amp;T <b>a &lt; b</b> &amp; é"
+
+
 def test_a_line_break_is_refused_and_a_carriage_return_is_whitespace():
     """The contract of the markup path: one line is one sentence (serve answers 422)."""
     with pytest.raises(MarkupError, match=r"^a line break at column 11: markup is read one line at a time"):
