@@ -67,6 +67,7 @@ class TokenizerModel(Choice):
 class Activation(Choice):
     relu = "relu"
     gelu = "gelu"
+    silu = "silu"  # x * sigmoid(x), Marian's "swish" (OPUS-MT models)
     swiglu = "swiglu"
 
     @property
@@ -97,6 +98,9 @@ class OutputVocab(Choice):
 
 class Positions(Choice):
     sinusoidal = "sinusoidal"
+    # Sinusoids at frequencies 10000^(-2i/d_model) (Marian's and transformers' layout, OPUS-MT
+    # models) instead of fairseq's 10000^(-i/(d_model/2 - 1)); sines, then cosines, in both.
+    sinusoidal_marian = "sinusoidal_marian"
     learned = "learned"
     rope = "rope"
     none = "none"
@@ -377,6 +381,7 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
     vocab_multiple: int = 8  # pad the vocabulary rows to a multiple (tensor-core shapes)
+    output_bias: bool = False  # a trained bias added to the output logits (Marian's final_logits_bias)
     # Which pieces the output softmax ranges over. full: the whole target vocabulary. target:
     # the pieces that occur in the training targets (and eos, unk), fixed when training starts
     # and stored with the model: with a joint vocabulary about half the rows are source-only

@@ -318,8 +318,9 @@ def _check_init(cfg: DictConfig) -> None:
                 "which is not set"
             )
         return
-    if not str(cfg.init_from).strip() or not Path(str(cfg.init_from)).expanduser().exists():
-        raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory or checkpoint file")
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", str(cfg.init_from)) is not None  # a Hugging Face model on the hub
+    if not str(cfg.init_from).strip() or not (Path(str(cfg.init_from)).expanduser().exists() or hub_id):
+        raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory, checkpoint file or model directory")
     if path is not None:
         raise MtrainError(
             f"tokenizer.path={path}: a fine-tune encodes with its parent's tokenizer (init_from="
