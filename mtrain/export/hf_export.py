@@ -5,6 +5,10 @@
       generation_config.json            the run's decoding settings (hf_generation.py)
       tokenizer.json, tokenizer_config.json
                                         the run's SentencePiece model for `tokenizers` (hf_tokenizer.py)
+      spm.model                         that model as trained (what `init_from=` reads back)
+
+A run started from an imported MarianMTModel (its tokenizer is Marian's) is written as a
+MarianMTModel with its MarianTokenizer files instead (hf_marian.py).
       README.md                         the model card (model_card.py)
 
 The directory loads offline, with no custom code:
@@ -27,6 +31,7 @@ from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import load_run_summary
 from mtrain.export.hf_generation import generation_settings
+from mtrain.export.hf_marian import build_marian
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
 from mtrain.export.hf_tokenizer import build_hf_tokenizer
 from mtrain.export.model_card import model_card
@@ -64,15 +69,24 @@ def export_hf_run(
         raise MtrainError(f"out={out_dir}: already exists; choose another directory or pass force=true")
     loaded = load_run(run_dir, which=which, weights=weights)
     config, tokenizer = loaded.config, loaded.tokenizer
-    check_hf_exportable(config.model, tokenizer.joint)
+    if not tokenizer.marian:  # a run with Marian's tokenizer goes back as a MarianMTModel (hf_marian.py)
+        check_hf_exportable(config.model, tokenizer.joint)
     languages = RunLanguages.of(config.get("data"))
     tags = reserved_symbols(languages.data)
     target_tags = {lang: lang_tag(lang) for lang in languages.target_languages()} if languages.lang_tags else {}
 
     special = tokenizer.special_ids
     vocab_size = tokenizer.tgt_vocab_size
-    model = build_pegasus(loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos)
-    hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
+    if tokenizer.marian:
+        data = config.get("data") or {}
+        model, hf_tokenizer = build_marian(
+            loaded.model.state_dict(), config.model, tokenizer, (data.get("src"), data.get("tgt"))
+        )
+    else:
+        model = build_pegasus(
+            loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos
+        )
+        hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
     # The run's decoding, as its test split was decoded; a key added since takes its default.
     decode = to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), config.get("decode") or {}))
     generation = generation_settings(
@@ -93,6 +107,7 @@ def export_hf_run(
     try:
         model.save_pretrained(staging)
         hf_tokenizer.save_pretrained(staging)
+        tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
         (staging / "README.md").write_text(card, encoding="utf-8")
         _plain_modes(staging)
         if out_dir.exists():

@@ -61,7 +61,7 @@ FREE_MODEL_KEYS = (
     "output_vocab",
 )
 # Positions without a learned table hold no weights per position: their range may change.
-_TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.rope, Positions.none)
+_TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.sinusoidal_marian, Positions.rope, Positions.none)
 
 Lineage = dict[str, Any]  # what a run records of its parent (see the module docstring)
 
