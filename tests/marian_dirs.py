@@ -4,7 +4,11 @@ source.spm, English for target.spm, as OPUS-MT trains one per language), a vocab
 out as OPUS-MT's (`</s>` 0, `<unk>` 1, the pieces, `<pad>` last; separate vocabularies: one
 table per side, `<pad>` 2 in both, since a MarianMTModel has one pad id), and a
 MarianMTModel with random weights (a random final_logits_bias too), saved by
-`save_pretrained` beside MarianTokenizer's files."""
+`save_pretrained` beside MarianTokenizer's files.
+
+The weights are drawn wider than transformers' initialisation (std 0.3: a model of std 0.02
+outputs one piece over and over, whatever the source) and `</s>` gets a logit bias of +4, so
+that translations differ between sentences and many end before mtrain's length limit."""
 
 from __future__ import annotations
 
@@ -57,6 +61,8 @@ def build_marian_dir(
     ffn_dim: int = 64,
     activation: str = "swish",
     seed: int = 0,
+    weight_std: float = 0.3,
+    eos_bias: float = 4.0,
     vocab_sizes: tuple[int, int] = (200, 180),
 ) -> Path:
     """A MarianMTModel directory (see the module docstring); `shared`: one vocab.json and one
@@ -73,7 +79,9 @@ def build_marian_dir(
         vocab = {"</s>": 0, "<unk>": 1, **{piece: i + 2 for i, piece in enumerate(pieces)}}
         vocab["<pad>"] = len(vocab)
         (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        tokenizer = MarianTokenizer(str(source_spm), str(target_spm), str(work / "vocab.json"))
+        tokenizer = MarianTokenizer(
+            str(source_spm), str(target_spm), str(work / "vocab.json"), source_lang="de", target_lang="en"
+        )
         sizes = {"vocab_size": len(vocab)}
     else:
         tables = []
@@ -87,6 +95,8 @@ def build_marian_dir(
             str(work / "vocab.json"),
             target_vocab_file=str(work / "target_vocab.json"),
             separate_vocabs=True,
+            source_lang="de",
+            target_lang="en",
         )
         sizes = {"vocab_size": len(tables[0]), "decoder_vocab_size": len(tables[1])}
     pad = tokenizer.pad_token_id
@@ -111,8 +121,13 @@ def build_marian_dir(
     )
     torch.manual_seed(seed)
     model = MarianMTModel(config)
-    with torch.no_grad():  # trained OPUS-MT models have one; transformers initialises it to 0
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layer_norm" not in name and "embed_positions" not in name:
+                parameter.normal_(0.0, weight_std)
+        # trained OPUS-MT models have one; transformers initialises it to 0
         model.final_logits_bias.normal_(0.0, 0.5)
+        model.final_logits_bias[0, tokenizer.eos_token_id] += eos_bias
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     for path in work.iterdir():

@@ -185,9 +185,8 @@ def _read_json(path: Path, source: str, missing_ok: bool = False) -> dict[str, A
 
 
 def _architecture(config: dict[str, Any], source: str) -> str:
-    names = list(config.get("architectures") or [])
-    by_type = _MODEL_TYPES.get(str(config.get("model_type")))
-    for name in [*names, by_type]:
+    names = list(config.get("architectures") or [])  # what save_pretrained writes; else the model_type
+    for name in names or [_MODEL_TYPES.get(str(config.get("model_type")))]:
         if name in SUPPORTED:
             return str(name)
     given = names[0] if names else config.get("model_type", "none named")
