@@ -98,6 +98,7 @@ def export_hf_run(
         "update": loaded.update,
         "weights": loaded.weights,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "architecture": type(model).__name__,
     }
     card = model_card(config, load_run_summary(Path(run_dir)), exported, generation, target_tags)
 

@@ -133,7 +133,7 @@ def marian_state_dict(state: Mapping[str, Tensor], cfg: ModelConfig, tokenizer: 
 
 
 def build_marian(
-    state: Mapping[str, Tensor], cfg: ModelConfig, tokenizer: Tokenizer, languages: tuple[str, str]
+    state: Mapping[str, Tensor], cfg: ModelConfig, tokenizer: Tokenizer, languages: tuple[str | None, str | None]
 ) -> tuple[MarianMTModel, MarianTokenizer]:
     """A `transformers.MarianMTModel` holding the weights of `state` (a strict load: nothing
     keeps transformers' initialisation), in eval mode, and its `MarianTokenizer` over the run's
