@@ -64,9 +64,13 @@ def build_marian_dir(
     weight_std: float = 0.3,
     eos_bias: float = 4.0,
     vocab_sizes: tuple[int, int] = (200, 180),
+    table_size: int | None = None,
+    max_positions: int = 128,
 ) -> Path:
     """A MarianMTModel directory (see the module docstring); `shared`: one vocab.json and one
-    embedding matrix for both sides (OPUS-MT's usual), else separate ones."""
+    embedding matrix for both sides (OPUS-MT's usual), else separate ones. `table_size`: fill
+    the shared vocab.json with pieces no model segments into, up to that many entries (the
+    size of OPUS-MT's tables, for scripts/bench_hf_import.py)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -77,6 +81,8 @@ def build_marian_dir(
     if shared:
         pieces = list(dict.fromkeys(_pieces(source_spm) + _pieces(target_spm)))
         vocab = {"</s>": 0, "<unk>": 1, **{piece: i + 2 for i, piece in enumerate(pieces)}}
+        while table_size is not None and len(vocab) < table_size - 1:  # OPUS-MT's size, for benchmarks
+            vocab[f"▁filler{len(vocab)}"] = len(vocab)
         vocab["<pad>"] = len(vocab)
         (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         tokenizer = MarianTokenizer(
@@ -110,7 +116,7 @@ def build_marian_dir(
         encoder_ffn_dim=ffn_dim,
         decoder_ffn_dim=ffn_dim,
         activation_function=activation,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         scale_embedding=True,
         share_encoder_decoder_embeddings=shared,
         pad_token_id=pad,
