@@ -573,8 +573,9 @@ class FitConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = 1
     # Start a new run from another run's weights (a run directory: its best.pt; or a checkpoint
-    # file) and reuse its tokenizer: fine-tuning, continued training, domain adaptation. Unlike
-    # train.resume, the data, schedule and optimiser are this run's own.
+    # file; or a Hugging Face model directory or hub id: docs/FINETUNE.md) and reuse its tokenizer:
+    # fine-tuning, continued training, domain adaptation. Unlike train.resume, the data, schedule
+    # and optimiser are this run's own.
     init_from: str | None = None
     init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
     init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)
