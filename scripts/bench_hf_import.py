@@ -8,7 +8,8 @@
    SentencePiece models are small, the table is filled to that size).
 2. Import: in fresh processes, alternately, mtrain's read of the directory (`read_hf_model`,
    `build_model`, `load_state_dict`: what `init_from=` does before training) and transformers'
-   `MarianMTModel.from_pretrained`; wall time and the peak RSS above the process's after its imports.
+   `MarianMTModel.from_pretrained`, each until every weight has been read once; wall time, and
+   the RSS after the imports, at its peak and at the end.
 3. Fine-tuning: target tokens/s of training updates of the imported model (`init_from=`) and of
    a native mtrain model of the same size (pre-LN, ReLU, no output bias, fairseq's sinusoids)
    over the same vocabulary (`tokenizer.path=` the directory) and the same Multi30k batches,
@@ -38,32 +39,39 @@ OPUS_MT = dict(d_model=512, layers=6, heads=8, ffn_dim=2048, table_size=58101, m
 NATIVE = ["model.layers=6", "model.d_model=512", "model.heads=8", "model.ffn_dim=2048", "model.max_positions=512"]
 
 READ_MTRAIN = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import torch
 from mtrain.model import build_model
 from mtrain.train.hf_parent import read_hf_model
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) / 1024
+before = status("VmRSS:")
 start = time.perf_counter()
 imported = read_hf_model(Path({directory!r}), "bench")
 tokenizer = imported.tokenizer
 model = build_model(imported.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id,
                     joint_vocab=tokenizer.joint)
 model.load_state_dict(imported.state_dict, strict=True)
+del imported
+touched = sum(float(p.sum()) for p in model.parameters())  # every weight resident, as after a forward pass
 seconds = time.perf_counter() - start
-print(json.dumps(dict(seconds=seconds, peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)))
+print(json.dumps(dict(seconds=seconds, before_mb=before, peak_mb=status("VmHWM:"), end_mb=status("VmRSS:"))))
 """
 READ_TRANSFORMERS = """
-import json, resource, time
+import json, time
 import torch
 from transformers import MarianMTModel, MarianTokenizer
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) / 1024
+before = status("VmRSS:")
 start = time.perf_counter()
 model = MarianMTModel.from_pretrained({directory!r})
 tokenizer = MarianTokenizer.from_pretrained({directory!r})
+touched = sum(float(p.sum()) for p in model.parameters())  # the memory-mapped weights read in
 seconds = time.perf_counter() - start
-print(json.dumps(dict(seconds=seconds, peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)))
+print(json.dumps(dict(seconds=seconds, before_mb=before, peak_mb=status("VmHWM:"), end_mb=status("VmRSS:"))))
 """
 
 
@@ -144,8 +152,13 @@ def main() -> None:
         reads["transformers"].append(read_in_fresh_process(READ_TRANSFORMERS, directory, args.threads))
     for name, runs in reads.items():
         best = min(runs, key=lambda run: run["seconds"])
-        print(f"read {name:12s}: {best['seconds']:.2f} s (best of {len(runs)}), peak RSS +{best['peak_mb']:.0f} MB")
+        print(
+            f"read {name:12s}: {best['seconds']:.2f} s (best of {len(runs)}); RSS after the imports "
+            f"{best['before_mb']:.0f} MB, peak {best['peak_mb']:.0f} MB, at the end {best['end_mb']:.0f} MB"
+        )
 
+    if args.rounds == 0:
+        return
     imported, native = trainers(directory, args.work, args.threads, args.max_tokens)
     speeds: dict[str, list[float]] = {"imported": [], "native": []}
     for _ in range(args.rounds):

@@ -390,6 +390,7 @@ def _state_dict(
         padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple),
     )
     sizes = (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.tgt_vocab_size)
+    padded_once: dict[int, Tensor] = {}  # a tied matrix (saved once) is padded once
     for (which, ours), size, row_count in zip(
         (
             ("source", "src_embed.tokens.weight"),
@@ -407,7 +408,9 @@ def _state_dict(
                 f"{source}: the {which} embedding is {tuple(matrix.shape)} but the vocabulary has {size} "
                 f"pieces of d_model {model.d_model}; the vocabulary files do not belong to these weights"
             )
-        state[ours] = padded(matrix, row_count)
+        if id(matrix) not in padded_once:
+            padded_once[id(matrix)] = padded(matrix, row_count)
+        state[ours] = padded_once[id(matrix)]
     return state
 
 
