@@ -84,6 +84,7 @@ class TokenizerModel(Choice):
 class Activation(Choice):
     relu = "relu"
     gelu = "gelu"
+    silu = "silu"  # x * sigmoid(x), Marian's "swish" (OPUS-MT models)
     swiglu = "swiglu"
 
     @property
@@ -114,6 +115,9 @@ class OutputVocab(Choice):
 
 class Positions(Choice):
     sinusoidal = "sinusoidal"
+    # Sinusoids at frequencies 10000^(-2i/d_model) (Marian's and transformers' layout, OPUS-MT
+    # models) instead of fairseq's 10000^(-i/(d_model/2 - 1)); sines, then cosines, in both.
+    sinusoidal_marian = "sinusoidal_marian"
     learned = "learned"
     rope = "rope"
     none = "none"
@@ -439,6 +443,7 @@ class ModelConfig:
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model)
     tie_embeddings: bool = True  # source, target and output share one matrix (joint vocab)
     vocab_multiple: int = ranged(8, at_least=1)  # pad the vocabulary rows to a multiple (tensor-core shapes)
+    output_bias: bool = False  # a trained bias added to the output logits (Marian's final_logits_bias)
     # Which pieces the output softmax ranges over. full: the whole target vocabulary. target:
     # the pieces that occur in the training targets (and eos, unk), fixed when training starts
     # and stored with the model: with a joint vocabulary about half the rows are source-only
@@ -749,8 +754,9 @@ class FitConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     seed: int = ranged(1, at_least=0, below=2**32, shown="in [0, 2**32)", why="(numpy's seed range)")
     # Start a new run from another run's weights (a run directory: its best.pt; or a checkpoint
-    # file) and reuse its tokenizer: fine-tuning, continued training, domain adaptation. Unlike
-    # train.resume, the data, schedule and optimiser are this run's own.
+    # file; or a Hugging Face model directory or hub id: docs/FINETUNE.md) and reuse its tokenizer:
+    # fine-tuning, continued training, domain adaptation. Unlike train.resume, the data, schedule
+    # and optimiser are this run's own.
     init_from: str | None = None
     init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
     init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)

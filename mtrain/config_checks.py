@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,12 @@ def _check_fit_files(cfg: FitConfig) -> None:
         raise MtrainError(
             f"tokenizer.path: {path!r}: no such directory (a run directory, its tokenizer/ or a cache entry)"
         )
-    if cfg.init_from is not None and (
-        not str(cfg.init_from).strip() or not Path(str(cfg.init_from)).expanduser().exists()
-    ):
-        raise MtrainError(f"init_from: {cfg.init_from!r}: no such run directory or checkpoint file")
+    if cfg.init_from is not None:
+        hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", str(cfg.init_from)) is not None  # a Hugging Face model on the hub
+        if not str(cfg.init_from).strip() or not (Path(str(cfg.init_from)).expanduser().exists() or hub_id):
+            raise MtrainError(
+                f"init_from: {cfg.init_from!r}: no such run directory, checkpoint file or model directory"
+            )
 
 
 def _decodes_with_ctranslate2(cfg: DecodingCommandConfig) -> bool:

@@ -101,7 +101,7 @@ BAD_OVERRIDES = [
     (["+train.max_tokes=1"], "train.max_tokes: unknown config key", "(did you mean train.max_tokens?)"),
     (["train.lr=fast"], "train.lr: 'fast' is not a float", ""),
     (["model.final_norm=maybe"], "model.final_norm:", "maybe"),
-    (["model.activation=rleu"], "model.activation: 'rleu' is not one of relu|gelu|swiglu", "(did you mean relu?)"),
+    (["model.activation=rleu"], "model.activation: 'rleu' is not one of relu|gelu|silu|swiglu", "(did you mean relu?)"),
     (["decode.sampling=top_p"], "decode.sampling: 'top_p' is not one of none|topk|topp", "(did you mean topp?)"),
     (["train.precision=bf61"], "train.precision:", "(did you mean bf16?)"),
     (["model=transfomer"], "model: no preset named 'transfomer'", "(did you mean model=transformer_"),
@@ -201,7 +201,9 @@ def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path, capsys)
     status, lines = run_check("fit", ["-m", "train.lr=1e-3,-1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys)
     assert_refused(status, lines, "train.lr: -1.0 must be > 0", "(sweep job train.lr=-1 ")
     status, lines = run_check("fit", ["-m", "model.activation=relu,gleu"], capsys)
-    assert_refused(status, lines, "model.activation: 'gleu' is not one of relu|gelu|swiglu", "(did you mean gelu?)")
+    assert_refused(
+        status, lines, "model.activation: 'gleu' is not one of relu|gelu|silu|swiglu", "(did you mean gelu?)"
+    )
     assert not (tmp_path / "sweep").exists()
 
 

@@ -201,9 +201,15 @@ def test_the_directory_loads_as_pegasus_with_mtrains_tokenizer(exported, loaded,
     hf_model, hf_tokenizer = loaded
     assert type(hf_model).__name__ == "PegasusForConditionalGeneration"
     assert sorted(p.name for p in exported.iterdir()) == [
-        "README.md", "config.json", "generation_config.json", "model.safetensors", "mtrain_export.json", "tokenizer.json",
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "mtrain_export.json",
+        "spm.model",
+        "tokenizer.json",
         "tokenizer_config.json",
-    ]  # fmt: skip
+    ]  # fmt: skip  (spm.model: the run's SentencePiece model, which init_from reads back)
     umask = os.umask(0)
     os.umask(umask)
     assert {oct(p.stat().st_mode & 0o777) for p in exported.iterdir()} == {oct(0o666 & ~umask)}  # as plain writes

@@ -378,7 +378,7 @@ def test_invalid_values_name_the_key(key, value):
 
 
 def test_invalid_activation_message():
-    with pytest.raises(MtrainError, match=r"model.activation: 'foo' is not one of relu\|gelu\|swiglu"):
+    with pytest.raises(MtrainError, match=r"model.activation: 'foo' is not one of relu\|gelu\|silu\|swiglu"):
         build(tiny(activation="foo"))
 
 

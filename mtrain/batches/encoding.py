@@ -67,10 +67,10 @@ class ChunkEncoder:
 
     def _load(self) -> tuple[Any, Any]:
         if self._processors is None:  # once per process
-            import sentencepiece as spm
+            from mtrain.tokenizer.marian_vocab import open_processor  # (SentencePiece, or Marian's numbering)
 
-            src = spm.SentencePieceProcessor(model_file=self.src_model)
-            tgt = src if self.tgt_model == self.src_model else spm.SentencePieceProcessor(model_file=self.tgt_model)
+            src = open_processor(self.src_model)
+            tgt = src if self.tgt_model == self.src_model else open_processor(self.tgt_model)
             self._processors = (src, tgt)
         return self._processors
 

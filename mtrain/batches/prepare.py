@@ -37,7 +37,6 @@ from mtrain.data.sources import ParallelText, resolve_source
 from mtrain.data.tags import Direction, run_directions, source_tags
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
-from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
 
 if TYPE_CHECKING:
     from mtrain.batches.guided_alignment import GuidedAlignments
@@ -116,6 +115,11 @@ def prepare_data(
         )
     else:
         log(f"tokenizer: the given one ({', '.join(str(path) for path in tokenizer.files.values())})")
+    if tokenizer.marian and sampling_enabled(data_cfg.subword_sampling):
+        raise MtrainError(
+            "data.subword_sampling: the imported model's tokenizer numbers its pieces by vocab.json, "
+            "which SentencePiece's sampler does not know; drop data.subword_sampling"
+        )
     model_files = _model_files(tokenizer)
     drop = bool(data_cfg.clean.drop_eval_overlap)
     if drop:  # the evaluation sets decide which training pairs are dropped: encode them first
@@ -306,7 +310,4 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTra
 
 def _model_files(tokenizer: Tokenizer) -> tuple[str, str]:
     """(source model, target model) paths: what a worker process needs to encode."""
-    files = tokenizer.files
-    if tokenizer.joint:
-        return str(files[JOINT_MODEL]), str(files[JOINT_MODEL])
-    return str(files[SRC_MODEL]), str(files[TGT_MODEL])
+    return tokenizer.model_files

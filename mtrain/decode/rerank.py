@@ -141,7 +141,8 @@ def check_rerank_files(cfg: DecodeConfig, run: str | Path | None, tuning: bool =
 
 
 def _check_partner(run: Any, partner: str, key: str, reverse: bool) -> None:
-    from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
+    from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB
+    from mtrain.tokenizer.tokenizer import SRC_MODEL, TGT_MODEL
 
     own_files, own_languages = _tokenizer_files_and_languages(Path(run), "run")
     files, languages = _tokenizer_files_and_languages(Path(partner), key, export_allowed=False)
@@ -155,7 +156,11 @@ def _check_partner(run: Any, partner: str, key: str, reverse: bool) -> None:
             f"{key}={partner}: translates into {', '.join(languages.target_languages())}; a reverse run must "
             "translate into one language, the decoded source's"
         )
-    swap = {SRC_MODEL: TGT_MODEL, TGT_MODEL: SRC_MODEL, JOINT_MODEL: JOINT_MODEL} if reverse else {}
+    swap = (
+        {SRC_MODEL: TGT_MODEL, TGT_MODEL: SRC_MODEL, SOURCE_SPM: TARGET_SPM, TARGET_SPM: SOURCE_SPM} if reverse else {}
+    )
+    if reverse and TARGET_VOCAB in own_files:  # Marian's separate vocabularies
+        swap.update({VOCAB: TARGET_VOCAB, TARGET_VOCAB: VOCAB})
     expected = {swap.get(name, name): data for name, data in own_files.items()}
     if files != expected:
         raise MtrainError(
@@ -173,6 +178,7 @@ def _tokenizer_files_and_languages(
 
     from mtrain.decode.ct2_engine import METADATA_FILE, export_languages
     from mtrain.decode.directions import RunLanguages
+    from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB
     from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
 
     if not path.is_dir():
@@ -193,7 +199,7 @@ def _tokenizer_files_and_languages(
         tokenizer_dir = run.tokenizer_dir
     files = {
         name: (tokenizer_dir / name).read_bytes()
-        for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL)
+        for name in (JOINT_MODEL, SRC_MODEL, TGT_MODEL, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB)
         if (tokenizer_dir / name).is_file()
     }
     return files, languages

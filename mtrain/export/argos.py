@@ -107,7 +107,10 @@ def export_argos(
             )
         provenance = json.loads((model_dir / METADATA_FILE).read_text(encoding="utf-8"))
         (model_dir / METADATA_FILE).unlink()
-        (model_dir / "spm.model").rename(folder / "sentencepiece.model")
+        # A run started from a MarianMTModel: its source model (transformers, too, decodes targets
+        # of one vocabulary with it; CTranslate2 numbers the pieces by its own vocabulary).
+        spm_name = "source.spm" if loaded.tokenizer.marian else "spm.model"
+        (model_dir / spm_name).rename(folder / "sentencepiece.model")
         add_source_eos(model_dir / "config.json")
         (folder / "minisbd").mkdir()
         shutil.copyfile(SPLITTER, folder / "minisbd" / SPLITTER.name)

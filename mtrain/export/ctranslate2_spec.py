@@ -7,9 +7,9 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     norm_type rmsnorm          rms_norm; `layer_norm_epsilon` = the eps mtrain's norm uses
     final_norm                 encoder/decoder `layer_norm` present or not
     shared_norm                the one shared norm copied into every sublayer (same function)
-    activation relu|gelu       activation RELU | GELU (erf, as torch's default)
+    activation relu|gelu|silu  activation RELU | GELU (erf, as torch's default) | SWISH
     activation swiglu          ffn_glu with SWISH: linear_0 = gate (activated), linear_0_noact = up
-    positions sinusoidal       the table mtrain computes, stored as `position_encodings`
+    positions sinusoidal(_marian)  the table mtrain computes, stored as `position_encodings`
     positions learned          the trained table
     positions none             an all-zero table (adds nothing, as in mtrain)
     positions rope             rotary on every self-attention, whole head, rotate-half layout
@@ -19,8 +19,10 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     decoder_order              only self_cross_ffn: CTranslate2's decoder layer has that order
     vocab_multiple             padded rows are cut: the exported vocabulary is the real one,
                                so a padded id can never be produced
-    output_vocab target        the output projection gets a bias: 0 on the allowed rows, -1e9
-                               (probability 0) on the others, so neither engine emits them
+    output_bias                the output projection's bias
+    output_vocab target        the output projection gets a bias: 0 (or output_bias's) on the
+                               allowed rows, -1e9 (probability 0) on the others, so neither
+                               engine emits them
 
 Settings that do not exist at inference (dropout, detach_memory, attention_impl) are ignored.
 A ModelConfig key this module does not know, set to a non-default value, is refused: a new
@@ -49,7 +51,7 @@ from mtrain.config import (
     to_plain,
 )
 from mtrain.errors import MtrainError
-from mtrain.model.positions import sinusoidal_table
+from mtrain.model.positions import position_table
 
 # ModelConfig keys that have no effect on inference, and those mapped by `build_spec`.
 INFERENCE_IRRELEVANT = {"dropout", "attention_dropout", "activation_dropout", "detach_memory", "attention_impl"}
@@ -75,6 +77,7 @@ MAPPED = {
     "tie_embeddings",
     "vocab_multiple",
     "output_vocab",
+    "output_bias",
 }
 # torch's defaults, which mtrain's norms use (mtrain.model.layers.make_norm).
 NORM_EPSILON = {NormType.layernorm: 1e-5, NormType.rmsnorm: 1e-6}
@@ -126,6 +129,7 @@ def build_spec(
     activation = {
         Activation.relu: common_spec.Activation.RELU,
         Activation.gelu: common_spec.Activation.GELU,
+        Activation.silu: common_spec.Activation.SWISH,
         Activation.swiglu: common_spec.Activation.SWISH,
     }[cfg.activation]
     common = dict(
@@ -155,9 +159,12 @@ def build_spec(
         encoder.position_encodings.encodings = _position_table(state, "src_embed", cfg)
         decoder.position_encodings.encodings = _position_table(state, "tgt_embed", cfg)
     decoder.projection.weight = _numpy(state["output_proj.weight"][: len(tgt_vocabulary)])
+    if "output_proj.bias" in state:  # model.output_bias
+        decoder.projection.bias = _numpy(state["output_proj.bias"][: len(tgt_vocabulary)])
     if "output_allowed" in state:
         allowed = state["output_allowed"][: len(tgt_vocabulary)].bool().numpy()
-        decoder.projection.bias = np.where(allowed, 0.0, -1e9).astype(decoder.projection.weight.dtype)
+        bias = decoder.projection.bias if "output_proj.bias" in state else 0.0
+        decoder.projection.bias = np.where(allowed, bias, -1e9).astype(decoder.projection.weight.dtype)
     if final_norm:
         _set_norm(encoder.layer_norm, state, "encoder_norm")
         _set_norm(decoder.layer_norm, state, "decoder_norm")
@@ -198,8 +205,8 @@ def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -
     """(max_positions, d_model): what mtrain adds at positions 0, 1, ... (the first token is 0)."""
     if cfg.positions == Positions.learned:
         return _numpy(state[f"{embed}.positions.weight"])
-    if cfg.positions == Positions.sinusoidal:
-        return _numpy(sinusoidal_table(cfg.max_positions, cfg.d_model))
+    if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
+        return _numpy(position_table(cfg.positions, cfg.max_positions, cfg.d_model))
     return np.zeros((cfg.max_positions, cfg.d_model), dtype=np.float32)  # positions=none
 
 

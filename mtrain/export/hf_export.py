@@ -5,6 +5,10 @@
       generation_config.json            the run's decoding settings (hf_generation.py)
       tokenizer.json, tokenizer_config.json
                                         the run's SentencePiece model for `tokenizers` (hf_tokenizer.py)
+      spm.model                         that model as trained (what `init_from=` reads back)
+
+A run started from an imported MarianMTModel (its tokenizer is Marian's) is written as a
+MarianMTModel with its MarianTokenizer files instead (hf_marian.py).
       README.md                         the model card (model_card.py)
       mtrain_export.json                what mtrain wrote (format "hf", the files) and from which
                                         checkpoint (mtrain.export.target: what force=true may replace)
@@ -30,6 +34,7 @@ from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import load_run_summary
 from mtrain.export.hf_generation import generation_settings
+from mtrain.export.hf_marian import build_marian
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
 from mtrain.export.hf_tokenizer import build_hf_tokenizer
 from mtrain.export.model_card import model_card
@@ -69,15 +74,24 @@ def export_hf_run(
     transformers.utils.logging.disable_progress_bar()  # the command prints one line when done
     loaded = load_run(run_dir, which=which, weights=weights)
     config, tokenizer = loaded.config, loaded.tokenizer
-    check_hf_exportable(config.model, tokenizer.joint)
+    if not tokenizer.marian:  # a run with Marian's tokenizer goes back as a MarianMTModel (hf_marian.py)
+        check_hf_exportable(config.model, tokenizer.joint)
     languages = RunLanguages.of(config.get("data"))
     tags = reserved_symbols(languages.data)
     target_tags = {lang: lang_tag(lang) for lang in languages.target_languages()} if languages.lang_tags else {}
 
     special = tokenizer.special_ids
     vocab_size = tokenizer.tgt_vocab_size
-    model = build_pegasus(loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos)
-    hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
+    if tokenizer.marian:
+        data = config.get("data") or {}
+        model, hf_tokenizer = build_marian(
+            loaded.model.state_dict(), config.model, tokenizer, (data.get("src"), data.get("tgt"))
+        )
+    else:
+        model = build_pegasus(
+            loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos
+        )
+        hf_tokenizer = build_hf_tokenizer(tokenizer, tags, int(config.model.max_positions))
     # The run's decoding, as its test split was decoded; a key added since takes its default.
     decode = to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), config.get("decode") or {}))
     generation = generation_settings(
@@ -89,12 +103,14 @@ def export_hf_run(
         "update": loaded.update,
         "weights": loaded.weights,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "architecture": type(model).__name__,
     }
     card = model_card(config, load_run_summary(Path(run_dir)), exported, generation, target_tags)
 
     with staged(out_dir) as staging:
         model.save_pretrained(staging)
         hf_tokenizer.save_pretrained(staging)
+        tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
         (staging / "README.md").write_text(card, encoding="utf-8")
         record = {"format": "hf", "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         write_record(staging, {**record, **exported, "mtrain_version": __version__})

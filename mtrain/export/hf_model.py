@@ -20,8 +20,8 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     norm_type layernorm        nn.LayerNorm, eps 1e-5 in both (rmsnorm: refused)
     final_norm                 each stack's `layer_norm` (false: refused; Pegasus always has one)
     shared_norm                the shared norm copied into each sublayer's
-    activation relu|gelu       activation_function relu | gelu (erf in both) (swiglu: refused)
-    positions sinusoidal       mtrain's table (sines, then cosines) as `embed_positions.weight`
+    activation relu|gelu|silu  activation_function relu | gelu (erf in both) | silu (swiglu: refused)
+    positions sinusoidal(_marian)  mtrain's table (sines, then cosines) as `embed_positions.weight`
     positions learned          the trained tables (frozen weights in transformers)
     positions none             an all-zero table
     positions rope             refused: Pegasus adds positions to the embeddings
@@ -31,8 +31,9 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     cross_{q,k,v}_proj=false   an identity matrix with a zero bias (exact in fp32)
     decoder_order              self_cross_ffn only
     vocab_multiple             padded rows are cut: vocab_size is the tokenizer's
-    output_vocab target        final_logits_bias: 0 on the allowed pieces, -inf on the others,
-                               before the softmax as in mtrain
+    output_bias                final_logits_bias
+    output_vocab target        final_logits_bias: 0 (or output_bias's) on the allowed pieces,
+                               -inf on the others, before the softmax as in mtrain
 
 The vocabulary must be joint (`tokenizer.joint`): Pegasus has one vocabulary for both sides.
 Dropout rates are carried over for fine-tuning in transformers; detach_memory and
@@ -61,7 +62,7 @@ from mtrain.config import (
 )
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import INFERENCE_IRRELEVANT, MAPPED  # the same keys decide both exports
-from mtrain.model.positions import sinusoidal_table
+from mtrain.model.positions import position_table
 
 if TYPE_CHECKING:  # an optional dependency, imported when an export runs
     from transformers import PegasusForConditionalGeneration
@@ -146,13 +147,15 @@ def pegasus_state_dict(state: Mapping[str, Tensor], cfg: ModelConfig, vocab_size
         "model.encoder.embed_tokens.weight": state["src_embed.tokens.weight"][:vocab_size],
         "model.decoder.embed_tokens.weight": state["tgt_embed.tokens.weight"][:vocab_size],
         "lm_head.weight": state["output_proj.weight"][:vocab_size],
-        "final_logits_bias": torch.zeros(1, vocab_size),
+        "final_logits_bias": state["output_proj.bias"][None, :vocab_size]
+        if "output_proj.bias" in state
+        else torch.zeros(1, vocab_size),
         "model.encoder.embed_positions.weight": _position_table(state, "src_embed", cfg),
         "model.decoder.embed_positions.weight": _position_table(state, "tgt_embed", cfg),
     }
     if "output_allowed" in state:  # model.output_vocab=target
         allowed = state["output_allowed"][:vocab_size].bool()
-        out["final_logits_bias"] = torch.where(allowed, 0.0, float("-inf"))[None, :]
+        out["final_logits_bias"] = torch.where(allowed, out["final_logits_bias"][0], float("-inf"))[None, :]
     for stack, norm in (("encoder", "encoder_norm"), ("decoder", "decoder_norm")):
         _copy(out, f"model.{stack}.layer_norm", state, norm)
     for index in range(cfg.encoder_layers):
@@ -190,8 +193,8 @@ def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -
     """(max_positions, d_model): what mtrain adds at positions 0, 1, ... (the first token is 0)."""
     if cfg.positions == Positions.learned:
         return state[f"{embed}.positions.weight"]
-    if cfg.positions == Positions.sinusoidal:
-        return sinusoidal_table(cfg.max_positions, cfg.d_model)
+    if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
+        return position_table(cfg.positions, cfg.max_positions, cfg.d_model)
     return torch.zeros(cfg.max_positions, cfg.d_model)  # positions=none
 
 

@@ -48,7 +48,7 @@ def model_card(
     languages = sorted({data.get("src"), data.get("tgt")} | set(target_tags) - {None})
     sections = [
         _front_matter(languages, summary),
-        _title(data, target_tags),
+        _title(data, target_tags, str(exported.get("architecture", "PegasusForConditionalGeneration"))),
         _use(generation, target_tags),
         _data(plain, summary),
         _model(config, exported),
@@ -94,16 +94,24 @@ def _front_matter(languages: list[str], summary: RunSummary) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def _title(data: Mapping[str, Any], target_tags: Mapping[str, str]) -> str:
+def _title(data: Mapping[str, Any], target_tags: Mapping[str, str], architecture: str) -> str:
     direction = f"{data.get('src')}→{data.get('tgt')}"
     if target_tags:
         direction = "multilingual (into " + ", ".join(target_tags) + ")"
+    if architecture == "MarianMTModel":  # a fine-tune of an imported OPUS-MT model (hf_marian.py)
+        loads = (
+            "transformers' `MarianMTModel`, the architecture of the model it was fine-tuned from, with "
+            "that model's `MarianTokenizer` files unchanged.\n"
+        )
+    else:
+        loads = (
+            "transformers' `PegasusForConditionalGeneration`, whose Pre-LN encoder-decoder computes "
+            "what mtrain's model computes (no custom code), and its tokenizer is the run's "
+            "SentencePiece model restated for the `tokenizers` library.\n"
+        )
     return (
         f"# {data.get('name')} {direction}: a Transformer trained with mtrain\n\n"
-        "Trained with `mtrain fit` and exported with `mtrain export format=hf`. It loads as "
-        "transformers' `PegasusForConditionalGeneration`, whose Pre-LN encoder-decoder computes "
-        "what mtrain's model computes (no custom code), and its tokenizer is the run's "
-        "SentencePiece model restated for the `tokenizers` library.\n"
+        "Trained with `mtrain fit` and exported with `mtrain export format=hf`. It loads as " + loads
     )
 
 

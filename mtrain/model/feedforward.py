@@ -1,6 +1,6 @@
-"""The position-wise feed-forward sublayer: relu, gelu or swiglu.
+"""The position-wise feed-forward sublayer: relu, gelu, silu or swiglu.
 
-relu/gelu: down(act(up(x))) with a hidden size of `ffn_dim`.
+relu/gelu/silu: down(act(up(x))) with a hidden size of `ffn_dim`.
 swiglu (Shazeer 2020): down(silu(gate(x)) * up(x)). It has three matrices instead of two,
 so its hidden size is 2/3 of `ffn_dim` (rounded up to a multiple of 8): the parameter count
 stays within 1% of the two-matrix FFN (benchmark size: 528k vs 524k weights per layer).
@@ -40,6 +40,8 @@ class FeedForward(nn.Module):
             hidden = F.silu(self.gate(x)) * self.up(x)
         elif self.activation == Activation.gelu:
             hidden = F.gelu(self.up(x))
+        elif self.activation == Activation.silu:
+            hidden = F.silu(self.up(x))
         else:
             hidden = F.relu(self.up(x))
         hidden = dropout(hidden, self.activation_dropout, self.training)

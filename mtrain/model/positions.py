@@ -1,5 +1,8 @@
 """Position information: sinusoidal (the default), learned, rotary (rope) or none.
 
+Two sinusoid layouts: fairseq's (`sinusoidal`) and Marian's (`sinusoidal_marian`, what
+transformers' MarianMTModel computes, so an imported OPUS-MT model adds the same vectors).
+
 Sinusoidal and learned positions are vectors added to the token embeddings
 (`mtrain.model.embeddings`); rope instead rotates queries and keys inside *self*-attention,
 so attention scores depend on the offset between two positions. Cross-attention gets no
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mtrain.config import Positions
 from mtrain.errors import MtrainError
 
 
@@ -40,15 +44,32 @@ def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
     return table
 
 
+def marian_sinusoidal_table(num_positions: int, dim: int) -> Tensor:
+    """(num_positions, dim): sin(pos / 10000^(2i/dim)) in the first half (i = 0, 1, ...), the
+    cosines of the same angles in the second (Marian's layout; an odd dim gives the sines one
+    more column). Computed in float64 and rounded once, as transformers computes it."""
+    exponents = 2 * torch.arange(dim, dtype=torch.float64).div(2, rounding_mode="floor") / dim
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] / torch.pow(10000.0, exponents)[None, :]
+    return torch.cat([torch.sin(angles[:, 0::2]), torch.cos(angles[:, 1::2])], dim=1).float()
+
+
+def position_table(kind: Positions, num_positions: int, dim: int) -> Tensor:
+    """The fixed table of a sinusoidal `kind` (either layout)."""
+    if kind == Positions.sinusoidal_marian:
+        return marian_sinusoidal_table(num_positions, dim)
+    return sinusoidal_table(num_positions, dim)
+
+
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoids (Vaswani et al. 2017); not saved in checkpoints, since they are recomputed."""
+    """Fixed sinusoids (Vaswani et al. 2017), in the layout `kind` names; not saved in
+    checkpoints, since they are recomputed."""
 
     table: Tensor  # a buffer (register_buffer below)
 
-    def __init__(self, d_model: int, max_positions: int):
+    def __init__(self, d_model: int, max_positions: int, kind: Positions = Positions.sinusoidal):
         super().__init__()
         self.max_positions = max_positions
-        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.register_buffer("table", position_table(kind, max_positions, d_model), persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """(length, d_model) vectors for positions offset .. offset + length - 1."""

@@ -5,11 +5,12 @@
                   -> final norm -> output projection -> logits
 
 The layers are the standard Pre-LN ones of `layers.py`, or the ablation variant the config
-asks for (`variants.py`). The output projection shares its matrix with the target embedding
-when `model.tie_embeddings`, and with the source embedding too when the vocabulary is joint
-(one vocabulary for both languages; separate vocabularies of equal size are not tied: their
-ids mean different pieces). Vocabulary rows are padded to `model.vocab_multiple`; the
-logits of padded rows are returned and are -inf, so softmax gives them probability 0.
+asks for (`variants.py`). The output projection (with a bias when `model.output_bias`)
+shares its matrix with the target embedding when `model.tie_embeddings`, and with the source
+embedding too when the vocabulary is joint (one vocabulary for both languages; separate
+vocabularies of equal size are not tied: their ids mean different pieces). Vocabulary rows
+are padded to `model.vocab_multiple`; the logits of padded rows are returned and are -inf,
+so softmax gives them probability 0.
 
 With `model.output_vocab=target` the softmax ranges over a fixed subset of the target
 vocabulary (`restrict_output`: the pieces of the training targets), stored with the model as
@@ -45,8 +46,8 @@ if TYPE_CHECKING:
 
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
-    if cfg.positions == Positions.sinusoidal:
-        return SinusoidalPositions(cfg.d_model, cfg.max_positions)
+    if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
+        return SinusoidalPositions(cfg.d_model, cfg.max_positions, Positions(cfg.positions))
     if cfg.positions == Positions.learned:
         return LearnedPositions(cfg.d_model, cfg.max_positions)
     return None  # rope acts inside attention; none adds nothing
@@ -88,8 +89,10 @@ class Seq2SeqTransformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        self.output_proj = nn.Linear(d_model, tgt_rows, bias=False)
+        self.output_proj = nn.Linear(d_model, tgt_rows, bias=cfg.output_bias)
         nn.init.normal_(self.output_proj.weight, mean=0.0, std=d_model**-0.5)
+        if self.output_proj.bias is not None:  # model.output_bias
+            nn.init.zeros_(self.output_proj.bias)
         if cfg.tie_embeddings:
             self.output_proj.weight = self.tgt_embed.tokens.weight
             if joint_vocab:
@@ -152,6 +155,12 @@ class Seq2SeqTransformer(nn.Module):
         """The output projection's (tgt_vocab_size, d_model) rows, without the padded ones."""
         return self.output_proj.weight[: self.tgt_vocab_size]
 
+    @property
+    def output_bias(self) -> Tensor | None:
+        """The output projection's (tgt_vocab_size,) bias (model.output_bias), without the padded rows."""
+        bias = self.output_proj.bias
+        return None if bias is None else bias[: self.tgt_vocab_size]
+
     def restrict_output(self, token_ids: Sequence[int] | Tensor) -> int:
         """Let the softmax range over `token_ids` only (`model.output_vocab=target`); returns
         how many pieces that is."""
@@ -186,7 +195,8 @@ class Seq2SeqTransformer(nn.Module):
         if self.output_ids is not None:
             states = to_compute_dtype(states)
             weight = self.output_proj.weight.index_select(0, self.output_ids).to(states.dtype)
-            allowed = F.linear(states, weight)
+            bias = self.output_proj.bias
+            allowed = F.linear(states, weight, None if bias is None else bias[self.output_ids].to(states.dtype))
             logits: Tensor = allowed.new_full((*allowed.shape[:-1], self.output_proj.out_features), float("-inf"))
             return logits.index_copy_(-1, self.output_ids, allowed)
         logits = self.output_proj(states)

@@ -1,7 +1,9 @@
 """`Tokenizer`: the SentencePiece model(s) of a run, behind the contract of docs/DESIGN.md.
 
 A joint vocabulary is one file, `spm.model`; separate vocabularies are `src.model` and
-`tgt.model`. The special ids are read back from the model files, where training wrote them
+`tgt.model`. A run started from an imported Marian model (OPUS-MT) keeps that model's files:
+`source.spm`, `target.spm` and `vocab.json` (+ `target_vocab.json` for separate
+vocabularies), whose table numbers the pieces (mtrain.tokenizer.marian_vocab). The special ids are read back from the model files, where training wrote them
 (`TokenizerConfig.unk_id/pad_id/bos_id/eos_id`), so a saved tokenizer is self-contained;
 `Tokenizer.special_ids` hands them on together, as one `SpecialIds` value.
 """
@@ -18,6 +20,16 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtrain.errors import MtrainError
+from mtrain.tokenizer.marian_vocab import (
+    SOURCE_SPM,
+    TARGET_SPM,
+    TARGET_VOCAB,
+    VOCAB,
+    MappedSentencePiece,
+    is_marian_directory,
+    mapped_side,
+    marian_files,
+)
 
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "src.model"
@@ -48,13 +60,23 @@ class Tokenizer:
     tag_ids: tuple[int, ...] = ()
 
     def __init__(self, files: dict[str, Path]) -> None:
-        """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}."""
+        """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}, or Marian's
+        {"source.spm", "target.spm", "vocab.json"[, "target_vocab.json"]: path}."""
         self.files = dict(files)
-        self.joint = JOINT_MODEL in self.files
-        src_file = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
-        tgt_file = self.files[JOINT_MODEL if self.joint else TGT_MODEL]
-        self._src = _load_model(src_file)
-        self._tgt = self._src if self.joint else _load_model(tgt_file)
+        self._src: spm.SentencePieceProcessor | MappedSentencePiece
+        self._tgt: spm.SentencePieceProcessor | MappedSentencePiece
+        self.marian = VOCAB in self.files
+        if self.marian:
+            self.joint = TARGET_VOCAB not in self.files  # one table numbers both sides
+            src_file, tgt_file = self.files[SOURCE_SPM], self.files[TARGET_SPM]
+            self._src, self._tgt = mapped_side(self.files, source=True), mapped_side(self.files, source=False)
+        else:
+            self.joint = JOINT_MODEL in self.files
+            src_file = self.files[JOINT_MODEL if self.joint else SRC_MODEL]
+            tgt_file = self.files[JOINT_MODEL if self.joint else TGT_MODEL]
+            self._src = _load_model(src_file)
+            self._tgt = self._src if self.joint else _load_model(tgt_file)
+        self.model_files = (str(src_file), str(tgt_file))  # what a corpus-encoding worker opens
         self.unk_id = self._src.unk_id()
         self.pad_id = self._src.pad_id()
         self.bos_id = self._src.bos_id()
@@ -122,6 +144,9 @@ class Tokenizer:
         SentencePiece's vocabulary restriction: a copy of the target model with every other
         piece marked unused, so a text is segmented into allowed pieces (a word made only of
         source-side pieces gets smaller, allowed ones)."""
+        if isinstance(self._tgt, MappedSentencePiece):
+            encode_mapped: Callable[[str], list[int]] = self._tgt.restricted(allowed_ids)
+            return encode_mapped
         from sentencepiece import sentencepiece_model_pb2
 
         proto = sentencepiece_model_pb2.ModelProto()
@@ -168,7 +193,12 @@ class Tokenizer:
             return cls({JOINT_MODEL: directory / JOINT_MODEL})
         if (directory / SRC_MODEL).is_file() and (directory / TGT_MODEL).is_file():
             return cls({SRC_MODEL: directory / SRC_MODEL, TGT_MODEL: directory / TGT_MODEL})
-        raise MtrainError(f"{directory}: no tokenizer here (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
+        if is_marian_directory(directory):
+            return cls(marian_files(directory))
+        raise MtrainError(
+            f"{directory}: no tokenizer here (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL}, "
+            f"or Marian's {SOURCE_SPM}, {TARGET_SPM} and {VOCAB})"
+        )
 
 
 def _load_model(path: Path) -> spm.SentencePieceProcessor:

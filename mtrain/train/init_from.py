@@ -2,6 +2,9 @@
 
 What a fit takes from its parent (fairseq's --finetune-from-model, Marian's --pretrained-model):
 
+- or a Hugging Face model directory (a MarianMTModel such as OPUS-MT's, or mtrain's own
+  `export format=hf`; a hub id is downloaded, HF_HUB_OFFLINE honoured): its weights, its
+  tokenizer files and its config as model and tokenizer sections (mtrain.train.hf_parent);
 - the weights of one checkpoint: a run directory's `best.pt` (`last.pt` before its first
   validation, as translate/eval find `checkpoint=best`) or the checkpoint file named;
   `init_weights` picks its average (train.ema_decay) or its trained weights (`decode_weights`),
@@ -45,6 +48,7 @@ from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import decode_weights, load_checkpoint, stored_config
 from mtrain.train.checkpoint_state import has_optimizer_state
+from mtrain.train.hf_parent import check_languages, is_hf_directory, parent_record, read_hf_model, resolve_hub_id
 
 # Model keys a fine-tune may set to other values than the parent's: regularisation, training-only
 # switches and how the same computation runs. Every other key fixes the weights' shapes or meaning.
@@ -57,7 +61,7 @@ FREE_MODEL_KEYS = (
     "output_vocab",
 )
 # Positions without a learned table hold no weights per position: their range may change.
-_TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.rope, Positions.none)
+_TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.sinusoidal_marian, Positions.rope, Positions.none)
 
 Lineage = dict[str, Any]  # what a run records of its parent (see the module docstring)
 
@@ -80,6 +84,10 @@ def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bo
     that is the one it was trained with and that holds `data_cfg`'s tag symbols."""
     source = f"init_from={init_from}"
     path = Path(init_from).expanduser()
+    if not path.exists():
+        path = resolve_hub_id(init_from) or path
+    if is_hf_directory(path):
+        return _imported_parent(path, weights, keep_optimizer, data_cfg, source)
     run, checkpoint = _parent_files(path, source)
     before = _identity(checkpoint)
     sha256 = file_sha256(checkpoint)
@@ -124,6 +132,26 @@ def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bo
         "config": state["config"],  # as the checkpoint recorded it (plain containers)
     }
     return Parent(checkpoint, state_dict, state["optimizer"] if keep_optimizer else None, config, tokenizer, lineage)
+
+
+def _imported_parent(
+    directory: Path, weights: DecodeWeights | str, keep_optimizer: bool, data_cfg: DataConfig, source: str
+) -> Parent:
+    """A Hugging Face model directory as the parent (mtrain.train.hf_parent): its weights,
+    its tokenizer files as they are, and its config as a model and tokenizer section."""
+    weights = str(getattr(weights, "value", weights))
+    if weights == "ema" or keep_optimizer:
+        key = "init_weights=ema" if weights == "ema" else "init_keep_optimizer=true"
+        raise MtrainError(
+            f"{key}: {source} is a Hugging Face model, which holds one set of weights and no optimiser state; drop {key}"
+        )
+    imported = read_hf_model(directory, source)
+    check_languages(imported, data_cfg, source)
+    _check_tags(imported.tokenizer, data_cfg, source)
+    config, lineage = parent_record(imported, directory)
+    return Parent(
+        imported.weight_files[0], imported.state_dict, None, OmegaConf.create(config), imported.tokenizer, lineage
+    )
 
 
 def _parent_files(path: Path, source: str) -> tuple[RunDir | None, Path]:

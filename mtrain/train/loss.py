@@ -54,7 +54,9 @@ class _FusedOutputLoss(torch.autograd.Function):
     restricted output vocabulary; V is their count); the other rows get no logits and, but
     for a target's own row, no gradient. `row_weights` (rows,), when given, is 1 at the rows
     that count and 0 at those that do not (padding, projected only to keep shapes static):
-    a row of weight 0 adds nothing to the loss nor to any gradient.
+    a row of weight 0 adds nothing to the loss nor to any gradient. `bias` (the rows of
+    `weight`,), when given, is added to the logits (`model.output_bias`); its gradient is the
+    column sum of softmax - q, accumulated in fp32 beside the weight's.
     """
 
     @staticmethod
@@ -67,6 +69,7 @@ class _FusedOutputLoss(torch.autograd.Function):
         label_smoothing: float,
         compute_dtype: torch.dtype,
         row_weights: Tensor | None = None,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         rows = hidden.shape[0]
         needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
@@ -79,12 +82,24 @@ class _FusedOutputLoss(torch.autograd.Function):
         h32 = h.float()  # the operands as the products see them, in fp32
         target_weights = w.index_select(0, targets).float()  # (rows, d)
         target_logits = (h32 * target_weights).sum(-1)
+        # A zero-weight row's logits are the bias alone: its bias terms are weighted 0 as well.
+        counted = torch.ones(rows, device=hidden.device) if row_weights is None else row_weights.float()
+        softmax_bias = grad_softmax_bias = None
+        if bias is not None:
+            bias32 = bias.float()
+            softmax_bias = bias32 if vocab_ids is None else bias32.index_select(0, vocab_ids)
+            target_logits = target_logits + bias32.index_select(0, targets) * counted
+            if needs_grad:
+                grad_softmax_bias = torch.zeros(vocab, device=weight.device, dtype=torch.float32)
         grad_softmax_weight = (
             torch.zeros(softmax_weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
         )
         log_normalisers, grad_hiddens = [], []
-        for h_chunk in h.tensor_split(_chunk_count(rows, vocab, h)):
+        chunks = _chunk_count(rows, vocab, h)
+        for h_chunk, counted_chunk in zip(h.tensor_split(chunks), counted.tensor_split(chunks), strict=True):
             logits = torch.mm(h_chunk, softmax_weight.t()).float()
+            if softmax_bias is not None:
+                logits += softmax_bias
             log_probs = torch.log_softmax(logits, dim=-1)
             # logsumexp of a row = any logit of it minus its log-probability (the target
             # may lie outside a restricted vocabulary, so the first column serves)
@@ -92,7 +107,10 @@ class _FusedOutputLoss(torch.autograd.Function):
             if not needs_grad:
                 continue
             assert grad_softmax_weight is not None  # allocated when needs_grad
-            probs = log_probs.exp_().to(compute_dtype)
+            probs = log_probs.exp_()
+            if grad_softmax_bias is not None:
+                grad_softmax_bias += counted_chunk @ probs
+            probs = probs.to(compute_dtype)
             grad_hiddens.append(torch.mm(probs, softmax_weight).float())
             if compute_dtype == torch.float32:
                 grad_softmax_weight.addmm_(probs.t(), h_chunk)
@@ -109,6 +127,8 @@ class _FusedOutputLoss(torch.autograd.Function):
             # cross-entropy with the uniform distribution: logsumexp - mean logit, per row
             column_sum = softmax_weight.float().sum(0)
             mean_logits = h32 @ (column_sum / vocab)
+            if softmax_bias is not None:
+                mean_logits = mean_logits + softmax_bias.mean() * counted
             loss = (1.0 - eps) * nll_sum + eps * (log_normaliser - mean_logits).sum()
         if needs_grad:
             assert grad_softmax_weight is not None
@@ -116,6 +136,8 @@ class _FusedOutputLoss(torch.autograd.Function):
             if eps != 0.0:
                 grad_hidden -= (eps / vocab) * column_sum
                 grad_softmax_weight -= (eps / vocab) * h32.sum(0)
+                if grad_softmax_bias is not None:
+                    grad_softmax_bias -= (eps / vocab) * counted.sum()
             grad_hidden -= (1.0 - eps) * target_weights
             if row_weights is not None:
                 grad_hidden *= row_weights[:, None]
@@ -125,15 +147,24 @@ class _FusedOutputLoss(torch.autograd.Function):
                 grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
                 grad_weight.index_copy_(0, vocab_ids, grad_softmax_weight)
             grad_weight.index_add_(0, targets, h32, alpha=-(1.0 - eps))
-            ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
+            grad_bias = None
+            if grad_softmax_bias is not None:
+                grad_bias = grad_softmax_bias
+                if vocab_ids is not None:
+                    grad_bias = torch.zeros(weight.shape[0], device=weight.device, dtype=torch.float32)
+                    grad_bias.index_copy_(0, vocab_ids, grad_softmax_bias)
+                grad_bias.index_add_(0, targets, counted, alpha=-(1.0 - eps))
+            ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None, None, None]:
-        grad_hidden, grad_weight = ctx.saved_tensors
-        hidden_dtype, weight_dtype = ctx.dtypes
+    def backward(
+        ctx: Any, grad_loss: Tensor, _grad_nll: Tensor
+    ) -> tuple[Tensor, Tensor, None, None, None, None, None, Tensor | None]:
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
         return (
             (grad_hidden * grad_loss).to(hidden_dtype),
             (grad_weight * grad_loss).to(weight_dtype),
@@ -142,6 +173,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             None,
             None,
             None,
+            None if grad_bias is None else (grad_bias * grad_loss).to(bias_dtype),
         )
 
 
@@ -154,6 +186,7 @@ def output_loss(
     num_tokens: int | None = None,
     vocab_ids: Tensor | None = None,
     static_rows: bool = False,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of the logits `hidden @ weight.T` at the
     non-pad targets; the NLL is detached (it is reported, not trained on).
@@ -168,6 +201,7 @@ def output_loss(
     over (`model.output_vocab=target`), all of them when None. With `static_rows` every
     position is projected and the pad ones weighted 0 (`num_tokens` unused): the shapes depend
     on the batch's shape only, as CUDA graphs need, at the cost of projecting the padding.
+    `bias`: the output projection's bias (model.output_bias), rows as `weight`'s.
     """
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
@@ -187,7 +221,7 @@ def output_loss(
         )
     with torch.autocast(device, enabled=False):  # the function chooses its own dtypes
         losses: tuple[Tensor, Tensor] = _FusedOutputLoss.apply(
-            flat_hidden, weight, flat_targets, vocab_ids, label_smoothing, compute_dtype, row_weights
+            flat_hidden, weight, flat_targets, vocab_ids, label_smoothing, compute_dtype, row_weights, bias
         )
     return losses
 
@@ -263,4 +297,5 @@ class TranslationLoss(nn.Module):
             num_tgt_tokens,
             self.model.output_ids,
             self.static_rows,
+            self.model.output_bias,
         )

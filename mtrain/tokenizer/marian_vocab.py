@@ -1,0 +1,185 @@
+"""Marian's tokenizer files: SentencePiece models whose pieces a vocabulary file numbers.
+
+An OPUS-MT model (transformers' MarianTokenizer) segments with `source.spm` and `target.spm`
+but numbers the pieces by `vocab.json` (one piece-to-id table for both sides), or by
+`vocab.json` and `target_vocab.json` (separate vocabularies); SentencePiece's own ids are
+never used. `MappedSentencePiece` is such a pair (model, table) behind the part of
+SentencePieceProcessor's interface that `Tokenizer` and the corpus encoders call, so a run
+that starts from an imported model keeps its vocabulary exactly, and its `tokenizer/`
+directory holds the same four (or five) files.
+
+What MarianTokenizer does, and this module with it:
+- encoding: a leading language code `>>xx<<` is one piece of its own; the rest is segmented
+  by the side's SentencePiece model into pieces, each looked up in the table by its text (a
+  piece the table lacks is `<unk>`; text SentencePiece does not know keeps its surface, which
+  the table may hold); the source gets `</s>` at the end (the encoded corpus adds it);
+- the decoder starts from `<pad>` (there is no `<s>`): `bos_id()` is the pad id;
+- decoding: ids to pieces by the table, then SentencePiece's `decode_pieces`, `▁` as spaces,
+  stripped. With one table, transformers decodes targets with the *source* model, and so
+  does this (the two differ only for pieces one model lacks). `<unk>` renders as
+  SentencePiece writes it (" ⁇ "), as in mtrain's other translations (transformers skips it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import sentencepiece as spm
+
+from mtrain.errors import MtrainError
+
+SOURCE_SPM = "source.spm"
+TARGET_SPM = "target.spm"
+VOCAB = "vocab.json"
+TARGET_VOCAB = "target_vocab.json"  # separate vocabularies only
+UNK, EOS, PAD = "<unk>", "</s>", "<pad>"
+
+
+def read_vocabulary(path: Path) -> dict[str, int]:
+    """A vocab.json: piece -> id, the ids 0 .. n-1 each once, with <unk>, </s> and <pad>."""
+    try:
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise MtrainError(f"{path}: not a readable vocabulary file ({error})") from error
+    if not isinstance(table, dict) or not all(isinstance(i, int) for i in table.values()):
+        raise MtrainError(f"{path}: a vocabulary file maps each piece to an integer id")
+    if sorted(table.values()) != list(range(len(table))):
+        raise MtrainError(f"{path}: its {len(table)} ids are not 0 .. {len(table) - 1}, each once")
+    missing = [piece for piece in (UNK, EOS, PAD) if piece not in table]
+    if missing:
+        raise MtrainError(f"{path}: has no {', '.join(missing)}; Marian's vocabularies hold <unk>, </s> and <pad>")
+    return table
+
+
+class MappedSentencePiece:
+    """A SentencePiece model whose pieces get their ids from a vocabulary table."""
+
+    def __init__(self, model_file: Path, vocab_file: Path, decoding_model_file: Path | None = None) -> None:
+        """`decoding_model_file`: the model whose `decode_pieces` turns pieces into text
+        (transformers' choice: the source model when source and target share one table)."""
+        try:
+            self.model = spm.SentencePieceProcessor(model_file=str(model_file))
+            decoding = str(decoding_model_file or model_file)
+            self.decoding_model = (
+                self.model if decoding == str(model_file) else spm.SentencePieceProcessor(model_file=decoding)
+            )
+        except (OSError, RuntimeError) as error:
+            raise MtrainError(f"{model_file}: not a readable SentencePiece model ({error})") from error
+        self.ids = read_vocabulary(vocab_file)
+        self.pieces = [""] * len(self.ids)
+        for piece, index in self.ids.items():
+            self.pieces[index] = piece
+        self._unk, self._eos, self._pad = self.ids[UNK], self.ids[EOS], self.ids[PAD]
+        self._control = {self._eos, self._pad}
+        # A piece SentencePiece would output but the table lacks gives unk: one lookup per piece.
+        self._spm_to_id = [
+            self.ids.get(self.model.id_to_piece(i), self._unk) for i in range(self.model.get_piece_size())
+        ]
+        self._spm_unk = self.model.unk_id()
+
+    # -- what SentencePieceProcessor offers and mtrain calls
+    @overload
+    def encode(self, text: str) -> list[int]: ...
+    @overload
+    def encode(self, text: list[str]) -> list[list[int]]: ...
+    def encode(self, text: str | list[str]) -> list[int] | list[list[int]]:
+        if isinstance(text, str):
+            return self._encode_one(text)
+        return [self._encode_one(line) for line in text]
+
+    def _encode_one(self, text: str) -> list[int]:
+        code: list[int] = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:  # MarianTokenizer.remove_language_code
+            code = [self.ids.get(text[: end + 2], self._unk)]
+            text = text[end + 2 :]
+        ids: list[int] = self.model.encode(text)
+        if self._spm_unk in ids:  # the table may hold the surface text SentencePiece does not know
+            return code + [self.ids.get(piece, self._unk) for piece in self.model.encode(text, out_type=str)]
+        return code + [self._spm_to_id[i] for i in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        pieces = [self.pieces[int(i)] for i in ids]
+        text: str = self.decoding_model.decode_pieces(pieces)
+        return text.replace("▁", " ").strip()
+
+    def unk_id(self) -> int:
+        return self._unk
+
+    def pad_id(self) -> int:
+        return self._pad
+
+    def bos_id(self) -> int:
+        return self._pad  # the decoder starts from <pad>
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def id_to_piece(self, index: int) -> str:
+        return self.pieces[int(index)]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.ids.get(piece, self._unk)
+
+    def is_control(self, index: int) -> bool:
+        return int(index) in self._control
+
+    def is_unknown(self, index: int) -> bool:
+        return int(index) == self._unk
+
+    def restricted(self, allowed_ids: Sequence[int]) -> Any:
+        """An encoder (text -> ids) that uses only the pieces `allowed_ids` (see
+        `Tokenizer.target_encoder_within`)."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.model.serialized_model_proto())
+        keep = {self.pieces[int(i)] for i in allowed_ids}
+        for piece in proto.pieces:
+            if piece.piece not in keep and piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL:
+                piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNUSED
+        model = spm.SentencePieceProcessor()
+        model.LoadFromSerializedProto(proto.SerializeToString())
+
+        def encode(text: str) -> list[int]:
+            return [self.piece_to_id(piece) for piece in model.encode(text, out_type=str)]
+
+        return encode
+
+
+def is_marian_directory(directory: Path) -> bool:
+    directory = Path(directory)
+    return all((directory / name).is_file() for name in (SOURCE_SPM, TARGET_SPM, VOCAB))
+
+
+def marian_files(directory: Path) -> dict[str, Path]:
+    """The tokenizer files of a Marian directory, by name (target_vocab.json when there is one)."""
+    directory = Path(directory)
+    names = [SOURCE_SPM, TARGET_SPM, VOCAB] + ([TARGET_VOCAB] if (directory / TARGET_VOCAB).is_file() else [])
+    return {name: directory / name for name in names}
+
+
+def open_processor(model_file: str) -> Any:
+    """What a corpus-encoding worker encodes one side with: the SentencePiece model at
+    `model_file`, or, for Marian's source.spm/target.spm, that model numbered by the vocabulary
+    file beside it (target_vocab.json for the target when there is one)."""
+    path = Path(model_file)
+    if path.name in (SOURCE_SPM, TARGET_SPM) and (path.parent / VOCAB).is_file():
+        files = marian_files(path.parent)
+        return mapped_side(files, source=path.name == SOURCE_SPM)
+    return spm.SentencePieceProcessor(model_file=model_file)
+
+
+def mapped_side(files: dict[str, Path], source: bool) -> MappedSentencePiece:
+    """One side of a Marian tokenizer (`files`: marian_files's)."""
+    separate = TARGET_VOCAB in files
+    if source:
+        return MappedSentencePiece(files[SOURCE_SPM], files[VOCAB])
+    if separate:
+        return MappedSentencePiece(files[TARGET_SPM], files[TARGET_VOCAB])
+    return MappedSentencePiece(files[TARGET_SPM], files[VOCAB], decoding_model_file=files[SOURCE_SPM])
