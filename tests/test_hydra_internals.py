@@ -166,7 +166,7 @@ def test_a_value_outside_a_choice_names_the_choices():
         ErrorKind.NOT_A_CHOICE,
         "model.activation",
         "rleu",
-        ("relu", "gelu", "swiglu"),
+        ("relu", "gelu", "silu", "swiglu"),
     )
 
 
