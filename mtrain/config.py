@@ -940,12 +940,19 @@ class EvalConfig(DecodingCommandConfig):
     # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
     src_lang: str | None = None
     tgt_lang: str | None = None
+    # A glossary `source term<TAB>target term[<TAB>replaced|words]` (as translate's terms=): run= decodes
+    # with its terms as constraints; run= and hyp= report the terminology metrics beside BLEU
+    # (exact-match term accuracy, window overlap, 1-TERm, usual translation kept beside the term)
+    terms: str | None = None
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
+    src: str | None = None  # hyp=: the sources of the hypotheses (where terms= finds its terms)
 
     def check(self, prefix: str) -> None:
         """An ensemble decodes with run= and reports to out=DIR, never into run='s eval/ (where it
         would pass for run='s own score); out= is where run= writes, and `hyp= per_sentence=true`
         its TSV: the other modes write nothing. runs= has no per-sentence scores."""
         super().check(prefix)
+        self._check_terms()
         if self.ensemble:
             if not (self.run or self.runs or self.hyp):
                 self._refuse_ensemble_without_run()
@@ -969,6 +976,24 @@ class EvalConfig(DecodingCommandConfig):
                 "out: is where `mtrain eval run=RUN` writes its report (and hyp= per_sentence=true its "
                 "sentence scores); hyp= alone and runs= write none (drop out=, or evaluate a run with "
                 "run=RUN)"
+            )
+
+    def _check_terms(self) -> None:
+        """terms= scores one run's split or one hypothesis file, whose sources it needs (src=, or
+        run='s split); src= is hyp='s."""
+        if self.terms is not None and self.runs:
+            raise MtrainError(
+                f"terms={self.terms}: scores one run (run=) or file (hyp=), not a comparison (runs=); "
+                "evaluate each run with run=RUN terms=..."
+            )
+        if self.src is not None and not self.hyp:
+            raise MtrainError(
+                f"src={self.src}: the sources of a hypothesis file (hyp=); run= decodes its split's own sources"
+            )
+        if self.terms is not None and self.hyp and self.src is None and not self.run:
+            raise MtrainError(
+                f"terms={self.terms}: finds its terms in the sources of hyp={self.hyp}: give them as src=FILE "
+                "(or run=RUN split=... for the split's)"
             )
 
 

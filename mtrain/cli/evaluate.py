@@ -7,6 +7,8 @@
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval run=RUN split=test per_sentence=true     also RUN/eval/test.sentences.tsv, worst lines in test.md
     mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
+    mtrain eval run=RUN split=test terms=glossary.tsv    decode with the glossary's terms as constraints, term metrics too
+    mtrain eval hyp=out.en ref=test.en src=test.de terms=glossary.tsv   a file's term metrics beside BLEU
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
     mtrain eval run=MULTILINGUAL src_lang=de tgt_lang=fr split=test   one direction (zero-shot too): eval/test.de-fr.*
     mtrain eval runs=MULTI,BILINGUAL src_lang=de tgt_lang=en  compare one direction (a multilingual run's, a bilingual run's)
@@ -35,6 +37,7 @@ from mtrain.wording import counted
 
 if TYPE_CHECKING:
     from mtrain.decode.directions import RunLanguages
+    from mtrain.evaluate.terminology import GlossaryFile
 
 log = logging.getLogger("mtrain")
 
@@ -291,6 +294,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
     from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
     from mtrain.evaluate.report import metrics_table
+    from mtrain.evaluate.terminology import terms_table
     from mtrain.evaluate.runs import run_config
     from mtrain.evaluate.sentences import (
         per_sentence_record,
@@ -302,6 +306,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.hyp is not None  # (main: hyp= chose this mode)
+    glossary = read_glossary_file(cfg)
     hyp_path = Path(cfg.hyp)
     for ref in cfg.ref:
         if hyp_path.is_file() and Path(ref).is_file() and os.path.samefile(hyp_path, ref):
@@ -331,6 +336,15 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     else:
         raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
+    sources: list[str] | None = split.sources if not cfg.ref else None  # ref= files come without their sources
+    if cfg.src is not None:
+        sources = read_lines(cfg.src, "src")
+        if len(sources) != len(hyps):
+            raise MtrainError(
+                f"src={cfg.src} has {len(sources)} lines but hyp={hyp_path} has {len(hyps)}; "
+                "give the sources the hypotheses translate, line for line"
+            )
+        split.files.insert(0, file_record(Path(cfg.src), "source"))
     scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     log(metrics_table(scores).to_text())
     result: dict[str, Any] = {
@@ -339,14 +353,27 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
         "sentences": len(hyps),
         "metrics": scores,
     }
+    if glossary is not None:
+        assert sources is not None  # (EvalConfig.check: terms= with hyp= has src= or run=)
+        result["terms"] = glossary.record(sources, hyps, split.references[0])
+        log(terms_table(result["terms"]).to_text())
     if tsv is not None:
-        sources = split.sources if not cfg.ref else None  # ref= files come without their sources
         rows = score_sentences(hyps, split.references, sources, None, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
         write_sentences_tsv(tsv, rows)
         result["per_sentence"] = per_sentence_record(tsv, rows, cfg.worst_lines)
         log(worst_lines_table(result["per_sentence"]["worst_lines"]).to_text())
         log(f"sentence scores: {tsv}")
     return result
+
+
+def read_glossary_file(cfg: EvalConfig) -> GlossaryFile | None:
+    """`terms=`'s glossary (None without one), read before any work."""
+    from mtrain.decode.terminology import read_glossary
+    from mtrain.evaluate.terminology import GlossaryFile
+
+    if cfg.terms is None:
+        return None
+    return GlossaryFile(str(cfg.terms), read_glossary(cfg.terms, cfg.terms_ignore_case))
 
 
 def compare(cfg: EvalConfig) -> dict[str, Any]:
@@ -389,7 +416,7 @@ def hydra_quote(value: str) -> str:
 
 
 def friendly_overrides(
-    argv: list[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out")
+    argv: list[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out", "src", "terms")
 ) -> list[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 
