@@ -294,7 +294,6 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
     from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
     from mtrain.evaluate.report import metrics_table
-    from mtrain.evaluate.terminology import terms_table
     from mtrain.evaluate.runs import run_config
     from mtrain.evaluate.sentences import (
         per_sentence_record,
@@ -303,6 +302,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
         worst_lines_table,
         write_sentences_tsv,
     )
+    from mtrain.evaluate.terminology import terms_table
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.hyp is not None  # (main: hyp= chose this mode)

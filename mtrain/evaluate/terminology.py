@@ -201,9 +201,7 @@ class GlossaryFile:
     path: str
     glossary: Glossary
 
-    def record(
-        self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
-    ) -> dict[str, object]:
+    def record(self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, object]:
         """The report's `terms` section: the glossary scored with, and the metrics of
         `hypotheses` against one reference stream (the WMT21 definitions take one)."""
         scores = score_terms(self.glossary, sources, hypotheses, references)
