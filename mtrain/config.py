@@ -700,15 +700,28 @@ class DecodeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
+    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection).
     @property
     def uses_mbr(self) -> bool:
-        """MBR chooses the output among its candidates (mtrain.decode.mbr)."""
-        return self.mbr.candidates != MbrCandidates.none
+        return MbrCandidates(self.mbr.candidates) != MbrCandidates.none
 
     @property
     def uses_rerank(self) -> bool:
-        """Reranking reorders the n-best by weighted features (mtrain.decode.rerank)."""
         return self.rerank.weights is not None
+
+    @property
+    def selects(self) -> bool:
+        """The n-best is chosen by MBR or reranked (mtrain.decode.selection)."""
+        return self.uses_mbr or self.uses_rerank
+
+    @property
+    def samples(self) -> bool:
+        return Sampling(self.sampling) != Sampling.none
+
+    @property
+    def aligns(self) -> bool:
+        """Every output gets word or subword alignments (`alignment` is not false)."""
+        return alignment_level(self.alignment) is not AlignmentLevel.none
 
     @property
     def alignment_level(self) -> AlignmentLevel:
@@ -1001,6 +1014,9 @@ class EvalConfig(DecodingCommandConfig):
 class ServeConfig(DecodingCommandConfig):
     """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
 
+    # The server's glossary, applied to every request of both APIs as translate's terms= (docs/SERVE.md)
+    terms: str | None = None  # `source term<TAB>target term`: found source terms -> constraints
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     # longer sentences are truncated with a warning, as translate does
     max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.

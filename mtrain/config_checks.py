@@ -30,16 +30,14 @@ from mtrain.config import (
     Engine,
     EvalConfig,
     FitConfig,
-    MbrCandidates,
     Precision,
-    Sampling,
     ServeConfig,
     TranslateConfig,
-    alignment_level,
     to_typed,
 )
 from mtrain.config_fields import check_section
 from mtrain.config_names import did_you_mean, did_you_mean_key, schema_keys
+from mtrain.decoding_rules import Asked, check_decoding
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
 
@@ -58,17 +56,17 @@ def check_config(cfg: Any) -> None:
     elif isinstance(typed, DecodingCommandConfig):
         _check_decoding_precision(typed)
         _check_mbr(typed.decode, "decode")
-        _check_alignment(typed)
-        _check_engine_sampling(typed)
         if isinstance(typed, TranslateConfig):
-            _check_format(str(typed.format), typed.decode, "format")
+            _check_format(str(typed.format), "format")
             if typed.output is not None:
                 check_writable_file(Path(typed.output), "output")
-            _check_target_controls(typed)
-            _check_selection_with_controls(typed)
-        elif isinstance(typed, ServeConfig):
+            _check_target_control_files(typed)
+        _check_combinations(typed)
+        if isinstance(typed, ServeConfig):
             if typed.api_keys_file is not None and not Path(typed.api_keys_file).is_file():
                 raise MtrainError(f"api_keys_file: {typed.api_keys_file} is not a file (one API key per line)")
+            if typed.terms is not None and not Path(str(typed.terms)).is_file():
+                raise MtrainError(f"terms={typed.terms}: no such file")
         elif isinstance(typed, EvalConfig) and typed.out is not None:
             check_writable_dir(Path(typed.out), "out")
         check_alignment_layer_of_run(typed)
@@ -232,46 +230,15 @@ def check_writable_dir(path: Path, key: str, advice: str | None = None) -> None:
 
 
 # ----------------------------------------------------------------------------- decode combinations
-# What combines with what in a decode (MBR and reranking with controls, alignments and markup,
-# CTranslate2 with sampling and constraints): one block, moving to the rules that both the CLI
-# and the HTTP APIs check (issue 50, item 1).
-def _check_alignment(cfg: DecodingCommandConfig) -> None:
-    """decode.alignment's value, and what CTranslate2 can give: the last layer's heads
-    averaged (the alignment layer `mtrain export` writes), nothing else."""
-    if alignment_level(cfg.decode.alignment) is AlignmentLevel.none:
-        return
-    if cfg.decode.uses_mbr:
-        raise MtrainError(
-            f"decode.alignment={cfg.decode.alignment}: MBR decoding (decode.mbr.candidates="
-            f"{cfg.decode.mbr.candidates}) keeps no attention to align with; use beam search for alignments"
-        )
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    layer, head = cfg.decode.alignment_layer, cfg.decode.alignment_head
-    if (cfg.engine == Engine.ctranslate2 or exported) and (layer not in (None, -1) or head is not None):
-        raise MtrainError(
-            f"decode.alignment_layer={_null(layer)} alignment_head={_null(head)}: CTranslate2 gives the last layer's "
-            "attention averaged over heads only; leave both unset (or layer -1), or use engine=torch"
-        )
-
-
 MARKUP_FORMATS = ("text", "xml", "html")
 
 
-def _check_format(fmt: str, decode: DecodeConfig, key: str) -> None:
-    """translate's `format` (serve's request field): text, or markup put back by word alignments."""
+def _check_format(fmt: str, key: str) -> None:
+    """translate's `format`: text, or markup put back by word alignments (xml, html)."""
     if fmt not in MARKUP_FORMATS:
         raise MtrainError(
             f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
         )
-    if fmt != "text" and alignment_level(decode.alignment) is AlignmentLevel.subword:
-        raise MtrainError(
-            f"{key}={fmt} puts tags back by word alignments; decode.alignment=subword would print other "
-            "links than it uses: use decode.alignment=word (or false)"
-        )
-
-
-def _null(value: Any) -> str:
-    return "null" if value is None else str(value)
 
 
 def _check_mbr(decode: DecodeConfig, prefix: str) -> None:
@@ -301,64 +268,33 @@ def _refuse_quality_decoding_in_fit(decode: DecodeConfig) -> None:
             )
 
 
-def _check_engine_sampling(cfg: DecodingCommandConfig) -> None:
-    """CTranslate2 samples with top-k, top-p and temperature only: no epsilon cut."""
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    if cfg.engine != Engine.ctranslate2 and not exported:
-        return
-    decode = cfg.decode
-    mbr_samples = decode.mbr.candidates in (MbrCandidates.sample, MbrCandidates.both) or (
-        decode.uses_mbr and decode.mbr.num_pseudo_refs is not None
-    )
-    if decode.sampling == Sampling.epsilon or (mbr_samples and decode.sampling == Sampling.none):
-        raise MtrainError(
-            "decode.sampling: CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
-            "with engine=ctranslate2 use decode.sampling=topp or topk, or decode with engine=torch"
-        )
-
-
-def _check_selection_with_controls(cfg: TranslateConfig) -> None:
-    """MBR draws and ranks its own candidates and reranking reorders the n-best by features
-    that know nothing of a forced prefix or required phrases (mtrain.decode.selection): not
-    combined with translate's controls, nor MBR with markup, whose tags follow the alignments."""
-    decode = cfg.decode
-    selection = "decode.mbr.candidates" if decode.uses_mbr else "decode.rerank.weights" if decode.uses_rerank else None
-    if selection is None:
-        return
-    controls = [
-        f"{key}={getattr(cfg, key)}"
-        for key in ("prefix", "constraints", "terms", "avoid")
-        if getattr(cfg, key) not in (None, ConstraintOrder.none)
-    ]
-    if str(cfg.format) != "text" and selection == "decode.mbr.candidates":
-        controls.append(f"format={cfg.format}")
-    if controls:
-        raise MtrainError(
-            f"{controls[0]}: {selection} (MBR or reranking) does not take prefixes, constraints, terms, avoided "
-            "phrases or markup; decode them with beam search"
-        )
-
-
-def _check_target_controls(cfg: TranslateConfig) -> None:
-    """translate's prefix=, constraints=, terms= and avoid=: readable files, and an engine and
-    search that can honour them (CTranslate2 has prefixes and avoided phrases, not constraints;
-    constraints need beam search)."""
+def _check_target_control_files(cfg: TranslateConfig) -> None:
+    """translate's prefix=, terms= and avoid=: readable files (what an engine and search can
+    honour with them: `_check_combinations`)."""
     for key in ("prefix", "terms", "avoid"):
         path = getattr(cfg, key)
         if path is not None and not Path(str(path)).is_file():
             raise MtrainError(f"{key}={path}: no such file")
-    constrained = [
-        f"{key}={getattr(cfg, key)}"
-        for key in ("constraints", "terms")
-        if getattr(cfg, key) not in (None, ConstraintOrder.none)
+
+
+def _check_combinations(cfg: DecodingCommandConfig) -> None:
+    """What translate, eval and serve ask for beyond decode.*, by the command line's names,
+    against what the decode settings and the engine can honour (mtrain.decoding_rules, the
+    rules an HTTP request is checked by too)."""
+    decode = cfg.decode
+    given = {key: getattr(cfg, key, None) for key in ("prefix", "constraints", "terms", "avoid", "attention")}
+    constraints = [
+        f"{key}={value}"
+        for key, value in given.items()
+        if key in ("constraints", "terms") and value not in (None, ConstraintOrder.none)
     ]
-    if not constrained:
-        return
-    exported = cfg.run is not None and is_export_dir(str(cfg.run))
-    if cfg.engine != Engine.torch or exported:
-        raise MtrainError(
-            f"{constrained[0]}: CTranslate2 has no lexical constraints (only prefix= and avoid=); use engine=torch"
-            + (" with a run directory of `mtrain fit`" if exported else "")
-        )
-    if cfg.decode.sampling != Sampling.none:
-        raise MtrainError(f"{constrained[0]}: lexical constraints need beam search; drop decode.sampling")
+    fmt = str(getattr(cfg, "format", "text"))
+    asked = Asked(
+        prefix=f"prefix={given['prefix']}" if given["prefix"] is not None else None,
+        constraints=constraints[0] if constraints else None,
+        avoid=f"avoid={given['avoid']}" if given["avoid"] is not None else None,
+        markup=f"format={fmt}" if fmt != "text" else None,
+        alignment=f"decode.alignment={decode.alignment}" if decode.aligns else None,
+        pictures=f"attention={given['attention']}" if given["attention"] is not None else None,
+    )
+    check_decoding(decode, asked, ctranslate2=_decodes_with_ctranslate2(cfg))

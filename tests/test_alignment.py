@@ -250,7 +250,11 @@ def test_malformed_markup_names_the_file_and_line(model, tokenizer, tmp_path, fm
     [
         (["format=xml"], b"ok\n<b>bad\n", "stdin:2: format=xml: element <b> is never closed"),
         (["format=md"], b"x\n", "format: 'md' must be one of text|xml|html"),
-        (["format=xml", "decode.alignment=subword"], b"x\n", "format=xml puts tags back by word alignments"),
+        (
+            ["format=xml", "decode.alignment=subword"],
+            b"x\n",
+            "format=xml: markup puts its tags back by word alignments",
+        ),
         (["decode.alignment=maybe"], b"x\n", "decode.alignment=maybe: choose true (= word), word, subword or false"),
         (
             ["engine=ctranslate2", "decode.alignment=true", "decode.alignment_layer=0"],

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from mtrain.cli.fit_scoring import DecodeOutOfTime, ScoringDeadline
 from mtrain.config import DecodeConfig, TrainConfig
 from mtrain.decode.cost import StepCost, _solve, decode_seconds
-from mtrain.train.budget import EndCost, RunBudget, budget_name, resumed_training_budget
-from mtrain.train.progress import TrainState, budget_reason
+from mtrain.decode.progress import DecodeProgress
+from mtrain.train.budget import EndCost, RunBudget, budget_name, budget_reason, resumed_training_budget
+from mtrain.train.progress import TrainState
 
 
 class Clock:
@@ -91,6 +93,48 @@ def test_the_planned_share_is_what_ends_training():
     cfg = TrainConfig(max_time="2m")
     assert budget_reason(TrainState(train_seconds=79.0, train_budget_seconds=80.0), cfg) is None
     assert budget_reason(TrainState(train_seconds=80.0, train_budget_seconds=80.0), cfg) == "max_time=2m reached"
+
+
+def test_the_end_cost_is_measured_again_during_training_and_a_validation_s_error_carries_over():
+    clock = Clock()
+    budget = RunBudget(TrainConfig(max_time="10m"), started=clock.now, clock=clock)
+    budget.begin(0.0, 0.0)
+    budget.set_estimate(EndCost(validation=10.0, save=1.0, test=30.0), seconds=0.5)
+    clock.now += 59.0
+    assert not budget.measure_due()  # every minute at least ...
+    clock.now += 1.0
+    assert budget.measure_due()
+    budget.note_validation(20.0)  # twice as long as measured
+    budget.set_estimate(EndCost(validation=20.0, save=1.0, test=60.0), seconds=3.0)  # the machine got busier
+    assert budget.cost == EndCost(40.0, 1.0, 120.0) and budget.estimated == EndCost(10.0, 1.0, 30.0)
+    assert budget.plan(50.0) == pytest.approx(50.0 + 600 - 60 - 161)
+    clock.now += 149.0
+    assert not budget.measure_due()  # ... and at most 1/50 of the time: 3 s of measuring, every 150 s
+    clock.now += 1.0
+    assert budget.measure_due()
+    unbounded = RunBudget(TrainConfig(max_train_time="10m"), started=clock.now, clock=clock)
+    unbounded.set_estimate(EndCost(1.0, 1.0, 1.0))
+    clock.now += 1000.0
+    assert not unbounded.measure_due()  # without max_time nothing is kept for the end
+
+
+def test_the_test_decode_is_skipped_or_stopped_to_keep_to_the_deadline():
+    clock = Clock()
+    references = ["a small dog runs ."] * 10
+    hopeless = ScoringDeadline(clock.now + 30.0, expected=100.0, max_time="2m", clock=clock)
+    with pytest.raises(DecodeOutOfTime, match=r"^test: skipped to keep to max_time=2m: 30 s left and the test decode"):
+        hopeless.check_start("test", references)  # 100 s measured, under 30 left: not started
+    deadline = ScoringDeadline(clock.now + 30.0, expected=60.0, max_time="2m", clock=clock)
+    end = deadline.check_start("test", references)  # within twice what is left: tried
+    assert clock.now + 29.0 < end < clock.now + 30.0  # its scoring kept
+    on_batch = deadline.guard("test", DecodeProgress("test", 100, None), end)
+    clock.now += 10.0
+    on_batch(40)  # the next batch of ~10 s ends at 20 s: go on
+    clock.now += 5.0
+    on_batch(30)  # ... of ~5 s, at 20 s
+    clock.now += 10.0
+    with pytest.raises(DecodeOutOfTime, match=r"^test: stopped after 90 of 100 sentences to keep to max_time=2m"):
+        on_batch(20)  # ... of ~10 s would end at 35 s: stopped
 
 
 def test_decoding_costs_a_batch_its_longest_sentence_and_each_sentence_its_own_steps():

@@ -156,11 +156,12 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
         new_interpreter=True,  # the budget counts the interpreter's start (imports) too
     )
     wall = time.monotonic() - start
-    assert wall <= 30 + BUDGET_MARGIN_S, wall
     if result.returncode == 2 and "which leaves no time to train" in result.stderr:
         # Start-up on cores other jobs keep busy (load 10 on 2 cores: 23 s of it) left nothing to
-        # train: refused before the first update, as it should be, but nothing more to check here.
+        # train: refused before the first update, as it should be, but nothing more to check here
+        # (its wall time is that start-up's, which no budget can shorten).
         pytest.skip(result.stderr.strip().splitlines()[-1])
+    assert wall <= 30 + BUDGET_MARGIN_S, wall
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["stop_reason"] == "max_time=30s reached" and metrics["updates"] >= 1

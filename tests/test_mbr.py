@@ -167,9 +167,9 @@ def test_mbr_decodes_an_ensemble(run, tmp_path):
 
 def test_without_mbr_or_reranking_the_engine_decodes_alone(loaded, monkeypatch):
     def refuse(*args, **kwargs):
-        raise AssertionError("NbestSelection used without decode.mbr or decode.rerank")
+        raise AssertionError("SelectingEngine used without decode.mbr or decode.rerank")
 
-    monkeypatch.setattr(selection_module.NbestSelection, "__init__", refuse)
+    monkeypatch.setattr(selection_module.SelectingEngine, "__init__", refuse)
     for cfg in (DecodeConfig(beam=2, nbest=2, **SHORT), DecodeConfig(sampling=Sampling.epsilon, nbest=2, **SHORT)):
         hyps = translate_sentences(loaded.model, loaded.tokenizer, SENTENCES, cfg, CPU, "fp32")
         assert all(h.expected_utility is None and h.rerank_score is None for sentence in hyps for h in sentence)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mtrain.config import DecodeConfig, MbrCandidates, MbrConfig, RerankConfig
+from mtrain.decode.engine import as_engine
 from mtrain.decode.rerank import (
     TOKEN_LOG_PROB_FLOOR,
     FeatureScorer,
@@ -23,8 +24,7 @@ from mtrain.decode.rerank import (
     tune_weights,
     write_weights,
 )
-from mtrain.decode.selection import NbestSelection
-from mtrain.decode.translator import as_engine
+from mtrain.decode.selection import SelectingEngine
 from mtrain.train.checkpoint_files import load_run
 from tests.conftest import train_spm_tokenizer
 from tests.test_ensemble import SENTENCES, write_run
@@ -65,7 +65,7 @@ def test_forward_weight_alone_keeps_the_beam_order(runs, tmp_path):
     engine = as_engine(loaded.model, loaded.tokenizer, CPU)
     sources = encoded(loaded.tokenizer)
     beam = engine.translate_batch(sources, DecodeConfig(beam=4, nbest=4, **SHORT))
-    reranked = NbestSelection(cfg, CPU).translate_batch(engine, loaded.tokenizer, sources)
+    reranked = SelectingEngine(engine, loaded.tokenizer, cfg, CPU).translate_batch(sources, cfg)
     assert [[h.tokens for h in hyps] for hyps in reranked] == [[h.tokens for h in hyps] for hyps in beam]
     assert all(h.rerank_score == pytest.approx(h.score) for hyps in reranked for h in hyps)
 
@@ -111,7 +111,7 @@ def test_reranking_reorders_mbr_candidates_with_their_utility(runs, tmp_path):
     mbr = MbrConfig(candidates=MbrCandidates.sample, num_candidates=4)
     cfg = DecodeConfig(nbest=4, **SHORT, mbr=mbr, rerank=RerankConfig(weights=weights))
     engine = as_engine(loaded.model, loaded.tokenizer, CPU)
-    hyps = NbestSelection(cfg, CPU).translate_batch(engine, loaded.tokenizer, encoded(loaded.tokenizer))
+    hyps = SelectingEngine(engine, loaded.tokenizer, cfg, CPU).translate_batch(encoded(loaded.tokenizer), cfg)
     for sentence in hyps:  # mbr weight 1 alone: the expected utility's order
         assert [h.rerank_score for h in sentence] == pytest.approx([h.expected_utility / 100 for h in sentence])
 

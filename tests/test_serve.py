@@ -219,22 +219,39 @@ def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tok
     assert server.post({"text": SENTENCES[:3], "beam": 3}).json()["translations"] == [h[0].text for h in plain]
 
 
+def served_check(body, cfg: ServeConfig, engine: str = "torch"):
+    """The request pipeline's requests for `body` on a server of `cfg` and `engine`, checked
+    by the rules (mtrain.decoding_rules) as the server checks them."""
+    from mtrain.decode.pipeline import PipelineStats
+    from mtrain.serve.app import pipeline_request
+    from mtrain.serve.translation import Served
+
+    model = StandIn(upper_case)
+    model.engine_name = engine
+    served = Served(model, cfg, None, PipelineStats())
+    requests, options = pipeline_request(body, served)
+    return served.check(requests, options)
+
+
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
-    from mtrain.serve.app import Rejected, TranslateRequest, controlled_sentences, request_decoding
+    from mtrain.decoding_rules import RefusedCombination
+    from mtrain.serve.app import TranslateRequest
 
     request = TranslateRequest(text=["Ein Hund."], constraints=[["dog"]])
-    with pytest.raises(Rejected, match="constraints: lexical constraints .*use engine=torch"):
-        controlled_sentences(request, ServeConfig(), "ctranslate2")
+    with pytest.raises(
+        RefusedCombination, match="constraints: CTranslate2 has no lexical constraints .*use engine=torch"
+    ):
+        served_check(request, ServeConfig(), "ctranslate2")
     sampling = ServeConfig(decode=DecodeConfig(sampling="topk"))
-    with pytest.raises(Rejected, match="need beam search"):
-        controlled_sentences(request, sampling, "torch")
+    with pytest.raises(RefusedCombination, match="need beam search"):
+        served_check(request, sampling)
     prefix_only = TranslateRequest(text=["Ein Hund."], prefix=["A"], avoid=["cat"])
-    assert controlled_sentences(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
+    assert served_check(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
     mbr = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates="beam", num_candidates=4)))
-    with pytest.raises(Rejected, match="prefix: MBR decoding and n-best reranking .* do not take prefixes"):
-        controlled_sentences(prefix_only, mbr, "torch")
-    with pytest.raises(Rejected, match="alignment: MBR decoding .* keeps no attention"):
-        request_decoding(TranslateRequest(text=["Ein Hund."], alignment=True), mbr)
+    with pytest.raises(RefusedCombination, match="prefix: MBR decoding and n-best reranking .* do not take prefixes"):
+        served_check(prefix_only, mbr)
+    with pytest.raises(RefusedCombination, match="alignment: MBR decoding .* keeps no attention"):
+        served_check(TranslateRequest(text=["Ein Hund."], alignment=True), mbr)
 
 
 def test_alignments_and_markup_per_request(server, model, tokenizer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 
 import numpy as np
 import pytest
@@ -15,9 +16,11 @@ from mtrain.batches.corpus import EncodedCorpus
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import build_model
 from mtrain.tokenizer import SpecialIds
+from mtrain.train import budget as budget_module
+from mtrain.train.budget import EndCost, budget_reason
 from mtrain.train.builders import build_parts
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
+from mtrain.train.progress import TrainState, ValidationRhythm
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
 from tests.test_fit import compose_fit
@@ -152,6 +155,37 @@ def test_a_run_that_trains_its_max_train_time_stops_naming_it_not_max_time():
     trainer.state.train_seconds, trainer.update_seconds = 1199.0, 4.0  # the next update would end past 1,200 s
     assert trainer._stop_reason() == "max_train_time=20m reached"
     assert trainer.state.train_budget_seconds == 1199.0  # the plan is now what was trained
+
+
+def test_under_max_time_the_end_cost_is_measured_again_off_the_training_clock(monkeypatch, caplog):
+    """Each measurement after the first is off the training clock and in the plan; one that
+    differs by more than a quarter from the last is logged."""
+    monkeypatch.setattr(budget_module, "MEASURE_INTERVAL_S", 0.0)  # due after every update
+    monkeypatch.setattr(budget_module, "MEASURE_EVERY", 0)
+    measured = []
+
+    def end_cost() -> EndCost:
+        measured.append(len(measured))
+        time.sleep(0.05)
+        return EndCost(validation=1.0, save=0.0, test=2.0 * len(measured))  # the machine gets busier
+
+    cfg = compose_fit([*TINY_MODEL, "train.max_time=10m", "train.max_updates=5", "train.validate_every=1000"])
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, VOCAB, VOCAB, IDS.pad, joint_vocab=True)
+    parts = build_parts(model, cfg.train, cfg.seed, [_corpus()], IDS, torch.device("cpu"), Precision.fp32)
+    trainer = Trainer(cfg.train, parts, DistributedContext(), validate=lambda: {"loss": 1.0}, end_cost=end_cost)
+    with caplog.at_level("INFO", logger="mtrain"):
+        summary = trainer.fit()
+    assert summary["stop_reason"] == "max_updates=5 reached"
+    assert len(measured) == 5  # before the first update, then after updates 1-4 (not after the last)
+    assert trainer.budget.run.overhead_seconds >= 4 * 0.05  # counted as time off training
+    assert trainer.budget.run.measured == EndCost(1.0, 0.0, 10.0)
+    assert trainer.budget.run.estimated == EndCost(1.0, 0.0, 2.0)  # the first, which the end line names
+    assert re.search(
+        r"budget: what follows training measured again \(in 0\.\d s\): validation ~1 s, checkpoints ~0 s, "
+        r"test decode ~4 s \(was validation ~1 s, checkpoints ~0 s, test decode ~2 s\); \d+m\d+s of training planned",
+        caplog.text,
+    )
 
 
 def test_patience_stops_training_after_validations_without_gain():

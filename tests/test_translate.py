@@ -146,7 +146,7 @@ def test_over_long_line_is_truncated_with_a_warning_naming_it(model, tokenizer, 
         )
     assert report.truncated_lines == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("line 3:") and "truncated to the first 19" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{source}:3:") and "truncated to the first 19" in warnings[0]
     assert output.read_text(encoding="utf-8").count("\n") == 3
 
 
@@ -624,10 +624,11 @@ def test_the_command_refuses_target_controls_it_cannot_honour(run_dir, tmp_path)
         ((f"terms={terms}", "decode.sampling=topk"), "lexical constraints need beam search"),
         ((f"prefix={prefixes}",), "prefix=" + str(prefixes) + ": 1 lines, input=" + str(source) + " has 2"),
         ((f"terms={terms}",), "line 1: expected `source term<TAB>target term`"),
-        # MBR and reranking choose among their own candidates: not with controls, markup or alignments.
-        ((f"avoid={terms}", "decode.mbr.candidates=beam"), f"avoid={terms}: decode.mbr.candidates (MBR or reranking)"),
-        (("format=xml", "decode.mbr.candidates=sample"), "format=xml: decode.mbr.candidates (MBR or reranking)"),
-        (("decode.alignment=true", "decode.mbr.candidates=beam"), "MBR decoding (decode.mbr.candidates=beam) keeps no"),
+        # MBR and reranking choose among their own candidates: not with controls, markup or alignments
+        # (mtrain.decoding_rules: the words an HTTP request is refused with too).
+        ((f"avoid={terms}", "decode.mbr.candidates=beam"), f"avoid={terms}: MBR decoding and n-best reranking"),
+        (("format=xml", "decode.mbr.candidates=sample"), "format=xml: MBR decoding (decode.mbr) keeps no attention"),
+        (("decode.alignment=true", "decode.mbr.candidates=beam"), ": MBR decoding (decode.mbr) keeps no attention"),
     ]
     for args, message in cases:
         result = mtrain("translate", f"run={run_dir}", f"input={source}", *args, cwd=tmp_path)

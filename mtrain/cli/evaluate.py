@@ -64,13 +64,15 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
     `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
     from mtrain.decode.alignment import AlignmentLevel, alignment_level, resolve_alignment_source
+    from mtrain.decode.pipeline import FieldNames, Options, RequestPipeline, with_options
     from mtrain.decode.rerank import check_rerank_files
+    from mtrain.decode.selection import describe_search
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
     from mtrain.evaluate.references import SplitText, read_reference_files, read_run_split
     from mtrain.evaluate.runs import run_config
-    from mtrain.evaluate.scoring import score_split, sentence_translator
+    from mtrain.evaluate.scoring import score_split
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
@@ -137,7 +139,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(
         f"decoding {counted(len(split.sources), 'sentence')} of {cfg.split} with "
-        f"{engine.description if cfg.ensemble or exported else checkpoint} (beam {cfg.decode.beam}, {device}, "
+        f"{engine.description if cfg.ensemble or exported else checkpoint} ({describe_search(cfg.decode)}, {device}, "
         f"{engine.precision}, engine={engine.engine}, {describe_threads(threads, chosen=cfg.num_threads is not None)})"
     )
     if cfg.ensemble:  # run='s checkpoint (above) first, then the other members
@@ -157,7 +159,16 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         engine.engine == Engine.ctranslate2,
         used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
     )
-    translate = sentence_translator(engine.model, engine.tokenizer_for(tgt_lang), cfg.decode, device, engine.precision)
+    # The request pipeline, as translate and serve decode (mtrain.decode.pipeline): the whole split one request.
+    pipeline = RequestPipeline(
+        engine.model,
+        engine.tokenizer_for(tgt_lang),
+        device,
+        engine.precision,
+        ctranslate2=engine.engine == Engine.ctranslate2,
+    )
+    names = FieldNames(alignment=f"decode.alignment={cfg.decode.alignment}")  # (what a refusal names: eval's key)
+    translate = pipeline_translator(pipeline, Options(with_options(cfg.decode), names=names))
     alignments: list[str] = []  # with decode.alignment: each hypothesis' links, for <split>.align
     if alignment_level(cfg.decode.alignment) is not AlignmentLevel.none:
         translate = collecting_alignments(translate, alignments)
@@ -194,6 +205,21 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         atomic_write_text(path, "".join(line + "\n" for line in alignments))
         log(f"alignments (Pharaoh, line for line with {report_name}.hyp): {path}")
     return report
+
+
+def pipeline_translator(pipeline: Any, options: Any) -> Callable[[list[str]], list[Any]]:
+    """The best hypothesis per source sentence (a `mtrain.evaluate.scoring.Translate`), each
+    sentence a request of `pipeline` decoded with `options`."""
+    import torch
+
+    from mtrain.decode.pipeline import DecodeRequest
+
+    def translate(sources: list[str]) -> list[Any]:
+        requests = [DecodeRequest(text, where=f"line {number}") for number, text in enumerate(sources, start=1)]
+        with torch.inference_mode():
+            return [hyps[0] for hyps in pipeline.translate(requests, options)]
+
+    return translate
 
 
 def collecting_alignments(translate: Any, alignments: list[str]) -> Any:

@@ -35,6 +35,8 @@ from mtrain.rundir import RunDir, RunLock, atomic_write_text
 
 if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --help` stays quick)
     from mtrain.batches import PreparedData
+    from mtrain.cli.fit_scoring import ScoringDeadline
+    from mtrain.train.budget import RunBudget
     from mtrain.train.init_from import Lineage, Parent
 
 log = logging.getLogger("mtrain")
@@ -94,12 +96,13 @@ def _check_and_fit(
     cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str], started: float
 ) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
+    from mtrain.train.budget import budget_reason
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpoint_state import resumed_budget
     from mtrain.train.checkpointer import check_resumable_config, check_resumable_state, is_finished
     from mtrain.train.faults import StopSignal
     from mtrain.train.init_from import inherited_config, load_parent, resumed_config
-    from mtrain.train.progress import TrainState, budget_reason
+    from mtrain.train.progress import TrainState
 
     resume_path = _check_run_dir(run, cfg)
     resume_state = None
@@ -127,14 +130,18 @@ def _check_and_fit(
         state.train_budget_seconds = resumed_budget(resume_state, cfg.train, state)
         done = budget_reason(state, cfg.train)
         if done is not None:
+            finished = json.loads(run.metrics_file.read_text(encoding="utf-8"))
             log.info(
-                "%s: this run has finished (%s, test scored); nothing to do. Raise the budget "
+                "%s: this run has finished (%s, %s); nothing to do. Raise the budget "
                 "(train.max_updates / train.max_time / train.max_train_time) to train on, or choose another "
                 "hydra.run.dir",
                 run.path,
                 done,
+                "test not scored within max_time: mtrain eval scores it"
+                if "test_skipped" in finished
+                else "test scored",
             )
-            return json.loads(run.metrics_file.read_text(encoding="utf-8"))
+            return finished
 
     # From here on SIGTERM/SIGINT stop at the next update boundary with a checkpoint.
     stop_signal = StopSignal()
@@ -158,8 +165,11 @@ def _fit(
     """Prepare, write the run, train, test: `run_fit` once its checks have passed. With `parent`
     (init_from) its tokenizer encodes the data and its weights start the model; a resumed run that
     started so encodes with its own copy of that tokenizer."""
-    from mtrain.cli.fit_scoring import end_cost_estimate
+    import torch
+
+    from mtrain.cli.fit_scoring import DecodeOutOfTime, end_cost_estimate
     from mtrain.evaluate.scoring import check_references
+    from mtrain.machine_share import ShareMeter
     from mtrain.runtime import peak_host_memory_mb
     from mtrain.tokenizer import Tokenizer
     from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
@@ -211,6 +221,7 @@ def _fit(
     trainer, model = setup.trainer, setup.model
     if dist.is_main and device.type == "cpu":
         log.info("%s", _threads_line(cfg))
+        trainer.budget.watch(ShareMeter(threads=torch.get_num_threads()))  # says when other jobs slow training
 
     metrics: dict[str, Any] = {
         "run_dir": str(run.path),
@@ -231,20 +242,32 @@ def _fit(
         trainer.release_training_memory()  # the test decode needs neither Adam's moments nor gradients
         if dist.is_main:
             if cfg.data.splits.test is not None:
+                test_start = time.perf_counter()
                 try:
-                    test_start = time.perf_counter()
                     with stop_signal.interruptible("test decode"):
                         metrics["test"] = score_test_split(
-                            cfg, run, model, data.tokenizer, device, machine.decode_precision, directions_of(data)
+                            cfg,
+                            run,
+                            model,
+                            data.tokenizer,
+                            device,
+                            machine.decode_precision,
+                            directions_of(data),
+                            scoring_deadline(cfg, trainer.budget.run),
                         )
-                    metrics["test_time_s"] = round(time.perf_counter() - test_start, 2)
+                    log_test(trainer, metrics["test"])
                 except StopRequested:
                     raise _stopped(
                         stop_signal,
                         "the test decode",
                         "the checkpoints are kept; train.resume=true scores the test split",
                     ) from None
-                log_test(trainer, metrics["test"])
+                except DecodeOutOfTime as out_of_time:
+                    metrics["test_skipped"] = out_of_time.line
+                    log.warning(
+                        "%s; score it with: mtrain eval run=%s split=test", out_of_time.line, run.path.resolve()
+                    )
+                metrics["test_time_s"] = round(time.perf_counter() - test_start, 2)
                 test_peak = peak_host_memory_mb()
                 if test_peak is not None:
                     metrics["peak_rss_mb"]["test"] = round(test_peak)
@@ -254,8 +277,11 @@ def _fit(
                     " | ".join(f"{phase} {megabytes:,} MB" for phase, megabytes in metrics["peak_rss_mb"].items()),
                 )
             metrics["finished"] = True
-            metrics["wall_time_s"] = round(trainer.budget.wall_seconds(), 2)
-            log.info("%s", wall_time_line(cfg, metrics, trainer.budget))
+            metrics["wall_time_s"] = round(trainer.budget.run.wall_seconds(), 2)
+            log.info("%s", wall_time_line(cfg, metrics, trainer.budget.run))
+            share = trainer.budget.share_summary()
+            if share is not None:
+                log.warning("%s", share)
             metrics["disk_use_mb"] = run.disk_use_mb()
             log.info(
                 "disk use of the run: %.1f MB, of which checkpoints %.1f MB",
@@ -280,10 +306,21 @@ def wall_time_line(cfg: FitConfig, metrics: dict[str, Any], budget: Any) -> str:
     parts = [f"training {format_duration(metrics['train_time_s'])}"]
     parts.append(f"validation {format_duration(metrics.get('validation_time_s', 0.0))}")
     if "test_time_s" in metrics:
-        parts.append(f"test decode {format_duration(metrics['test_time_s'])}")
+        stopped = " (stopped: max_time)" if "test_skipped" in metrics else ""
+        parts.append(f"test decode {format_duration(metrics['test_time_s'])}{stopped}")
     against = f" of max_time={cfg.train.max_time}" if cfg.train.max_time is not None else ""
     estimate = f" (estimated before training: {budget.estimated.describe()})" if budget.estimated is not None else ""
     return f"wall time of the run: {format_duration(metrics['wall_time_s'])}{against}: {', '.join(parts)}{estimate}"
+
+
+def scoring_deadline(cfg: FitConfig, budget: RunBudget) -> ScoringDeadline | None:
+    """When the test decode must end under train.max_time (None: no max_time), and what was
+    measured for it (the end cost as last measured during training)."""
+    from mtrain.cli.fit_scoring import ScoringDeadline
+
+    if budget.deadline is None or cfg.train.max_time is None:
+        return None
+    return ScoringDeadline(budget.deadline, budget.cost.test if budget.cost is not None else 0.0, cfg.train.max_time)
 
 
 def _threads_line(cfg: FitConfig) -> str:
@@ -304,9 +341,7 @@ def _threads_line(cfg: FitConfig) -> str:
 
 def _stopped(stop_signal: Any, phase: str, kept: str) -> Exception:
     """The one-line error of a stop signal outside training's updates (exit status 128 + signum)."""
-    from mtrain.train.trainer import TrainingInterrupted
-
-    return TrainingInterrupted(f"stopped by {stop_signal.name} during {phase}; {kept}", 128 + stop_signal.signum)
+    return stop_signal.interrupted(f"during {phase}; {kept}")
 
 
 def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[tuple[str, str]] = ()) -> str:

@@ -1,6 +1,13 @@
 """How `mtrain fit` scores its model: the trainer's validation callable (loss, perplexity and
 BLEU, per direction for a multilingual run, their mean for best.pt) and the test decode at the
-end of the run, through the evaluation path of `mtrain eval`, with its log lines."""
+end of the run, through the evaluation path of `mtrain eval`, with its log lines.
+
+Under train.max_time the test decode keeps to the run's deadline (`ScoringDeadline`): it is not
+started when what was measured for it clearly cannot fit in the time left, and it stops before
+a batch that would end past the deadline (batches come longest first, so the next one is about
+as long as the last or shorter). Either way no score is reported (a part of the split, its
+longest sentences, would not compare with any other score) and the log says how to score it.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_values
-from mtrain.durations import parse_duration
+from mtrain.durations import format_duration, parse_duration
 from mtrain.rundir import RunDir
 from mtrain.wording import counted
 
@@ -19,6 +26,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
     import torch
 
     from mtrain.batches import PreparedData
+    from mtrain.decode.progress import DecodeProgress
     from mtrain.tokenizer import Tokenizer
     from mtrain.train.budget import EndCost
     from mtrain.train.setup import Machine
@@ -211,6 +219,60 @@ def scoring_seconds(references: Sequence[str], metrics: Sequence[str]) -> float:
     return (time.perf_counter() - start) * len(references) / len(sample)
 
 
+class DecodeOutOfTime(Exception):
+    """The test decode was skipped or stopped to keep to train.max_time; `line` says so."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class ScoringDeadline:
+    """When the test decode must end: by `deadline` (`clock()` time: the run's) with its scoring;
+    `expected` seconds of decoding and scoring were measured for it. What follows the scores
+    (reports, metrics.json, the process's exit) takes about a second past it."""
+
+    def __init__(
+        self, deadline: float, expected: float, max_time: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.deadline, self.expected, self.max_time, self.clock = deadline, expected, max_time, clock
+
+    def check_start(self, label: str, references: Sequence[str]) -> float:
+        """The deadline of this direction's decode (its scoring, timed on a sample, kept after it), or
+        DecodeOutOfTime when what was measured for the test cannot fit in the time left even if it
+        was measured twice too long (what is started is stopped at the deadline anyway)."""
+        left = self.deadline - self.clock()
+        if left <= 0 or self.expected > 2 * left:
+            raise DecodeOutOfTime(
+                f"{label}: skipped to keep to max_time={self.max_time}: {format_duration(max(left, 0.0))} left "
+                f"and the test decode was measured at ~{format_duration(self.expected)}"
+            )
+        return self.deadline - scoring_seconds(references, ["bleu", "chrf", "ter"])
+
+    def for_each_of(self, directions: int) -> ScoringDeadline:
+        """The deadline of a test decode of several directions, each measured at an equal share."""
+        return ScoringDeadline(self.deadline, self.expected / max(directions, 1), self.max_time, self.clock)
+
+    def guard(self, label: str, progress: DecodeProgress, decode_deadline: float) -> Callable[[int], None]:
+        """`progress.update` for each decoded batch, which raises DecodeOutOfTime before a batch as
+        long as the last would end past `decode_deadline`."""
+        last = self.clock()
+
+        def on_batch(sentences: int) -> None:
+            nonlocal last
+            progress.update(sentences)
+            now = self.clock()
+            batch_seconds, last = now - last, now
+            if progress.done < progress.total and now + batch_seconds > decode_deadline:
+                raise DecodeOutOfTime(
+                    f"{label}: stopped after {progress.done:,} of {progress.total:,} sentences to keep to "
+                    f"max_time={self.max_time} (another batch, ~{format_duration(batch_seconds)}, would end past it); "
+                    "no score of a part of the split"
+                )
+
+        return on_batch
+
+
 def score_test_split(
     cfg: FitConfig,
     run: RunDir,
@@ -219,13 +281,15 @@ def score_test_split(
     device: torch.device,
     precision: Precision,
     directions: Sequence[tuple[str, str]] = (),
+    deadline: ScoringDeadline | None = None,
 ) -> dict[str, Any]:
     """Decode the test split with the best checkpoint and score it as `mtrain eval` does, with
     as many threads (`train.decode_num_threads`, 1 by default): the same outputs, as fast.
 
     A multilingual run (several `directions`) scores each direction, decoded with its target
     language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
-    metric with every direction's result under `directions`."""
+    metric with every direction's result under `directions`. With `deadline` (train.max_time)
+    a decode that cannot end in time is skipped or stopped: DecodeOutOfTime."""
     from mtrain.decode.threads import decode_threads
     from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
@@ -252,7 +316,7 @@ def score_test_split(
             "threads": threads,
         }
         return _score_test_directions(
-            cfg, run, model, tokenizer, device, precision, directions, checkpoint_info, decode_info
+            cfg, run, model, tokenizer, device, precision, directions, checkpoint_info, decode_info, deadline
         )
 
 
@@ -266,6 +330,7 @@ def _score_test_directions(
     directions: Sequence[tuple[str, str]],
     checkpoint_info: dict[str, Any],
     decode_info: dict[str, Any],
+    deadline: ScoringDeadline | None,
 ) -> dict[str, Any]:
     """`score_test_split`'s scores once the checkpoint is loaded: one direction's, or the mean
     over several with each one's."""
@@ -274,6 +339,8 @@ def _score_test_directions(
     best_update = checkpoint_info["update"]
     languages = RunLanguages.of(cfg.data)
     directions = list(directions) or languages.directions()[:1]
+    if deadline is not None and len(directions) > 1:
+        deadline = deadline.for_each_of(len(directions))
     head: dict[str, Any] = {
         "checkpoint": Path(checkpoint_info["path"]).name,
         "update": best_update,
@@ -284,7 +351,9 @@ def _score_test_directions(
         tokenizer = languages.tokenizer_for(tokenizer, directions[0][1])
         return {
             **head,
-            **_score_test_direction(cfg, run, model, tokenizer, device, precision, checkpoint_info, decode_info, None),
+            **_score_test_direction(
+                cfg, run, model, tokenizer, device, precision, checkpoint_info, decode_info, None, deadline
+            ),
         }
     results = {
         f"{src}-{tgt}": _score_test_direction(
@@ -297,6 +366,7 @@ def _score_test_directions(
             checkpoint_info,
             decode_info,
             (src, tgt),
+            deadline,
         )
         for src, tgt in directions
     }
@@ -323,6 +393,7 @@ def _score_test_direction(
     checkpoint_info: dict[str, Any],
     decode_info: dict[str, Any],
     direction: tuple[str, str] | None,
+    deadline: ScoringDeadline | None,
 ) -> dict[str, Any]:
     """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
     and its scores for metrics.json."""
@@ -333,6 +404,7 @@ def _score_test_direction(
     data_cfg = cfg.data if direction is None else with_values(cfg.data, src=direction[0], tgt=direction[1])
     split = read_run_split(run, cfg.data, "test", direction)
     label = "test" if direction is None else f"test {direction[0]}-{direction[1]}"
+    decode_deadline = deadline.check_start(label, split.references[0]) if deadline is not None else 0.0
     log.info(
         "%s: decoding %s of %s with %s (update %d), beam %d, %s",
         label,
@@ -344,12 +416,13 @@ def _score_test_direction(
         counted(decode_info["threads"], "CPU thread"),
     )
     with DecodeProgress(label, len(split.sources), log_interval(cfg)) as progress:
+        on_batch = progress.update if deadline is None else deadline.guard(label, progress, decode_deadline)
         report = score_split(
             run,
             "test",
             data_cfg,
             split,
-            sentence_translator(model, tokenizer, cfg.decode, device, precision, progress.update),
+            sentence_translator(model, tokenizer, cfg.decode, device, precision, on_batch),
             checkpoint_info,
             decode_info,
             ["bleu", "chrf", "ter"],

@@ -37,12 +37,15 @@ def run_serve(cfg: ServeConfig) -> None:
     """Open the run's engine and serve it until a stop signal."""
     import uvicorn
 
+    from mtrain.decode.controls import LineControls, describe_controls
     from mtrain.decode.rerank import check_rerank_files
+    from mtrain.decode.selection import describe_search
     from mtrain.decode.threads import describe_threads, set_decode_threads
     from mtrain.runtime import resolve_device
     from mtrain.serve.app import build_app
     from mtrain.serve.guards import check_browser_rules
     from mtrain.serve.model import open_served_model
+    from mtrain.serve.translation import server_glossary
 
     if cfg.run is None:
         raise MtrainError(
@@ -51,20 +54,23 @@ def run_serve(cfg: ServeConfig) -> None:
         )
     check_rerank_files(cfg.decode, cfg.run)  # before the model loads
     check_browser_rules(cfg)
+    glossary = server_glossary(cfg)  # (a malformed line: one line, before the model loads)
     allow_open_files(cfg.max_connections)
     listener = listen(cfg.host, cfg.port)
     try:
         threads = set_decode_threads(cfg.num_threads)
         model = open_served_model(cfg, resolve_device(cfg.device), threads)
-        server = uvicorn.Server(uvicorn_config(build_app(model, cfg), cfg))
+        server = uvicorn.Server(uvicorn_config(build_app(model, cfg, glossary), cfg))
         host, port = listener.getsockname()[:2]
+        controls = describe_controls(LineControls(glossary=glossary), terms=cfg.terms)
         log.info(
-            "serving %s (engine=%s on %s, beam %d, %s) on http://%s:%d",
+            "serving %s (engine=%s on %s, %s, %s%s) on http://%s:%d",
             model.description,
             model.engine_name,
             model.device,
-            cfg.decode.beam,
+            describe_search(cfg.decode),
             describe_threads(threads, chosen=cfg.num_threads is not None),
+            f", {controls} for every request" if controls else "",
             f"[{host}]" if ":" in host else host,
             port,
         )

@@ -35,8 +35,9 @@ def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.data.provenance import provenance_path
     from mtrain.decode.alignment import resolve_alignment_source
-    from mtrain.decode.controls import check_prefix_lines, line_controls
+    from mtrain.decode.controls import check_prefix_lines, describe_controls, line_controls
     from mtrain.decode.rerank import check_rerank_files
+    from mtrain.decode.selection import describe_search
     from mtrain.decode.stream import translate_stream
     from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
     from mtrain.decode.threads import describe_threads, set_decode_threads
@@ -80,19 +81,25 @@ def run_translate(cfg: TranslateConfig) -> None:
         engine.engine == Engine.ctranslate2,
         used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none or cfg.format != "text",
     )
+    described = describe_controls(controls, cfg.prefix, cfg.terms, cfg.avoid, str(cfg.format))
     log.info(
-        "translating with %s on %s, engine=%s, beam %d, %s%s",
+        "translating with %s on %s, engine=%s, %s, %s%s%s",
         engine.description,
         device,
         engine.engine,
-        cfg.decode.beam,
+        describe_search(cfg.decode),
         describe_threads(threads, chosen=cfg.num_threads is not None),
+        f", {described}" if described else "",
         f", every source starting with {' '.join(tokenizer.src_pieces(tokenizer.source_prefix))}"
         if tokenizer.source_prefix
         else "",
     )
-    report = translate_stream(engine.model, tokenizer, cfg, device, engine.precision, controls)
+    report = translate_stream(
+        engine.model, tokenizer, cfg, device, engine.precision, controls, engine.engine == Engine.ctranslate2
+    )
     log.info("translated %s", counted(report.lines, "line"))
+    if report.controls.summary():
+        log.info("%s", report.controls.summary())
     if cfg.output is not None:  # which model made this file, for a corpus built from it (back-translation)
         from mtrain import installed_version
         from mtrain.config import to_plain

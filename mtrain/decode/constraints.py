@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mtrain.decode.search import Choices
+from mtrain.config import DecodeConfig, Sampling
+from mtrain.decode.processors import StepProcessor, StepView
+from mtrain.decode.search import BeamSearch, Choices
 
 NEG_INF = float("-inf")
 NO_TOKEN = -1  # padding of the phrase tensors: equal to no token, so it never matches
@@ -135,11 +137,13 @@ class ConstraintState:
 
 
 @dataclass
-class TargetControls:
-    """A batch's controls in the decoding loop; it follows the rows as the generator reorders them.
+class TargetControls(StepProcessor):
+    """A batch's controls in the decoding loop, a step processor (mtrain.decode.processors):
+    it follows the rows as the generator reorders them.
 
-    Built by `controls_for`; the generator calls `limit_lengths` once, then per step
-    `process` (bans and forced tokens), `choose` (only with constraints) and `follow`.
+    Built by `controls_for`; the generator calls its hooks with the other processors'
+    (`limit_lengths`, `start`, per step `observe`, `process` and `follow`; `satisfied` as
+    hypotheses finish); with constraints, `ConstrainedBeamSearch` makes the choices (`choose`).
     """
 
     prefix: Tensor  # (batch, longest prefix) NO_TOKEN-padded
@@ -148,6 +152,7 @@ class TargetControls:
     avoid: Phrases | None
     ordered: Tensor  # (batch,) bool
     any_ordered: bool  # (known on the host: no synchronisation per step)
+    eos_id: int
     # Pieces that continue a word, banned right after a constraint completes (None: not banned).
     word_continuations: Tensor | None = None
     row_sentence: Tensor = field(init=False)  # (rows,) the batch sentence of each hypothesis row
@@ -156,6 +161,7 @@ class TargetControls:
     avoid_partial: Tensor | None = field(init=False, default=None)
     just_completed: Tensor | None = field(init=False, default=None)  # (rows,) a constraint ended at the last token
     continuing: Tensor | None = field(init=False, default=None)  # (vocab,) bool: word_continuations as a mask
+    forced_lprobs: Tensor | None = field(init=False, default=None)  # (rows, 1) the model's own, of the prefix token
 
     def start(self, width: int) -> None:
         """`width` rows per sentence, sentence-major, all empty."""
@@ -179,12 +185,18 @@ class TargetControls:
     def has_constraints(self) -> bool:
         return self.constraints is not None
 
-    def process(self, lprobs: Tensor, model_lprobs: Tensor, row_max_len: Tensor, eos_id: int) -> None:
+    def observe(self, lprobs: Tensor, view: StepView) -> None:
+        """While a prefix is forced: its token's log-probability before any processor (the
+        forced token keeps its own, even where a rule would ban it)."""
+        self.forced_lprobs = None
+        if self.step < self.prefix.size(1):
+            forced = self.prefix[:, self.step].index_select(0, self.row_sentence).clamp(min=0).unsqueeze(1)
+            self.forced_lprobs = lprobs.gather(1, forced)
+
+    def process(self, lprobs: Tensor, view: StepView) -> None:
         """Edit this step's lprobs (rows, vocab) in place: avoided phrases banned, EOS banned
-        while constraints are unmet (not at the length limit), the prefix forced.
-        `model_lprobs`: the log-probabilities before any processor (a forced prefix token
-        keeps its own, even where a rule would ban it)."""
-        step = self.step
+        while constraints are unmet (not at the length limit), the prefix forced."""
+        step, row_max_len, eos_id = self.step, view.row_max_len, self.eos_id
         if self.avoid is not None and self.avoid_partial is not None:
             tokens = self.avoid.tokens.index_select(0, self.row_sentence)  # (rows, a, L)
             lengths = self.avoid.lengths.index_select(0, self.row_sentence)  # (rows, a)
@@ -210,10 +222,11 @@ class TargetControls:
             )
             lprobs.masked_fill_(banned & (exempt == 0), NEG_INF)
         if step < self.prefix.size(1):
+            assert self.forced_lprobs is not None  # (observed at this step)
             lengths = self.prefix_lengths.index_select(0, self.row_sentence)
             forcing = (lengths > step) & (row_max_len > step)  # (rows,)
             forced = self.prefix[:, step].index_select(0, self.row_sentence).clamp(min=0).unsqueeze(1)
-            kept = model_lprobs.gather(1, forced)
+            kept = self.forced_lprobs
             lprobs.masked_fill_(forcing.unsqueeze(1), NEG_INF)
             lprobs.scatter_(1, forced, torch.where(forcing.unsqueeze(1), kept, lprobs.gather(1, forced)))
 
@@ -240,9 +253,10 @@ class TargetControls:
         order = _bank_order(banks, cand_scores)
         return Choices(beam_index.gather(1, order), tokens.gather(1, order), cand_scores.gather(1, order))
 
-    def satisfied(self, rows: Tensor) -> Tensor:
-        """(len(rows),) whether these rows hold all their constraints."""
-        assert self.state is not None
+    def satisfied(self, rows: Tensor) -> Tensor | None:
+        """(len(rows),) whether these rows hold all their constraints; None without constraints."""
+        if self.state is None:
+            return None
         return self.state.met.index_select(0, rows).all(dim=1)
 
     def follow(self, rows: Tensor, tokens: Tensor) -> None:
@@ -338,8 +352,26 @@ def _bank_order(banks: Tensor, scores: Tensor) -> Tensor:
     return order.gather(1, key.argsort(dim=1, stable=True))
 
 
+class ConstrainedBeamSearch(BeamSearch):
+    """Beam search whose choices are the constrained beam's (`TargetControls.choose`: banks)."""
+
+    def __init__(self, width: int, target: TargetControls) -> None:
+        super().__init__(width)
+        self.target = target
+
+    def step(self, lprobs: Tensor, scores: Tensor) -> Choices:
+        return self.target.choose(lprobs, scores)
+
+
+def constrained_search(cfg: DecodeConfig, target: TargetControls) -> ConstrainedBeamSearch:
+    """The constrained beam of `cfg.beam` rows; constraints need beam search."""
+    if cfg.sampling != Sampling.none:
+        raise ValueError("lexical constraints need beam search (decode.sampling=none)")
+    return ConstrainedBeamSearch(cfg.beam, target)
+
+
 def controls_for(
-    controls: Sequence[ControlIds | None], device: torch.device, word_continuations: Sequence[int] = ()
+    controls: Sequence[ControlIds | None], device: torch.device, eos_id: int, word_continuations: Sequence[int] = ()
 ) -> TargetControls | None:
     """The batch's controls as tensors; None when no sentence has any (decoding as before).
     `word_continuations`: pieces that never follow a completed constraint (none: no such rule)."""
@@ -356,6 +388,7 @@ def controls_for(
         avoid=Phrases.of(avoid, device) if any(avoid) else None,
         ordered=torch.tensor([c.ordered for c in given], dtype=torch.bool, device=device),
         any_ordered=any(c.ordered and c.constraints for c in given),
+        eos_id=eos_id,
         word_continuations=torch.tensor(word_continuations, dtype=torch.long, device=device)
         if word_continuations and any(constraints)
         else None,

@@ -8,7 +8,8 @@ uses (`mtrain.decode.constraints`). Where the text comes from:
   `constraints=unordered|ordered` (input lines are fairseq's `source<TAB>phrase<TAB>...`),
   `terms=FILE.tsv` (`mtrain.decode.terminology`), `avoid=FILE` (one phrase per line, for
   every sentence);
-- `mtrain serve`: the request's `prefix`, `constraints` and `avoid` fields.
+- `mtrain serve`: the request's `prefix`, `constraints`, `avoid` and `terms` fields, and the
+  server's glossary (`terms=FILE.tsv`).
 
 Phrases are matched as target tokens. A phrase is tokenized on its own, as a word that
 follows a space: SentencePiece gives its first piece the word-start marker `▁` (`Hund` ->
@@ -116,11 +117,35 @@ class LineControls:
         return self.tabbed_constraints or self.glossary is not None or bool(self.avoid)
 
     def request(self, line: str, prefix: str = "") -> tuple[str, TargetRequest]:
-        """The source to translate and its request, from an input line and its prefix line."""
+        """The source to translate and its request, from an input line and its prefix line;
+        the glossary's terms are found later, in the text without its markup (the request
+        pipeline, mtrain.decode.pipeline)."""
         source, phrases = split_constraints(line) if self.tabbed_constraints else (line, ())
-        if self.glossary is not None:
-            phrases = tuple(dict.fromkeys([*phrases, *self.glossary.constraints(source)]))
         return source, TargetRequest(prefix, phrases, self.avoid, self.ordered)
+
+
+def describe_controls(
+    controls: LineControls,
+    prefix: str | None = None,
+    terms: str | None = None,
+    avoid: str | None = None,
+    markup: str = "text",
+) -> str:
+    """The controls of a run, for its start line (`terms glossary.tsv (42 terms)`); "" for none."""
+    parts = []
+    if prefix is not None:
+        parts.append(f"prefixes from {prefix}")
+    if controls.tabbed_constraints:
+        parts.append("constraints in the input" + (" (ordered)" if controls.ordered else ""))
+    if controls.glossary is not None:
+        count = len(controls.glossary.targets)
+        parts.append(f"terms {terms} ({count} term{'s' if count != 1 else ''})")
+    if controls.avoid:
+        count = len(controls.avoid)
+        parts.append(f"avoiding {count} phrase{'s' if count != 1 else ''}" + (f" ({avoid})" if avoid else ""))
+    if markup != "text":
+        parts.append(f"format={markup}")
+    return ", ".join(parts)
 
 
 def read_phrases(path: str | Path, key: str = "avoid") -> tuple[str, ...]:

@@ -5,8 +5,10 @@ Greedy decoding, beam search and sampling share this loop and the same step func
 the search algorithm that turns log-probabilities into choices (`search.py`,
 `sampling.py`). Per step, for all live hypotheses at once:
 
-1. logits from the step function -> log-softmax (fp32) -> step processors (pad/bos and
-   a multilingual run's tag symbols banned, EOS banned before `min_len` and forced at `max_len`, no-repeat-ngram);
+1. logits from the step function -> log-softmax (fp32) -> the step processors, one list
+   called through the same hooks (`processors.py`: pad/bos and a multilingual run's tag
+   symbols banned, EOS banned before `min_len` and forced at `max_len`, no-repeat-ngram, and
+   a sentence's prefix, constraints and avoided phrases, `constraints.py`);
 2. the algorithm's choices; an EOS choice among the first `width` becomes a finished
    hypothesis, scored `log_prob / length**alpha` with `length` = output tokens incl. EOS;
    the first `width` non-EOS choices are the next live set (missing ones are dead: -inf);
@@ -38,9 +40,9 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DecodeConfig, Sampling
-from mtrain.decode.constraints import ControlIds, controls_for
+from mtrain.decode.constraints import ControlIds, constrained_search, controls_for
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
-from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
+from mtrain.decode.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
 from mtrain.decode.sampling import SamplingSearch
 from mtrain.decode.search import BeamSearch, Choices, GreedySearch, SearchAlgorithm
 from mtrain.decode.step_functions import CachedStep, DecodingModel, RecomputeStep
@@ -51,7 +53,7 @@ NEG_INF = float("-inf")
 
 def build_search(cfg: DecodeConfig, device: torch.device) -> SearchAlgorithm:
     """The search algorithm a DecodeConfig asks for. Its values are checked before any
-    decoding, with every other rule, by mtrain.config_checks."""
+    decoding, with every other rule, by mtrain.config_checks and mtrain.decoding_rules."""
     if cfg.sampling == Sampling.none:
         return GreedySearch(1) if cfg.beam == 1 else BeamSearch(cfg.beam)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -109,12 +111,11 @@ def generate(
     which never follow a completed constraint (empty: a constraint may end inside a word).
     """
     device = src_tokens.device
-    target = controls_for(controls, device, word_continuations) if controls is not None else None
-    search = build_search(cfg, device)
-    if target is not None and target.has_constraints:
-        if cfg.sampling != Sampling.none:
-            raise ValueError("lexical constraints need beam search (decode.sampling=none)")
-        search = BeamSearch(cfg.beam)  # its initial rows; `target.choose` makes the choices
+    target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
+    # With constraints, the constrained beam chooses (mtrain.decode.constraints).
+    search: SearchAlgorithm = (
+        constrained_search(cfg, target) if target is not None and target.has_constraints else build_search(cfg, device)
+    )
     width = search.width
     batch = src_tokens.size(0)
     if batch == 0:
@@ -123,16 +124,19 @@ def generate(
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
     max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
+    never_emitted = torch.tensor([pad_id, bos_id, *banned_ids], dtype=torch.long, device=device)
+    processors: list[StepProcessor] = [NeverEmitted(never_emitted), LengthLimits(cfg.min_len, eos_id)]
+    if cfg.no_repeat_ngram > 0:
+        processors.append(NoRepeatNgram(cfg.no_repeat_ngram))
     if target is not None:
-        max_len = target.limit_lengths(max_len)
-        target.start(width)
+        processors.append(target)
+    for processor in processors:
+        max_len = processor.limit_lengths(max_len)
+        processor.start(width)
     max_positions = position_limit(model)
     if max_positions is not None:  # bos + max_len tokens must fit the position table
         max_len = max_len.clamp(max=max_positions - 1)
     max_len = max_len.clamp(min=0)
-    min_len = cfg.min_len
-    no_repeat = NoRepeatNgram(cfg.no_repeat_ngram) if cfg.no_repeat_ngram > 0 else None
-    never_emitted = torch.tensor([pad_id, bos_id, *banned_ids], dtype=torch.long, device=device)
 
     memory = model.encode(src_tokens, src_padding_mask)  # (batch, src_len, d_model)
     # Every sentence gets `width` rows (the algorithm says which start alive); the step
@@ -161,17 +165,12 @@ def generate(
             if attention_history is None:
                 attention_history = attention[:, :0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
-        model_lprobs = lprobs.clone() if target is not None and step < target.prefix.size(1) else lprobs
-        ban_tokens(lprobs, never_emitted)
-        apply_length_limits(lprobs, step, min_len, row_max_len if step >= shortest else None, eos_id)
-        if no_repeat is not None:
-            no_repeat(lprobs, prefix[:, 1:])
-        if target is not None:
-            target.process(lprobs, model_lprobs, row_max_len, eos_id)
-        if target is not None and target.has_constraints:
-            choices = target.choose(lprobs.view(n, width, -1), scores)
-        else:
-            choices = search.step(lprobs.view(n, width, -1), scores)
+        view = StepView(step, prefix[:, 1:], row_max_len, limits_reached=step >= shortest)
+        for processor in processors:
+            processor.observe(lprobs, view)
+        for processor in processors:
+            processor.process(lprobs, view)
+        choices = search.step(lprobs.view(n, width, -1), scores)
         alive = torch.isfinite(choices.scores)  # (n, k)
         is_eos = choices.tokens == eos_id
         chosen_rows = torch.arange(n, device=device).unsqueeze(1) * width + choices.beam_index  # (n, k) row in `prefix`
@@ -194,7 +193,7 @@ def generate(
                         if attention_history is not None and attention is not None  # (set together)
                         else None
                     ),
-                    satisfied=target.satisfied(rows) if target is not None and target.has_constraints else None,
+                    satisfied=_satisfied(processors, rows),
                 )
             )
             num_finished.index_add_(0, sentence[which], torch.ones_like(which))
@@ -228,11 +227,20 @@ def generate(
         if attention_history is not None and attention is not None:
             attention_history = torch.cat([attention_history, attention], dim=1).index_select(0, index)
         row_max_len = row_max_len.index_select(0, index)
-        if target is not None:
-            target.follow(index, next_tokens.view(-1))
+        for processor in processors:
+            processor.follow(index, next_tokens.view(-1))
         scores = next_scores
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
+
+
+def _satisfied(processors: Sequence[StepProcessor], rows: Tensor) -> Tensor | None:
+    """(len(rows),) whether these finishing rows hold what every processor requires; None:
+    none requires anything."""
+    verdicts = [v for v in (processor.satisfied(rows) for processor in processors) if v is not None]
+    if not verdicts:
+        return None
+    return torch.stack(verdicts).all(dim=0) if len(verdicts) > 1 else verdicts[0]
 
 
 def _next_live(choices: Choices, chosen_rows: Tensor, continues: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:

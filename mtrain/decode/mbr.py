@@ -32,12 +32,8 @@ from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.utility import utility_matrix
 
 if TYPE_CHECKING:
-    from mtrain.decode.translator import Engine
+    from mtrain.decode.engine import Engine
     from mtrain.tokenizer import Tokenizer
-
-
-def uses_mbr(cfg: DecodeConfig) -> bool:
-    return MbrCandidates(cfg.mbr.candidates) != MbrCandidates.none
 
 
 def hypotheses_per_sentence(cfg: DecodeConfig) -> int:

@@ -2,16 +2,83 @@
 
 Each works in place on `lprobs` (rows, vocab), vectorised over rows, so its cost per step
 does not grow with Python work per sentence. Banning a token sets its log-prob to -inf.
+
+The generator holds one list of them (`step_processors`: tokens never emitted, length
+limits, no-repeat-ngram, and a sentence's target controls: prefix, constraints, avoided
+phrases, `mtrain.decode.constraints.TargetControls`) and calls each through the hooks of
+`StepProcessor`, in order: `limit_lengths` and `start` once, then per step `observe` (the
+model's own log-probabilities, before any processor edits them), `process` and, once the
+search has chosen, `follow` (the rows kept, the tokens appended); `satisfied` ranks finished
+hypotheses. No hook reads a tensor on the host: the loop's host synchronisations stay its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
+
+
+@dataclass
+class StepView:
+    """What a processor may read at one step of the loop."""
+
+    step: int  # output tokens each live row holds (bos excluded)
+    outputs: Tensor  # (rows, step) those tokens
+    row_max_len: Tensor  # (rows,) each row's output limit
+    limits_reached: bool  # a row may be at its limit now (known on the host: no synchronisation)
+
+
+class StepProcessor:
+    """A rule of the decoding loop; every hook but `process` does nothing unless overridden."""
+
+    def limit_lengths(self, max_len: Tensor) -> Tensor:
+        """Each sentence's output limit (batch,), made room for what the rule adds."""
+        return max_len
+
+    def start(self, width: int) -> None:
+        """`width` rows per sentence, sentence-major, all empty."""
+
+    def observe(self, lprobs: Tensor, view: StepView) -> None:
+        """This step's log-probabilities before any processor edited them (read only)."""
+
+    def process(self, lprobs: Tensor, view: StepView) -> None:
+        """Edit this step's lprobs (rows, vocab) in place."""
+        raise NotImplementedError
+
+    def follow(self, rows: Tensor, tokens: Tensor) -> None:
+        """The live rows are now `rows` (indices into the current rows) extended by `tokens`."""
+
+    def satisfied(self, rows: Tensor) -> Tensor | None:
+        """(len(rows),) whether these rows (finishing now) hold what the rule requires; None:
+        the rule requires nothing (finished hypotheses rank by score alone)."""
+        return None
+
+
+class NeverEmitted(StepProcessor):
+    """pad, bos and a multilingual run's tags are never outputs."""
+
+    def __init__(self, token_ids: Tensor) -> None:
+        self.token_ids = token_ids  # on the decoding device: a list would be copied there every step
+
+    def process(self, lprobs: Tensor, view: StepView) -> None:
+        ban_tokens(lprobs, self.token_ids)
+
+
+class LengthLimits(StepProcessor):
+    """EOS banned before `min_len` output tokens, forced at each row's limit."""
+
+    def __init__(self, min_len: int, eos_id: int) -> None:
+        self.min_len, self.eos_id = min_len, eos_id
+
+    def process(self, lprobs: Tensor, view: StepView) -> None:
+        apply_length_limits(
+            lprobs, view.step, self.min_len, view.row_max_len if view.limits_reached else None, self.eos_id
+        )
 
 
 def ban_tokens(lprobs: Tensor, token_ids: Tensor | Sequence[int]) -> None:
@@ -44,7 +111,7 @@ def apply_length_limits(lprobs: Tensor, step: int, min_len: int, max_len: Tensor
     lprobs[:, eos_id] = eos_lprobs
 
 
-class NoRepeatNgram:
+class NoRepeatNgram(StepProcessor):
     """Ban any token that would repeat an n-gram already present in the row's output.
 
     For output y_1..y_t, every earlier occurrence of the last n-1 tokens bans the token
@@ -70,3 +137,6 @@ class NoRepeatNgram:
         matches = (windows[:, :, :-1] == last).all(dim=-1)  # (rows, t-n+1)
         banned = torch.zeros_like(lprobs).scatter_add_(1, windows[:, :, -1], matches.to(lprobs.dtype))
         lprobs.masked_fill_(banned > 0, NEG_INF)
+
+    def process(self, lprobs: Tensor, view: StepView) -> None:
+        self(lprobs, view.outputs)

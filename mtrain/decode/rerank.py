@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mtrain.config import DecodeConfig
+from mtrain.config import DecodeConfig, to_typed
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text, is_export_dir
@@ -56,20 +56,14 @@ MAX_RERANK_WEIGHT = 1000.0
 TOKEN_LOG_PROB_FLOOR = -30.0
 
 
-def uses_rerank(cfg: DecodeConfig) -> bool:
-    return cfg.rerank.weights is not None
-
-
 def features_of(cfg: DecodeConfig) -> list[str]:
     """The features a decode with `cfg` computes, in `FEATURES` order."""
-    from mtrain.decode.mbr import uses_mbr
-
     present = {
         "forward": True,
         "reverse": cfg.rerank.reverse_run is not None,
         "second": cfg.rerank.second_run is not None,
         "length_ratio": True,
-        "mbr": uses_mbr(cfg),
+        "mbr": to_typed(cfg).uses_mbr,
     }
     return [name for name in FEATURES if present[name]]
 

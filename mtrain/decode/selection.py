@@ -1,11 +1,19 @@
-"""After the n-best: MBR's choice among candidates and reranking by features, when asked.
+"""After the n-best: MBR's choice among candidates and reranking by features, as an engine.
 
-`translate_encoded` hands each batch here when `decode.mbr.candidates` or
-`decode.rerank.weights` is set, and to the engine alone otherwise (outputs are then exactly
-those of plain beam search or sampling). MBR (mtrain.decode.mbr) replaces the engine's
-n-best with its candidates ranked by expected utility; reranking (mtrain.decode.rerank)
-reorders the n-best it is given (with MBR: the candidates, the expected utility a feature;
-without: the whole beam, whatever `decode.nbest` keeps). `decode.nbest` of the result are kept.
+`SelectingEngine` wraps any `Engine` (a decorator with the engine's own signature) and sits
+between the engines and the translator: `selecting(engine, ...)` wraps it when
+`decode.mbr.candidates` or `decode.rerank.weights` is set and returns the engine itself
+otherwise (outputs are then exactly those of plain beam search or sampling). MBR
+(mtrain.decode.mbr) replaces the engine's n-best with its candidates ranked by expected
+utility; reranking (mtrain.decode.rerank) reorders the n-best it is given (with MBR: the
+candidates, the expected utility a feature; without: the whole beam, whatever
+`decode.nbest` keeps). `decode.nbest` of the result are kept. Its hypotheses carry `.text`
+already (MBR compares texts), which the translator then leaves as it is: each is
+detokenized once.
+
+What selection does not combine with (prefixes, constraints, avoided phrases; MBR with
+alignments and pictures) is refused before a decode by `mtrain.decoding_rules`; the checks
+here only guard library callers.
 """
 
 from __future__ import annotations
@@ -15,69 +23,90 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mtrain.config import DecodeConfig, Sampling, with_values
+from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, to_typed, with_values
+from mtrain.decode.constraints import ControlIds
+from mtrain.decode.engine import Engine
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.mbr import hypotheses_per_sentence, mbr_decode, uses_mbr
-from mtrain.decode.rerank import FeatureScorer, read_weights, rerank, uses_rerank, weight_vector
+from mtrain.decode.mbr import hypotheses_per_sentence, mbr_decode
+from mtrain.decode.rerank import FeatureScorer, features_of, read_weights, rerank, weight_vector
+from mtrain.decoding_rules import SELECTION_WITH_CONTROLS, SELECTION_WITH_PICTURES
 from mtrain.errors import MtrainError
 
 if TYPE_CHECKING:
-    from mtrain.decode.translator import Engine
     from mtrain.tokenizer import Tokenizer
-
-
-# MBR draws and ranks its own candidates, and reranking reorders the n-best by features that
-# know nothing of a forced prefix or required phrases: not combined with them (yet).
-SELECTION_WITH_CONTROLS = (
-    "MBR decoding and n-best reranking (decode.mbr, decode.rerank) do not take prefixes, constraints, "
-    "terms or avoided phrases: decode those with beam search"
-)
-SELECTION_WITH_ALIGNMENT = (
-    "MBR decoding (decode.mbr) keeps no attention for word alignments or markup: "
-    "decode those with beam search (decode.mbr.candidates=none)"
-)
-
-
-def selects(cfg: DecodeConfig) -> bool:
-    """Whether decoding with `cfg` goes through `NbestSelection`."""
-    return uses_mbr(cfg) or uses_rerank(cfg)
 
 
 def decoded_per_sentence(cfg: DecodeConfig) -> int:
     """Hypotheses decoded at once per sentence (the token budget divides by it)."""
-    if uses_mbr(cfg):
+    if cfg.uses_mbr:
         return hypotheses_per_sentence(cfg)
     return cfg.beam if cfg.sampling == Sampling.none else cfg.nbest
 
 
-class NbestSelection:
-    """Decode a batch with MBR and/or reranking (`cfg` as `selects` says)."""
+def describe_search(cfg: DecodeConfig) -> str:
+    """How hypotheses are found and chosen, for a start line: `beam 5`, `greedy`, `top-p
+    sampling (p=0.9), 4 samples`, `MBR-chrF over 16 beam candidates, reranked by forward+reverse`."""
+    cfg = to_typed(cfg)  # (a composed node from a library caller: the dataclass whose predicates it reads)
+    if cfg.uses_mbr:
+        utility = {MbrUtility.chrf: "chrF", MbrUtility.bleu: "BLEU"}[MbrUtility(cfg.mbr.utility)]
+        kind = {MbrCandidates.beam: "beam", MbrCandidates.sample: "sampled", MbrCandidates.both: "beam and sampled"}
+        text = f"MBR-{utility} over {cfg.mbr.num_candidates} {kind[MbrCandidates(cfg.mbr.candidates)]} candidates"
+        if cfg.mbr.num_pseudo_refs is not None:
+            text += f" against {cfg.mbr.num_pseudo_refs} sampled pseudo-references"
+    elif cfg.samples:
+        sampling = Sampling(cfg.sampling)
+        how = {
+            Sampling.topk: f"top-k sampling (k={cfg.top_k})",
+            Sampling.topp: f"top-p sampling (p={cfg.top_p:g})",
+            Sampling.epsilon: f"epsilon sampling (epsilon={cfg.epsilon:g})",
+        }[sampling]
+        text = f"{how}, {cfg.nbest} sample{'s' if cfg.nbest != 1 else ''}"
+    else:
+        text = "greedy" if cfg.beam == 1 else f"beam {cfg.beam}"
+    if cfg.uses_rerank:
+        text += f", reranked by {'+'.join(features_of(cfg))}"
+    if cfg.nbest > 1 and not cfg.samples:
+        text += f", {cfg.nbest}-best"
+    return text
 
-    def __init__(self, cfg: DecodeConfig, device: torch.device | str) -> None:
-        self.cfg = cfg
-        self.scorer = FeatureScorer(cfg, device) if uses_rerank(cfg) else None
+
+def selecting(engine: Engine, tokenizer: Tokenizer, cfg: DecodeConfig, device: torch.device | str) -> Engine:
+    """`engine` wrapped in a `SelectingEngine` when `cfg.selects` (MBR or reranking); else itself."""
+    if not cfg.selects or isinstance(engine, SelectingEngine):
+        return engine
+    return SelectingEngine(engine, tokenizer, cfg, device)
+
+
+class SelectingEngine:
+    """An engine whose n-best is chosen by MBR and/or reranked (as `cfg.selects`);
+    the reranking features (and their runs) are built once, from the `cfg` given here."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, cfg: DecodeConfig, device: torch.device | str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.scorer = FeatureScorer(cfg, device) if cfg.uses_rerank else None
         self.weights = (
             weight_vector(read_weights(str(cfg.rerank.weights)), self.scorer.features) if self.scorer else None
         )
 
     def translate_batch(
         self,
-        engine: Engine,
-        tokenizer: Tokenizer,
         sources: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
         attention_layer: int | str | None = None,
+        controls: Sequence[ControlIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per source, up to `decode.nbest` hypotheses, best first, with `.text`."""
-        cfg = self.cfg
-        if uses_mbr(cfg):
+        if controls is not None and any(c is not None and not c.empty for c in controls):
+            raise MtrainError(SELECTION_WITH_CONTROLS)
+        tokenizer = self.tokenizer
+        if cfg.uses_mbr:
             if attention_layer is not None:
-                raise MtrainError(
-                    "attention pictures come from beam search or sampling: leave decode.mbr.candidates=none"
-                )
-            nbest = mbr_decode(engine, tokenizer, sources, cfg)
+                raise MtrainError(SELECTION_WITH_PICTURES)
+            nbest = mbr_decode(self.engine, tokenizer, sources, cfg)
         else:  # reranking alone: the whole beam (or every sample) is reranked
             whole = with_values(cfg, nbest=cfg.beam) if cfg.sampling == Sampling.none else cfg
-            nbest = engine.translate_batch(sources, whole, attention_layer)
+            nbest = self.engine.translate_batch(sources, whole, attention_layer)
             for hyps in nbest:
                 for hyp in hyps:
                     hyp.text = tokenizer.decode_tgt(hyp.tokens)

@@ -1,9 +1,10 @@
 """`mtrain translate`'s job: a file or stdin in, one line per input line out.
 
 Reads the input in chunks (so a stream is translated as it arrives and memory stays
-bounded), encodes each line (blank lines stay blank, over-long ones are truncated with a
-warning naming the line), translates a chunk with `translate_encoded`, and writes plain
-hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
+bounded), turns each line into a request (its prefix line, its tab-separated constraints),
+translates a chunk through the request pipeline (`mtrain.decode.pipeline`: markup, terms,
+controls; blank lines stay blank, over-long ones are truncated with a warning naming the
+line), and writes plain hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
 per sentence. A progress bar goes to stderr when the output is a file (or a terminal),
 never when the output is a pipe.
 
@@ -16,7 +17,6 @@ file decode fast. With stdin and stderr both terminals a prompt goes to stderr.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import select
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, BinaryIO, TextIO
 import torch
 from tqdm import tqdm
 
-from mtrain.config import AlignmentLevel, TranslateConfig, alignment_level
+from mtrain.config import TranslateConfig
 from mtrain.decode.attention_plot import plot_attention
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.controls import LineControls, encode_request, phrase_encoder
+from mtrain.decode.controls import LineControls
+from mtrain.decode.engine import Engine
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
+from mtrain.decode.pipeline import DecodeRequest, FieldNames, Options, PipelineStats, RequestPipeline, with_options
 from mtrain.decode.textio import (
     InputRepairs,
     count_lines,
@@ -45,7 +45,6 @@ from mtrain.decode.textio import (
     read_chunks,
     write_output,
 )
-from mtrain.decode.translator import Engine, as_engine, translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 from mtrain.tokenizer import Tokenizer
@@ -69,42 +68,7 @@ class StreamReport:
     truncated_lines: int
     undecodable_bytes: int
     undecodable_lines: int
-
-
-def encode_line(tokenizer: Tokenizer, text: str, line_number: int, limit: int) -> tuple[list[int] | None, bool]:
-    """Source ids with eos (None for a blank line), cut to `limit` ids with a warning;
-    and whether the line was cut."""
-    if not text.strip():
-        return None, False
-    ids = tokenizer.encode_src(text)
-    cut = len(ids) + 1 > limit
-    if cut:
-        log.warning(
-            "line %d: %d subword tokens; truncated to the first %d (max_input_tokens=%d incl. eos)",
-            line_number,
-            len(ids),
-            limit - 1,
-            limit,
-        )
-        ids = ids[: limit - 1]
-    return ids + [tokenizer.eos_id], cut
-
-
-def markup_of(text: str, fmt: str, where: str) -> Markup:
-    """The line's text and tags (`format=xml|html`); MtrainError naming `where` (file:line)."""
-    try:
-        return parse_markup(text.rstrip("\n"), fmt)
-    except MarkupError as error:
-        raise MtrainError(f"{where}: format={fmt}: {error}") from None
-
-
-def put_tags_back(markup: Markup, hyps: list[Hypothesis], keep_links: bool) -> None:
-    """Each hypothesis' text with the source's tags put back; its links are dropped unless
-    they were asked for (`decode.alignment`)."""
-    for hyp in hyps:
-        hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
-        if not keep_links:
-            hyp.alignment = None
+    controls: PipelineStats  # what constraints and terms did
 
 
 def attention_layer_of(cfg: TranslateConfig) -> int | str | None:
@@ -209,28 +173,31 @@ def translate_stream(
     device: torch.device,
     precision: str,
     line_controls: LineControls | None = None,
+    ctranslate2: bool = False,
 ) -> StreamReport:
-    """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null).
-    `line_controls`: how each line's constraints are found (`cfg.constraints`, `terms`,
-    `avoid`; read by the caller before the model loads); `cfg.prefix` is read here."""
+    """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null) through the
+    request pipeline (mtrain.decode.pipeline). `line_controls`: how each line's constraints are
+    found (`cfg.constraints`, `terms`, `avoid`; read by the caller before the model loads);
+    `cfg.prefix` is read here. `ctranslate2`: the engine is CTranslate2's (what it cannot
+    honour is refused, as the config checks refuse it)."""
     limit = cfg.max_input_tokens
     model_limit = position_limit(model)
-    engine = as_engine(model, tokenizer, device, precision)  # once: a bf16 engine casts the weights
     if model_limit is not None and model_limit < limit:
         limit = model_limit  # the encoder cannot embed more positions
-    attention_layer = attention_layer_of(cfg)
-    markup_format = None if cfg.format == "text" else str(cfg.format)
-    decode_cfg = cfg.decode
-    if markup_format is not None and alignment_level(decode_cfg.alignment) is AlignmentLevel.none:
-        decode_cfg = copy.deepcopy(decode_cfg)  # the tags go back by word alignments, not printed
-        decode_cfg.alignment = "word"
+    controlled = line_controls or LineControls()
+    pipeline = RequestPipeline(model, tokenizer, device, precision, ctranslate2=ctranslate2, input_limit=limit)
+    options = Options(
+        with_options(cfg.decode),
+        format=str(cfg.format),
+        glossary=controlled.glossary,
+        attention_layer=attention_layer_of(cfg),
+        names=command_line_names(cfg),
+    )
     input_name = cfg.input if cfg.input is not None else "stdin"
     attention_dir = Path(cfg.attention) if cfg.attention is not None else None
     nbest = cfg.decode.nbest > 1
     interactive = is_interactive(cfg)
 
-    controlled = line_controls or LineControls()
-    encode_phrase = phrase_encoder(tokenizer, model)
     prefix_lines = PrefixLines(cfg.prefix) if cfg.prefix is not None else None
     stats = InputRepairs()
     truncated = 0
@@ -249,45 +216,30 @@ def translate_stream(
         try:
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
-                sources = []
-                prefixes = prefix_lines.take(len(chunk)) if prefix_lines is not None else None
-                controls: list[ControlIds | None] | None = None
-                if prefixes is not None or controlled.any:
-                    requests = [
-                        controlled.request(text, prefixes[i] if prefixes else "") for i, text in enumerate(chunk)
-                    ]
-                    chunk = [source for source, _ in requests]
-                    controls = [encode_request(tokenizer, request, encode_phrase) for _, request in requests]
-                markups: list[Markup] = []
-                for offset, text in enumerate(chunk):
-                    if markup_format is not None:
-                        markups.append(markup_of(text, markup_format, f"{input_name}:{first_line + offset}"))
-                        text = markups[-1].text
-                    ids, cut = encode_line(tokenizer, text, first_line + offset, limit)
-                    truncated += cut
-                    sources.append(ids)
-                progress.update(sum(ids is None for ids in sources))
-                hyps = translate_encoded(
-                    engine,
-                    tokenizer,
-                    sources,
-                    decode_cfg,
-                    device,
-                    precision,
-                    attention_layer=attention_layer,
-                    on_batch=progress.update,
-                    controls=controls,
+                prefixes = prefix_lines.take(len(chunk)) if prefix_lines is not None else [""] * len(chunk)
+                requests = []
+                for offset, (line, prefix) in enumerate(zip(chunk, prefixes, strict=True)):
+                    text, target = controlled.request(line, prefix)
+                    where = f"{input_name}:{first_line + offset}"
+                    requests.append(
+                        DecodeRequest(text, target.prefix, target.constraints, target.avoid, target.ordered, where)
+                    )
+                pipeline.check(requests, options)
+                prepared = pipeline.prepare(requests, options)
+                progress.update(sum(not sentence.source.strip() for sentence in prepared))
+                hyps = pipeline.decode(
+                    prepared, options.decoding(), attention_layer=options.attention_layer, on_batch=progress.update
                 )
+                pipeline.finish(prepared, hyps, options)
+                truncated += sum(sentence.cut for sentence in prepared)
                 for offset, sentence_hyps in enumerate(hyps):
-                    if markups:
-                        put_tags_back(markups[offset], sentence_hyps, keep_links=decode_cfg is cfg.decode)
                     if nbest:
                         sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
                     else:
                         sink.write(output_line(sentence_hyps[0]) + "\n")
                 sink.flush()
                 if attention_dir is not None:
-                    _draw(attention_dir, tokenizer, sources, hyps, first_line, cfg.attention_layer)
+                    _draw(attention_dir, tokenizer, [p.ids for p in prepared], hyps, first_line, cfg.attention_layer)
                 first_line += len(chunk)
             if prefix_lines is not None:
                 prefix_lines.finish()
@@ -308,7 +260,20 @@ def translate_stream(
             stats.undecodable_lines,
             stats.first_undecodable_line,
         )
-    return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines)
+    return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines, pipeline.stats)
+
+
+def command_line_names(cfg: TranslateConfig) -> FieldNames:
+    """What translate's refusals name: its keys with their values (`terms=glossary.tsv`)."""
+    return FieldNames(
+        prefix=f"prefix={cfg.prefix}",
+        constraints=f"constraints={cfg.constraints}",
+        terms=f"terms={cfg.terms}",
+        avoid=f"avoid={cfg.avoid}",
+        format=f"format={cfg.format}",
+        alignment=f"decode.alignment={cfg.decode.alignment}",
+        pictures=f"attention={cfg.attention}",
+    )
 
 
 def _draw(

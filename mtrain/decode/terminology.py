@@ -52,12 +52,29 @@ class Glossary:
         pattern = re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)" if terms else r"(?!)")
         return cls(terms, pattern, ignore_case, replaced)
 
+    def with_terms(self, pairs: list[tuple[str, str]]) -> Glossary:
+        """This glossary and `pairs` (source term, target term), which win over its entries
+        (a request's own terms over the server's)."""
+        added = {" ".join(source.split()): " ".join(target.split()) for source, target in pairs}
+        if self.ignore_case:
+            added = {source.casefold(): target for source, target in added.items()}
+        return Glossary.of({**self.targets, **added}, self.ignore_case)
+
     def constraints(self, source: str) -> list[str]:
         """The target terms of the source terms in `source`, in their order, each once."""
         found: dict[str, None] = {}
         for match in self.pattern.finditer(source.casefold() if self.ignore_case else source):
             found[self.targets[" ".join(match.group().split())]] = None
         return list(found)
+
+
+def glossary_of(
+    base: Glossary | None, pairs: list[tuple[str, str]] | None, ignore_case: bool = False
+) -> Glossary | None:
+    """`base` (a server's glossary) with a request's term pairs; None when there is neither."""
+    if not pairs:
+        return base
+    return (base or Glossary.of({}, ignore_case)).with_terms(pairs)
 
 
 def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:

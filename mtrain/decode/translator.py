@@ -10,74 +10,32 @@ and bf16, four runs on the shared machine), with the same outputs (scripts/bench
 An empty (or blank) sentence is not decoded: it gets an empty hypothesis. The trainer's
 validation BLEU, `mtrain eval` and `mtrain translate` all come through here.
 
-An engine (`Engine`) decodes one batch: `TorchEngine` (mtrain's own model, `generate`;
-`torch_engine.py`) or CTranslate2 (`ct2_engine.py`, `engine=ctranslate2`).
+An engine (`Engine`, `engine.py`) decodes one batch: `TorchEngine` (mtrain's own model,
+`generate`; `torch_engine.py`) or CTranslate2 (`ct2_engine.py`, `engine=ctranslate2`); with
+MBR or reranking, a `SelectingEngine` around it (`selection.py`). Requests (markup, controls,
+terms) reach this module through the request pipeline (`pipeline.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision
+from mtrain.config import DecodeConfig, Precision, to_typed
 from mtrain.decode.alignment import Aligner
 from mtrain.decode.constraints import ControlIds
+from mtrain.decode.engine import Engine, as_engine
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.selection import SELECTION_WITH_CONTROLS, NbestSelection, decoded_per_sentence, selects
-from mtrain.decode.torch_engine import TorchEngine
-from mtrain.errors import MtrainError
+from mtrain.decode.selection import decoded_per_sentence, selecting
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from mtrain.decode.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
 
-__all__ = ["Engine", "TorchEngine", "as_engine", "token_budget_batches", "translate_encoded", "translate_sentences"]
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """Decodes one batch of encoded sources."""
-
-    def translate_batch(
-        self,
-        sources: Sequence[Sequence[int]],
-        cfg: DecodeConfig,
-        attention_layer: int | str | None = None,
-        controls: Sequence[ControlIds | None] | None = None,
-    ) -> list[list[Hypothesis]]:
-        """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best
-        first, without `.text` (the translator detokenizes); `controls` (None: none), per
-        source, its target prefix, constraints and avoided phrases (MtrainError for what the
-        engine cannot honour)."""
-        ...
-
-
-def as_engine(
-    model: Seq2SeqTransformer | EnsembleModel | Engine,
-    tokenizer: Tokenizer,
-    device: torch.device | str,
-    precision: Precision | str = Precision.fp32,
-    use_cache: bool = True,
-) -> Engine:
-    """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
-    (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)
-    that never emits the tokenizer's tags (`Tokenizer.tag_ids`, mtrain.decode.directions)."""
-    if isinstance(model, Engine):
-        return model
-    return TorchEngine(
-        model,
-        tokenizer.pad_id,
-        tokenizer.bos_id,
-        tokenizer.eos_id,
-        device,
-        precision,
-        use_cache,
-        banned_ids=tokenizer.tag_ids,
-        word_continuations=tokenizer.word_continuation_ids(),
-    )
+__all__ = ["Engine", "as_engine", "token_budget_batches", "translate_encoded", "translate_sentences"]
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -123,9 +81,9 @@ def translate_encoded(
     `controls`: per source, its target prefix, constraints and avoided phrases (target ids,
     `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
     """
-    engine = as_engine(model, tokenizer, device, precision, use_cache)
-    # MBR decoding and reranking (mtrain.decode.selection), when asked, after the n-best.
-    selection = NbestSelection(cfg, device) if selects(cfg) else None
+    cfg = to_typed(cfg)  # (a composed node, from a test or script, as the dataclass whose predicates it reads)
+    # MBR decoding and reranking (mtrain.decode.selection), when asked: a decorator of the engine.
+    engine = selecting(as_engine(model, tokenizer, device, precision, use_cache), tokenizer, cfg, device)
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
     if aligner is not None:
         attention_layer = aligner.attention_layer  # what decoding collects (pictures included)
@@ -146,17 +104,14 @@ def translate_encoded(
         batch_controls = [controls[i] for i in indices] if controls is not None else None
         if batch_controls is not None and all(c is None or c.empty for c in batch_controls):
             batch_controls = None  # (an engine without the keyword decodes such batches too)
-        if selection is not None and batch_controls is not None:
-            raise MtrainError(SELECTION_WITH_CONTROLS)  # (refused earlier where a config says so)
-        if selection is not None:
-            decoded = selection.translate_batch(engine, tokenizer, batch_sources, attention_layer)
-        elif batch_controls is None:
+        if batch_controls is None:
             decoded = engine.translate_batch(batch_sources, cfg, attention_layer)
         else:
             decoded = engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls)
         for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
-                hyp.text = tokenizer.decode_tgt(hyp.tokens)
+                if not hyp.text:  # (a selecting engine has detokenized its hypotheses already)
+                    hyp.text = tokenizer.decode_tgt(hyp.tokens)
                 if aligner is not None:
                     aligner.align(sources[i] or (), hyp)
             results[i] = sentence_hyps

@@ -7,7 +7,15 @@
                      + "alignments": ["0-0 1-2", ...] with alignment, "expected_utilities" with
                      MBR decoding, "rerank_scores" with reranking)
     optional, per sentence of text: "prefix": ["A man", null], "constraints": [["dog"], []];
-    for all of them: "avoid": ["phrase", ...]   (docs/SERVE.md, mtrain.decode.controls)
+    for all of them: "avoid": ["phrase", ...], "terms": [["Hund", "dog"], ...] (a glossary
+    beside the server's `terms=FILE.tsv`, which every request gets)   (docs/SERVE.md)
+
+A request goes the way `mtrain translate`'s lines go, through the request pipeline
+(`mtrain.decode.pipeline`): its fields become `DecodeRequest`s and `Options`, checked by the
+same rules (`mtrain.decoding_rules`: 422 naming the field, in the words translate's one-line
+error uses), markup taken out and terms found (`prepare_requests`), decoded in the batcher
+(`ServedModel.translate`, the pipeline's decoder step), tags put back (`finish_requests`).
+LibreTranslate's API (`libretranslate.py`) takes the same path.
 
 Every answer is JSON, errors too: `{"error": "<field or limit key>: <what is wrong>"}` with a
 4xx status (400 a body that is not JSON, 408 one that came too slowly, 413 over a size
@@ -24,9 +32,7 @@ fails alone, never the requests that shared its batch.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import difflib
 import json
 import logging
@@ -40,27 +46,27 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtrain.config import (
-    AlignmentLevel,
     DecodeConfig,
     Sampling,
     ServeConfig,
-    alignment_level,
-    with_values,
 )
 from mtrain.decode.alignment import pharaoh
-from mtrain.decode.constraints import CONSTRAINTS_REFUSED
-from mtrain.decode.controls import TargetRequest
-from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
-from mtrain.decode.mbr import uses_mbr
-from mtrain.decode.selection import SELECTION_WITH_ALIGNMENT, SELECTION_WITH_CONTROLS, selects
-from mtrain.errors import MtrainError
+from mtrain.decode.pipeline import (
+    DecodeRequest,
+    Options,
+    PipelineStats,
+    Prepared,
+    with_options,
+)
+from mtrain.decode.terminology import Glossary
 from mtrain.serve.access import add_access_control
-from mtrain.serve.batcher import Batcher, BatcherClosed
+from mtrain.serve.batcher import Batcher
 from mtrain.serve.guards import SecurityHeaders, add_browser_rules
 from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.serve.page import page_router
 from mtrain.serve.protocol import RequestBody, RequestLog, printable
+from mtrain.serve.translation import Rejected, Served, Setting, server_glossary, setting_key
 
 log = logging.getLogger("mtrain.serve")
 
@@ -77,6 +83,7 @@ class TranslateRequest(BaseModel):
     prefix: list[str | None] | None = None  # per sentence, what its translation starts with (null: nothing)
     constraints: list[list[str]] | None = None  # per sentence, phrases its translation must contain
     avoid: list[str] | None = None  # phrases no translation of the request may contain
+    terms: list[list[str]] | None = None  # [source term, target term] pairs, beside the server's glossary
     alignment: bool | None = None  # word alignments in the answer; default: the server's decode.alignment
     format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.markup)
 
@@ -90,6 +97,7 @@ FIELDS = {
     "prefix": "a list with a string (or null) per sentence of text",
     "constraints": "a list with a list of phrases (strings) per sentence of text",
     "avoid": "a list of phrases (strings)",
+    "terms": "a list of [source term, target term] pairs",
     "alignment": "true, false or null",
     "format": "text, xml or html",
 }
@@ -100,58 +108,30 @@ ITEMS = {
     "prefix": "a string or null",
     "constraints": "a list of phrases (strings)",
     "avoid": PHRASE,
+    "terms": "a [source term, target term] pair",
 }
 MAX_PHRASES = 32  # constraints per sentence, and avoided phrases per request (each costs search work)
-
-
-@dataclasses.dataclass(frozen=True)
-class ControlledSentence:
-    """A sentence of a request that asks for a prefix, constraints or avoided phrases."""
-
-    text: str
-    request: TargetRequest
-
-
-Sentence = str | ControlledSentence  # what the batcher queues (LibreTranslate's sentences are plain)
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """What a batch decodes with: requests share a batch when these are equal."""
-
-    decode: DecodeConfig
-    tgt_lang: str | None  # resolved by check_target_language (None: the model does not say)
-
-
-def setting_key(setting: Setting) -> tuple:
-    return dataclasses.astuple(setting.decode), setting.tgt_lang
-
-
-class Rejected(Exception):
-    """A request refused with `status` and a one-line reason naming the field or limit."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+MAX_TERMS = 256  # term pairs per request (a term costs search work only where its source term is found)
 
 
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
+def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = None) -> FastAPI:
     """The service for `model` with `cfg`'s limits; its batcher lives as long as the app runs
-    (started and drained by the app's lifespan)."""
+    (started and drained by the app's lifespan). `glossary`: the server's `terms=` (None: read
+    here when cfg.terms names one)."""
     state: dict[str, Any] = {"batcher": None, "started": time.time()}
+    served = Served(model, cfg, glossary or server_glossary(cfg), PipelineStats())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[Sentence], setting: Setting) -> list[Any]:
-            texts = [s.text if isinstance(s, ControlledSentence) else s for s in sentences]
-            if not any(isinstance(s, ControlledSentence) for s in sentences):
+        def decode(sentences: list[Prepared], setting: Setting) -> list[Any]:
+            texts = [s.source for s in sentences]
+            if all(s.request is None for s in sentences):
                 return model.translate(texts, setting.decode, setting.tgt_lang)
-            requests = [s.request if isinstance(s, ControlledSentence) else None for s in sentences]
-            return model.translate(texts, setting.decode, setting.tgt_lang, requests)
+            return model.translate(texts, setting.decode, setting.tgt_lang, [s.request for s in sentences])
 
         state["batcher"] = Batcher(
             decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"
@@ -160,6 +140,8 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
         # uvicorn has already answered every request in flight: what is left is queued work of none.
         state["batcher"].close(timeout=cfg.request_timeout_s)
         log.info("stopped after %d batches", state["batcher"].stats().batches)
+        if served.stats.summary():
+            log.info("%s", served.stats.summary())
 
     app = FastAPI(title="mtrain serve", docs_url=None, redoc_url=None, lifespan=lifespan)
 
@@ -189,22 +171,13 @@ def build_app(model: ServedModel, cfg: ServeConfig) -> FastAPI:
         except UnknownTargetLanguage as error:
             raise Rejected(422, str(error)) from None
         check_text(body.text, cfg)
-        decode = request_decoding(body, cfg)
-        markups = request_markup(body)
-        if markups is not None:  # the sentences without their tags, whose words the controls see
-            body = body.model_copy(update={"text": [markup.text for markup in markups]})
-        sentences = controlled_sentences(body, cfg, model.engine_name)
-        hypotheses = await translated(state["batcher"], sentences, Setting(decode, tgt_lang), cfg.request_timeout_s)
-        if markups is not None:
-            for markup, hyps in zip(markups, hypotheses, strict=True):
-                for hyp in hyps:
-                    hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
-        return response_body(hypotheses, decode.nbest, alignments=wants_alignment(body, cfg))
+        requests, options = pipeline_request(body, served, tgt_lang)
+        return await served.translate(state["batcher"], requests, options, response_body)
 
     # The web page, LibreTranslate's API beside mtrain's, who may translate (serve.page, .libretranslate, .access).
     app.include_router(page_router())
     add_access_control(app, cfg, paths=("/translate", LIBRETRANSLATE_PATH))
-    add_libretranslate(app, model, cfg, lambda text, decode, lang: state["batcher"].submit(text, Setting(decode, lang)))
+    add_libretranslate(app, served, lambda: state["batcher"])
     add_browser_rules(app, cfg)  # Host allow-list, CORS, the client's address behind trusted proxies (serve.guards)
     app.add_middleware(RequestBody, max_bytes=cfg.max_request_bytes, read_timeout_s=cfg.read_timeout_s)
     app.add_middleware(SecurityHeaders)  # on every answer, RequestBody's 408 and 413 too
@@ -256,24 +229,6 @@ def health_body(model: ServedModel, cfg: ServeConfig, batcher: Batcher, started:
             )
         },
     }
-
-
-async def translated(batcher: Batcher, sentences: Sequence[Sentence], setting: Setting, timeout_s: float) -> list[Any]:
-    """The batcher's hypotheses for `sentences`, or Rejected: 503 shutting down, 504 past
-    `timeout_s`, 422 for an MtrainError (a sentence the model cannot take)."""
-    try:
-        future = batcher.submit(sentences, setting)
-    except BatcherClosed:
-        raise Rejected(503, "the server is shutting down; retry on another instance") from None
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-    except asyncio.TimeoutError:
-        future.cancel()  # its sentences leave the queue if they are not decoding yet
-        raise Rejected(
-            504, f"request_timeout_s: not translated within {timeout_s:g} s; retry later or send fewer sentences"
-        ) from None
-    except MtrainError as error:
-        raise Rejected(422, str(error)) from None
 
 
 def read_translate_request(raw: bytes) -> TranslateRequest:
@@ -358,10 +313,13 @@ def check_text(sentences: list[str], cfg: ServeConfig) -> None:
             ) from None
 
 
-def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: str) -> list[Sentence]:
-    """The request's sentences with their prefixes, constraints and avoided phrases; Rejected
-    (422) for lists that do not match `text`, too many phrases, or what the engine or the
-    server's search cannot honour (CTranslate2 and sampling have no constraints)."""
+def pipeline_request(
+    request: TranslateRequest, served: Served, tgt_lang: str | None = None
+) -> tuple[list[DecodeRequest], Options]:
+    """The body as the request pipeline's requests and options; Rejected (422, 413 for a
+    phrase over max_sentence_chars) for lists that do not match `text`, too many phrases, a
+    term that is not a pair, beam or nbest out of range."""
+    cfg = served.cfg
     count = len(request.text)
     for key in ("prefix", "constraints"):
         given = getattr(request, key)
@@ -369,65 +327,47 @@ def controlled_sentences(request: TranslateRequest, cfg: ServeConfig, engine: st
             raise Rejected(
                 422, f"{key}: {len(given)} entries for {count} sentences in text; give one per sentence (in order)"
             )
-    for key, phrases in [("avoid", request.avoid or [])] + [
-        (f"constraints[{i}]", sentence) for i, sentence in enumerate(request.constraints or [])
-    ]:
-        if len(phrases) > MAX_PHRASES:
-            raise Rejected(422, f"{key}: {len(phrases)} phrases, at most {MAX_PHRASES}")
+    limits: list[tuple[str, list[Any], int]] = [
+        ("avoid", list(request.avoid or []), MAX_PHRASES),
+        ("terms", list(request.terms or []), MAX_TERMS),
+    ]
+    limits += [(f"constraints[{i}]", sentence, MAX_PHRASES) for i, sentence in enumerate(request.constraints or [])]
+    for key, phrases, most in limits:
+        if len(phrases) > most:
+            raise Rejected(422, f"{key}: {len(phrases)} {'pairs' if key == 'terms' else 'phrases'}, at most {most}")
+    for index, pair in enumerate(request.terms or []):
+        if len(pair) != 2 or not all(term.strip() for term in pair):
+            raise Rejected(422, f"terms[{index}]: must be a [source term, target term] pair of non-blank strings")
+    for key, phrases in [
+        ("avoid", request.avoid or []),
+        ("terms", [t for pair in request.terms or [] for t in pair]),
+    ] + [(f"constraints[{i}]", sentence) for i, sentence in enumerate(request.constraints or [])]:
         for phrase in phrases:
             if len(phrase) > cfg.max_sentence_chars:
                 raise Rejected(413, f"max_sentence_chars: a phrase of {key} has {len(phrase)} characters")
-    if any(request.constraints or []):
-        if engine != "torch":
-            raise Rejected(422, f"constraints: {CONSTRAINTS_REFUSED}")
-        if cfg.decode.sampling != Sampling.none:
-            raise Rejected(422, "constraints: lexical constraints need beam search; this server samples")
-    if request.prefix is None and request.constraints is None and not request.avoid:
-        return list(request.text)
-    if selects(cfg.decode):
-        field = next(key for key in ("prefix", "constraints", "avoid") if getattr(request, key) is not None)
-        raise Rejected(422, f"{field}: {SELECTION_WITH_CONTROLS}")
+    if request.format not in ("text", "xml", "html"):
+        raise Rejected(422, f"format: {printable(request.format)} must be text, xml or html")
     prefixes = request.prefix or [None] * count
     constraints = request.constraints or [[] for _ in range(count)]
     avoid = tuple(request.avoid or ())
-    return [
-        ControlledSentence(text, TargetRequest(prefix or "", tuple(phrases), avoid))
-        for text, prefix, phrases in zip(request.text, prefixes, constraints, strict=True)
+    requests = [
+        DecodeRequest(text, prefix or "", tuple(phrases), avoid, where=f"text[{index}]")
+        for index, (text, prefix, phrases) in enumerate(zip(request.text, prefixes, constraints, strict=True))
     ]
-
-
-def wants_alignment(request: TranslateRequest, cfg: ServeConfig) -> bool:
-    """Whether the answer carries word alignments: the request's `alignment`, else the server's."""
-    if request.alignment is not None:
-        return request.alignment
-    return alignment_level(cfg.decode.alignment) is not AlignmentLevel.none
-
-
-def request_markup(request: TranslateRequest) -> list[Markup] | None:
-    """The sentences' text and tags with `format` xml|html (None for text); Rejected 422
-    naming the sentence whose markup is malformed."""
-    if request.format == "text":
-        return None
-    if request.format not in ("xml", "html"):
-        raise Rejected(422, f"format: {printable(request.format)} must be text, xml or html")
-    markups = []
-    for index, sentence in enumerate(request.text):
-        try:
-            markups.append(parse_markup(sentence, request.format))
-        except MarkupError as error:
-            raise Rejected(422, f"text[{index}]: format={request.format}: {error}") from None
-    return markups
+    pairs = [(source, target) for source, target in request.terms or []]
+    options = Options(request_decoding(request, cfg), request.format, tgt_lang, served.glossary_with(pairs))
+    return requests, options
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
-    """The server's decode settings with the request's beam and nbest; word alignments when
-    the request asks for them or for markup (which is put back by them)."""
+    """The server's decode settings with the request's beam, nbest and alignment (what markup
+    needs besides: `Options.decoding`; what combines with what: the pipeline's rules)."""
     beam = cfg.decode.beam if request.beam is None else request.beam
     nbest = cfg.decode.nbest if request.nbest is None else request.nbest
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if uses_mbr(cfg.decode):
+    if cfg.decode.uses_mbr:
         if nbest > cfg.decode.mbr.num_candidates:
             raise Rejected(
                 422,
@@ -438,13 +378,7 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     alignment = cfg.decode.alignment
     if request.alignment is not None:
         alignment = "word" if request.alignment else "false"
-    if request.format != "text" and alignment_level(alignment) is AlignmentLevel.none:
-        alignment = "word"
-    if request.format != "text" and alignment_level(alignment) is AlignmentLevel.subword:
-        raise Rejected(422, "format: markup is put back by word alignments; the server aligns subwords")
-    if alignment_level(alignment) is not AlignmentLevel.none and uses_mbr(cfg.decode):
-        raise Rejected(422, f"{'alignment' if request.format == 'text' else 'format'}: {SELECTION_WITH_ALIGNMENT}")
-    return with_values(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
+    return with_options(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
 
 
 def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False) -> dict:

@@ -20,7 +20,16 @@ ignored); errors are `{"error": "..."}` with 400 (a missing or wrong field, an u
 language or format, over a limit), 403 (API keys, serve.access) and 429 (the rate limit);
 a number that is no number (alternatives: Infinity, NaN or 1e400) is 422, where LibreTranslate
 fails (500).
-Where mtrain differs:
+The request takes the path of mtrain's own (`translation.Served`: the request pipeline of
+mtrain.decode.pipeline), so the same sentence gets the same translation through either API
+and through `mtrain translate`. Where mtrain differs:
+- mtrain's controls, as two more fields: `terms` (a glossary beside the server's `terms=`:
+  [source term, target term] pairs in JSON, or lines `source term<TAB>target term` as in a
+  terms file, what a form can carry) and `avoid` (phrases no translation may contain: a list,
+  or one per line); per-line prefixes and constraints are mtrain's API's (`text`).
+- What cannot be decoded together (the server's MBR with format=html, terms on a CTranslate2
+  or sampling server: mtrain.decoding_rules) is refused with 422 naming the field, in the
+  words mtrain's API and `mtrain translate` use.
 - Each line of a text is translated as one sentence (mtrain's models translate sentences; a
   line with several is translated whole, as `mtrain translate` does) and the lines are joined
   with "\\n" again. All lines of a request go to the batcher at once, beside other requests'.
@@ -42,32 +51,31 @@ Where mtrain differs:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
-from mtrain.config import DecodeConfig, ServeConfig, with_values
+from mtrain.config import ServeConfig
 from mtrain.data.languages import language_name
-from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
-from mtrain.errors import MtrainError
+from mtrain.decode.pipeline import DecodeRequest, Options, with_options
 from mtrain.serve.access import BODY_FIELDS
-from mtrain.serve.batcher import BatcherClosed
+from mtrain.serve.batcher import Batcher
 from mtrain.serve.model import ServedModel
+from mtrain.serve.translation import Rejected, Served
 
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 LIBRE_FIELDS = {"q", "source", "target"}  # any of them makes a body a LibreTranslate request
 
-# Submits sentences to the server's batcher: (sentences, decode settings, target language) -> their hypotheses.
-Submit = Callable[[list[str], DecodeConfig, str | None], Future]
+# Phrases a request may name (each costs search work), as mtrain's API allows.
+MAX_PHRASES = 32
+MAX_TERMS = 256
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class LibreRequest:
     target: str
     alternatives: int
     html: bool = False  # format=html: inline tags out and back (mtrain.decode.markup)
+    terms: tuple[tuple[str, str], ...] = ()  # mtrain's `terms`: beside the server's glossary
+    avoid: tuple[str, ...] = ()  # mtrain's `avoid`: phrases no translation may contain
 
 
 def body_fields(content_type: str, body: bytes) -> dict[str, Any] | None:
@@ -174,18 +184,55 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
     text_format = fields.get("format") or "text"
     if text_format not in ("text", "html"):
         raise invalid(f"{text_format} format is not supported")
-    return LibreRequest(texts, batch, *direction(source, target, model), alternatives, html=text_format == "html")
+    return LibreRequest(
+        texts,
+        batch,
+        *direction(source, target, model),
+        alternatives,
+        html=text_format == "html",
+        terms=term_pairs(fields.get("terms"), cfg),
+        avoid=phrases(fields.get("avoid"), cfg),
+    )
 
 
-def html_lines(lines: list[list[str]]) -> list[Markup]:
-    """Each line's text and tags (format=html); 400 naming the line whose markup is malformed."""
-    markups = []
-    for number, line in enumerate((line for text_lines in lines for line in text_lines), start=1):
-        try:
-            markups.append(parse_markup(line, "html"))
-        except MarkupError as error:
-            raise invalid(f"q: line {number}: format=html: {error}") from None
-    return markups
+def term_pairs(value: Any, cfg: ServeConfig) -> tuple[tuple[str, str], ...]:
+    """mtrain's `terms` field: [source term, target term] pairs (JSON), or lines of `source
+    term<TAB>target term` as in a terms= file (a form's string); 400 for anything else."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        rows: list[Any] = [line.split("\t") for line in value.splitlines() if line.strip() and not line.startswith("#")]
+    else:
+        rows = value if isinstance(value, list) else [None]
+    pairs = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 2 and all(isinstance(t, str) and t.strip() for t in row)):
+            raise invalid(
+                "Invalid request: terms must be [source term, target term] pairs, or lines `source term<TAB>target term`"
+            )
+        pairs.append((row[0], row[1]))
+    check_phrases("terms", [term for pair in pairs for term in pair], MAX_TERMS * 2, cfg)
+    return tuple(pairs)
+
+
+def phrases(value: Any, cfg: ServeConfig) -> tuple[str, ...]:
+    """mtrain's `avoid` field: a list of phrases (JSON), or one phrase per line (a string)."""
+    if value is None or value == "":
+        return ()
+    given = value.splitlines() if isinstance(value, str) else value
+    if not isinstance(given, list) or not all(isinstance(phrase, str) for phrase in given):
+        raise invalid("Invalid request: avoid must be a list of phrases, or one phrase per line")
+    kept = tuple(phrase for phrase in given if phrase.strip())
+    check_phrases("avoid", list(kept), MAX_PHRASES, cfg)
+    return kept
+
+
+def check_phrases(key: str, given: list[str], most: int, cfg: ServeConfig) -> None:
+    if len(given) > most:
+        raise invalid(f"Invalid request: {key}: {len(given)} phrases, at most {most}")
+    longest = max((len(phrase) for phrase in given), default=0)
+    if longest > cfg.max_sentence_chars:
+        raise invalid(f"max_sentence_chars: a phrase of {key} has {longest} characters")
 
 
 def direction(source: str, target: str, model: ServedModel) -> tuple[str, str]:
@@ -255,6 +302,13 @@ def request_schema(model: ServedModel, cfg: ServeConfig) -> dict[str, Any]:
             "format": {"type": "string", "enum": ["text", "html"]},
             "alternatives": {"type": "integer", "minimum": 0, "maximum": cfg.max_beam - 1},
             "api_key": {"type": "string"},
+            "terms": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+                ]
+            },
+            "avoid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
         },
         "required": ["q", "source", "target"],
     }
@@ -262,7 +316,9 @@ def request_schema(model: ServedModel, cfg: ServeConfig) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
-def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) -> APIRouter:
+def libretranslate_router(served: Served, batcher: Callable[[], Batcher]) -> APIRouter:
+    """LibreTranslate's routes for `served`; `batcher()`: the app's batcher (started with the app)."""
+    model, cfg = served.model, served.cfg
     router = APIRouter()
 
     @router.get("/languages")
@@ -282,31 +338,17 @@ def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) 
         libre = parse_request(fields, model, cfg)
         lines = split_lines(libre.texts)
         check_sizes(lines, cfg)
-        nbest = libre.alternatives + 1
-        decode = with_values(cfg.decode, beam=max(cfg.decode.beam, nbest), nbest=nbest)
-        sentences = [line for text_lines in lines for line in text_lines]
-        markups = html_lines(lines) if libre.html else None
-        if markups is not None:  # the text alone is translated; the tags go back by word alignments
-            sentences = [markup.text for markup in markups]
-            decode = with_values(decode, alignment="word")
+        requests, options = pipeline_request(libre, lines, served)
         try:
-            future = submit(sentences, decode, libre.target)
-        except BatcherClosed:
-            raise HTTPException(503, "the server is shutting down; retry on another instance") from None
-        try:
-            hypotheses = await asyncio.wait_for(asyncio.wrap_future(future), cfg.request_timeout_s)
-        except asyncio.TimeoutError:
-            future.cancel()
-            raise HTTPException(
-                504, f"request_timeout_s: not translated within {cfg.request_timeout_s:g} s; retry later"
-            ) from None
-        except MtrainError as error:
-            raise invalid(str(error)) from None
-        if markups is not None:
-            for markup, hyps in zip(markups, hypotheses, strict=True):
-                for hyp in hyps:
-                    hyp.text = restore_markup(markup, hyp.text, hyp.alignment or [])
-        results = join_translations(lines, hypotheses, libre.alternatives)
+            results = await served.translate(
+                batcher(),
+                requests,
+                options,
+                lambda hypotheses, _nbest, alignments: join_translations(lines, hypotheses, libre.alternatives),
+                invalid=400,
+            )
+        except Rejected as error:
+            raise HTTPException(error.status, str(error)) from None
         body: dict[str, Any] = {"translatedText": [r[0] for r in results] if libre.batch else results[0][0]}
         if libre.alternatives > 0:
             body["alternatives"] = [r[1:] for r in results] if libre.batch else results[0][1:]
@@ -318,7 +360,25 @@ def libretranslate_router(model: ServedModel, cfg: ServeConfig, submit: Submit) 
     return router
 
 
-def add_libretranslate(app: FastAPI, model: ServedModel, cfg: ServeConfig, submit: Submit) -> None:
+def pipeline_request(
+    libre: LibreRequest, lines: list[list[str]], served: Served
+) -> tuple[list[DecodeRequest], Options]:
+    """Each line of each text as a request of the pipeline, with the request's alternatives
+    (the beam raised to hold them), format, avoided phrases and terms beside the server's."""
+    cfg = served.cfg
+    nbest = libre.alternatives + 1
+    decode = with_options(cfg.decode, beam=max(cfg.decode.beam, nbest), nbest=nbest)
+    if (
+        libre.html
+    ):  # (links are not part of LibreTranslate's answer: the word links markup needs, whatever the server's)
+        decode = with_options(decode, alignment="word")
+    numbered = enumerate((line for text_lines in lines for line in text_lines), start=1)
+    requests = [DecodeRequest(line, avoid=libre.avoid, where=f"q: line {number}") for number, line in numbered]
+    options = Options(decode, "html" if libre.html else "text", libre.target, served.glossary_with(list(libre.terms)))
+    return requests, options
+
+
+def add_libretranslate(app: FastAPI, served: Served, batcher: Callable[[], Batcher]) -> None:
     """LibreTranslate's routes on `app`, and the dispatch of POST /translate between the APIs."""
-    app.include_router(libretranslate_router(model, cfg, submit))
+    app.include_router(libretranslate_router(served, batcher))
     app.add_middleware(LibreTranslateDispatch)

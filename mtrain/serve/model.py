@@ -2,10 +2,11 @@
 
 `open_served_model` opens the engine as `mtrain translate` does (`open_engine`: a torch
 checkpoint, an `mtrain export` directory, or a checkpoint converted for CTranslate2), and
-`ServedModel.translate` turns one batch of sentences into hypotheses the way `mtrain
-translate` does: blank sentences stay empty, over-long ones are cut to `max_input_tokens`
-(and the model's positions) with a warning, then `translate_encoded`; a sentence the tokenizer
-refuses is an MtrainError (the client's 422). It runs on the batcher's worker thread only,
+`ServedModel.translate` turns one batch of sentences into hypotheses by the decoder step of
+the request pipeline `mtrain translate` uses (`mtrain.decode.pipeline.RequestPipeline.decode`):
+blank sentences stay empty, over-long ones are cut to `max_input_tokens` (and the model's
+positions) with a warning; a sentence the tokenizer refuses is an MtrainError (the client's 422).
+The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker thread only,
 the one thread that touches the engine. `ServedModel.name` is what clients are told the model
 is: the run's directory name and update, never a path.
 
@@ -27,10 +28,11 @@ from typing import Any
 import torch
 
 from mtrain.config import AlignmentLevel, DecodeConfig, DecodeWeights, Engine, ServeConfig, alignment_level
-from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
+from mtrain.decode.controls import TargetRequest
 from mtrain.decode.directions import RunLanguages
+from mtrain.decode.engine import as_engine
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.translator import as_engine, translate_encoded
+from mtrain.decode.pipeline import Prepared, RequestPipeline
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 
@@ -60,8 +62,8 @@ class ServedModel:
     # Each source language and the languages it translates into (LibreTranslate's `GET /languages`):
     # the run's directions; with language tags, every source into every target (zero-shot too).
     directions: dict[str, list[str]] = field(default_factory=dict)
-    # Per target language's tokenizer, how a request's phrases become ids (built on first use).
-    phrase_encoders: dict[int, PhraseEncoder] = field(default_factory=dict, repr=False)
+    # The pipeline's decoder step for this engine (built on first use).
+    decoder: RequestPipeline | None = field(default=None, repr=False)
 
     def translate(
         self,
@@ -73,36 +75,27 @@ class ServedModel:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
         them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
         sentence, its prefix, constraints and avoided phrases (None: none)."""
-        tokenizer = self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
-        sources = [self.encode(text, tokenizer) for text in sentences]
-        controls = None
-        if requests is not None and any(request is not None for request in requests):
-            if id(tokenizer) not in self.phrase_encoders:
-                self.phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.engine)
-            encode = self.phrase_encoders[id(tokenizer)]
-            controls = [encode_request(tokenizer, request, encode) for request in requests]
-        return translate_encoded(self.engine, tokenizer, sources, cfg, self.device, self.precision, controls=controls)
+        given = requests if requests is not None else [None] * len(sentences)
+        prepared = [Prepared(text, request, where="text") for text, request in zip(sentences, given, strict=True)]
+        return self.pipeline().decode(prepared, cfg, tgt_lang)
+
+    def pipeline(self) -> RequestPipeline:
+        """The request pipeline's decoder for this engine (one: it keeps its phrase encoders)."""
+        if self.decoder is None:
+            self.decoder = RequestPipeline(
+                self.engine,
+                self.tokenizer,
+                self.device,
+                self.precision,
+                ctranslate2=self.engine_name == "ctranslate2",
+                input_limit=self.input_limit,
+                tokenizers=self.tokenizers,
+            )
+        return self.decoder
 
     def encode(self, text: str, tokenizer: Any = None) -> list[int] | None:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""
-        if not text.strip():
-            return None
-        tokenizer = tokenizer or self.tokenizer
-        try:
-            ids = tokenizer.encode_src(text)
-        except Exception as error:  # the request's sentence, not the server, is at fault
-            raise MtrainError(
-                f"text: a sentence the tokenizer cannot encode ({type(error).__name__}); send valid Unicode text"
-            ) from error
-        if len(ids) + 1 > self.input_limit:
-            log.warning(
-                "a sentence of %d subword tokens was truncated to the first %d (max_input_tokens=%d incl. eos)",
-                len(ids),
-                self.input_limit - 1,
-                self.input_limit,
-            )
-            ids = ids[: self.input_limit - 1]
-        return ids + [tokenizer.eos_id]
+        return self.pipeline().encode(text, tokenizer or self.tokenizer, "text")[0]
 
     def target_languages(self) -> list[str]:
         """The languages a request may name in tgt_lang."""

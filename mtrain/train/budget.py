@@ -10,12 +10,16 @@ Under max_time the training share is planned: what is left of the budget once th
 before the first update and the cost of what comes after the last one (`EndCost`: a
 validation, its checkpoints, the test decode) are set aside, less what periodic validations
 and saves take per second of training. The end cost is measured on this machine just before
-the first update (mtrain fit times a few decoding steps: mtrain.decode.cost) and corrected by
-every validation's measured time; the plan is made again after each validation, and kept in
-the training state (`TrainState.train_budget_seconds`), which the schedule's progress divides
-by and every checkpoint saves: a resumed run continues the curve it was on. If the machine gets
-slower than planned, training stops early, when the time left would only just cover what
-follows it: a shorter schedule rather than an overrun.
+the first update (mtrain fit times a few decoding steps: mtrain.decode.cost), measured again
+during training (other jobs may have started on the machine since: `measure_due`), and
+corrected by every validation's measured time; the plan is made again after each validation
+and each measurement, and kept in the training state (`TrainState.train_budget_seconds`),
+which the schedule's progress divides by and every checkpoint saves: a resumed run continues
+the curve it was on. If the machine gets slower than planned, training stops early, when the
+time left would only just cover what follows it: a shorter schedule rather than an overrun.
+What still overruns (a decode slower than measured) is bounded by the test decode itself,
+which stops at the deadline (mtrain.cli.fit_scoring). `budget_reason` is every rule that ends
+training by a budget or by patience; `mtrain.train.budget_keeper` applies them to the trainer.
 """
 
 from __future__ import annotations
@@ -23,14 +27,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mtrain.config import TrainConfig
 from mtrain.durations import format_duration, parse_duration
+
+if TYPE_CHECKING:
+    from mtrain.train.progress import TrainState
 
 # Checkpoint writing until the first save is timed: last.pt (weights and Adam's two moments),
 # update_N.pt and best.pt hold about 5 copies of the weights, at a disk's 100 MB/s.
 CHECKPOINT_COPIES = 5
 DISK_BYTES_PER_S = 100e6
+# The end cost is measured again during training (the machine's load changes): at least a
+# minute apart, and at most 1/50 of the time (measuring the CPU preset's takes ~1-2 s).
+MEASURE_INTERVAL_S = 60.0
+MEASURE_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,27 @@ def budget_name(cfg: TrainConfig, budget_seconds: float | None) -> str:
     return f"max_time={cfg.max_time}"
 
 
+def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: bool | None = None) -> str | None:
+    """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
+
+    `out_of_time` overrides the time test (ranks agree on it); by default it is whether
+    `state.train_seconds` has reached the planned training time (`state.train_budget_seconds`,
+    else the configured one).
+    """
+    if train_cfg.max_updates is not None and state.update >= train_cfg.max_updates:
+        return f"max_updates={train_cfg.max_updates} reached"
+    budget = state.train_budget_seconds
+    if budget is None:
+        budget = configured_training_budget(train_cfg)
+    if out_of_time is None:
+        out_of_time = budget is not None and state.train_seconds >= budget
+    if out_of_time:
+        return f"{budget_name(train_cfg, budget)} reached"
+    if train_cfg.patience is not None and state.validations_without_gain >= train_cfg.patience:
+        return f"no val-BLEU gain in {train_cfg.patience} validations (patience)"
+    return None
+
+
 class RunBudget:
     """Where a run stands against max_time: its deadline, the end cost set aside, the training
     share planned (see the module docstring). Without max_time it only answers
@@ -105,8 +138,14 @@ class RunBudget:
         self.clock = clock
         self.spent_before = 0.0  # wall seconds of a resumed run's earlier sessions, to its checkpoint
         self.estimated: EndCost | None = None  # as measured before the first update
-        self.cost: EndCost | None = None  # the same, corrected by what validations and saves took
-        self.overhead_seconds = 0.0  # this session's mid-run validations and saves
+        self.measured: EndCost | None = None  # as measured last (before the first update, or since)
+        self.measured_at: float | None = None  # `clock()` when it was
+        self.measure_seconds = 0.0  # what measuring it took
+        # What a validation took over what was measured for it then: the decodes' error (a
+        # trained model's output lengths, the decoding threads' share of busy cores).
+        self.validation_ratio: float | None = None
+        self.save_seconds: float | None = None  # the last save of a validation's checkpoints, timed
+        self.overhead_seconds = 0.0  # this session's mid-run validations, saves and measurements
         self.session_train_start: float | None = None  # the training clock when this session began
         self.every_seconds = parse_duration(train_cfg.validate_every_time, "train.validate_every_time")
 
@@ -117,37 +156,56 @@ class RunBudget:
             return None
         return self.started + self.max_seconds - self.spent_before
 
+    @property
+    def cost(self) -> EndCost | None:
+        """What follows training: as last measured, corrected by what a validation and a save took."""
+        if self.measured is None:
+            return None
+        ratio = self.validation_ratio if self.validation_ratio is not None else 1.0
+        save = self.save_seconds if self.save_seconds is not None else self.measured.save
+        return EndCost(self.measured.validation * ratio, save, self.measured.test * ratio)
+
     def wall_seconds(self) -> float:
         """The run's wall time so far, its earlier sessions' (to their last checkpoint) included."""
         return self.spent_before + self.clock() - self.started
 
-    def set_estimate(self, cost: EndCost) -> None:
-        self.estimated = self.cost = cost
+    def set_estimate(self, cost: EndCost, seconds: float = 0.0) -> None:
+        """What follows training, measured now in `seconds`; the first measurement is the run's estimate."""
+        if self.estimated is None:
+            self.estimated = cost
+        self.measured, self.measured_at, self.measure_seconds = cost, self.clock(), seconds
+
+    def measure_due(self) -> bool:
+        """Time to measure the end cost again: the machine's load may have changed since. Every
+        minute at least, and seldom enough that measuring takes at most 1/MEASURE_EVERY of the time."""
+        if self.deadline is None or self.measured_at is None:
+            return False
+        every = max(MEASURE_INTERVAL_S, MEASURE_EVERY * self.measure_seconds)
+        return self.clock() - self.measured_at >= every
 
     def note_validation(self, seconds: float) -> None:
         """A validation took `seconds`: the last one will take about as long, and the test decode
-        what was estimated times as much longer (or shorter) as this one took than estimated."""
-        if self.estimated is None or self.cost is None:
+        what was measured times as much longer (or shorter) as this one took than measured."""
+        if self.measured is None:
             return
-        ratio = seconds / self.estimated.validation if self.estimated.validation > 0 else 1.0
-        self.cost = EndCost(seconds, self.cost.save, self.estimated.test * ratio)
+        self.validation_ratio = seconds / self.measured.validation if self.measured.validation > 0 else 1.0
 
     def note_save(self, seconds: float) -> None:
-        if self.cost is not None:
-            self.cost = EndCost(self.cost.validation, seconds, self.cost.test)
+        self.save_seconds = seconds
 
     def note_overhead(self, seconds: float) -> None:
-        """A mid-run validation or save took `seconds` of wall time off the training clock."""
+        """A mid-run validation, save or measurement took `seconds` of wall time off the training clock."""
         self.overhead_seconds += seconds
 
     def overhead_rate(self, train_seconds: float) -> float:
         """Wall seconds of validations and saves per second of training still to come: as
         measured in this session once there were some, else as train.validate_every_time says."""
         session = train_seconds - (self.session_train_start or 0.0)
+        cost = self.cost
         if self.overhead_seconds > 0 and session > 0:
             return self.overhead_seconds / session
-        if self.every_seconds is not None and self.cost is not None:
-            return (self.cost.validation + self.cost.save) / self.every_seconds
+        if self.every_seconds is not None and cost is not None:
+            return (cost.validation + cost.save) / self.every_seconds
         return 0.0
 
     def begin(self, train_seconds: float, spent_before: float) -> None:
@@ -163,7 +221,8 @@ class RunBudget:
         deadline = self.deadline
         if deadline is None:
             return self.max_train_seconds
-        reserve = self.cost.total if self.cost is not None else 0.0
+        cost = self.cost
+        reserve = cost.total if cost is not None else 0.0
         left = max(deadline - self.clock() - reserve, 0.0)
         planned = train_seconds + left / (1.0 + self.overhead_rate(train_seconds))
         return planned if self.max_train_seconds is None else min(planned, self.max_train_seconds)
@@ -171,10 +230,10 @@ class RunBudget:
     def must_stop(self, next_update: float = 0.0) -> bool:
         """The wall clock leaves no room for another update of `next_update` seconds before what
         follows training."""
-        deadline = self.deadline
-        if deadline is None or self.cost is None:
+        deadline, cost = self.deadline, self.cost
+        if deadline is None or cost is None:
             return False
-        return self.clock() + next_update + self.cost.total >= deadline
+        return self.clock() + next_update + cost.total >= deadline
 
     def seconds_left(self) -> float | None:
         deadline = self.deadline

@@ -7,16 +7,21 @@ batch shape and replays it: one launch instead of ~700 kernels (docs/PERFORMANCE
 Shape buckets (`train.shape_buckets`, mtrain.batches.buckets) keep those shapes few.
 
 Dynamo compiles again when a guard fails (a size it specialised on, such as a dimension of
-1 or two sizes that happened to be equal); `compiled_graphs` counts what it built, and the
-trainer logs each new one with the batch shape that caused it.
+1 or two sizes that happened to be equal); `compiled_graphs` counts what it built, and
+`GraphLog` logs each new one the trainer's updates built with the batch shape that caused it.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from mtrain.batches import Batch
 from mtrain.config import TrainConfig
 from mtrain.errors import MtrainError
+
+log = logging.getLogger("mtrain")
 
 
 def compiling(train_cfg: TrainConfig) -> bool:
@@ -58,3 +63,29 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"].get("unique_graphs", 0))
+
+
+class GraphLog:
+    """The graphs torch.compile built for one trainer (recompiles included; dynamo counts per
+    process): `after_update` logs each update that built one, the first (tracing and code
+    generation) and every recompile, with the batch shape that caused it."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self._before = compiled_graphs()
+
+    def after_update(self, update: int, batch: Batch, seconds: float) -> None:
+        graphs = compiled_graphs() - self._before
+        if graphs > self.built:
+            rows, src_len = batch.src_tokens.shape
+            log.info(
+                "torch.compile: update %d built graph %d (%s, batch %dx%dx%d: rows x src_len x tgt_len) in %.1f s",
+                update,
+                graphs,
+                "the first" if self.built == 0 else "a recompile",
+                rows,
+                src_len,
+                batch.tgt_input.shape[1],
+                seconds,
+            )
+            self.built = graphs

@@ -47,6 +47,10 @@ class StopSignal:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "a signal"
 
+    def interrupted(self, where: str) -> TrainingInterrupted:
+        """The one-line error of a stop, 'stopped by SIGTERM <where>', exiting 128 + signum."""
+        return TrainingInterrupted(f"stopped by {self.name} {where}", 128 + self.signum)
+
     def install(self) -> None:
         if self._previous:  # already installed (mtrain fit installs it before preparing data)
             return
@@ -135,6 +139,14 @@ class NonFiniteGuard:
 
 class TrainingDiverged(MtrainError):
     """Raised when too many consecutive updates are non-finite."""
+
+
+class TrainingInterrupted(MtrainError):
+    """A stop signal ended training after a checkpoint was written; exit with `exit_status`."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -1,8 +1,9 @@
-"""Where training is, and the rules that read it: best checkpoint, patience, budget, what is due.
+"""Where training is, and the rules that read it: best checkpoint, patience, when validation is due.
 
 `TrainState` is everything besides tensors that a resumed run must restore (it is stored in
 every checkpoint as a plain dict). The rules are plain functions of it and of the typed
-`TrainConfig`, so `tests/test_progress.py` checks them without a model.
+`TrainConfig`, checked without a model (tests/test_trainer.py); the rules of the budgets that
+end training read it too (`mtrain.train.budget.budget_reason`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from mtrain.config import TrainConfig
 from mtrain.durations import parse_duration
-from mtrain.train.budget import budget_name, configured_training_budget
+from mtrain.train.distributed import DistributedContext
 
 
 @dataclass
@@ -47,27 +48,6 @@ class TrainState:
         return False
 
 
-def budget_reason(state: TrainState, train_cfg: TrainConfig, out_of_time: bool | None = None) -> str | None:
-    """Why training at `state` is done under `train_cfg`'s budget and patience (None: not done).
-
-    `out_of_time` overrides the time test (ranks agree on it); by default it is whether
-    `state.train_seconds` has reached the planned training time (`state.train_budget_seconds`,
-    else the configured one).
-    """
-    if train_cfg.max_updates is not None and state.update >= train_cfg.max_updates:
-        return f"max_updates={train_cfg.max_updates} reached"
-    budget = state.train_budget_seconds
-    if budget is None:
-        budget = configured_training_budget(train_cfg)
-    if out_of_time is None:
-        out_of_time = budget is not None and state.train_seconds >= budget
-    if out_of_time:
-        return f"{budget_name(train_cfg, budget)} reached"
-    if train_cfg.patience is not None and state.validations_without_gain >= train_cfg.patience:
-        return f"no val-BLEU gain in {train_cfg.patience} validations (patience)"
-    return None
-
-
 class ValidationRhythm:
     """When validation is due: every `validate_every` updates, and every `validate_every_time`
     of training time, measured on the saved training clock (a resumed run keeps its rhythm)."""
@@ -76,6 +56,12 @@ class ValidationRhythm:
         self.every_updates = train_cfg.validate_every
         self.every_seconds = parse_duration(train_cfg.validate_every_time, "train.validate_every_time")
         self.last_seconds = 0.0  # the training clock at the last validation
+
+    def due(self, state: TrainState, dist: DistributedContext) -> bool:
+        """Validation is due after this update, on every rank alike (each reads its own clock)."""
+        if self.by_updates(state):
+            return True
+        return self.every_seconds is not None and dist.any(self.by_time(state))
 
     def by_updates(self, state: TrainState) -> bool:
         return state.update % self.every_updates == 0

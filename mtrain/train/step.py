@@ -1,5 +1,6 @@
 """One optimiser update, start to end: forward and backward over the update's batches,
-gradient clipping, the step (skipped on the device when not finite).
+gradient clipping, the step (skipped on the device when not finite); an update whose batches
+run out of memory is skipped (`or_skip`).
 
 Nothing in it waits for the device: the losses, the gradient norm and the non-finite flag
 stay tensors until a log interval reads them (`tests/test_host_sync.py`).
@@ -19,6 +20,7 @@ from mtrain.runtime import autocast
 from mtrain.train.builders import TrainingParts
 from mtrain.train.compilation import begin_graph_step
 from mtrain.train.distributed import DistributedContext
+from mtrain.train.faults import is_out_of_memory
 from mtrain.train.instrument_log import InstrumentLog
 
 
@@ -84,6 +86,21 @@ class UpdateStep:
             "job_src_tokens": int(global_src_tokens),
             "sentences": sum(len(batch) for batch in batches),  # dummy rows (shape buckets) not counted
         }
+
+    def or_skip(self, batches: list[Batch], update: int, max_tokens: int) -> dict[str, Any] | None:
+        """The update, or None when its batches ran out of memory (skipped: the parts'
+        `out_of_memory` guard counts them and gives up after too many in a row)."""
+        try:
+            stats = self(batches, update)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            self.parts.optimizer.zero_grad(set_to_none=True)
+            shape = "x".join(str(s) for s in batches[0].tgt_input.shape)
+            self.parts.out_of_memory.record_failure(shape, max_tokens)
+            return None
+        self.parts.out_of_memory.record_success()
+        return stats
 
     def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL of one batch (a seam for fault-injection tests).

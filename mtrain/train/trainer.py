@@ -15,22 +15,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mtrain.batches import Batch
 from mtrain.config import TrainConfig
-from mtrain.durations import format_duration
-from mtrain.errors import MtrainError
 from mtrain.runtime import release_free_host_memory
 from mtrain.train import checkpoint_state
-from mtrain.train.budget import EndCost, RunBudget, budget_name, configured_training_budget
+from mtrain.train.budget import EndCost, RunBudget, configured_training_budget
+from mtrain.train.budget_keeper import BudgetKeeper
 from mtrain.train.builders import TrainingParts
 from mtrain.train.checkpointer import Checkpointer
-from mtrain.train.compilation import compiled_graphs, compiling
+from mtrain.train.compilation import GraphLog, compiling
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.faults import StopRequested, StopSignal, is_out_of_memory
+from mtrain.train.faults import StopRequested, StopSignal
 from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
-from mtrain.train.progress import TrainState, ValidationRhythm, budget_reason
+from mtrain.train.progress import TrainState, ValidationRhythm
 from mtrain.train.step import UpdateStep
 
 log = logging.getLogger("mtrain")
@@ -41,14 +39,6 @@ Validate = Callable[[], dict[str, float]]  # {loss, ppl, ...; bleu when measured
 def no_validation() -> dict[str, float]:
     """The `validate` of benchmarks, which time updates and never validate."""
     raise RuntimeError("this trainer was built without validation (a benchmark)")
-
-
-class TrainingInterrupted(MtrainError):
-    """A stop signal ended training after a checkpoint was written; exit with `exit_status`."""
-
-    def __init__(self, message: str, exit_status: int) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 class Trainer:
@@ -71,8 +61,8 @@ class Trainer:
         `record` is stored in every checkpoint (the config, the data fingerprints); `stop_signal`
         may be installed before the trainer exists (a signal then stops training at its first
         update boundary). `budget` holds the run's clock (by default one started now);
-        `end_cost`, run on rank 0 before the first update under train.max_time, measures what
-        follows training (mtrain fit's: `fit_scoring.end_cost_estimate`)."""
+        `end_cost` measures what follows training: both go to the `BudgetKeeper`, which says
+        when training stops."""
         self.cfg = train_cfg
         self.parts = parts
         self.model = parts.model
@@ -89,8 +79,7 @@ class Trainer:
         self.step = UpdateStep(parts, dist, train_cfg.clip_norm, self.instruments)
         parts.batches.draw_listener = metrics.log_draw if metrics is not None else None  # several corpora
         self.state = TrainState(train_budget_seconds=configured_training_budget(train_cfg))
-        self.budget = budget or RunBudget(train_cfg, time.monotonic())
-        self.end_cost = end_cost
+        self.budget = BudgetKeeper(train_cfg, dist, budget or RunBudget(train_cfg, time.monotonic()), end_cost)
         self._resumed = False
         self.update_seconds = 0.0  # the last update's training time: the next one's, as the budget reads it
         self.rhythm = ValidationRhythm(train_cfg)
@@ -100,10 +89,7 @@ class Trainer:
         self._last_saved_update = -1
         self._logged_train = False
         self.exhausted = False  # max_epochs done: `run_update` found no more batches
-        self.compiling = compiling(train_cfg)
-        # torch.compile's graphs built for this trainer (recompiles included); dynamo counts per process
-        self.graphs_built = 0
-        self._graphs_before = compiled_graphs() if self.compiling else 0
+        self.graphs = GraphLog() if compiling(train_cfg) else None  # torch.compile's
 
     # ----------------------------------------------------------------- one update
     def run_update(self) -> dict[str, Any] | None:
@@ -120,9 +106,9 @@ class Trainer:
         self._set_learning_rate()
         self.instruments.arm(self.state.update + 1)
         step_start = time.perf_counter()
-        stats = self._guarded_step(batches)
-        if self.compiling:
-            self._note_compiles(batches, time.perf_counter() - step_start)
+        stats = self.step.or_skip(batches, self.state.update + 1, self.cfg.max_tokens)
+        if self.graphs is not None:
+            self.graphs.after_update(self.state.update + 1, batches[0], time.perf_counter() - step_start)
         self.state.train_seconds = time.perf_counter() - self._clock_origin
         self.update_seconds = self.state.train_seconds - before
         if stats is None:
@@ -134,37 +120,6 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.update(stats)
         return stats
-
-    def _guarded_step(self, batches: list[Batch]) -> dict[str, Any] | None:
-        try:
-            stats = self.step(batches, self.state.update + 1)
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            self.optimizer.zero_grad(set_to_none=True)
-            shape = "x".join(str(s) for s in batches[0].tgt_input.shape)
-            self.parts.out_of_memory.record_failure(shape, self.cfg.max_tokens)
-            return None
-        self.parts.out_of_memory.record_success()
-        return stats
-
-    def _note_compiles(self, batches: list[Batch], seconds: float) -> None:
-        """Log each update in which torch.compile built a graph: the first (tracing and code
-        generation), and every recompile, with the batch shape that caused it."""
-        graphs = compiled_graphs() - self._graphs_before
-        if graphs > self.graphs_built:
-            rows, src_len = batches[0].src_tokens.shape
-            log.info(
-                "torch.compile: update %d built graph %d (%s, batch %dx%dx%d: rows x src_len x tgt_len) in %.1f s",
-                self.state.update + 1,
-                graphs,
-                "the first" if self.graphs_built == 0 else "a recompile",
-                rows,
-                src_len,
-                batches[0].tgt_input.shape[1],
-                seconds,
-            )
-            self.graphs_built = graphs
 
     def _set_learning_rate(self) -> None:
         budget = self.state.train_budget_seconds
@@ -183,7 +138,7 @@ class Trainer:
         """
         log.info("%s", self.parts.describe(self.cfg, self.dist.world_size))
         self.stop_signal.install()
-        self._start_budget()
+        self.budget.start(self.state, self._resumed)
         self._clock_origin = time.perf_counter() - self.state.train_seconds
         stop_reason = self._stop_reason()  # a resumed run may already be done
         try:
@@ -200,11 +155,13 @@ class Trainer:
                 elif self.metrics is not None and self.metrics.due_by_time():
                     self._log_train(read_skips=False)
                 stop_reason = self._stop_reason()
-                if stop_reason is None and self._validation_due():
+                if stop_reason is None and self.rhythm.due(self.state, self.dist):
                     self.validate_and_save(replan=True)
                     stop_reason = self._signal_stop()
                 elif stop_reason is None and self._save_due():
                     self.save_without_validation()
+                elif stop_reason is None and self.budget.measure_due:
+                    self._measure_end_cost()
             self._log_train()
             if stop_reason != "stop signal" and self._last_saved_update != self.state.update:
                 self.validate_and_save()
@@ -215,11 +172,8 @@ class Trainer:
                 log.info(
                     "training stopped: stop signal (update %d, %.0f s)", self.state.update, self.state.train_seconds
                 )
-                raise TrainingInterrupted(
-                    f"stopped by {self.stop_signal.name} at update {self.state.update}; checkpoint written, "
-                    "continue with train.resume=true",
-                    128 + self.stop_signal.signum,
-                )
+                where = f"at update {self.state.update}; checkpoint written, continue with train.resume=true"
+                raise self.stop_signal.interrupted(where)
         finally:
             if self._owns_stop_signal:
                 self.stop_signal.uninstall()
@@ -229,49 +183,10 @@ class Trainer:
     def _stop_reason(self) -> str | None:
         if self.dist.any(self.stop_signal.requested):
             return "stop signal"
-        budget = self.state.train_budget_seconds
-        # Training ends nearest its plan: before an update that would end more than half past it
-        # (a 7.6M model's update took 15 s on busy cores), and before one the wall clock cannot afford.
-        planned_done = budget is not None and self.state.train_seconds + self.update_seconds / 2 >= budget
-        # Rank 0 holds the end cost: the ranks agree on its clock, as one rank past the budget stops them all.
-        out_of_time = self.dist.any(planned_done or self.budget.must_stop(self.update_seconds))
-        # Named while the plan is still the plan: _stop_by_time makes it what was trained (a few
-        # seconds short of max_train_time=20m), which budget_name would read as max_time's share.
-        reason = budget_reason(self.state, self.cfg, out_of_time)
-        if out_of_time:
-            if (
-                not planned_done
-                and self.cfg.max_time is not None
-                and reason == f"{budget_name(self.cfg, budget)} reached"
-            ):
-                reason = f"max_time={self.cfg.max_time} reached"  # the wall clock ended it before the plan
-            self._stop_by_time(short=not planned_done)
-        return reason
-
-    def _stop_by_time(self, short: bool) -> None:
-        """Training ends by time: the plan becomes what was trained (a resume of the finished run
-        finds it done); when the wall clock ran out before the plan (`short`), the log says why."""
-        if short and self.budget.cost is not None:
-            log.info(
-                "%s: training stops at %s of the %s planned: another update (~%s) would leave less than "
-                "the %s kept for what follows (%s)",
-                budget_name(self.cfg, self.state.train_budget_seconds),
-                format_duration(self.state.train_seconds),
-                format_duration(self.state.train_budget_seconds or 0.0),
-                format_duration(self.update_seconds),
-                format_duration(self.budget.cost.total),
-                self.budget.cost.describe(),
-            )
-        if self.state.train_budget_seconds is not None:
-            self.state.train_budget_seconds = self.state.train_seconds
+        return self.budget.stop_reason(self.state, self.update_seconds)
 
     def _signal_stop(self) -> str | None:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
-
-    def _validation_due(self) -> bool:
-        if self.rhythm.by_updates(self.state):
-            return True
-        return self.rhythm.every_seconds is not None and self.dist.any(self.rhythm.by_time(self.state))
 
     def _save_due(self) -> bool:
         if self.cfg.save_every is None:
@@ -287,11 +202,8 @@ class Trainer:
         if read_skips:
             self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
-            budget = self.state.train_budget_seconds
-            seconds_left = None if budget is None else budget - self.state.train_seconds
-            self.metrics.log_train(
-                self.state.update, self.state.epoch, self.optimizer.param_groups[0]["lr"], seconds_left
-            )
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.metrics.log_train(self.state.update, self.state.epoch, lr, self.budget.seconds_left(self.state))
         self._logged_train = True
 
     # ----------------------------------------------------------------- validation and checkpoints
@@ -327,15 +239,11 @@ class Trainer:
                 if self.metrics is not None:
                     self.metrics.log_valid(self.state.update, results, seconds)
                 self.last_validation = results
-                self.budget.note_validation(seconds)
-                if replan and self.budget.max_seconds is not None:
-                    self.state.train_budget_seconds = self.budget.plan(self.state.train_seconds)
+                self.budget.after_validation(self.state, seconds, replan)  # the plan, saved with the checkpoint
                 self._save(best=self.state.record_validation(results))
         # Every rank must agree on the stopping state and the plan; rank 0 owns them.
         self.state.validations_without_gain = int(self.dist.broadcast_from_main(self.state.validations_without_gain))
-        if replan and self.budget.max_seconds is not None:
-            self.state.train_budget_seconds = self.dist.broadcast_from_main(self.state.train_budget_seconds or 0.0)
-        self.budget.note_overhead(time.perf_counter() - wall_start)
+        self.budget.after_pause(self.state, time.perf_counter() - wall_start, replan)
         self._after_save()
         if self.metrics is not None:
             self.metrics.resume()
@@ -347,20 +255,32 @@ class Trainer:
         wall_start = time.perf_counter()
         if self.dist.is_main:
             self._save(best=False)
-        self.budget.note_overhead(time.perf_counter() - wall_start)
+        self.budget.after_pause(self.state, time.perf_counter() - wall_start, replan=False)
         self._after_save()
 
     def _save(self, best: bool) -> None:
         if self.checkpointer is not None:
             start = time.perf_counter()
-            self.state.wall_seconds = self.budget.wall_seconds()
+            self.state.wall_seconds = self.budget.run.wall_seconds()
             self.checkpointer.save(self.checkpoint_state(), self.state.update, best)
-            self.budget.note_save(time.perf_counter() - start)
+            self.budget.after_save(time.perf_counter() - start)
 
     def _after_save(self) -> None:
-        self.dist.barrier()
+        self._off_the_clock()
         self._last_saved_update = self.state.update
-        # validation and saving are off the training clock
+
+    def _measure_end_cost(self) -> None:
+        """What follows training, measured again on the machine as it is now (not in the throughput)."""
+        if self.metrics is not None:
+            self.metrics.pause()
+        self.budget.measure(self.state)
+        self._off_the_clock()
+        if self.metrics is not None:
+            self.metrics.resume()
+
+    def _off_the_clock(self) -> None:
+        """Validation, saving and measuring are off the training clock (every rank waits for rank 0)."""
+        self.dist.barrier()
         self._clock_origin = time.perf_counter() - self.state.train_seconds
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -381,66 +301,10 @@ class Trainer:
         )
         checkpoint_state.warn_of_an_inexact_resume(checkpoint, self.cfg, self.state, saved_budget)
 
-    # ----------------------------------------------------------------- the time budget
-    def _start_budget(self) -> None:
-        """Before the first update: under train.max_time, measure what follows training (rank 0)
-        and plan the training time (a fresh run; a resumed one keeps its plan), then say what
-        the budget covers."""
-        budget = self.budget
-        budget.begin(self.state.train_seconds, self.state.wall_seconds)
-        if budget.max_seconds is not None:
-            if self.dist.is_main and self.end_cost is not None:
-                budget.set_estimate(self.end_cost())
-            if not self._resumed or self.state.train_budget_seconds is None:
-                planned = budget.plan(self.state.train_seconds) if self.dist.is_main else 0.0
-                self.state.train_budget_seconds = self.dist.broadcast_from_main(planned or 0.0)
-                if not self._resumed and self.state.train_budget_seconds <= 0.0:
-                    raise MtrainError(self._no_time_to_train())
-        line = self._budget_line()
-        if line:
-            log.info("%s", line)
-
-    def _budget_line(self) -> str:
-        """What the time budget covers, as the run starts."""
-        budget, planned = self.budget, self.state.train_budget_seconds
-        if budget.max_seconds is None:
-            if budget.max_train_seconds is None:
-                return ""
-            return (
-                f"budget: max_train_time={self.cfg.max_train_time} of training (the learning-rate schedule's "
-                "horizon); validations, checkpoints and the test decode come on top (train.max_time caps the "
-                "whole run)"
-            )
-        spent = budget.wall_seconds()
-        before = (
-            f"{format_duration(spent)} spent before training (start-up, data, model, this estimate)"
-            if not self._resumed
-            else f"{format_duration(spent)} spent by its earlier sessions and this one's start"
-        )
-        kept = "nothing measured to keep for what follows"
-        if budget.cost is not None:
-            kept = f"{format_duration(budget.cost.total)} kept for what follows ({budget.cost.describe()})"
-        share = (
-            f"{format_duration(planned or 0.0)} of training"
-            + (f" ({format_duration(self.state.train_seconds)} done)" if self._resumed else "")
-            + " (the learning-rate schedule's horizon"
-            + (
-                f", capped by max_train_time={self.cfg.max_train_time}"
-                if budget_name(self.cfg, planned).startswith("max_train")
-                else ""
-            )
-            + ")"
-        )
-        return f"budget: max_time={self.cfg.max_time} for the whole run: {before}, {share}, {kept}"
-
-    def _no_time_to_train(self) -> str:
-        cost = self.budget.cost
-        after = f" and what follows training is estimated at {cost.total:.0f} s ({cost.describe()})" if cost else ""
-        return (
-            f"train.max_time={self.cfg.max_time}: start-up and data preparation took "
-            f"{self.budget.wall_seconds():.0f} s{after}, which leaves no time to train; raise train.max_time, "
-            "or leave out the test decode (data.splits.test=null) or shorten validation (train.valid_max_sentences=N)"
-        )
+    @property
+    def graphs_built(self) -> int:
+        """The graphs torch.compile built for this trainer (0 when it does not compile)."""
+        return self.graphs.built if self.graphs is not None else 0
 
     def release_training_memory(self) -> None:
         """Drop the optimiser's moments and the gradients once training is over (the last
@@ -460,9 +324,7 @@ class Trainer:
             "updates": self.state.update,
             "epochs": self.state.epoch,
             "train_time_s": round(self.state.train_seconds, 2),
-            "train_budget_s": None
-            if self.state.train_budget_seconds is None
-            else round(self.state.train_budget_seconds, 2),
+            **self.budget.summary(self.state),  # the training time planned; the machine's share
             "validation_time_s": round(self.validation_seconds, 2),
             "stop_reason": stop_reason,
             "best_update": self.state.best_update,
@@ -471,6 +333,6 @@ class Trainer:
             "valid": valid,
             "diverged": diverged,
             "peak_rss_mb": self.host_memory.note_peak("training"),
-            **({"compiled_graphs": self.graphs_built} if self.compiling else {}),
+            **({"compiled_graphs": self.graphs.built} if self.graphs is not None else {}),
             **self.parts.batches.summary(self.state.epoch),  # several corpora: each one's share of the last epoch
         }

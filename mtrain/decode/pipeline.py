@@ -1,0 +1,329 @@
+"""One path from a request to the decoder, for `mtrain translate`, `mtrain eval` and both HTTP APIs.
+
+A request is sentences (`DecodeRequest`: the text, its prefix, constraints and avoided
+phrases) and what is asked of all of them (`Options`: the decode settings, `format`, the
+target language, a glossary, attention pictures). `RequestPipeline` takes it through the same
+steps wherever it came from:
+
+1. `check`: what is asked, by the names the user gave it (`Options.names`), against the decode
+   settings and the engine (`mtrain.decoding_rules`: the rules the config checks apply too);
+2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.markup`), the
+   glossary's terms found in the plain text and added to its constraints
+   (`mtrain.decode.terminology`);
+3. `decode` (a batch of prepared sentences, of one request or, in the server's batcher, of
+   several): sources encoded and cut to the input limit, controls encoded as target ids
+   (`mtrain.decode.controls`), word alignments forced where markup needs them, decoded by the
+   engine (with MBR or reranking around it: `mtrain.decode.selection`) through the translator;
+4. `finish`: the tags put back by the alignments, links dropped unless asked for, the
+   constraints and terms that were applied and met counted (`PipelineStats`).
+
+`translate` runs the four on one request. The callers only read their input (a file's lines,
+a JSON body, LibreTranslate's fields) into requests and write the results out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from mtrain.config import DecodeConfig, Precision, to_typed
+from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
+from mtrain.decode.engine import Engine, as_engine
+from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
+from mtrain.decode.terminology import Glossary
+from mtrain.decode.translator import translate_encoded
+from mtrain.decoding_rules import Asked, check_decoding
+from mtrain.errors import MtrainError
+from mtrain.tokenizer import Tokenizer
+
+log = logging.getLogger("mtrain.decode")
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One sentence and what its translation must start with, contain and avoid, as text."""
+
+    text: str
+    prefix: str = ""
+    constraints: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    ordered: bool = False  # the constraints must appear in this order
+    where: str = ""  # how messages name it: `input.de:3`, `text[2]`
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How a refusal names what was asked: a request's fields (the default), or the command
+    line's keys with their values (`terms=glossary.tsv`)."""
+
+    prefix: str = "prefix"
+    constraints: str = "constraints"
+    terms: str = "terms"
+    avoid: str = "avoid"
+    format: str = "format"
+    alignment: str = "alignment"
+    pictures: str = "attention"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a request asks of all its sentences."""
+
+    decode: DecodeConfig  # beam, nbest, selection; `aligns`: word alignments in the results
+    format: str = "text"  # text | xml | html: inline tags out, and back by word alignments
+    tgt_lang: str | None = None  # a multilingual model's target language (None: its one)
+    glossary: Glossary | None = None  # terms found in a sentence become constraints of it
+    attention_layer: int | str | None = None  # cross-attention kept for pictures (translate)
+    names: FieldNames = FieldNames()
+
+    def decoding(self) -> DecodeConfig:
+        """The settings decoded with: word alignments added where markup needs them."""
+        if self.format != "text" and not self.decode.aligns:
+            return replace(self.decode, alignment="word")
+        return self.decode
+
+
+@dataclass
+class Prepared:
+    """A sentence ready for the decoder: the text without its tags and the controls to encode."""
+
+    source: str
+    request: TargetRequest | None
+    markup: Markup | None = None
+    terms: tuple[str, ...] = ()  # the glossary's target terms among request.constraints
+    where: str = ""
+    ids: list[int] | None = None  # the source ids decoded (eos last; None: blank), once decoded
+    cut: bool = False  # the source was cut to the input limit
+
+
+@dataclass
+class PipelineStats:
+    """What the controls did: constraints (from the input or a request) and glossary terms,
+    how many were applied, in how many sentences, and how many the best translation holds."""
+
+    sentences: int = 0
+    constraints_applied: int = 0
+    constraints_met: int = 0
+    constrained_sentences: int = 0
+    terms_applied: int = 0
+    terms_met: int = 0
+    termed_sentences: int = 0
+
+    def summary(self) -> str | None:
+        """One line for the end of a run; None when no constraint or term was applied."""
+        parts = []
+        if self.constraints_applied:
+            parts.append(
+                f"constraints: {self.constraints_applied} applied in {self.constrained_sentences} of "
+                f"{self.sentences} sentences, {self.constraints_met} met"
+            )
+        if self.terms_applied:
+            parts.append(
+                f"terms: {self.terms_applied} found in {self.termed_sentences} of {self.sentences} sentences, "
+                f"{self.terms_met} met"
+            )
+        return "; ".join(parts) or None
+
+    def count(self, sentence: Prepared, translation: str) -> None:
+        """One sentence and its best translation (without tags): a phrase is met where the
+        translation holds it as written (spaces inside it matching any whitespace)."""
+        self.sentences += 1
+        if sentence.request is None or not sentence.request.constraints:
+            return
+        words = " " + " ".join(translation.split()) + " "
+        terms = set(sentence.terms)
+        given = [phrase for phrase in sentence.request.constraints if phrase not in terms]
+        if given:
+            self.constrained_sentences += 1
+            self.constraints_applied += len(given)
+            self.constraints_met += sum(" ".join(phrase.split()) in words for phrase in given)
+        if sentence.terms:
+            self.termed_sentences += 1
+            self.terms_applied += len(sentence.terms)
+            self.terms_met += sum(" ".join(phrase.split()) in words for phrase in sentence.terms)
+
+
+def asked_of(requests: Sequence[DecodeRequest], options: Options) -> Asked:
+    """What `requests` ask for beyond the decode settings, by `options.names`."""
+    names = options.names
+    constraints = any(r.constraints for r in requests)
+    return Asked(
+        prefix=names.prefix if any(r.prefix.strip() for r in requests) else None,
+        constraints=names.constraints if constraints else names.terms if options.glossary is not None else None,
+        avoid=names.avoid if any(r.avoid for r in requests) else None,
+        markup=names.format if options.format != "text" else None,
+        alignment=names.alignment if options.decode.aligns else None,
+        pictures=names.pictures if options.attention_layer is not None else None,
+    )
+
+
+def check_requests(requests: Sequence[DecodeRequest], options: Options, ctranslate2: bool) -> None:
+    """1. RefusedCombination (mtrain.decoding_rules) for what cannot be honoured together on
+    this engine (`ctranslate2`: CTranslate2's, else mtrain's own)."""
+    check_decoding(options.decode, asked_of(requests, options), ctranslate2)
+
+
+def prepare_requests(requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
+    """2. Each request's plain text and controls: markup taken out, the glossary's terms found
+    in the plain text; MtrainError naming `where` for malformed markup."""
+    prepared = []
+    for request in requests:
+        markup = None
+        source = request.text
+        if options.format != "text":
+            try:
+                markup = parse_markup(request.text.rstrip("\n"), options.format)
+            except MarkupError as error:
+                raise MtrainError(f"{request.where}: format={options.format}: {error}") from None
+            source = markup.text
+        terms: tuple[str, ...] = ()
+        constraints = request.constraints
+        if options.glossary is not None:
+            terms = tuple(options.glossary.constraints(source))
+            constraints = tuple(dict.fromkeys([*constraints, *terms]))
+        target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
+        controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
+        prepared.append(Prepared(source, target if controlled else None, markup, terms, request.where))
+    return prepared
+
+
+def finish_requests(
+    sentences: Sequence[Prepared],
+    hypotheses: list[list[Hypothesis]],
+    options: Options,
+    stats: PipelineStats | None = None,
+) -> None:
+    """4. In place: the stats counted (on the translations without their tags), each
+    hypothesis' text with its sentence's tags put back, its links dropped unless
+    `options.decode` asked for them."""
+    keep_links = options.decode.aligns
+    for sentence, hyps in zip(sentences, hypotheses, strict=True):
+        if stats is not None:
+            stats.count(sentence, hyps[0].text if hyps else "")
+        if sentence.markup is not None:
+            for hyp in hyps:
+                hyp.text = restore_markup(sentence.markup, hyp.text, hyp.alignment or [])
+                if not keep_links:
+                    hyp.alignment = None
+
+
+class RequestPipeline:
+    """Requests in, hypotheses out (see the module's docstring), for one opened engine: the
+    steps above around its decoder (`decode`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Tokenizer,
+        device: torch.device | str,
+        precision: Precision | str = Precision.fp32,
+        *,
+        ctranslate2: bool = False,
+        input_limit: int | None = None,
+        tokenizers: dict[str, Tokenizer] | None = None,
+    ) -> None:
+        """`model`: mtrain's model, an ensemble or an engine (wrapped once: a bf16 engine casts
+        its weights once). `input_limit`: source ids per sentence, eos included (None: no cut).
+        `tokenizers`: per target language, its tokenizer (its tag first in every source)."""
+        self.engine: Engine = as_engine(model, tokenizer, device, precision)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizers = tokenizers or {}
+        self.device = device
+        self.precision = precision
+        self.ctranslate2 = ctranslate2
+        self.input_limit = input_limit
+        self.stats = PipelineStats()
+        self._phrase_encoders: dict[int, PhraseEncoder] = {}
+
+    def tokenizer_for(self, tgt_lang: str | None) -> Tokenizer:
+        return self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
+
+    def check(self, requests: Sequence[DecodeRequest], options: Options) -> None:
+        check_requests(requests, options, self.ctranslate2)
+
+    def prepare(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
+        return prepare_requests(requests, options)
+
+    def decode(
+        self,
+        sentences: Sequence[Prepared],
+        decode: DecodeConfig,
+        tgt_lang: str | None = None,
+        attention_layer: int | str | None = None,
+        on_batch: Callable[[int], object] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """3. Per prepared sentence, up to `decode.nbest` hypotheses (with `.text`), decoded
+        with `decode` as given (`Options.decoding()`: alignments for markup); each sentence's
+        `ids` and `cut` filled."""
+        tokenizer = self.tokenizer_for(tgt_lang)
+        for sentence in sentences:
+            sentence.ids, sentence.cut = self.encode(sentence.source, tokenizer, sentence.where)
+        controls = None
+        if any(sentence.request is not None for sentence in sentences):
+            encode = self._phrase_encoders.get(id(tokenizer))
+            if encode is None:
+                encode = self._phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.model)
+            controls = [encode_request(tokenizer, sentence.request, encode) for sentence in sentences]
+        return translate_encoded(
+            self.engine,
+            tokenizer,
+            [sentence.ids for sentence in sentences],
+            decode,
+            self.device,
+            self.precision,
+            attention_layer=attention_layer,
+            on_batch=on_batch,
+            controls=controls,
+        )
+
+    def encode(self, text: str, tokenizer: Tokenizer, where: str = "") -> tuple[list[int] | None, bool]:
+        """Source ids with eos (None for a blank sentence), cut to the input limit with a
+        warning; and whether it was cut."""
+        if not text.strip():
+            return None, False
+        try:
+            ids = tokenizer.encode_src(text)
+        except Exception as error:  # the request's sentence, not the program, is at fault
+            raise MtrainError(
+                f"{where or 'text'}: a sentence the tokenizer cannot encode ({type(error).__name__}); "
+                "send valid Unicode text"
+            ) from error
+        limit = self.input_limit
+        if limit is not None and len(ids) + 1 > limit:
+            log.warning(
+                "%s: %d subword tokens; truncated to the first %d (max_input_tokens=%d incl. eos)",
+                where or "a sentence",
+                len(ids),
+                limit - 1,
+                limit,
+            )
+            return ids[: limit - 1] + [tokenizer.eos_id], True
+        return ids + [tokenizer.eos_id], False
+
+    def finish(self, sentences: Sequence[Prepared], hypotheses: list[list[Hypothesis]], options: Options) -> None:
+        finish_requests(sentences, hypotheses, options, self.stats)
+
+    def translate(
+        self,
+        requests: Sequence[DecodeRequest],
+        options: Options,
+        on_batch: Callable[[int], object] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Per request, up to `options.decode.nbest` hypotheses: checked, prepared, decoded, finished."""
+        self.check(requests, options)
+        prepared = self.prepare(requests, options)
+        hypotheses = self.decode(prepared, options.decoding(), options.tgt_lang, options.attention_layer, on_batch)
+        self.finish(prepared, hypotheses, options)
+        return hypotheses
+
+
+def with_options(decode: DecodeConfig, **values: Any) -> DecodeConfig:
+    """`decode` (a dataclass, or a composed node) as the dataclass with `values` changed."""
+    typed: DecodeConfig = to_typed(decode)
+    return replace(typed, **values) if values else typed

@@ -1,0 +1,121 @@
+"""Which decoding features combine: every rule, in one place, in one wording.
+
+A decode is its settings (`DecodeConfig`, read through its predicates: `uses_mbr`,
+`uses_rerank`, `samples`, `aligns`), the engine that runs it, and what it asks for beyond
+them (`Asked`: a target prefix, lexical constraints or terms, avoided phrases, inline markup,
+word alignments, attention pictures, each under the name the user gave it). `check_decoding`
+refuses what cannot be honoured together, and both sides call it:
+
+- `mtrain.config_checks`, for translate, eval and serve before a model loads, with the
+  command line's names (`terms=FILE.tsv: ...`; the CLI prints one line and exits 2);
+- the request pipeline (`mtrain.decode.pipeline`), for each HTTP request of either API,
+  with the request's field names (`terms: ...`; the server answers 422).
+
+A refusal (`RefusedCombination`) keeps the field and the reason apart: the reason is the same
+words wherever the request came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from mtrain.config import AlignmentLevel, DecodeConfig, MbrCandidates, Sampling, alignment_level
+from mtrain.errors import MtrainError
+
+# MBR draws and ranks its own candidates, and reranking reorders the n-best by features that
+# know nothing of a forced prefix or required phrases: not combined with them (yet).
+SELECTION_WITH_CONTROLS = (
+    "MBR decoding and n-best reranking (decode.mbr, decode.rerank) do not take prefixes, constraints, "
+    "terms or avoided phrases: decode those with beam search"
+)
+# MBR's candidates come from several decodes and are compared as texts: no attention is kept.
+SELECTION_WITH_ALIGNMENT = (
+    "MBR decoding (decode.mbr) keeps no attention for word alignments or markup: "
+    "decode those with beam search (decode.mbr.candidates=none)"
+)
+SELECTION_WITH_PICTURES = (
+    "MBR decoding (decode.mbr) keeps no attention to draw: draw attention pictures with beam search or "
+    "sampling (decode.mbr.candidates=none)"
+)
+CONSTRAINTS_WITH_CTRANSLATE2 = (
+    "CTranslate2 has no lexical constraints (it has prefixes and avoided phrases): "
+    "use engine=torch with a run directory of `mtrain fit`"
+)
+CONSTRAINTS_WITH_SAMPLING = "lexical constraints need beam search: decode them with decode.sampling=none"
+MARKUP_WITH_SUBWORD_LINKS = (
+    "markup puts its tags back by word alignments; decode.alignment=subword would print other links than "
+    "it uses: use decode.alignment=word (or false)"
+)
+CTRANSLATE2_ALIGNMENT_LAYER = (
+    "CTranslate2 gives the last layer's attention averaged over heads only; leave both unset "
+    "(or layer -1), or use engine=torch"
+)
+CTRANSLATE2_EPSILON = (
+    "CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
+    "with engine=ctranslate2 use decode.sampling=topp or topk, or decode with engine=torch"
+)
+
+
+class RefusedCombination(MtrainError):
+    """Features asked for together that cannot be honoured together: `field: reason`."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a decode asks for beyond its settings, each by the name the user gave it (the
+    command line's `terms=FILE.tsv`, a request's `terms`); None: not asked."""
+
+    prefix: str | None = None
+    constraints: str | None = None  # lexical constraints: a line's or request's phrases, or a glossary's terms
+    avoid: str | None = None
+    markup: str | None = None  # format=xml|html: tags out, and back by word alignments
+    alignment: str | None = None  # word (or subword) alignments in the output
+    pictures: str | None = None  # cross-attention pictures (translate's attention=DIR)
+
+    @property
+    def controls(self) -> str | None:
+        """The first target control asked for (prefix, constraints, avoided phrases), by its name."""
+        return self.prefix or self.constraints or self.avoid
+
+    def names(self) -> list[str]:
+        return [value for value in (getattr(self, f.name) for f in fields(self)) if value is not None]
+
+
+def check_decoding(decode: DecodeConfig, asked: Asked = Asked(), ctranslate2: bool = False) -> None:
+    """RefusedCombination naming the first of `asked` (or the decode key) that cannot be
+    honoured with `decode` on this engine (`ctranslate2`: CTranslate2, else mtrain's own)."""
+    if decode.selects and asked.controls is not None:
+        raise RefusedCombination(asked.controls, SELECTION_WITH_CONTROLS)
+    if decode.uses_mbr:
+        if asked.markup is not None or asked.alignment is not None:
+            raise RefusedCombination(asked.markup or asked.alignment or "", SELECTION_WITH_ALIGNMENT)
+        if asked.pictures is not None:
+            raise RefusedCombination(asked.pictures, SELECTION_WITH_PICTURES)
+    if asked.constraints is not None:
+        if ctranslate2:
+            raise RefusedCombination(asked.constraints, CONSTRAINTS_WITH_CTRANSLATE2)
+        if decode.samples:
+            raise RefusedCombination(asked.constraints, CONSTRAINTS_WITH_SAMPLING)
+    if asked.markup is not None and alignment_level(decode.alignment) is AlignmentLevel.subword:
+        raise RefusedCombination(asked.markup, MARKUP_WITH_SUBWORD_LINKS)
+    if ctranslate2:
+        layer, head = decode.alignment_layer, decode.alignment_head
+        aligned = decode.aligns or asked.alignment is not None or asked.markup is not None
+        if aligned and (layer not in (None, -1) or head is not None):
+            raise RefusedCombination(
+                f"decode.alignment_layer={_null(layer)} alignment_head={_null(head)}", CTRANSLATE2_ALIGNMENT_LAYER
+            )
+        mbr_samples = MbrCandidates(decode.mbr.candidates) in (MbrCandidates.sample, MbrCandidates.both) or (
+            decode.uses_mbr and decode.mbr.num_pseudo_refs is not None
+        )
+        if Sampling(decode.sampling) == Sampling.epsilon or (mbr_samples and not decode.samples):
+            raise RefusedCombination("decode.sampling", CTRANSLATE2_EPSILON)
+
+
+def _null(value: object) -> str:
+    return "null" if value is None else str(value)
