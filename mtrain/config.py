@@ -612,6 +612,14 @@ class TrainConfig:
             )
 
 
+class TermPlacement(Choice):
+    """Where a glossary term goes (mtrain/decode/placement.py): tied to its source word by the
+    cross-attention (aligned), or wherever the constrained search puts it (none)."""
+
+    aligned = "aligned"
+    none = "none"
+
+
 class AlignmentRule(Choice):
     """Which argmax of the attention matrix (target pieces x source pieces) makes a link."""
 
@@ -697,6 +705,9 @@ class DecodeConfig:
     # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 45.5);
     # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
+    # Terms (terms=, a request's terms) placed where their source word is translated, the model's
+    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/placement.py)
+    term_placement: TermPlacement = TermPlacement.aligned
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
@@ -884,6 +895,11 @@ class DecodingCommandConfig:
     # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)
+    # A glossary `source term<TAB>target term[<TAB>the words it replaces, |-separated]`: where a source
+    # holds a source term, its target term is a constraint (translate's lines, eval's split, every
+    # request of serve's two APIs; docs/TRANSLATE.md), placed by decode.term_placement
+    terms: str | None = None
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
 
     def check(self, prefix: str) -> None:
         if self.ensemble and self.engine != Engine.torch:
@@ -912,8 +928,6 @@ class TranslateConfig(DecodingCommandConfig):
     # What the output must start with, contain or avoid (docs/TRANSLATE.md, "Prefixes and constraints"):
     prefix: str | None = None  # a file, one line per input line: each output starts with it (blank: none)
     constraints: ConstraintOrder = ConstraintOrder.none  # unordered|ordered: lines are `source<TAB>phrase...`
-    terms: str | None = None  # a glossary `source term<TAB>target term`: found source terms -> constraints
-    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     avoid: str | None = None  # a file of phrases (one per line) no output may contain
     # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
     # (mtrain/decode/markup.py, docs/TRANSLATE.md)
@@ -953,11 +967,8 @@ class EvalConfig(DecodingCommandConfig):
     # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
     src_lang: str | None = None
     tgt_lang: str | None = None
-    # A glossary `source term<TAB>target term[<TAB>replaced|words]` (as translate's terms=): run= decodes
-    # with its terms as constraints; run= and hyp= report the terminology metrics beside BLEU
-    # (exact-match term accuracy, window overlap, 1-TERm, usual translation kept beside the term)
-    terms: str | None = None
-    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
+    # (terms=: run= decodes with the glossary's terms as constraints; run= and hyp= report the
+    # terminology metrics beside BLEU: exact-match accuracy, window overlap, 1-TERm, usual word kept beside)
     src: str | None = None  # hyp=: the sources of the hypotheses (where terms= finds its terms)
 
     def check(self, prefix: str) -> None:
@@ -1014,9 +1025,6 @@ class EvalConfig(DecodingCommandConfig):
 class ServeConfig(DecodingCommandConfig):
     """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
 
-    # The server's glossary, applied to every request of both APIs as translate's terms= (docs/SERVE.md)
-    terms: str | None = None  # `source term<TAB>target term`: found source terms -> constraints
-    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     # longer sentences are truncated with a warning, as translate does
     max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.

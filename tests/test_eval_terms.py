@@ -3,10 +3,14 @@ BLEU, for a hypothesis file (with its sources) and for a run decoded with the gl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from mtrain.decode.terminology import read_glossary
+from mtrain.evaluate.terminology import score_terms
+from tests.test_report import tiny_run  # noqa: F401 (the fixture: a run of a tiny untrained model)
 from tests.warm_process import run_mtrain
 
 
@@ -56,3 +60,29 @@ def test_eval_hyp_terms_needs_the_sources_and_src_is_hyps(scored_file):
     malformed = run_mtrain("eval", f"hyp={f['hyp']}", f"ref={f['ref']}", f"src={f['src']}", f"terms={bad}", text=True)
     assert malformed.returncode == 2 and f"terms={bad} line 1: expected" in malformed.stderr
     assert "Traceback" not in malformed.stderr + misaligned.stderr + without_sources.stderr
+
+
+def test_eval_run_decodes_with_the_glossary_and_reports_the_term_metrics(tiny_run, tmp_path):  # noqa: F811
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("hund\tcanine\tdog\nkatze\tfeline\tcat\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = run_mtrain(
+        "eval", f"run={tiny_run}", "split=test", "decode.beam=2", "device=cpu", f"terms={terms}", f"out={out}",
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "test.json").read_text(encoding="utf-8"))
+    hyps = (out / "test.hyp").read_text(encoding="utf-8").splitlines()
+    glossary = read_glossary(terms)
+    expected = score_terms(glossary, report_file(report, "source"), hyps, report_file(report, "reference"))
+    assert report["terms"]["glossary"] == str(terms) and report["terms"]["term_instances"] == expected.instances > 0
+    assert report["terms"]["exact_match_accuracy"] == expected.exact_match == 1.0  # constraints: every term there
+    assert report["terms"]["one_minus_term"] == expected.one_minus_term
+    assert "exact-match term accuracy" in result.stdout and "100.00" in result.stdout
+    markdown = (out / "test.md").read_text(encoding="utf-8")
+    assert f"Terminology with the glossary `{terms}`" in markdown and "| 1-TERm |" in markdown
+
+
+def report_file(report: dict, role: str) -> list[str]:
+    path = next(record["path"] for record in report["data"] if record["role"] == role)
+    return Path(path).read_text(encoding="utf-8").splitlines()

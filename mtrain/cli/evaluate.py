@@ -78,6 +78,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.run is not None  # (main: run= chose this mode)
+    glossary = read_glossary_file(cfg)
     run = RunDir(cfg.run)
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
@@ -167,8 +168,10 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         engine.precision,
         ctranslate2=engine.engine == Engine.ctranslate2,
     )
-    names = FieldNames(alignment=f"decode.alignment={cfg.decode.alignment}")  # (what a refusal names: eval's key)
-    translate = pipeline_translator(pipeline, Options(with_options(cfg.decode), names=names))
+    # (what a refusal names: eval's keys)
+    names = FieldNames(alignment=f"decode.alignment={cfg.decode.alignment}", terms=f"terms={cfg.terms}")
+    options = Options(with_options(cfg.decode), glossary=glossary.glossary if glossary else None, names=names)
+    translate = pipeline_translator(pipeline, options)
     alignments: list[str] = []  # with decode.alignment: each hypothesis' links, for <split>.align
     if alignment_level(cfg.decode.alignment) is not AlignmentLevel.none:
         translate = collecting_alignments(translate, alignments)
@@ -197,7 +200,10 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         cfg.per_sentence,
         cfg.worst_lines,
         report_name=report_name,
+        glossary=glossary,
     )
+    if pipeline.stats.summary():  # (terms: how many were found and met)
+        log(str(pipeline.stats.summary()))
     if alignments:
         from mtrain.rundir import atomic_write_text
 

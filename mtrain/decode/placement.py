@@ -51,10 +51,12 @@ class PlacementVocab:
     @classmethod
     def of(cls, pieces: Sequence[str]) -> PlacementVocab:
         """From the target vocabulary's pieces, in id order."""
-        ends = [i for i, piece in enumerate(pieces) if piece.strip(WORD_START) and set(piece.strip(WORD_START)) <= SENTENCE_END_MARKS]
-        starts = [
-            i for i, piece in enumerate(pieces) if piece.startswith(WORD_START) and piece[1:2].isalnum()
+        ends = [
+            i
+            for i, piece in enumerate(pieces)
+            if piece.strip(WORD_START) and set(piece.strip(WORD_START)) <= SENTENCE_END_MARKS
         ]
+        starts = [i for i, piece in enumerate(pieces) if piece.startswith(WORD_START) and piece[1:2].isalnum()]
         return cls(tuple(ends), tuple(starts))
 
 
@@ -159,7 +161,11 @@ class TermPlacement(StepProcessor):
         again = (at_term & state.met).any(dim=1) & self.content_mask[self.best] & (self.best != self.eos_id)
         term_start = (first == self.best.unsqueeze(1)) & is_term
         again &= ~term_start.any(dim=1)
-        lprobs.scatter_(1, self.best.unsqueeze(1), torch.where(again.unsqueeze(1), NEG_INF, lprobs.gather(1, self.best.unsqueeze(1))))
+        lprobs.scatter_(
+            1,
+            self.best.unsqueeze(1),
+            torch.where(again.unsqueeze(1), NEG_INF, lprobs.gather(1, self.best.unsqueeze(1))),
+        )
 
     def follow(self, rows: Tensor, tokens: Tensor) -> None:
         assert self.usual is not None and self.pending is not None and self.ends_written is not None
