@@ -89,3 +89,13 @@ def test_constraints_that_are_no_terms_get_no_placement():
     control = ControlIds(constraints=((CANINE,),))
     target = controls_for([control], torch.device("cpu"), EOS)
     assert placement_for(target, [control], 4, VOCAB, EOS) is None
+
+
+def test_a_forced_prefix_is_left_alone():
+    control = ControlIds(prefix=(THE,), constraints=((CANINE,),), term_sources=((1,),), sentence_ends=1)
+    target = controls_for([control], torch.device("cpu"), EOS)
+    placement = placement_for(target, [control], 4, VOCAB, EOS)
+    target.start(1)
+    placement.start(1)
+    forced = step(target, placement, best=DOG, peak=1)
+    assert forced[THE] == -8.0 and forced[CANINE] == float("-inf")  # the prefix's token, nothing raised

@@ -133,12 +133,14 @@ class TermPlacement(StepProcessor):
         # Rows still missing a constraint write no more sentence-final marks than allowed.
         unmet = ~state.met.all(dim=1)
         allowed = (self.sentence_ends.index_select(0, row_sentence) - 1).clamp(min=0)
-        no_end = unmet & (self.ends_written >= allowed) & (view.row_max_len > view.step)
+        # (a row whose prefix is still forced is left alone: its token is the prefix's)
+        free = target.prefix_lengths.index_select(0, row_sentence) <= view.step  # (rows,)
+        no_end = unmet & free & (self.ends_written >= allowed) & (view.row_max_len > view.step)
         lprobs.masked_fill_(no_end.unsqueeze(1) & self.end_mask, NEG_INF)
 
         # A displaced usual word stays out of its hypothesis.
         usual = self.usual
-        ban = torch.where(usual >= 0, NEG_INF, float("inf")).to(lprobs.dtype)
+        ban = torch.where((usual >= 0) & free.unsqueeze(1), NEG_INF, float("inf")).to(lprobs.dtype)
         lprobs.scatter_reduce_(1, usual.clamp(min=0), ban, reduce="amin")
 
         self.pending = torch.full_like(self.usual, -1)
@@ -150,7 +152,7 @@ class TermPlacement(StepProcessor):
         at_term = sources.gather(2, peak.view(-1, 1, 1).expand(-1, sources.size(1), 1)).squeeze(2) & is_term
 
         # Start the term here: its first token at the model's best score.
-        starting = at_term & ~started
+        starting = at_term & ~started & free.unsqueeze(1)
         raised = torch.maximum(lprobs.gather(1, first), self.best_lprob.unsqueeze(1))
         lprobs.scatter_(1, first, torch.where(starting, raised, lprobs.gather(1, first)))
         best = self.best.unsqueeze(1).expand_as(first)
@@ -158,7 +160,7 @@ class TermPlacement(StepProcessor):
         self.pending = torch.where(starting & content & (best != first), best, -1)
 
         # A met term's source word translated again: not with the model's best content word.
-        again = (at_term & state.met).any(dim=1) & self.content_mask[self.best] & (self.best != self.eos_id)
+        again = (at_term & state.met).any(dim=1) & free & self.content_mask[self.best] & (self.best != self.eos_id)
         term_start = (first == self.best.unsqueeze(1)) & is_term
         again &= ~term_start.any(dim=1)
         lprobs.scatter_(
