@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.decode.terminology import read_glossary
 from mtrain.evaluate.metrics import read_lines
-from mtrain.evaluate.terminology import GlossaryFile
+from mtrain.evaluate.terminology import GlossaryFile, occurrences, term_instances, words
 
 MODES = {
     "no terms": [],
@@ -65,8 +65,25 @@ def main() -> None:
         else:
             mtrain("eval", *common, f"terms={args.terms}", *MODES[name])
             report = json.loads((directory / "test.json").read_text(encoding="utf-8"))
+        files = {record["role"]: record["path"] for record in report["data"]}
+        report["after_the_end"] = after_the_end(
+            read_glossary(args.terms), read_lines(files["source"]), read_lines(files["hypotheses"])
+        )
         rows.append((name, report))
     print(table(rows))
+
+
+def after_the_end(glossary, sources: list[str], hypotheses: list[str]) -> int:
+    """Outputs holding one of their sentence's terms after their last sentence-final mark."""
+    count = 0
+    for source, hypothesis in zip(sources, hypotheses, strict=True):
+        tokens = words(hypothesis)
+        ends = [i for i, token in enumerate(tokens) if token in (".", "!", "?")]
+        if not ends:
+            continue
+        starts = [s for _, term in term_instances(glossary, source) for s in occurrences(words(term), tokens)]
+        count += any(start > ends[-1] for start in starts)
+    return count
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
@@ -74,8 +91,8 @@ def table(rows: list[tuple[str, dict]]) -> str:
         return "-" if value is None else f"{100 * value:.1f}"
 
     lines = [
-        "| decoding | term acc. | usual kept beside | window 2 | window 3 | 1-TERm | BLEU | chrF | sent/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| decoding | term acc. | usual kept beside | window 2 | window 3 | 1-TERm | BLEU | chrF | term after the end | sent/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, report in rows:
         terms, metrics = report["terms"], report["metrics"]
@@ -83,7 +100,7 @@ def table(rows: list[tuple[str, dict]]) -> str:
             f"| {name} | {percent(terms['exact_match_accuracy'])} | {percent(terms['usual_kept_beside'])} | "
             f"{percent(terms['window_overlap_2'])} | {percent(terms['window_overlap_3'])} | "
             f"{percent(terms['one_minus_term'])} | {metrics['bleu']['score']:.2f} | {metrics['chrf']['score']:.2f} | "
-            f"{report['sentences_per_s']:.2f} |"
+            f"{report['after_the_end']} | {report['sentences_per_s']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -139,7 +139,7 @@ def generate(
     if placing and target is not None and target.has_constraints:
         assert placement_vocab is not None  # (placing)
         given = [c or ControlIds() for c in controls or ()]
-        placement = placement_for(target, given, src_tokens.size(1), placement_vocab, eos_id)
+        placement = placement_for(target, given, src_tokens.size(1), placement_vocab)
     if placement is not None:
         processors.append(placement)
     for processor in processors:

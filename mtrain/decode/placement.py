@@ -13,8 +13,8 @@ every live hypothesis at once:
   score of the model's best token there (the term takes the place of the model's own word);
 - **the usual word does not stay beside it**: the model's best word at the step a term
   started (its usual translation, `dog` for `canine`) is banned from that hypothesis from then
-  on; and once a term is met, a step attending to its source word again may not begin a new
-  content word with the model's best one (it would translate the word a second time);
+  on; and a hypothesis that was offered the term there and wrote the model's own word instead
+  is not offered it again (it would get `girl lass` as cheaply as another gets `lass`);
 - **no term after the end**: while a hypothesis still misses a constraint, it may not write
   more sentence-final marks (`.`, `!`, `?`) than the source holds, less one, so a term is never
   appended behind the full stop.
@@ -91,9 +91,9 @@ class TermPlacement(StepProcessor):
     sources: Tensor
     sentence_ends: Tensor
     vocab: PlacementVocab
-    eos_id: int
     usual: Tensor | None = field(init=False, default=None)  # (rows, constraints) the displaced word, -1: none
     pending: Tensor | None = field(init=False, default=None)  # (rows, constraints) this step's candidate usual word
+    declined: Tensor | None = field(init=False, default=None)  # (rows, constraints) wrote its own word where offered
     ends_written: Tensor | None = field(init=False, default=None)  # (rows,) sentence-final marks written
     best: Tensor | None = field(init=False, default=None)  # (rows,) the model's own best token this step
     best_lprob: Tensor | None = field(init=False, default=None)  # (rows,) its log-probability
@@ -106,6 +106,7 @@ class TermPlacement(StepProcessor):
         device = self.sources.device
         self.usual = torch.full((rows, count), -1, dtype=torch.long, device=device)
         self.pending = torch.full((rows, count), -1, dtype=torch.long, device=device)
+        self.declined = torch.zeros(rows, count, dtype=torch.bool, device=device)
         self.ends_written = torch.zeros(rows, dtype=torch.long, device=device)
 
     def observe(self, lprobs: Tensor, view: StepView) -> None:
@@ -152,26 +153,17 @@ class TermPlacement(StepProcessor):
         at_term = sources.gather(2, peak.view(-1, 1, 1).expand(-1, sources.size(1), 1)).squeeze(2) & is_term
 
         # Start the term here: its first token at the model's best score.
-        starting = at_term & ~started & free.unsqueeze(1)
+        assert self.declined is not None
+        starting = at_term & ~started & ~self.declined & free.unsqueeze(1)
         raised = torch.maximum(lprobs.gather(1, first), self.best_lprob.unsqueeze(1))
         lprobs.scatter_(1, first, torch.where(starting, raised, lprobs.gather(1, first)))
         best = self.best.unsqueeze(1).expand_as(first)
         content = self.content_mask[self.best].unsqueeze(1)  # (rows, 1)
         self.pending = torch.where(starting & content & (best != first), best, -1)
 
-        # A met term's source word translated again: not with the model's best content word.
-        again = (at_term & state.met).any(dim=1) & free & self.content_mask[self.best] & (self.best != self.eos_id)
-        term_start = (first == self.best.unsqueeze(1)) & is_term
-        again &= ~term_start.any(dim=1)
-        lprobs.scatter_(
-            1,
-            self.best.unsqueeze(1),
-            torch.where(again.unsqueeze(1), NEG_INF, lprobs.gather(1, self.best.unsqueeze(1))),
-        )
-
     def follow(self, rows: Tensor, tokens: Tensor) -> None:
         assert self.usual is not None and self.pending is not None and self.ends_written is not None
-        assert self.end_mask is not None
+        assert self.end_mask is not None and self.declined is not None
         pending = self.pending.index_select(0, rows)
         usual = self.usual.index_select(0, rows)
         # (the target followed its rows already: row_sentence is the new rows')
@@ -180,6 +172,7 @@ class TermPlacement(StepProcessor):
         first = constraints.tokens.index_select(0, row_sentence)[:, :, 0]
         chose_term = first == tokens.unsqueeze(1)
         self.usual = torch.where(chose_term & (pending >= 0), pending, usual)
+        self.declined = self.declined.index_select(0, rows) | ((pending >= 0) & (pending == tokens.unsqueeze(1)))
         self.ends_written = self.ends_written.index_select(0, rows) + self.end_mask[tokens].long()
         self.pending = torch.full_like(self.usual, -1)
 
@@ -189,7 +182,6 @@ def placement_for(
     controls: Sequence[ControlIds],
     src_len: int,
     vocab: PlacementVocab,
-    eos_id: int,
 ) -> TermPlacement | None:
     """The placement of a batch whose constraints `target` holds, from each sentence's
     `ControlIds.term_sources` and `sentence_ends`; None when no constraint came from a term."""
@@ -207,4 +199,4 @@ def placement_for(
     if not mask.any():
         return None
     device = target.prefix.device
-    return TermPlacement(target, mask.to(device), ends.to(device), vocab, eos_id)
+    return TermPlacement(target, mask.to(device), ends.to(device), vocab)
