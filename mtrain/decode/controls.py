@@ -34,7 +34,7 @@ import torch
 
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.terminology import Glossary, read_glossary
-from mtrain.decode.textio import count_lines
+from mtrain.decode.textio import count_lines, read_text_lines
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 
@@ -159,12 +159,10 @@ def describe_controls(
 
 
 def read_phrases(path: str | Path, key: str = "avoid") -> tuple[str, ...]:
-    """A file of phrases, one per line (blank lines and lines starting with `#` skipped)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise MtrainError(f"{key}={path}: cannot read it ({error})") from None
-    return tuple(" ".join(line.split()) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    """A file of phrases, one per line (blank lines and lines starting with `#` skipped; a
+    byte-order mark and CRLF line ends as in `textio.read_text_lines`)."""
+    lines = read_text_lines(path, key)
+    return tuple(" ".join(line.split()) for line in lines if line.strip() and not line.startswith("#"))
 
 
 def line_controls(constraints: str, terms: str | None, terms_ignore_case: bool, avoid: str | None) -> LineControls:

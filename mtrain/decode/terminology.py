@@ -2,9 +2,11 @@
 a constraint of that sentence's translation.
 
 The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
-starting with `#` are skipped). An optional third field lists the words the target term replaces
-(`Hund<TAB>canine<TAB>dog|dogs`): decoding ignores it; `mtrain eval` counts how often one of them
-stays beside the term (mtrain/evaluate/terminology.py). How a source term is found in a sentence:
+starting with `#` are skipped; a byte-order mark and CRLF line ends are read as Windows
+editors mean them: `mtrain.decode.textio.read_text_lines`). An optional third field lists the
+words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): decoding ignores it; `mtrain
+eval` counts how often one of them stays beside the term (mtrain/evaluate/terminology.py). How a
+source term is found in a sentence:
 
 - whole words only: a term matches where it is neither preceded nor followed by a word
   character (a Unicode letter, digit or `_`), so `Hund` matches in `Der Hund bellt.` and in
@@ -25,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtrain.decode.textio import read_text_lines
 from mtrain.errors import MtrainError
 
 
@@ -95,11 +98,7 @@ def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
     terms: dict[str, str] = {}
     replaced: dict[str, list[str]] = {}
     lines_of: dict[str, int] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise MtrainError(f"terms={path}: cannot read it ({error})") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(read_text_lines(path, "terms"), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         fields = line.split("\t")

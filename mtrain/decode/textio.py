@@ -1,8 +1,12 @@
-"""Raw text in and out of `mtrain translate`: lines, undecodable bytes, n-best TSV.
+"""Raw text in and out of `mtrain translate`: lines, undecodable bytes, n-best TSV, and the
+small text files the command reads beside its input (terms, avoided phrases).
 
 Input is read as bytes and split on b"\\n" only (a U+2028 inside a sentence does not make
-two lines), so the output has exactly one line per input line. Bytes that are not UTF-8
-become U+FFFD, one per byte, and are counted for a warning instead of stopping the job.
+two lines), so the output has exactly one line per input line; a `\\r` before the `\\n` (CRLF)
+and a UTF-8 byte-order mark at the start of a line (the file's start, or where files were
+joined) are no part of the line (the mark would be glued to the first word). Bytes that are
+not UTF-8 become U+FFFD, one per byte, and are counted for a warning instead of stopping the
+job.
 A closed stdin or stdout, and a stdout that refuses writes (a full disk, /dev/full), are
 MtrainErrors; a reader that goes away (BrokenPipeError) is left to the command.
 """
@@ -25,6 +29,7 @@ from mtrain.errors import MtrainError
 from mtrain.rundir import atomic_write, enclosing_run
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+UTF8_BOM = b"\xef\xbb\xbf"  # what Windows editors write before UTF-8 text
 
 
 @dataclass
@@ -96,7 +101,9 @@ def open_input(path: str | None) -> BinaryIO:
 
 
 def decode_line(raw: bytes) -> tuple[str, int]:
-    """A line's text and how many of its bytes were not UTF-8 (each became U+FFFD)."""
+    """A line's text and how many of its bytes were not UTF-8 (each became U+FFFD); a
+    byte-order mark at its start is dropped."""
+    raw = raw.removeprefix(UTF8_BOM)
     try:
         return raw.decode("utf-8"), 0
     except UnicodeDecodeError:
@@ -122,6 +129,33 @@ def read_chunks(stream: Iterable[bytes], chunk_lines: int, stats: InputRepairs) 
             chunk = []
     if chunk:
         yield chunk
+
+
+def read_text_lines(path: str | Path, key: str) -> list[str]:
+    """The lines of a small UTF-8 text file the command reads (`key=path`: terms, avoid) exactly
+    as written: a line may end in `\\n`, `\\r\\n` or `\\r` (Python's universal newlines) and a
+    byte-order mark at a line's start is dropped (as in the input), so a file saved on Windows
+    means what it says. MtrainError naming `key=path` when the file cannot be read, is not
+    UTF-8, or holds a U+FEFF inside a line, where dropping or keeping it would change an entry."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise MtrainError(f"{key}={path}: cannot read it ({error})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        number = data[: error.start].count(b"\n") + 1
+        raise MtrainError(f"{key}={path} line {number}: cannot read it: not UTF-8; save it as UTF-8") from None
+    lines = [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
+    if lines[-1] == "":
+        lines.pop()  # the end of the last line, not an empty line after it
+    for number, line in enumerate(lines, start=1):
+        if "\ufeff" in line:
+            raise MtrainError(
+                f"{key}={path} line {number}: a byte-order mark (U+FEFF) inside the line, column "
+                f"{line.index(chr(0xFEFF)) + 1}; remove it (it would be part of an entry)"
+            )
+    return lines
 
 
 def count_lines(path: str | None) -> int | None:
