@@ -96,3 +96,15 @@ def test_a_forced_prefix_is_left_alone():
     placement.start(1)
     forced = step(target, placement, best=DOG, peak=1)
     assert forced[THE] == -8.0 and forced[CANINE] == float("-inf")  # the prefix's token, nothing raised
+
+
+def test_a_term_another_rule_banned_is_not_raised():
+    _, placement = placed()
+    lprobs = torch.full((1, len(PIECES)), -8.0)
+    lprobs[0, DOG] = -0.1
+    lprobs[0, CANINE] = float("-inf")  # e.g. the length limit: only EOS is left
+    attention = torch.nn.functional.one_hot(torch.tensor([1]), 4).float()
+    view = StepView(0, torch.zeros(1, 0, dtype=torch.long), torch.tensor([20]), False, attention)
+    placement.observe(lprobs, view)
+    placement.process(lprobs, view)
+    assert lprobs[0, CANINE] == float("-inf")

@@ -155,8 +155,11 @@ class TermPlacement(StepProcessor):
         # Start the term here: its first token at the model's best score.
         assert self.declined is not None
         starting = at_term & ~started & ~self.declined & free.unsqueeze(1)
-        raised = torch.maximum(lprobs.gather(1, first), self.best_lprob.unsqueeze(1))
-        lprobs.scatter_(1, first, torch.where(starting, raised, lprobs.gather(1, first)))
+        current = lprobs.gather(1, first)
+        # (a token another rule banned stays banned: the length limit, an avoided phrase, no-repeat-ngram)
+        starting &= torch.isfinite(current)
+        raised = torch.maximum(current, self.best_lprob.unsqueeze(1))
+        lprobs.scatter_(1, first, torch.where(starting, raised, current))
         best = self.best.unsqueeze(1).expand_as(first)
         content = self.content_mask[self.best].unsqueeze(1)  # (rows, 1)
         self.pending = torch.where(starting & content & (best != first), best, -1)
