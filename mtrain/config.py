@@ -617,6 +617,14 @@ class TrainConfig:
             )
 
 
+class TermPlacement(Choice):
+    """Where a glossary term goes (mtrain/decode/placement.py): tied to its source word by the
+    cross-attention (aligned), or wherever the constrained search puts it (none)."""
+
+    aligned = "aligned"
+    none = "none"
+
+
 class AlignmentRule(Choice):
     """Which argmax of the attention matrix (target pieces x source pieces) makes a link."""
 
@@ -702,6 +710,9 @@ class DecodeConfig:
     # against eflomal on the shared model, where fairseq's and Marian's `target` argmax has 45.5);
     # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
+    # Terms (terms=, a request's terms) placed where their source word is translated, the model's
+    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/placement.py)
+    term_placement: TermPlacement = TermPlacement.aligned
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
@@ -890,6 +901,11 @@ class DecodingCommandConfig:
     # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)
+    # A glossary `source term<TAB>target term[<TAB>the words it replaces, |-separated]`: where a source
+    # holds a source term, its target term is a constraint (translate's lines, eval's split, every
+    # request of serve's two APIs; docs/TRANSLATE.md), placed by decode.term_placement
+    terms: str | None = None
+    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
 
     def check(self, prefix: str) -> None:
         if self.ensemble and self.engine != Engine.torch:
@@ -918,8 +934,6 @@ class TranslateConfig(DecodingCommandConfig):
     # What the output must start with, contain or avoid (docs/TRANSLATE.md, "Prefixes and constraints"):
     prefix: str | None = None  # a file, one line per input line: each output starts with it (blank: none)
     constraints: ConstraintOrder = ConstraintOrder.none  # unordered|ordered: lines are `source<TAB>phrase...`
-    terms: str | None = None  # a glossary `source term<TAB>target term`: found source terms -> constraints
-    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     avoid: str | None = None  # a file of phrases (one per line) no output may contain
     # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
     # (mtrain/decode/markup.py, docs/TRANSLATE.md)
@@ -959,12 +973,16 @@ class EvalConfig(DecodingCommandConfig):
     # A multilingual run: the direction scored (its valid/test split); null: the run's own direction
     src_lang: str | None = None
     tgt_lang: str | None = None
+    # (terms=: run= decodes with the glossary's terms as constraints; run= and hyp= report the
+    # terminology metrics beside BLEU: exact-match accuracy, window overlap, 1-TERm, usual word kept beside)
+    src: str | None = None  # hyp=: the sources of the hypotheses (where terms= finds its terms)
 
     def check(self, prefix: str) -> None:
         """An ensemble decodes with run= and reports to out=DIR, never into run='s eval/ (where it
         would pass for run='s own score); out= is where run= writes, and `hyp= per_sentence=true`
         its TSV: the other modes write nothing. runs= has no per-sentence scores."""
         super().check(prefix)
+        self._check_terms()
         if self.ensemble:
             if not (self.run or self.runs or self.hyp):
                 self._refuse_ensemble_without_run()
@@ -990,14 +1008,29 @@ class EvalConfig(DecodingCommandConfig):
                 "run=RUN)"
             )
 
+    def _check_terms(self) -> None:
+        """terms= scores one run's split or one hypothesis file, whose sources it needs (src=, or
+        run='s split); src= is hyp='s."""
+        if self.terms is not None and self.runs:
+            raise MtrainError(
+                f"terms={self.terms}: scores one run (run=) or file (hyp=), not a comparison (runs=); "
+                "evaluate each run with run=RUN terms=..."
+            )
+        if self.src is not None and not self.hyp:
+            raise MtrainError(
+                f"src={self.src}: the sources of a hypothesis file (hyp=); run= decodes its split's own sources"
+            )
+        if self.terms is not None and self.hyp and self.src is None and not self.run:
+            raise MtrainError(
+                f"terms={self.terms}: finds its terms in the sources of hyp={self.hyp}: give them as src=FILE "
+                "(or run=RUN split=... for the split's)"
+            )
+
 
 @dataclass
 class ServeConfig(DecodingCommandConfig):
     """`mtrain serve`: an HTTP JSON translation service (mtrain/cli/serve.py)."""
 
-    # The server's glossary, applied to every request of both APIs as translate's terms= (docs/SERVE.md)
-    terms: str | None = None  # `source term<TAB>target term`: found source terms -> constraints
-    terms_ignore_case: bool = False  # match the glossary's source terms ignoring case
     # longer sentences are truncated with a warning, as translate does
     max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
     # 127.0.0.1: this machine only; 0.0.0.0 (or an interface's address) serves the network.

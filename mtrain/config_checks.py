@@ -62,12 +62,12 @@ def check_config(cfg: Any) -> None:
             if typed.output is not None:
                 check_writable_file(Path(typed.output), "output")
             _check_target_control_files(typed)
+        elif typed.terms is not None and not Path(str(typed.terms)).is_file():
+            raise MtrainError(f"terms={typed.terms}: no such file")
         _check_combinations(typed)
         if isinstance(typed, ServeConfig):
             if typed.api_keys_file is not None and not Path(typed.api_keys_file).is_file():
                 raise MtrainError(f"api_keys_file: {typed.api_keys_file} is not a file (one API key per line)")
-            if typed.terms is not None and not Path(str(typed.terms)).is_file():
-                raise MtrainError(f"terms={typed.terms}: no such file")
         elif isinstance(typed, EvalConfig) and typed.out is not None:
             check_writable_dir(Path(typed.out), "out")
         check_alignment_layer_of_run(typed)

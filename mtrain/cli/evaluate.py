@@ -7,6 +7,8 @@
     mtrain eval hyp=out.en ref=test.en                   score a file (ref=[a,b]: several)
     mtrain eval run=RUN split=test per_sentence=true     also RUN/eval/test.sentences.tsv, worst lines in test.md
     mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
+    mtrain eval run=RUN split=test terms=glossary.tsv    decode with the glossary's terms as constraints, term metrics too
+    mtrain eval hyp=out.en ref=test.en src=test.de terms=glossary.tsv   a file's term metrics beside BLEU
     mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
     mtrain eval run=MULTILINGUAL src_lang=de tgt_lang=fr split=test   one direction (zero-shot too): eval/test.de-fr.*
     mtrain eval runs=MULTI,BILINGUAL src_lang=de tgt_lang=en  compare one direction (a multilingual run's, a bilingual run's)
@@ -35,6 +37,7 @@ from mtrain.wording import counted
 
 if TYPE_CHECKING:
     from mtrain.decode.directions import RunLanguages
+    from mtrain.evaluate.terminology import GlossaryFile
 
 log = logging.getLogger("mtrain")
 
@@ -75,6 +78,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.run is not None  # (main: run= chose this mode)
+    glossary = read_glossary_file(cfg)
     run = RunDir(cfg.run)
     if not run.path.is_dir():
         raise MtrainError(f"run={run.path}: no such run directory")
@@ -164,8 +168,10 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         engine.precision,
         ctranslate2=engine.engine == Engine.ctranslate2,
     )
-    names = FieldNames(alignment=f"decode.alignment={cfg.decode.alignment}")  # (what a refusal names: eval's key)
-    translate = pipeline_translator(pipeline, Options(with_options(cfg.decode), names=names))
+    # (what a refusal names: eval's keys)
+    names = FieldNames(alignment=f"decode.alignment={cfg.decode.alignment}", terms=f"terms={cfg.terms}")
+    options = Options(with_options(cfg.decode), glossary=glossary.glossary if glossary else None, names=names)
+    translate = pipeline_translator(pipeline, options)
     alignments: list[str] = []  # with decode.alignment: each hypothesis' links, for <split>.align
     if alignment_level(cfg.decode.alignment) is not AlignmentLevel.none:
         translate = collecting_alignments(translate, alignments)
@@ -194,7 +200,10 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         cfg.per_sentence,
         cfg.worst_lines,
         report_name=report_name,
+        glossary=glossary,
     )
+    if pipeline.stats.summary():  # (terms: how many were found and met)
+        log(str(pipeline.stats.summary()))
     if alignments:
         from mtrain.rundir import atomic_write_text
 
@@ -325,9 +334,11 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
         worst_lines_table,
         write_sentences_tsv,
     )
+    from mtrain.evaluate.terminology import terms_table
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.hyp is not None  # (main: hyp= chose this mode)
+    glossary = read_glossary_file(cfg)
     hyp_path = Path(cfg.hyp)
     for ref in cfg.ref:
         if hyp_path.is_file() and Path(ref).is_file() and os.path.samefile(hyp_path, ref):
@@ -357,6 +368,15 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     else:
         raise MtrainError("hyp=... needs references: ref=FILE (or ref=[FILE1,FILE2]), or run=RUN to use its split")
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
+    sources: list[str] | None = split.sources if not cfg.ref else None  # ref= files come without their sources
+    if cfg.src is not None:
+        sources = read_lines(cfg.src, "src")
+        if len(sources) != len(hyps):
+            raise MtrainError(
+                f"src={cfg.src} has {len(sources)} lines but hyp={hyp_path} has {len(hyps)}; "
+                "give the sources the hypotheses translate, line for line"
+            )
+        split.files.insert(0, file_record(Path(cfg.src), "source"))
     scores = score_corpus(hyps, split.references, metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
     log(metrics_table(scores).to_text())
     result: dict[str, Any] = {
@@ -365,14 +385,27 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
         "sentences": len(hyps),
         "metrics": scores,
     }
+    if glossary is not None:
+        assert sources is not None  # (EvalConfig.check: terms= with hyp= has src= or run=)
+        result["terms"] = glossary.record(sources, hyps, split.references[0])
+        log(terms_table(result["terms"]).to_text())
     if tsv is not None:
-        sources = split.sources if not cfg.ref else None  # ref= files come without their sources
         rows = score_sentences(hyps, split.references, sources, None, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order)
         write_sentences_tsv(tsv, rows)
         result["per_sentence"] = per_sentence_record(tsv, rows, cfg.worst_lines)
         log(worst_lines_table(result["per_sentence"]["worst_lines"]).to_text())
         log(f"sentence scores: {tsv}")
     return result
+
+
+def read_glossary_file(cfg: EvalConfig) -> GlossaryFile | None:
+    """`terms=`'s glossary (None without one), read before any work."""
+    from mtrain.decode.terminology import read_glossary
+    from mtrain.evaluate.terminology import GlossaryFile
+
+    if cfg.terms is None:
+        return None
+    return GlossaryFile(str(cfg.terms), read_glossary(cfg.terms, cfg.terms_ignore_case))
 
 
 def compare(cfg: EvalConfig) -> dict[str, Any]:
@@ -415,7 +448,7 @@ def hydra_quote(value: str) -> str:
 
 
 def friendly_overrides(
-    argv: list[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out")
+    argv: list[str], list_keys=("ref", "ensemble"), string_keys=("runs", "run", "hyp", "out", "src", "terms")
 ) -> list[str]:
     """Accept `ref=FILE`, `ref=A,B` and `runs=A,B` as users type them.
 

@@ -63,6 +63,11 @@ class ControlIds:
     constraints: tuple[tuple[int, ...], ...] = ()
     avoid: tuple[tuple[int, ...], ...] = ()
     ordered: bool = False  # the constraints must appear in this order
+    # Per constraint (in order), the source pieces of the glossary term it came from (empty: a
+    # constraint given as such), and the source's sentence-final marks: term placement's
+    # (mtrain.decode.placement)
+    term_sources: tuple[tuple[int, ...], ...] = ()
+    sentence_ends: int = 0
 
     def __post_init__(self) -> None:
         if any(not phrase for phrase in (*self.constraints, *self.avoid)):

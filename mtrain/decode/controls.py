@@ -76,23 +76,33 @@ def emittable_ids(model: Any) -> list[int] | None:
 
 
 def encode_request(
-    tokenizer: Tokenizer, request: TargetRequest | None, encode: PhraseEncoder | None = None
+    tokenizer: Tokenizer,
+    request: TargetRequest | None,
+    encode: PhraseEncoder | None = None,
+    term_sources: dict[str, tuple[int, ...]] | None = None,
+    sentence_ends: int = 0,
 ) -> ControlIds | None:
     """The request as target ids (blank phrases dropped); None when it asks for nothing.
-    `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`)."""
+    `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`).
+    `term_sources`: the source pieces of the terms among the constraints (by their text) and
+    `sentence_ends` the source's sentence-final marks, for term placement (mtrain.decode.placement)."""
     if request is None:
         return None
     encode = encode or tokenizer.encode_tgt
 
-    def phrases(texts: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-        encoded = (tuple(encode(" ".join(text.split()))) for text in texts if text.strip())
-        return tuple(ids for ids in encoded if ids)
+    def encoded(texts: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+        pairs = ((text, tuple(encode(" ".join(text.split())))) for text in texts if text.strip())
+        return [(text, ids) for text, ids in pairs if ids]
 
+    constraints = encoded(request.constraints)
+    sources = tuple((term_sources or {}).get(text, ()) for text, _ in constraints)
     controls = ControlIds(
         prefix=tuple(encode(request.prefix)) if request.prefix.strip() else (),
-        constraints=phrases(request.constraints),
-        avoid=phrases(request.avoid),
+        constraints=tuple(ids for _, ids in constraints),
+        avoid=tuple(ids for _, ids in encoded(request.avoid)),
         ordered=request.ordered,
+        term_sources=sources if any(sources) else (),
+        sentence_ends=sentence_ends if any(sources) else 0,
     )
     return None if controls.empty else controls
 

@@ -17,6 +17,7 @@ import torch
 from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.placement import PlacementVocab
 from mtrain.decode.torch_engine import TorchEngine
 
 if TYPE_CHECKING:
@@ -67,4 +68,5 @@ def as_engine(
         use_cache,
         banned_ids=tokenizer.tag_ids,
         word_continuations=tokenizer.word_continuation_ids(),
+        placement_vocab=PlacementVocab.of(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))),
     )

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtrain.config import DecodeConfig, Sampling
+from mtrain.config import DEFAULT_ALIGNMENT_LAYER, DecodeConfig, Sampling, TermPlacement
 from mtrain.decode.constraints import ControlIds, constrained_search, controls_for
 from mtrain.decode.hypothesis import Hypothesis, length_normalise
+from mtrain.decode.placement import PlacementVocab, placement_for
 from mtrain.decode.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
 from mtrain.decode.sampling import SamplingSearch
 from mtrain.decode.search import BeamSearch, Choices, GreedySearch, SearchAlgorithm
@@ -95,6 +96,7 @@ def generate(
     banned_ids: Sequence[int] = (),
     controls: Sequence[ControlIds | None] | None = None,
     word_continuations: Sequence[int] = (),
+    placement_vocab: PlacementVocab | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -109,6 +111,8 @@ def generate(
     (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
     `word_continuations`: the pieces that continue a word (`Tokenizer.word_continuation_ids`),
     which never follow a completed constraint (empty: a constraint may end inside a word).
+    `placement_vocab`: the target pieces term placement needs (`decode.term_placement=aligned`
+    with constraints that came from terms: mtrain.decode.placement); None: no placement.
     """
     device = src_tokens.device
     target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
@@ -130,6 +134,14 @@ def generate(
         processors.append(NoRepeatNgram(cfg.no_repeat_ngram))
     if target is not None:
         processors.append(target)
+    placement = None
+    placing = placement_vocab is not None and TermPlacement(cfg.term_placement) is TermPlacement.aligned
+    if placing and target is not None and target.has_constraints:
+        assert placement_vocab is not None  # (placing)
+        given = [c or ControlIds() for c in controls or ()]
+        placement = placement_for(target, given, src_tokens.size(1), placement_vocab)
+    if placement is not None:
+        processors.append(placement)
     for processor in processors:
         max_len = processor.limit_lengths(max_len)
         processor.start(width)
@@ -143,7 +155,16 @@ def generate(
     # function keeps what depends only on the source (cross-attention keys/values) per sentence.
     expand = torch.arange(batch, device=device).repeat_interleave(width)
     step_class = CachedStep if use_cache else RecomputeStep
-    step_fn = step_class(model, src_tokens, memory, src_padding_mask, width, attention_layer)
+    # Placement reads each step's attention at the alignment layer: from what the hypotheses
+    # collect when they do (one layer of "all"), else asked for it alone.
+    step_layer, placement_layer = attention_layer, None
+    if placement is not None:
+        spec = placement_attention_layer(cfg, decoder_depth(model))
+        if attention_layer is None:
+            step_layer = spec
+        elif attention_layer == "all":
+            placement_layer = int(spec.split(":")[0]) if isinstance(spec, str) else spec
+    step_fn = step_class(model, src_tokens, memory, src_padding_mask, width, step_layer)
 
     sentence = torch.arange(batch, device=device)  # (n,) which input sentence each active one is
     row_max_len = max_len.index_select(0, expand)  # (rows,)
@@ -160,12 +181,17 @@ def generate(
     for step in range(longest + 1):
         n = sentence.size(0)
         logits, attention = step_fn(prefix)
+        step_attention = None
+        if placement is not None and attention is not None:  # (rows, src_len)
+            step_attention = attention[:, placement_layer] if placement_layer is not None else attention
+        if attention_layer is None:  # (the step's attention was placement's alone)
+            attention = None
         if attention is not None:
             attention = attention.float().unsqueeze(1)  # (rows, 1, [layers,] src_len)
             if attention_history is None:
                 attention_history = attention[:, :0]
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (rows, vocab), upcast in the same pass
-        view = StepView(step, prefix[:, 1:], row_max_len, limits_reached=step >= shortest)
+        view = StepView(step, prefix[:, 1:], row_max_len, limits_reached=step >= shortest, attention=step_attention)
         for processor in processors:
             processor.observe(lprobs, view)
         for processor in processors:
@@ -232,6 +258,23 @@ def generate(
         scores = next_scores
 
     return _collect(finished, batch, cfg.nbest, src_lengths)
+
+
+def placement_attention_layer(cfg: DecodeConfig, depth: int | None) -> int | str:
+    """The attention term placement reads: the alignment layer (`decode.alignment_layer`, a
+    guided run's head once resolved; else the default, the last of a one-layer decoder), its
+    head or the heads' average."""
+    layer = int(cfg.alignment_layer) if cfg.alignment_layer is not None else DEFAULT_ALIGNMENT_LAYER
+    if cfg.alignment_layer is None and depth is not None and depth < -DEFAULT_ALIGNMENT_LAYER:
+        layer = -1
+    return layer if cfg.alignment_head is None else f"{layer}:{int(cfg.alignment_head)}"
+
+
+def decoder_depth(model: DecodingModel) -> int | None:
+    """The decoder layers of `model` (an ensemble: its first member's); None: not known."""
+    members = getattr(model, "members", None)
+    decoder = getattr(members[0] if members else model, "decoder", None)
+    return len(decoder) if decoder is not None else None
 
 
 def _satisfied(processors: Sequence[StepProcessor], rows: Tensor) -> Tensor | None:

@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from mtrain.config import DecodeConfig, Precision, to_typed
+from mtrain.decode.alignment import word_indices
 from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.engine import Engine, as_engine
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
+from mtrain.decode.placement import sentence_end_count
 from mtrain.decode.terminology import Glossary
 from mtrain.decode.translator import translate_encoded
 from mtrain.decoding_rules import Asked, check_decoding
@@ -99,6 +101,7 @@ class Prepared:
     where: str = ""
     ids: list[int] | None = None  # the source ids decoded (eos last; None: blank), once decoded
     cut: bool = False  # the source was cut to the input limit
+    term_words: dict[str, list[int]] = field(default_factory=dict)  # target term -> its source words (placement)
 
 
 @dataclass
@@ -182,13 +185,17 @@ def prepare_requests(requests: Sequence[DecodeRequest], options: Options) -> lis
                 raise MtrainError(f"{request.where}: format={options.format}: {error}") from None
             source = markup.text
         terms: tuple[str, ...] = ()
+        term_words: dict[str, list[int]] = {}
         constraints = request.constraints
         if options.glossary is not None:
-            terms = tuple(options.glossary.constraints(source))
+            term_words = options.glossary.term_words(source)
+            terms = tuple(term_words)
             constraints = tuple(dict.fromkeys([*constraints, *terms]))
         target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
         controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
-        prepared.append(Prepared(source, target if controlled else None, markup, terms, request.where))
+        prepared.append(
+            Prepared(source, target if controlled else None, markup, terms, request.where, term_words=term_words)
+        )
     return prepared
 
 
@@ -269,7 +276,16 @@ class RequestPipeline:
             encode = self._phrase_encoders.get(id(tokenizer))
             if encode is None:
                 encode = self._phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.model)
-            controls = [encode_request(tokenizer, sentence.request, encode) for sentence in sentences]
+            controls = [
+                encode_request(
+                    tokenizer,
+                    sentence.request,
+                    encode,
+                    term_sources(tokenizer, sentence.ids, sentence.term_words),
+                    sentence_end_count(sentence.source),
+                )
+                for sentence in sentences
+            ]
         return translate_encoded(
             self.engine,
             tokenizer,
@@ -321,6 +337,21 @@ class RequestPipeline:
         hypotheses = self.decode(prepared, options.decoding(), options.tgt_lang, options.attention_layer, on_batch)
         self.finish(prepared, hypotheses, options)
         return hypotheses
+
+
+def term_sources(
+    tokenizer: Tokenizer, ids: Sequence[int] | None, term_words: dict[str, list[int]]
+) -> dict[str, tuple[int, ...]]:
+    """Per target term, the positions in `ids` (a source as encoded: a tag first, eos last) of
+    the pieces of its source words (term placement, mtrain.decode.placement)."""
+    if not ids or not term_words:
+        return {}
+    offset = len(tokenizer.source_prefix)
+    word_of = word_indices(tokenizer.src_pieces(ids[offset:-1]))
+    return {
+        target: tuple(offset + i for i, word in enumerate(word_of) if word in set(words))
+        for target, words in term_words.items()
+    }
 
 
 def with_options(decode: DecodeConfig, **values: Any) -> DecodeConfig:

@@ -31,6 +31,9 @@ class StepView:
     outputs: Tensor  # (rows, step) those tokens
     row_max_len: Tensor  # (rows,) each row's output limit
     limits_reached: bool  # a row may be at its limit now (known on the host: no synchronisation)
+    # (rows, src_len) this step's cross-attention at the alignment layer, when a processor reads it
+    # (term placement, mtrain.decode.placement); None otherwise
+    attention: Tensor | None = None
 
 
 class StepProcessor:

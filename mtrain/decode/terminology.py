@@ -22,6 +22,7 @@ source term is found in a sentence:
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,18 @@ class Glossary:
         if self.ignore_case:
             added = {source.casefold(): target for source, target in added.items()}
         return Glossary.of({**self.targets, **added}, self.ignore_case)
+
+    def term_words(self, source: str) -> dict[str, list[int]]:
+        """Per target term found in `source`, the indices of the source words its source term
+        covers (words as `source.split()` counts them; a word that holds the term, `(Hund)`, too)."""
+        text = source.casefold() if self.ignore_case else source  # (folding keeps the whitespace)
+        starts = [word.start() for word in re.finditer(r"\S+", text)]
+        found: dict[str, list[int]] = {}
+        for match in self.pattern.finditer(text):
+            first = bisect.bisect_right(starts, match.start()) - 1
+            last = bisect.bisect_left(starts, match.end()) - 1
+            found.setdefault(self.targets[" ".join(match.group().split())], []).extend(range(first, last + 1))
+        return found
 
     def constraints(self, source: str) -> list[str]:
         """The target terms of the source terms in `source`, in their order, each once."""

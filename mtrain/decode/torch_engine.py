@@ -22,6 +22,7 @@ from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.placement import PlacementVocab
 from mtrain.runtime import autocast
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class TorchEngine:
         use_cache: bool = True,
         banned_ids: Sequence[int] = (),
         word_continuations: Sequence[int] = (),
+        placement_vocab: PlacementVocab | None = None,
     ) -> None:
         """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
         `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags).
@@ -76,6 +78,7 @@ class TorchEngine:
         self.use_cache = use_cache
         self.banned_ids = tuple(banned_ids)
         self.word_continuations = tuple(word_continuations)
+        self.placement_vocab = placement_vocab
 
     def translate_batch(
         self,
@@ -107,6 +110,7 @@ class TorchEngine:
                     banned_ids=self.banned_ids,
                     controls=controls,
                     word_continuations=self.word_continuations,
+                    placement_vocab=self.placement_vocab,
                 )
         finally:
             self.model.train(was_training)

@@ -21,6 +21,7 @@ from mtrain.config import DataConfig
 from mtrain.evaluate.references import SplitText, file_record
 from mtrain.evaluate.sentences import SentenceScore, sentences_path, write_sentences_tsv
 from mtrain.evaluate.tables import Table, markdown_text
+from mtrain.evaluate.terminology import terms_table
 from mtrain.rundir import RunDir, atomic_write_text
 from mtrain.wording import counted
 
@@ -108,6 +109,8 @@ def save_split_report(
     if replaced:
         log(replaced)
     log(metrics_table(report["metrics"]).to_text())
+    if report.get("terms"):
+        log(terms_table(report["terms"]).to_text())
     log(
         f"{counted(report['sentences'], 'sentence')} in {report['decode_time_s']:.1f}s ({report['sentences_per_s']:.1f} "
         f"sentences/s); report: {paths['json']}, {paths['md']}"
@@ -196,6 +199,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     lines += [f"    {values['text']}" for values in report["metrics"].values()] + [""]
+    if report.get("terms"):
+        terms = report["terms"]
+        case = ", source terms matched ignoring case" if terms.get("ignore_case") else ""
+        lines += [
+            f"Terminology with the glossary `{terms['glossary']}`{case} (WMT 2021 terminology metrics, "
+            "mtrain/evaluate/terminology.py):",
+            "",
+            terms_table(terms).to_markdown(),
+            "",
+        ]
     if checkpoint.get("averaged_from"):
         sources = ", ".join(Path(p).name for p in checkpoint["averaged_from"])
         lines.append(

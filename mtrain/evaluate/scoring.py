@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from mtrain.decode.hypothesis import Hypothesis
+    from mtrain.evaluate.terminology import GlossaryFile
     from mtrain.tokenizer import Tokenizer
 
 # Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...): its text, or
@@ -133,12 +134,15 @@ def score_split(
     per_sentence: bool = False,
     worst_lines: int = 10,
     report_name: str | None = None,
+    glossary: GlossaryFile | None = None,
 ) -> dict[str, Any]:
     """Translate and score one split of a run, write `eval/<split>.{hyp,json,md}` (or the same
     files in `out_dir`); the report. `per_sentence` also writes `<split>.sentences.tsv` there
     (mtrain.evaluate.sentences), and the report lists its `worst_lines`. `report_name`
     replaces `<split>` in those names (a multilingual run's direction: `test.de-en`); the
-    report's language pair is `data_cfg`'s (src/tgt: the direction decoded).
+    report's language pair is `data_cfg`'s (src/tgt: the direction decoded). With `glossary`,
+    the report's `terms` holds its terminology metrics against the first reference stream
+    (mtrain.evaluate.terminology).
 
     `mtrain eval run=...` and the test scoring at the end of `mtrain fit` both come here.
     """
@@ -149,6 +153,8 @@ def score_split(
     report = split_report(
         run, split_key, data_cfg, split, scored, checkpoint_info, decode_info, tokenize, lowercase, chrf_word_order
     )
+    if glossary is not None:
+        report["terms"] = glossary.record(split.sources, scored.hypotheses, split.references[0])
     name = report_name or split_key
     sentences = None
     if per_sentence:

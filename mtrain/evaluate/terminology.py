@@ -29,8 +29,12 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mtrain.decode.terminology import Glossary
+from mtrain.evaluate.tables import Table
+
+if TYPE_CHECKING:  # (mtrain.decode's package imports torch; a report needs none)
+    from mtrain.decode.terminology import Glossary
 
 WORD = re.compile(r"\w+|[^\w\s]")
 TERM_WEIGHT = 2  # the cost of editing a reference word inside a term (Alam et al. 2021)
@@ -122,10 +126,12 @@ class TermScores:
     def as_dict(self) -> dict[str, float | int | None]:
         return {
             "term_instances": self.instances,
+            "sentences_with_terms": self.sentences_with_terms,
             "exact_match_accuracy": self.exact_match,
             **{f"window_overlap_{size}": value for size, value in self.window_overlap.items()},
             "one_minus_term": self.one_minus_term,
             "usual_kept_beside": self.kept_beside,
+            "usual_kept_beside_instances": self.kept_beside_instances,
         }
 
 
@@ -186,3 +192,39 @@ def score_terms(
         kept_beside=kept / kept_known if kept_known else None,
         kept_beside_instances=kept_known,
     )
+
+
+@dataclass(frozen=True)
+class GlossaryFile:
+    """A glossary and the file it was read from (`mtrain eval terms=FILE.tsv`)."""
+
+    path: str
+    glossary: Glossary
+
+    def record(self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, object]:
+        """The report's `terms` section: the glossary scored with, and the metrics of
+        `hypotheses` against one reference stream (the WMT21 definitions take one)."""
+        scores = score_terms(self.glossary, sources, hypotheses, references)
+        return {"glossary": self.path, "ignore_case": self.glossary.ignore_case, **scores.as_dict()}
+
+
+def terms_table(record: dict[str, object]) -> Table:
+    """The terminology metrics of a report's `terms` section as a table (shares in %, as BLEU's scale)."""
+
+    def percent(value: object) -> float | None:
+        return None if value is None else 100 * float(value)  # type: ignore[arg-type]
+
+    table = Table(["term metric", "score", "of"])
+    instances = f"{record['term_instances']} term(s) in {record['sentences_with_terms']} sentence(s)"
+    table.add("exact-match term accuracy", percent(record["exact_match_accuracy"]), instances)
+    for size in WINDOWS:
+        table.add(f"window overlap {size}", percent(record[f"window_overlap_{size}"]), "references holding a term")
+    table.add("1-TERm", percent(record["one_minus_term"]), "all sentences")
+    table.add(
+        "usual translation kept beside",
+        percent(record["usual_kept_beside"]),
+        f"{record['usual_kept_beside_instances']} produced term(s) with their usual words listed"
+        if record["usual_kept_beside"] is not None
+        else "no produced term has its usual words listed (the glossary's third field)",
+    )
+    return table

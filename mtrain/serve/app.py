@@ -131,7 +131,8 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
             texts = [s.source for s in sentences]
             if all(s.request is None for s in sentences):
                 return model.translate(texts, setting.decode, setting.tgt_lang)
-            return model.translate(texts, setting.decode, setting.tgt_lang, [s.request for s in sentences])
+            requests, term_words = [s.request for s in sentences], [s.term_words for s in sentences]
+            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words)
 
         state["batcher"] = Batcher(
             decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"

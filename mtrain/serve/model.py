@@ -71,12 +71,18 @@ class ServedModel:
         cfg: DecodeConfig,
         tgt_lang: str | None = None,
         requests: Sequence[TargetRequest | None] | None = None,
+        term_words: Sequence[dict[str, list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
         them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
-        sentence, its prefix, constraints and avoided phrases (None: none)."""
+        sentence, its prefix, constraints and avoided phrases (None: none); `term_words`: per
+        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement)."""
         given = requests if requests is not None else [None] * len(sentences)
-        prepared = [Prepared(text, request, where="text") for text, request in zip(sentences, given, strict=True)]
+        words = term_words if term_words is not None else [{} for _ in sentences]
+        prepared = [
+            Prepared(text, request, where="text", term_words=dict(found))
+            for text, request, found in zip(sentences, given, words, strict=True)
+        ]
         return self.pipeline().decode(prepared, cfg, tgt_lang)
 
     def pipeline(self) -> RequestPipeline:
