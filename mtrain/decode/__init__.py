@@ -8,6 +8,7 @@ Files, in reading order, bottom up (the layers of docs/DESIGN.md, "Decoding"):
   sampling as a search algorithm), `processors.py` (step processors, the hooks the generator
   calls: tokens never emitted, length limits, no-repeat-ngram), `constraints.py` (a sentence's
   target prefix, constraints and avoided phrases as a step processor, and the constrained beam),
+  `placement.py` (terms placed where the attention reads their source words, a step processor),
   `step_functions.py` (logits from the KV cache, or full recomputation as a reference);
 - the loop: `generator.py` (encode once, step until every sentence is done);
 - engines: `engine.py` (the `Engine` protocol and `as_engine`: the lowest contract),
