@@ -275,11 +275,10 @@ REFUSALS = {
 }
 
 
+@pytest.mark.parametrize("marian", ["shared"], indirect=True)  # one vocabulary layout is enough for the refusals
 @pytest.mark.parametrize("refusal", REFUSALS.values(), ids=REFUSALS.keys())
 def test_refusals_are_one_line_before_any_work(refusal, marian, multi30k_slice, tmp_path):
     directory = marian[0]
-    if marian[4].joint is False:
-        pytest.skip("one vocabulary layout is enough for the refusals")
     change, overrides, message = refusal
     if change is not None:
         directory = _broken(directory, tmp_path, change)

@@ -42,6 +42,7 @@ from mtrain.config import (
     resolved_model,
 )
 from mtrain.errors import MtrainError
+from mtrain.export.hf_model import bart_family_config
 from mtrain.model.positions import marian_sinusoidal_table
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB
@@ -78,32 +79,16 @@ def check_marian_exportable(cfg: ModelConfig) -> None:
 
 def marian_config(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     """The `MarianConfig` arguments of a model (`cfg` as trained) with `tokenizer`'s vocabulary."""
-    cfg = resolved_model(cfg)
     special = tokenizer.special_ids
     return dict(
+        bart_family_config(cfg),
         vocab_size=tokenizer.src_vocab_size,
         decoder_vocab_size=tokenizer.tgt_vocab_size,
         share_encoder_decoder_embeddings=tokenizer.joint,
-        tie_word_embeddings=bool(cfg.tie_embeddings),
-        d_model=cfg.d_model,
-        encoder_layers=cfg.encoder_layers,
-        decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.heads,
-        decoder_attention_heads=cfg.heads,
-        encoder_ffn_dim=cfg.ffn_dim,
-        decoder_ffn_dim=cfg.ffn_dim,
-        activation_function=_ACTIVATION_NAMES[Activation(cfg.activation)],
-        max_position_embeddings=cfg.max_positions,
-        scale_embedding=bool(cfg.scale_embeddings),
-        dropout=float(cfg.dropout),
-        attention_dropout=float(cfg.attention_dropout),
-        activation_dropout=float(cfg.activation_dropout),
-        encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0,
+        activation_function=_ACTIVATION_NAMES[Activation(resolved_model(cfg).activation)],
         pad_token_id=special.pad,
         eos_token_id=special.eos,
         decoder_start_token_id=special.pad,
-        forced_eos_token_id=None,
     )
 
 

@@ -108,12 +108,11 @@ def check_hf_exportable(cfg: ModelConfig, joint_vocab: bool) -> None:
         )
 
 
-def pegasus_config(cfg: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> dict[str, Any]:
-    """The `PegasusConfig` arguments of a model (`cfg` as trained) with these special ids.
-    The decoder starts from bos, as mtrain's does; nothing is forced at the end."""
+def bart_family_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The arguments transformers' BART-family configs (Pegasus, Marian) name alike: the stacks'
+    sizes, positions, embedding scale, tying, dropouts; no layer drop, no forced EOS."""
     cfg = resolved_model(cfg)
     return dict(
-        vocab_size=vocab_size,
         d_model=cfg.d_model,
         encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers,
@@ -121,7 +120,6 @@ def pegasus_config(cfg: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, 
         decoder_attention_heads=cfg.heads,
         encoder_ffn_dim=cfg.ffn_dim,
         decoder_ffn_dim=cfg.ffn_dim,
-        activation_function=str(Activation(cfg.activation).value),
         max_position_embeddings=cfg.max_positions,
         scale_embedding=bool(cfg.scale_embeddings),
         tie_word_embeddings=bool(cfg.tie_embeddings),
@@ -130,11 +128,21 @@ def pegasus_config(cfg: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, 
         activation_dropout=float(cfg.activation_dropout),
         encoder_layerdrop=0.0,
         decoder_layerdrop=0.0,
+        forced_eos_token_id=None,
+    )
+
+
+def pegasus_config(cfg: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> dict[str, Any]:
+    """The `PegasusConfig` arguments of a model (`cfg` as trained) with these special ids.
+    The decoder starts from bos, as mtrain's does; nothing is forced at the end."""
+    return dict(
+        bart_family_config(cfg),
+        vocab_size=vocab_size,
+        activation_function=str(Activation(resolved_model(cfg).activation).value),
         pad_token_id=pad_id,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         decoder_start_token_id=bos_id,
-        forced_eos_token_id=None,
     )
 
 
