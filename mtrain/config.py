@@ -453,6 +453,11 @@ class ModelConfig:
     # sdpa: torch's scaled_dot_product_attention; math: explicit matmul+softmax (faster on
     # CPU for the short sentences of small corpora); auto: measured choice per device.
     attention_impl: AttentionImpl = AttentionImpl.auto
+    # A term-aware model (Dinu et al. 2019): sources may carry target terms after their words, told
+    # apart by a source factor (mtrain/tokenizer/term_factors.py); trained with train.term_alignment,
+    # and translate/eval/serve annotate the glossary's terms so (decode.term_mode). A fine-tune of a
+    # plain model may turn it on (the factor embedding starts at zero).
+    term_factors: bool = False
 
     @property
     def decoder_depth(self) -> int:
@@ -562,6 +567,16 @@ class TrainConfig:
     guided_alignment_weight: float = ranged(0.1, at_least=0)
     guided_alignment_layer: int = -2  # the decoder layer (negative: from the last): Garg's penultimate
     guided_alignment_head: int = 0  # the head of that layer that is guided
+    # Term-aware training (Dinu et al. 2019; needs model.term_factors=true): a Pharaoh file of word
+    # alignments, line for line with the training corpus (as train.guided_alignment's); in a share
+    # `term_rate` of the pairs, up to `term_max_words` aligned content words get their target words
+    # written after them as a term (mtrain/batches/term_training.py), so the model learns to
+    # translate a word with the term it is given. null: off.
+    term_alignment: str | None = None
+    term_rate: float = ranged(0.2, at_least=0, at_most=1)
+    term_max_words: int = ranged(2, at_least=1)
+    # Content words only: the source side's most frequent words (articles, prepositions) never get a term.
+    term_skip_frequent: int = ranged(100, at_least=0)
 
     def check(self, prefix: str) -> None:
         if self.cuda_graphs and self.shape_buckets == 0:
@@ -623,6 +638,17 @@ class TermPlacement(Choice):
 
     aligned = "aligned"
     none = "none"
+
+
+class TermMode(Choice):
+    """How glossary terms reach the translation: hard constraints (the search must write them),
+    annotation (a term-aware model reads them in its source: mtrain/tokenizer/term_factors.py),
+    or both; auto: both on a term-aware model (model.term_factors), constraints on others."""
+
+    auto = "auto"
+    constraints = "constraints"
+    annotation = "annotation"
+    both = "both"
 
 
 class AlignmentRule(Choice):
@@ -713,6 +739,8 @@ class DecodeConfig:
     # Terms (terms=, a request's terms) placed where their source word is translated, the model's
     # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/placement.py)
     term_placement: TermPlacement = TermPlacement.aligned
+    # Terms as constraints, as annotation of the source (term-aware models), or both: auto | constraints | annotation | both
+    term_mode: TermMode = TermMode.auto
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
@@ -775,6 +803,7 @@ class FitConfig:
     def check(self, prefix: str) -> None:
         corpora_rules(self.data, self.tokenizer)
         self._check_guided_alignment()
+        self._check_term_alignment()
         if self.init_from is None:
             if self.init_keep_optimizer:
                 raise MtrainError(
@@ -792,21 +821,41 @@ class FitConfig:
                 f"{self.init_from}); drop tokenizer.path"
             )
 
-    def _check_guided_alignment(self) -> None:
-        """train.guided_alignment: one training corpus, read as it is segmented (the file's lines
-        are its lines and its words the pieces' words), and a head the model has (the file itself:
-        mtrain.config_checks)."""
-        if self.train.guided_alignment is None:
-            return
+    def _check_alignment_file(self, key: str) -> None:
+        """train.guided_alignment and train.term_alignment: one training corpus, read as it is
+        segmented (the file's lines are its lines and its words the pieces' words)."""
         if self.data.corpora:
             raise MtrainError(
-                "train.guided_alignment: with data.corpora the file's lines match no one corpus; "
-                "train guided alignment on a single corpus (data=...)"
+                f"train.{key}: with data.corpora the file's lines match no one corpus; "
+                "train with it on a single corpus (data=...)"
             )
         if self.data.subword_sampling.alpha > 0:
-            raise MtrainError("train.guided_alignment: not with data.subword_sampling (sampled copies); switch one off")
+            raise MtrainError(f"train.{key}: not with data.subword_sampling (sampled copies); switch one off")
         if self.data.lang_tags:
-            raise MtrainError("train.guided_alignment: not with data.lang_tags (tagged sources); switch one off")
+            raise MtrainError(f"train.{key}: not with data.lang_tags (tagged sources); switch one off")
+
+    def _check_term_alignment(self) -> None:
+        """train.term_alignment: a term-aware model, and sources whose words stay where the
+        alignment file says (guided alignment reads the plain sources' pieces)."""
+        if self.train.term_alignment is None:
+            return
+        self._check_alignment_file("term_alignment")
+        if not self.model.term_factors:
+            raise MtrainError(
+                "train.term_alignment: the model reads its terms through a source factor; add model.term_factors=true"
+            )
+        if self.train.guided_alignment is not None:
+            raise MtrainError(
+                "train.term_alignment: not with train.guided_alignment (its links count the plain sources' "
+                "words); switch one off"
+            )
+
+    def _check_guided_alignment(self) -> None:
+        """train.guided_alignment: the file's corpus (`_check_alignment_file`) and a head the
+        model has (the file itself: mtrain.config_checks)."""
+        if self.train.guided_alignment is None:
+            return
+        self._check_alignment_file("guided_alignment")
         layers, layer, heads, head = (
             self.model.decoder_depth,
             self.train.guided_alignment_layer,

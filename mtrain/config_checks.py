@@ -94,14 +94,16 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
 
 # ----------------------------------------------------------------------------- files and runs
 def _check_fit_files(cfg: FitConfig) -> None:
-    """The files a run reads: the guided-alignment file, tokenizer.path and init_from exist
+    """The files a run reads: the guided- and term-alignment files, tokenizer.path and init_from exist
     (what init_from holds is checked when the run starts: mtrain.train.init_from)."""
     train = cfg.train
-    if train.guided_alignment is not None and not Path(train.guided_alignment).is_file():
-        raise MtrainError(
-            f"train.guided_alignment: {train.guided_alignment} is not a file (Pharaoh word alignments of "
-            "the training corpus, e.g. from scripts/align_eflomal.py)"
-        )
+    for key in ("guided_alignment", "term_alignment"):
+        alignment = getattr(train, key)
+        if alignment is not None and not Path(alignment).is_file():
+            raise MtrainError(
+                f"train.{key}: {alignment} is not a file (Pharaoh word alignments of "
+                "the training corpus, e.g. from scripts/align_eflomal.py)"
+            )
     path = cfg.tokenizer.path
     # (a resumed run encodes with its own copy in the run directory: the origin may be gone)
     if path is not None and not train.resume and not Path(str(path)).expanduser().is_dir():

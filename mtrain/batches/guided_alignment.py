@@ -61,20 +61,13 @@ def word_starts(tokenizer: Tokenizer, side: str) -> np.ndarray:
     return np.fromiter((piece.startswith(WORD_START) for piece in pieces), dtype=bool, count=size)
 
 
-def _words_of(tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The word index of each piece (the first piece starts word 0 whatever it is)."""
-    is_start = starts[tokens]
-    if len(is_start):
-        is_start[0] = True
-    return np.cumsum(is_start) - 1
-
-
-def load_guided_alignments(
-    path: str | Path, corpus: EncodedCorpus, entry: Path, tokenizer: Tokenizer, train_limit: int | None = None
-) -> GuidedAlignments:
-    """The subword links of every pair of `corpus` (the training split stored in cache `entry`,
-    read up to `train_limit` pairs) from the Pharaoh file `path`; MtrainError naming the file
-    and line for a bad file."""
+def read_alignment_file(
+    path: str | Path, corpus: EncodedCorpus, entry: Path, key: str, train_limit: int | None = None
+) -> tuple[list[str], np.ndarray]:
+    """The lines of the Pharaoh file `path` (config key `train.KEY`) and, per pair of `corpus`
+    (the training split stored in cache `entry`), its line; MtrainError when the file's line
+    count is not the corpus's as read (more lines are allowed when train_limit stopped the
+    reading early)."""
     path = Path(path)
     summary = json.loads((entry / "summary.json").read_text(encoding="utf-8"))["train"]
     kept_lines = line_numbers(entry)
@@ -83,15 +76,63 @@ def load_guided_alignments(
     lines = path.read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    check_line_count(lines, str(path), int(summary["read"]), key, limited=train_limit is not None)
+    return lines, kept_lines
+
+
+def check_line_count(lines: list[str], name: str, read: int, key: str, limited: bool = False) -> None:
+    if len(lines) < read or (len(lines) > read and not limited):
+        raise MtrainError(
+            f"train.{key}: {name} has {len(lines)} lines, the training corpus {read}; "
+            "the file must be line for line with the corpus as read (before cleaning)"
+        )
+
+
+def parse_links(line: str, where: str, num_src: int, num_tgt: int, key: str) -> list[tuple[int, int]]:
+    """The `i-j` links of one Pharaoh line (`where`: file:line) of a pair with `num_src` source
+    and `num_tgt` target words; MtrainError naming `train.KEY` and `where` for a bad link."""
+    links = []
+    for token in line.split():
+        i, dash, j = token.partition("-")
+        if not dash or not i.isdigit() or not j.isdigit():
+            raise MtrainError(f"train.{key}: {where}: {token!r} is not a Pharaoh link i-j")
+        if int(i) >= num_src or int(j) >= num_tgt:
+            raise MtrainError(
+                f"train.{key}: {where}: link {token} is out of range: the pair has "
+                f"{num_src} source and {num_tgt} target words (0-based indices)"
+            )
+        links.append((int(i), int(j)))
+    return links
+
+
+def words_of(tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The word index of each piece (the first piece starts word 0 whatever it is)."""
+    is_start = starts[tokens]
+    if len(is_start):
+        is_start[0] = True
+    return np.cumsum(is_start) - 1
+
+
+def word_count(words: np.ndarray) -> int:
+    return int(words[-1]) + 1 if len(words) else 0
+
+
+def load_guided_alignments(
+    path: str | Path, corpus: EncodedCorpus, entry: Path, tokenizer: Tokenizer, train_limit: int | None = None
+) -> GuidedAlignments:
+    """The subword links of every pair of `corpus` (the training split stored in cache `entry`,
+    read up to `train_limit` pairs) from the Pharaoh file `path`; MtrainError naming the file
+    and line for a bad file."""
+    lines, kept_lines = read_alignment_file(path, corpus, entry, "guided_alignment", train_limit)
     return guided_alignments_from(
         lines,
         str(path),
         corpus,
         kept_lines,
-        int(summary["read"]),
+        len(lines),
         word_starts(tokenizer, "src"),
         word_starts(tokenizer, "tgt"),
-        limited=train_limit is not None,
+        limited=True,
     )
 
 
@@ -109,31 +150,20 @@ def guided_alignments_from(
     line `kept_lines[k]`; `read` corpus lines were read (more lines are allowed when `limited`,
     train_limit having stopped the reading early); `src_starts`/`tgt_starts` say which token
     ids start a word."""
-    if len(lines) < read or (len(lines) > read and not limited):
-        raise MtrainError(
-            f"train.guided_alignment: {name} has {len(lines)} lines, the training corpus {read}; "
-            "the file must be line for line with the corpus as read (before cleaning)"
-        )
+    check_line_count(lines, name, read, "guided_alignment", limited)
     offsets = np.zeros(len(corpus) + 1, dtype=np.int64)
     src_links: list[np.ndarray] = []
     tgt_links: list[np.ndarray] = []
     for k, line_index in enumerate(kept_lines.tolist()):
-        src_words = _words_of(corpus.src(k)[:-1], src_starts)  # without the eos
-        tgt_words = _words_of(corpus.tgt(k), tgt_starts)
-        num_src, num_tgt = (int(words[-1]) + 1 if len(words) else 0 for words in (src_words, tgt_words))
+        src_words = words_of(corpus.src(k)[:-1], src_starts)  # without the eos
+        tgt_words = words_of(corpus.tgt(k), tgt_starts)
         pairs_src, pairs_tgt = [], []
-        for token in lines[line_index].split():
-            i, dash, j = token.partition("-")
-            where = f"{name}:{line_index + 1}"
-            if not dash or not i.isdigit() or not j.isdigit():
-                raise MtrainError(f"train.guided_alignment: {where}: {token!r} is not a Pharaoh link i-j")
-            if int(i) >= num_src or int(j) >= num_tgt:
-                raise MtrainError(
-                    f"train.guided_alignment: {where}: link {token} is out of range: the pair has "
-                    f"{num_src} source and {num_tgt} target words (0-based indices)"
-                )
-            src_pieces = np.flatnonzero(src_words == int(i))
-            tgt_pieces = np.flatnonzero(tgt_words == int(j))
+        where = f"{name}:{line_index + 1}"
+        for i, j in parse_links(
+            lines[line_index], where, word_count(src_words), word_count(tgt_words), "guided_alignment"
+        ):
+            src_pieces = np.flatnonzero(src_words == i)
+            tgt_pieces = np.flatnonzero(tgt_words == j)
             pairs_src.append(np.repeat(src_pieces, len(tgt_pieces)))
             pairs_tgt.append(np.tile(tgt_pieces, len(src_pieces)))
         count = 0

@@ -27,6 +27,7 @@ from mtrain.config import DEFAULT_ALIGNMENT_LAYER, AlignmentLevel, AlignmentRule
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer.term_factors import fold_term_columns, is_annotated
 
 __all__ = ["Aligner", "AlignmentLevel", "alignment_level", "pharaoh", "resolve_alignment_source"]
 
@@ -157,6 +158,9 @@ class Aligner:
         else:
             weights = attention
             hyp.attention = None  # not asked for: not kept
+        vocab = self.tokenizer.src_vocab_size
+        if is_annotated(source_ids, vocab):  # a term-aware model's source: its terms' columns folded in
+            weights, source_ids = fold_term_columns(weights, source_ids, vocab)
         prefix = len(self.tokenizer.source_prefix)
         src_pieces = self.tokenizer.src_pieces(source_ids[prefix:-1])
         tgt_pieces = self.tokenizer.tgt_pieces(hyp.tokens)

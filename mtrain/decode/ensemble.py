@@ -69,6 +69,11 @@ class EnsembleModel(nn.Module):
                 f"ensemble: the members' target vocabularies differ in size ({sorted(sizes)}); "
                 "ensemble members must share one tokenizer"
             )
+        if len({getattr(member.src_embed, "factors", None) is None for member in members}) > 1:
+            raise MtrainError(
+                "ensemble: some members read terms in their source (model.term_factors) and others do not; "
+                "ensemble models of one kind"
+            )
         self.members = nn.ModuleList(members)
         self.tgt_vocab_size = sizes.pop()
         self.pad_id = members[0].pad_id

@@ -9,9 +9,10 @@ steps wherever it came from:
    settings and the engine (`mtrain.decoding_rules`: the rules the config checks apply too);
 2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.markup`), the
    glossary's terms found in the plain text and added to its constraints
-   (`mtrain.decode.terminology`);
+   (`mtrain.decode.terminology`; `decode.term_mode`: `TermUse`);
 3. `decode` (a batch of prepared sentences, of one request or, in the server's batcher, of
-   several): sources encoded and cut to the input limit, controls encoded as target ids
+   several): sources encoded and cut to the input limit, a term-aware model's terms written
+   into them (mtrain.tokenizer.term_factors), controls encoded as target ids
    (`mtrain.decode.controls`), word alignments forced where markup needs them, decoded by the
    engine (with MBR or reranking around it: `mtrain.decode.selection`) through the translator;
 4. `finish`: the tags put back by the alignments, links dropped unless asked for, the
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision, to_typed
+from mtrain.config import DecodeConfig, Precision, TermMode, to_typed
 from mtrain.decode.alignment import word_indices
 from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.engine import Engine, as_engine
@@ -42,6 +43,7 @@ from mtrain.decode.translator import translate_encoded
 from mtrain.decoding_rules import Asked, check_decoding
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer.term_factors import TERM_TARGET, annotate, split_ids
 
 log = logging.getLogger("mtrain.decode")
 
@@ -136,11 +138,10 @@ class PipelineStats:
         """One sentence and its best translation (without tags): a phrase is met where the
         translation holds it as written (spaces inside it matching any whitespace)."""
         self.sentences += 1
-        if sentence.request is None or not sentence.request.constraints:
-            return
         words = " " + " ".join(translation.split()) + " "
         terms = set(sentence.terms)
-        given = [phrase for phrase in sentence.request.constraints if phrase not in terms]
+        asked = sentence.request.constraints if sentence.request is not None else ()
+        given = [phrase for phrase in asked if phrase not in terms]
         if given:
             self.constrained_sentences += 1
             self.constraints_applied += len(given)
@@ -149,6 +150,43 @@ class PipelineStats:
             self.termed_sentences += 1
             self.terms_applied += len(sentence.terms)
             self.terms_met += sum(" ".join(phrase.split()) in words for phrase in sentence.terms)
+
+
+@dataclass(frozen=True)
+class TermUse:
+    """How glossary terms reach the translation (`decode.term_mode` on a model that does or
+    does not read terms in its source: `model.term_factors`)."""
+
+    constrain: bool  # each term a hard constraint of its sentence (placed by decode.term_placement)
+    annotate: bool  # each term written after its source word (a term-aware model's input)
+
+    @classmethod
+    def of(cls, mode: TermMode | str, term_aware: bool) -> TermUse:
+        mode = TermMode(mode)
+        if mode is TermMode.auto:
+            return cls(constrain=True, annotate=term_aware)
+        return cls(constrain=mode in (TermMode.constraints, TermMode.both), annotate=mode is not TermMode.constraints)
+
+
+def reads_terms(model: Any) -> bool:
+    """Whether `model` (mtrain's model, an ensemble or an engine) reads terms in its source."""
+    members = getattr(model, "members", None)
+    if members is not None:
+        return all(reads_terms(member) for member in members)
+    for wrapped in ("engine", "model"):  # a selecting engine's engine, a torch engine's model
+        if hasattr(model, wrapped) and not hasattr(model, "src_embed"):
+            return reads_terms(getattr(model, wrapped))
+    embed = getattr(model, "src_embed", None)
+    return embed is not None and getattr(embed, "factors", None) is not None
+
+
+def check_term_mode(decode: DecodeConfig, glossary: bool, term_aware: bool, name: str = "decode.term_mode") -> None:
+    """MtrainError for terms asked as annotation of a model that cannot read them."""
+    if glossary and TermUse.of(decode.term_mode, term_aware).annotate and not term_aware:
+        raise MtrainError(
+            f"{name}={TermMode(decode.term_mode).value}: this model reads no terms in its source (it was not "
+            "trained with model.term_factors=true, train.term_alignment=...); use term_mode=constraints or auto"
+        )
 
 
 def asked_of(requests: Sequence[DecodeRequest], options: Options) -> Asked:
@@ -165,15 +203,21 @@ def asked_of(requests: Sequence[DecodeRequest], options: Options) -> Asked:
     )
 
 
-def check_requests(requests: Sequence[DecodeRequest], options: Options, ctranslate2: bool) -> None:
+def check_requests(
+    requests: Sequence[DecodeRequest], options: Options, ctranslate2: bool, term_aware: bool = False
+) -> None:
     """1. RefusedCombination (mtrain.decoding_rules) for what cannot be honoured together on
-    this engine (`ctranslate2`: CTranslate2's, else mtrain's own)."""
+    this engine (`ctranslate2`: CTranslate2's, else mtrain's own); MtrainError for terms asked
+    as annotation of a model that is not `term_aware`."""
     check_decoding(options.decode, asked_of(requests, options), ctranslate2)
+    check_term_mode(options.decode, options.glossary is not None, term_aware)
 
 
-def prepare_requests(requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
+def prepare_requests(requests: Sequence[DecodeRequest], options: Options, term_aware: bool = False) -> list[Prepared]:
     """2. Each request's plain text and controls: markup taken out, the glossary's terms found
-    in the plain text; MtrainError naming `where` for malformed markup."""
+    in the plain text (constraints unless `decode.term_mode` writes them into the source of a
+    `term_aware` model only); MtrainError naming `where` for malformed markup."""
+    constrain_terms = TermUse.of(options.decode.term_mode, term_aware).constrain
     prepared = []
     for request in requests:
         markup = None
@@ -190,7 +234,8 @@ def prepare_requests(requests: Sequence[DecodeRequest], options: Options) -> lis
         if options.glossary is not None:
             term_words = options.glossary.term_words(source)
             terms = tuple(term_words)
-            constraints = tuple(dict.fromkeys([*constraints, *terms]))
+            if constrain_terms:
+                constraints = tuple(dict.fromkeys([*constraints, *terms]))
         target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
         controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
         prepared.append(
@@ -246,16 +291,18 @@ class RequestPipeline:
         self.ctranslate2 = ctranslate2
         self.input_limit = input_limit
         self.stats = PipelineStats()
+        self.term_aware = reads_terms(model)  # its source embedding reads term factors
         self._phrase_encoders: dict[int, PhraseEncoder] = {}
+        self._term_pieces: dict[tuple[int, str], list[int]] = {}  # (tokenizer, term) -> its source pieces
 
     def tokenizer_for(self, tgt_lang: str | None) -> Tokenizer:
         return self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
 
     def check(self, requests: Sequence[DecodeRequest], options: Options) -> None:
-        check_requests(requests, options, self.ctranslate2)
+        check_requests(requests, options, self.ctranslate2, self.term_aware)
 
     def prepare(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
-        return prepare_requests(requests, options)
+        return prepare_requests(requests, options, self.term_aware)
 
     def decode(
         self,
@@ -269,8 +316,11 @@ class RequestPipeline:
         with `decode` as given (`Options.decoding()`: alignments for markup); each sentence's
         `ids` and `cut` filled."""
         tokenizer = self.tokenizer_for(tgt_lang)
+        annotate = self.term_aware and TermUse.of(decode.term_mode, True).annotate
         for sentence in sentences:
             sentence.ids, sentence.cut = self.encode(sentence.source, tokenizer, sentence.where)
+            if annotate and sentence.ids and sentence.term_words:
+                sentence.ids = self.annotated(sentence.ids, sentence.term_words, tokenizer)
         controls = None
         if any(sentence.request is not None for sentence in sentences):
             encode = self._phrase_encoders.get(id(tokenizer))
@@ -322,6 +372,22 @@ class RequestPipeline:
             return ids[: limit - 1] + [tokenizer.eos_id], True
         return ids + [tokenizer.eos_id], False
 
+    def annotated(self, ids: list[int], term_words: dict[str, list[int]], tokenizer: Tokenizer) -> list[int]:
+        """Source `ids` (eos last) with each term written after its source words, as the
+        model was trained to read them; the plain ids where that would pass the input limit."""
+        prefix = len(tokenizer.source_prefix)
+        word_of = [-1] * prefix + word_indices(tokenizer.src_pieces(ids[prefix:-1])) + [-1]
+        terms = []
+        for target, words in term_words.items():
+            pieces = self._term_pieces.get((id(tokenizer), target))
+            if pieces is None:
+                pieces = self._term_pieces[id(tokenizer), target] = tokenizer.encode_src(target)[prefix:]
+            terms.append((words, pieces))
+        annotated = annotate(ids, word_of, terms, tokenizer.src_vocab_size)
+        if self.input_limit is not None and len(annotated) > self.input_limit:
+            return ids
+        return annotated
+
     def finish(self, sentences: Sequence[Prepared], hypotheses: list[list[Hypothesis]], options: Options) -> None:
         finish_requests(sentences, hypotheses, options, self.stats)
 
@@ -347,9 +413,12 @@ def term_sources(
     if not ids or not term_words:
         return {}
     offset = len(tokenizer.source_prefix)
-    word_of = word_indices(tokenizer.src_pieces(ids[offset:-1]))
+    # An annotated source (a term-aware model's): its source pieces are those of no term.
+    pieces, factors = split_ids(ids, tokenizer.src_vocab_size)
+    plain = [k for k, factor in enumerate(factors) if factor != TERM_TARGET]
+    word_of = word_indices(tokenizer.src_pieces([pieces[k] for k in plain[offset:-1]]))
     return {
-        target: tuple(offset + i for i, word in enumerate(word_of) if word in set(words))
+        target: tuple(plain[offset + i] for i, word in enumerate(word_of) if word in set(words))
         for target, words in term_words.items()
     }
 

@@ -48,6 +48,7 @@ from mtrain.decode.textio import (
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer.term_factors import TERM_TARGET, split_ids
 
 if TYPE_CHECKING:
     from mtrain.decode.ensemble import EnsembleModel
@@ -289,7 +290,11 @@ def _draw(
         best = sentence_hyps[0]
         if ids is None or best.attention is None:
             continue
-        src_pieces = tokenizer.src_pieces(ids[:-1]) + [EOS_PIECE]
+        pieces, factors = split_ids(ids[:-1], tokenizer.src_vocab_size)  # a term-aware model's terms shown as +term
+        src_pieces = [
+            f"+{piece}" if factor == TERM_TARGET else piece
+            for piece, factor in zip(tokenizer.src_pieces(pieces), factors, strict=True)
+        ] + [EOS_PIECE]
         tgt_pieces = tokenizer.tgt_pieces(best.tokens) + [EOS_PIECE]
         weights = best.attention
         layer_names = [f"layer {i}" for i in range(weights.shape[1])] if weights.dim() == 3 else [f"layer {layer}"]

@@ -90,6 +90,11 @@ def check_exportable(cfg: ModelConfig) -> None:
     """
     defaults = {field.name: field.default for field in fields(ModelConfig)}
     settings = to_plain(cfg)
+    if settings.get("term_factors"):
+        raise MtrainError(
+            "model.term_factors=true: CTranslate2 (and Argos, which runs it) reads no source factors, where this "
+            "term-aware model reads its terms; translate and serve it with mtrain itself"
+        )
     for name, value in settings.items():
         if name in MAPPED or name in INFERENCE_IRRELEVANT:
             continue

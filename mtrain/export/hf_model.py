@@ -77,6 +77,11 @@ def check_hf_exportable(cfg: ModelConfig, joint_vocab: bool) -> None:
     run's tokenizer has one vocabulary for both languages.
     """
     defaults = {field.name: field.default for field in fields(ModelConfig)}
+    if to_plain(cfg).get("term_factors"):
+        raise MtrainError(
+            "model.term_factors=true: transformers' Pegasus reads no source factors, where this term-aware "
+            "model reads its terms; translate and serve it with mtrain itself"
+        )
     for name, value in to_plain(cfg).items():
         if name in MAPPED or name in INFERENCE_IRRELEVANT:
             continue

@@ -40,6 +40,7 @@ from mtrain.model.positions import LearnedPositions, RotaryPositions, Sinusoidal
 from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import DecoderState, LayerCache
 from mtrain.model.variants import decoder_layer, encoder_layer
+from mtrain.tokenizer.term_factors import FACTORS
 
 if TYPE_CHECKING:
     from mtrain.model.layers import DecoderLayer
@@ -76,7 +77,14 @@ class Seq2SeqTransformer(nn.Module):
         src_rows = padded_rows(src_vocab_size, cfg.vocab_multiple)
         tgt_rows = padded_rows(tgt_vocab_size, cfg.vocab_multiple)
         self.src_embed = Embedding(
-            src_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout
+            src_rows,
+            d_model,
+            pad_id,
+            _additive_positions(cfg),
+            cfg.scale_embeddings,
+            cfg.dropout,
+            factors=FACTORS if cfg.term_factors else 0,
+            vocab_size=src_vocab_size,
         )
         self.tgt_embed = Embedding(
             tgt_rows, d_model, pad_id, _additive_positions(cfg), cfg.scale_embeddings, cfg.dropout

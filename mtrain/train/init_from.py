@@ -16,7 +16,8 @@ What a fit takes from its parent (fairseq's --finetune-from-model, Marian's --pr
   overrides on top. A key that fixes the weights' shapes or what they compute (d_model,
   layers, heads, activation, positions, norms, tying, ...) must keep the parent's value: a
   differing one is refused naming the key and both values. Regularisation and how the same
-  computation is carried out (`FREE_MODEL_KEYS`) may change. Presets (experiment=, model=)
+  computation is carried out (`FREE_MODEL_KEYS`) may change, and `model.term_factors=true` may
+  turn a plain parent term-aware (its factor embedding starts at zero: the same outputs). Presets (experiment=, model=)
   do not reach the model: the parent's weights already decided it.
 - `model.output_vocab=target`: the softmax ranges over the pieces the parent could emit and
   those of the new training targets (`output_pieces`), so the fine-tune neither loses the
@@ -64,6 +65,7 @@ FREE_MODEL_KEYS = (
 _TABLE_FREE_POSITIONS = (Positions.sinusoidal, Positions.sinusoidal_marian, Positions.rope, Positions.none)
 
 Lineage = dict[str, Any]  # what a run records of its parent (see the module docstring)
+TERM_FACTOR_WEIGHT = "src_embed.factors.weight"  # model.term_factors' table (a plain parent has none)
 
 
 @dataclass
@@ -271,7 +273,7 @@ def _check_fixed_model_keys(parent: ModelConfig, model: ModelConfig, explicit: S
         if key == "max_positions" and model.positions in _TABLE_FREE_POSITIONS:
             continue
         old, new = getattr(parent, key), getattr(model, key)
-        if old == new:
+        if old == new or (key == "term_factors" and new):  # factors added start at zero: same outputs
             continue
         given = (
             f"model.{key}={_shown(new)}"
@@ -314,7 +316,7 @@ def load_parent_weights(model: torch.nn.Module, parent: Parent) -> None:
     own = set(model.state_dict())
     state = {key: value for key, value in parent.state_dict.items() if key in own or key != "output_allowed"}
     try:
-        missing, unexpected = model.load_state_dict(state, strict=True)
+        missing, unexpected = model.load_state_dict(state, strict=False)  # both are judged below
     except RuntimeError as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         raise MtrainError(
@@ -322,7 +324,8 @@ def load_parent_weights(model: torch.nn.Module, parent: Parent) -> None:
             f"({lines[1] if len(lines) > 1 else lines[0]}); was it written by another mtrain "
             "version?"
         ) from error
-    missing = [key for key in missing if key != "output_allowed"]
+    # A plain parent fine-tuned with model.term_factors: the factor embedding keeps its zeros.
+    missing = [key for key in missing if key not in ("output_allowed", TERM_FACTOR_WEIGHT)]
     if missing or unexpected:
         raise MtrainError(
             f"{parent.checkpoint}: its weights do not fit the model of its recorded config "

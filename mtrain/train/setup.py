@@ -26,6 +26,7 @@ import torch
 
 from mtrain.batches import EncodedCorpus, PreparedData, prepare_data
 from mtrain.batches.guided_alignment import load_guided_alignments
+from mtrain.batches.term_training import load_term_training
 from mtrain.config import FitConfig, Positions, Precision, to_plain
 from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
@@ -105,6 +106,12 @@ def prepare_fit_data(
         data.guided_alignment = load_guided_alignments(
             cfg.train.guided_alignment, data.train, data.directory, data.tokenizer, cfg.data.train_limit
         )
+    if cfg.train.term_alignment is not None:  # term-aware training: sources annotated once, from the seed
+        assert isinstance(data.train, EncodedCorpus)  # one corpus (config_checks)
+        data.train, annotation = load_term_training(
+            data.train, data.directory, data.tokenizer, cfg.train, cfg.seed, cfg.data.train_limit
+        )
+        progress(annotation.summary())
     return data
 
 
