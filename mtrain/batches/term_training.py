@@ -129,11 +129,12 @@ def _frequent_words(corpus: EncodedCorpus, src_words: list[np.ndarray], tokenize
 
 
 def _word_texts(pieces: np.ndarray, words: np.ndarray, tokenizer: Tokenizer) -> list[str]:
+    """Each word's text, case-folded, without the punctuation at its ends (`Hund.` is `hund`)."""
     names = tokenizer.src_pieces(pieces.tolist())
     texts = [""] * word_count(words)
     for name, word in zip(names, words.tolist(), strict=True):
         texts[word] += name
-    return [text.replace("\u2581", "").casefold() for text in texts]
+    return [_strip_punctuation(text.replace("\u2581", "")).casefold() for text in texts]
 
 
 def _candidates(
