@@ -1,5 +1,5 @@
-"""Decode a run's test split without terms, with the glossary as hard constraints alone, and with
-term placement, and tabulate the terminology metrics beside BLEU, chrF and the decoding speed
+"""Decode a run's test split without terms, with the glossary as hard constraints alone, with
+term placement, and (a term-aware model) with the terms written into its source, and tabulate the terminology metrics beside BLEU, chrF and the decoding speed
 (each row one `mtrain eval run=... terms=...`, its report in --out).
 
     python scripts/bench_terms.py --run runs/m30k --terms synonyms.tsv --ref test.synonyms.en \
@@ -27,8 +27,11 @@ from mtrain.evaluate.terminology import GlossaryFile, occurrences, term_instance
 
 MODES = {
     "no terms": [],
-    "constraints": ["decode.term_placement=none"],
-    "constraints + placement": ["decode.term_placement=aligned"],
+    "constraints": ["decode.term_mode=constraints", "decode.term_placement=none"],
+    "constraints + placement": ["decode.term_mode=constraints", "decode.term_placement=aligned"],
+    # a term-aware model (model.term_factors, trained with train.term_alignment): the terms in its source
+    "annotation": ["decode.term_mode=annotation"],
+    "annotation + constraints + placement": ["decode.term_mode=both", "decode.term_placement=aligned"],
 }
 
 
@@ -44,7 +47,11 @@ def main() -> None:
     parser.add_argument("--terms", required=True, help="the glossary (source<TAB>term[<TAB>replaced words])")
     parser.add_argument("--ref", help="references to score against (default: the split's)")
     parser.add_argument("--out", required=True, help="a directory for the reports")
-    parser.add_argument("--modes", default=",".join(MODES), help="which rows, comma-separated")
+    parser.add_argument(
+        "--modes",
+        default="no terms,constraints,constraints + placement",
+        help=f"which rows, comma-separated, of: {', '.join(MODES)} (the annotation rows need a term-aware run)",
+    )
     parser.add_argument("overrides", nargs="*", help="more `mtrain eval` overrides (after --)")
     args = parser.parse_args()
 

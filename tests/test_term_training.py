@@ -99,6 +99,20 @@ def test_the_factor_embedding_starts_at_zero_so_a_plain_models_weights_compute_t
     assert not torch.equal(aware(src, mask, tgt), aware(marked, mask, tgt))
 
 
+def test_placement_ties_a_term_to_its_source_word_and_the_term_written_after_it(tokenizer):
+    from mtrain.decode.pipeline import term_sources
+
+    plain = [*tokenizer.encode_src("Ein Hund läuft."), tokenizer.eos_id]
+    found = {"canine": [1]}
+    assert term_sources(tokenizer, plain, found) == {"canine": tuple(range(1, 1 + len(tokenizer.encode_src("Hund"))))}
+    pipeline = RequestPipeline(torch.nn.Linear(1, 1), tokenizer, CPU)
+    annotated = pipeline.annotated(plain, found, tokenizer)
+    _, factors = split_ids(annotated, tokenizer.src_vocab_size)
+    marked = [k for k, f in enumerate(factors) if f in (TERM_SOURCE, TERM_TARGET)]
+    assert term_sources(tokenizer, annotated, found) == {"canine": tuple(marked)}
+    assert [factors[k] for k in marked][-1] == TERM_TARGET and factors[marked[0]] == TERM_SOURCE
+
+
 # ------------------------------------------------------------------ training data
 @pytest.fixture(scope="module")
 def aligned(tmp_path_factory, multi30k_slice) -> Path:
@@ -182,7 +196,9 @@ def test_a_misfit_alignment_file_or_setting_is_one_line_naming_it(multi30k_slice
     bad = tmp_path / "bad.align"
     bad.write_text("\n".join([*lines[:4], "0-0 99-0", *lines[5:]]) + "\n", encoding="utf-8")
     cache = tmp_path / "cache"
-    with pytest.raises(MtrainError, match=r"train.term_alignment: .*short.align has 10 lines, the training corpus 2000"):
+    with pytest.raises(
+        MtrainError, match=r"train.term_alignment: .*short.align has 10 lines, the training corpus 2000"
+    ):
         prepared([*term_overrides(multi30k_slice, short, cache), "train.term_rate=1"])
     with pytest.raises(MtrainError, match=r"train.term_alignment: .*bad.align:5: link 99-0 is out of range"):
         prepared([*term_overrides(multi30k_slice, bad, cache), "train.term_rate=1"])
@@ -259,9 +275,16 @@ def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
     glossary = Glossary.of({"Hund": "canine"})
     vocab = tokenizer.src_vocab_size
-    for mode, annotated, constrained in (("auto", True, True), ("annotation", True, False), ("constraints", False, True)):
+    for mode, annotated, constrained in (
+        ("auto", True, True),
+        ("annotation", True, False),
+        ("constraints", False, True),
+    ):
         pipeline = RequestPipeline(model, tokenizer, CPU)
-        options = Options(decode=to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"beam": 2, "term_mode": mode})), glossary=glossary)
+        options = Options(
+            decode=to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), {"beam": 2, "term_mode": mode})),
+            glossary=glossary,
+        )
         requests = [DecodeRequest("Ein Hund läuft.", where="x:1")]
         pipeline.check(requests, options)
         sentences = pipeline.prepare(requests, options)

@@ -113,8 +113,11 @@ def annotate_corpus(
         sources.append(np.asarray(annotate(src.tolist(), word_of, pairs, vocab), dtype=np.int32))
         annotated += 1
         terms += len(pairs)
-    targets = [np.asarray(corpus.tgt(k)) for k in range(len(corpus))]
-    result = EncodedCorpus.from_sequences(sources, targets)
+    lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(sources) if sources else np.zeros(0, dtype=np.int32)
+    # the targets are the corpus's own arrays (memory-mapped), untouched
+    result = EncodedCorpus(tokens, offsets, corpus.tgt_tokens, corpus.tgt_offsets)
     return result, TermAnnotation(len(corpus), annotated, terms, candidates)
 
 
@@ -161,7 +164,9 @@ def _candidates(
         word = source_texts[i]
         if word in frequent or not any(ch.isalpha() for ch in word):
             continue
-        pieces = [int(t) for t, w in zip(tgt.tolist(), tgt_words.tolist(), strict=True) if targets[0] <= w <= targets[-1]]
+        pieces = [
+            int(t) for t, w in zip(tgt.tolist(), tgt_words.tolist(), strict=True) if targets[0] <= w <= targets[-1]
+        ]
         text = _strip_punctuation(tokenizer.decode_tgt(pieces))
         if any(ch.isalpha() for ch in text):
             found.append((i, text))

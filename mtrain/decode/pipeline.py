@@ -409,7 +409,8 @@ def term_sources(
     tokenizer: Tokenizer, ids: Sequence[int] | None, term_words: dict[str, list[int]]
 ) -> dict[str, tuple[int, ...]]:
     """Per target term, the positions in `ids` (a source as encoded: a tag first, eos last) of
-    the pieces of its source words (term placement, mtrain.decode.placement)."""
+    the pieces of its source words, and of the term written after them in a term-aware
+    model's source (term placement, mtrain.decode.placement)."""
     if not ids or not term_words:
         return {}
     offset = len(tokenizer.source_prefix)
@@ -417,10 +418,16 @@ def term_sources(
     pieces, factors = split_ids(ids, tokenizer.src_vocab_size)
     plain = [k for k, factor in enumerate(factors) if factor != TERM_TARGET]
     word_of = word_indices(tokenizer.src_pieces([pieces[k] for k in plain[offset:-1]]))
-    return {
-        target: tuple(plain[offset + i] for i, word in enumerate(word_of) if word in set(words))
-        for target, words in term_words.items()
-    }
+    found = {}
+    for target, words in term_words.items():
+        positions = [plain[offset + i] for i, word in enumerate(word_of) if word in set(words)]
+        # and the term written after them: the model reads the word and its term as one
+        after = positions[-1] + 1 if positions else len(factors)
+        while after < len(factors) and factors[after] == TERM_TARGET:
+            positions.append(after)
+            after += 1
+        found[target] = tuple(positions)
+    return found
 
 
 def with_options(decode: DecodeConfig, **values: Any) -> DecodeConfig:
