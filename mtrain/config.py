@@ -573,8 +573,11 @@ class TrainConfig:
     # written after them as a term (mtrain/batches/term_training.py), so the model learns to
     # translate a word with the term it is given. null: off.
     term_alignment: str | None = None
-    term_rate: float = ranged(0.2, at_least=0, at_most=1)
+    term_rate: float = ranged(0.3, at_least=0, at_most=1)
     term_max_words: int = ranged(2, at_least=1)
+    # The share of those terms that are another term of the corpus, written into the target too
+    # (`dog` -> `shirt`): the model learns to write the term it is given in place of its own word.
+    term_replace_rate: float = ranged(0.5, at_least=0, at_most=1)
     # Content words only: the source side's most frequent words (articles, prepositions) never get a term.
     term_skip_frequent: int = ranged(100, at_least=0)
 

@@ -19,7 +19,9 @@ protocol of the WMT 2021/2023 terminology tasks' oracle setting), for `mtrain tr
    source holds the word (not only the one it came from), as a client's glossary would.
    `--sentence-out FILE` also writes each sentence's own chosen target words, one line per
    test sentence, tab-separated (the terminology tasks' per-sentence oracle terms; for
-   `mtrain translate constraints=unordered` after a tab behind each source).
+   `mtrain translate constraints=unordered` after a tab behind each source), and
+   `--sentence-pairs-out FILE` the same as source<TAB>target pairs (a request's own `terms`,
+   which a term-aware model also writes into its source: scripts/bench_sentence_terms.py).
 """
 
 from __future__ import annotations
@@ -103,6 +105,11 @@ def main() -> None:
     parser.add_argument("--per-sentence", type=int, default=2)
     parser.add_argument("--out", required=True)
     parser.add_argument("--sentence-out", help="each sentence's own target terms, tab-separated, one line each")
+    parser.add_argument(
+        "--sentence-pairs-out",
+        help="each sentence's own terms as source<TAB>target pairs, tab-separated, one line each "
+        "(a request's `terms`: scripts/bench_sentence_terms.py)",
+    )
     args = parser.parse_args()
 
     src = [words(line) for line in read_lines(args.src)]
@@ -116,9 +123,11 @@ def main() -> None:
     first_seen: dict[str, list[str]] = defaultdict(list)
     chosen = missing = 0
     per_sentence: list[list[str]] = []
+    sentence_pairs: list[list[tuple[str, str]]] = []
     for s, r, h, link in zip(src, ref, hyp, links, strict=True):
         pairs = sorted(set(candidates(s, r, link, args.src_lang, args.tgt_lang)), key=lambda p: (p[1] in h, -len(p[0])))
         per_sentence.append([target for _, target in pairs[: args.per_sentence]])
+        sentence_pairs.append(pairs[: args.per_sentence])
         for source, target in pairs[: args.per_sentence]:
             targets[source][target] += 1
             if target not in first_seen[source]:
@@ -132,6 +141,9 @@ def main() -> None:
             out.write(f"{source}\t{best}\n")
     if args.sentence_out:
         Path(args.sentence_out).write_text("".join("\t".join(t) + "\n" for t in per_sentence), encoding="utf-8")
+    if args.sentence_pairs_out:
+        lines = ("\t".join(f"{source}\t{target}" for source, target in pairs) + "\n" for pairs in sentence_pairs)
+        Path(args.sentence_pairs_out).write_text("".join(lines), encoding="utf-8")
     print(f"{len(targets)} terms from {chosen} chosen pairs ({missing} absent from --hyp) -> {args.out}")
 
 

@@ -152,7 +152,7 @@ def prepared(overrides: list[str]):
 def test_a_share_of_the_training_sources_carry_their_own_aligned_content_words_as_terms(
     multi30k_slice, aligned, tmp_path
 ):
-    data, logged = prepared(term_overrides(multi30k_slice, aligned, tmp_path / "cache"))
+    data, logged = prepared([*term_overrides(multi30k_slice, aligned, tmp_path / "cache"), "train.term_replace_rate=0"])
     tokenizer, vocab = data.tokenizer, data.tokenizer.src_vocab_size
     annotated = [k for k in range(len(data.train)) if (np.asarray(data.train.src(k)) >= vocab).any()]
     assert 0.35 < len(annotated) / len(data.train) < 0.5  # term_rate 0.5 of the pairs, those with a candidate
@@ -179,6 +179,37 @@ def test_a_share_of_the_training_sources_carry_their_own_aligned_content_words_a
         marked = words_of(np.asarray([p for p, f in zip(pieces, factors, strict=True) if f == TERM_SOURCE]), starts)
         words = tokenizer.decode_tgt([p for p, f in zip(pieces, factors, strict=True) if f == TERM_SOURCE])
         assert len(marked) and not set(words.casefold().strip(".,").split()) & frequent, words
+
+
+def test_a_replacing_term_is_written_into_the_target_in_place_of_the_aligned_words(multi30k_slice, aligned, tmp_path):
+    cache = tmp_path / "cache"
+    data, logged = prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_replace_rate=1"])
+    plain, _ = prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_rate=0"])
+    tokenizer, vocab = data.tokenizer, data.tokenizer.src_vocab_size
+    changed = annotated = 0
+    for k in range(len(data.train)):
+        pieces, factors = split_ids(np.asarray(data.train.src(k)).tolist(), vocab)
+        if TERM_TARGET not in factors:
+            assert data.train.tgt(k).tolist() == plain.train.tgt(k).tolist()  # no term, the target as it was
+            continue
+        annotated += 1
+        target = tokenizer.decode_tgt(data.train.tgt(k).tolist())
+        original = tokenizer.decode_tgt(plain.train.tgt(k).tolist())
+        changed += target != original
+        terms, run = [], []
+        for position, factor in enumerate(factors):
+            if factor == TERM_TARGET:
+                run.append(pieces[position])
+            elif run:
+                terms.append(tokenizer.decode_tgt(run))
+                run = []
+        for term in terms:  # the target holds the term (capitalised where it starts the sentence)
+            assert term in target or term[:1].upper() + term[1:] in target, (term, target, original)
+        # the words around the replaced ones stay: the target differs from the original in at most 2 places
+        assert len(set(target.split()) - set(original.split())) <= 2 * len(terms) + 1, (target, original)
+    assert changed > 0.9 * annotated  # (a drawn term may be the word's own)
+    (line,) = [line for line in logged if line.startswith("term annotation:")]
+    assert "of them replacing their target words by another term" in line
 
 
 def test_the_annotation_is_drawn_from_the_seed(multi30k_slice, aligned, tmp_path):

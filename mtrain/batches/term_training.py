@@ -12,6 +12,14 @@ corpus, as guided alignment reads it; scripts/align_eflomal.py):
 - in a share `train.term_rate` of the pairs (drawn with the run's seed, once), up to
   `train.term_max_words` candidates, drawn at random, get their target words, without the
   punctuation pieces at their ends, as the term;
+- a share `train.term_replace_rate` of those terms is another term instead, drawn from all
+  candidates' terms of the corpus, of a capitalised source word's (a German noun's) for such
+  a word (`dog` -> `shirt`), and the target's words are replaced by
+  it too. A term equal to the model's own translation can be ignored at no cost (a fine-tune
+  with such terms alone learned to write `A dog runs` for `Hund canine`: term accuracy 0%
+  without constraints); a term the target can only get from the source's annotation teaches
+  the model to write the given term where it would write its own word, and not beside it
+  (what a glossary of synonyms needs: `Hund`->`canine`);
 - the annotated source is written by mtrain.tokenizer.term_factors (the one writer, also of
   decoding's glossary terms): term pieces re-encoded as the source tokenizer encodes a glossary
   term, so that training and decoding see a term alike.
@@ -49,12 +57,14 @@ class TermAnnotation:
     annotated: int
     terms: int
     candidates: int
+    replaced: int = 0  # terms that replaced their target words by another term
 
     def summary(self) -> str:
         share = 100 * self.annotated / max(1, self.pairs)
         return (
             f"term annotation: {self.annotated} of {self.pairs} training pairs ({share:.1f}%) carry "
-            f"{self.terms} terms ({self.candidates} candidate words)"
+            f"{self.terms} terms ({self.candidates} candidate words), {self.replaced} of them replacing "
+            "their target words by another term"
         )
 
 
@@ -83,42 +93,78 @@ def annotate_corpus(
     src_words = [words_of(corpus.src(k)[:-1], src_starts) for k in range(len(corpus))]
     frequent = _frequent_words(corpus, src_words, tokenizer, cfg.term_skip_frequent)
     rng = np.random.default_rng(seed)
-    chosen = rng.random(len(corpus)) < cfg.term_rate
-    sources: list[np.ndarray] = []
-    annotated = terms = candidates = 0
-    term_pieces: dict[str, list[int]] = {}
-    for k, line_index in enumerate(kept_lines.tolist()):
-        src = np.asarray(corpus.src(k))
-        if not chosen[k]:
-            sources.append(src.astype(np.int32))
-            continue
-        tgt = np.asarray(corpus.tgt(k))
+    chosen = np.flatnonzero(rng.random(len(corpus)) < cfg.term_rate)
+    found_of: dict[int, list[Candidate]] = {}
+    for k in chosen.tolist():
+        line_index = int(kept_lines[k])
+        src, tgt = np.asarray(corpus.src(k)), np.asarray(corpus.tgt(k))
         tgt_words = words_of(tgt, tgt_starts)
-        links = parse_links(
-            lines[line_index], f"{name}:{line_index + 1}", word_count(src_words[k]), word_count(tgt_words), KEY
-        )
-        found = _candidates(links, src[:-1], src_words[k], tgt, tgt_words, tokenizer, frequent)
-        candidates += len(found)
+        where = f"{name}:{line_index + 1}"
+        links = parse_links(lines[line_index], where, word_count(src_words[k]), word_count(tgt_words), KEY)
+        found_of[k] = _candidates(links, src[:-1], src_words[k], tgt, tgt_words, tokenizer, frequent)
+    # The replacements, by frequency, of words of one kind: a capitalised source word's (a German
+    # noun's) term is replaced by another such term, so that a noun's place gets a noun.
+    pools: dict[bool, list[str]] = {True: [], False: []}
+    for found in found_of.values():
+        for candidate in found:
+            pools[candidate.capital].append(candidate.text)
+    sources: list[np.ndarray] = [np.asarray(corpus.src(k)) for k in range(len(corpus))]
+    targets: dict[int, np.ndarray] = {}  # the pairs whose target words a term replaced
+    annotated = terms = replaced = 0
+    term_pieces: dict[str, list[int]] = {}
+    for k, found in found_of.items():
         if not found:
-            sources.append(src.astype(np.int32))
             continue
-        picked = rng.permutation(len(found))[: cfg.term_max_words]
+        chosen_terms: list[tuple[Candidate, str]] = []
+        for index in sorted(rng.permutation(len(found))[: cfg.term_max_words].tolist()):
+            candidate = found[index]
+            text = candidate.text
+            pool = pools[candidate.capital]
+            if rng.random() < cfg.term_replace_rate:
+                text = pool[int(rng.integers(len(pool)))]
+                replaced += text != candidate.text
+            chosen_terms.append((candidate, text))
+        if any(text != candidate.text for candidate, text in chosen_terms):
+            targets[k] = _replaced_target(np.asarray(corpus.tgt(k)), chosen_terms, tokenizer)
         pairs = []
-        for index in sorted(picked.tolist()):
-            word, text = found[index]
+        for candidate, text in chosen_terms:
             if text not in term_pieces:
                 term_pieces[text] = tokenizer.encode_src(text)[len(tokenizer.source_prefix) :]
-            pairs.append(([word], term_pieces[text]))
+            pairs.append(([candidate.word], term_pieces[text]))
         word_of = [*src_words[k].tolist(), -1]  # the eos is no word
-        sources.append(np.asarray(annotate(src.tolist(), word_of, pairs, vocab), dtype=np.int32))
+        sources[k] = np.asarray(annotate(sources[k].tolist(), word_of, pairs, vocab))
         annotated += 1
         terms += len(pairs)
-    lengths = np.fromiter((len(source) for source in sources), dtype=np.int64, count=len(sources))
+    src_tokens, src_offsets = _packed(sources)
+    if targets:
+        tgt_tokens, tgt_offsets = _packed([targets.get(k, np.asarray(corpus.tgt(k))) for k in range(len(corpus))])
+    else:  # the corpus's own arrays (memory-mapped), untouched
+        tgt_tokens, tgt_offsets = corpus.tgt_tokens, corpus.tgt_offsets
+    result = EncodedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets)
+    candidates = sum(len(found) for found in found_of.values())
+    return result, TermAnnotation(len(corpus), annotated, terms, candidates, replaced)
+
+
+def _packed(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(sequence) for sequence in sequences), dtype=np.int64, count=len(sequences))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.concatenate(sources) if sources else np.zeros(0, dtype=np.int32)
-    # the targets are the corpus's own arrays (memory-mapped), untouched
-    result = EncodedCorpus(tokens, offsets, corpus.tgt_tokens, corpus.tgt_offsets)
-    return result, TermAnnotation(len(corpus), annotated, terms, candidates)
+    tokens = np.concatenate(sequences).astype(np.int32) if sequences else np.zeros(0, dtype=np.int32)
+    return tokens, offsets
+
+
+def _replaced_target(tgt: np.ndarray, terms: list[tuple[Candidate, str]], tokenizer: Tokenizer) -> np.ndarray:
+    """The target ids with each candidate's words holding its (replacement) term instead of its
+    own, the punctuation at their ends kept, encoded again as a target sentence."""
+    parts, position = [], 0
+    for candidate, text in sorted(terms, key=lambda pair: pair[0].start):
+        parts.append(tokenizer.decode_tgt(tgt[position : candidate.start].tolist()))
+        words = tokenizer.decode_tgt(tgt[candidate.start : candidate.end].tolist())
+        if candidate.text[:1].isupper() and not text[:1].isupper():
+            text = text[:1].upper() + text[1:]  # a sentence's first word keeps its capital
+        parts.append(words.replace(candidate.text, text, 1))
+        position = candidate.end
+    parts.append(tokenizer.decode_tgt(tgt[position:].tolist()))
+    return np.asarray(tokenizer.encode_tgt(" ".join(part for part in parts if part)), dtype=np.int32)
 
 
 def _frequent_words(corpus: EncodedCorpus, src_words: list[np.ndarray], tokenizer: Tokenizer, count: int) -> set[str]:
@@ -131,13 +177,26 @@ def _frequent_words(corpus: EncodedCorpus, src_words: list[np.ndarray], tokenize
     return {word for word, _ in counts.most_common(count)}
 
 
-def _word_texts(pieces: np.ndarray, words: np.ndarray, tokenizer: Tokenizer) -> list[str]:
-    """Each word's text, case-folded, without the punctuation at its ends (`Hund.` is `hund`)."""
+def _word_texts(pieces: np.ndarray, words: np.ndarray, tokenizer: Tokenizer, fold: bool = True) -> list[str]:
+    """Each word's text, case-folded (`fold`), without the punctuation at its ends (`Hund.` is `hund`)."""
     names = tokenizer.src_pieces(pieces.tolist())
     texts = [""] * word_count(words)
     for name, word in zip(names, words.tolist(), strict=True):
         texts[word] += name
-    return [_strip_punctuation(text.replace("\u2581", "")).casefold() for text in texts]
+    stripped = [_strip_punctuation(text.replace("\u2581", "")) for text in texts]
+    return [text.casefold() for text in stripped] if fold else stripped
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A source word that may get a term: its index, its term (the target words it is linked to,
+    as text, without the punctuation at their ends) and the target pieces they span [start, end)."""
+
+    word: int
+    text: str
+    start: int
+    end: int
+    capital: bool  # the source word is capitalised inside the sentence (in German: a noun)
 
 
 def _candidates(
@@ -148,14 +207,15 @@ def _candidates(
     tgt_words: np.ndarray,
     tokenizer: Tokenizer,
     frequent: set[str],
-) -> list[tuple[int, str]]:
-    """(source word, its term as text) for every clean 1-to-n link of a content word."""
+) -> list[Candidate]:
+    """Every clean 1-to-n link of a content word."""
     by_source: dict[int, list[int]] = {}
     sources_of_target: Counter[int] = Counter()
     for i, j in links:
         by_source.setdefault(i, []).append(j)
         sources_of_target[j] += 1
     source_texts = _word_texts(src, src_words, tokenizer)
+    cased = _word_texts(src, src_words, tokenizer, fold=False)
     found = []
     for i, targets in sorted(by_source.items()):
         targets = sorted(set(targets))
@@ -164,12 +224,11 @@ def _candidates(
         word = source_texts[i]
         if word in frequent or not any(ch.isalpha() for ch in word):
             continue
-        pieces = [
-            int(t) for t, w in zip(tgt.tolist(), tgt_words.tolist(), strict=True) if targets[0] <= w <= targets[-1]
-        ]
-        text = _strip_punctuation(tokenizer.decode_tgt(pieces))
+        span = np.flatnonzero((tgt_words >= targets[0]) & (tgt_words <= targets[-1]))
+        text = _strip_punctuation(tokenizer.decode_tgt(tgt[span].tolist()))
         if any(ch.isalpha() for ch in text):
-            found.append((i, text))
+            capital = i > 0 and cased[i][:1].isupper()
+            found.append(Candidate(i, text, int(span[0]), int(span[-1]) + 1, capital))
     return found
 
 

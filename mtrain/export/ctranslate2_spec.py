@@ -93,7 +93,7 @@ def check_exportable(cfg: ModelConfig) -> None:
     if settings.get("term_factors"):
         raise MtrainError(
             "model.term_factors=true: CTranslate2 (and Argos, which runs it) reads no source factors, where this "
-            "term-aware model reads its terms; translate and serve it with mtrain itself"
+            "term-aware model reads its terms; translate and serve it with mtrain's own engine (engine=torch)"
         )
     for name, value in settings.items():
         if name in MAPPED or name in INFERENCE_IRRELEVANT:
