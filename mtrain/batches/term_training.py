@@ -13,8 +13,8 @@ corpus, as guided alignment reads it; scripts/align_eflomal.py):
   `train.term_max_words` candidates, drawn at random, get their target words, without the
   punctuation pieces at their ends, as the term;
 - a share `train.term_replace_rate` of those terms is another term instead, drawn from all
-  candidates' terms of the corpus, of a capitalised source word's (a German noun's) for such
-  a word (`dog` -> `shirt`), and the target's words are replaced by
+  candidates' distinct terms of the corpus, each as likely, of a capitalised source word's (a
+  German noun's) for such a word (`dog` -> `tricycle`), and the target's words are replaced by
   it too. A term equal to the model's own translation can be ignored at no cost (a fine-tune
   with such terms alone learned to write `A dog runs` for `Hund canine`: term accuracy 0%
   without constraints); a term the target can only get from the source's annotation teaches
@@ -102,12 +102,15 @@ def annotate_corpus(
         where = f"{name}:{line_index + 1}"
         links = parse_links(lines[line_index], where, word_count(src_words[k]), word_count(tgt_words), KEY)
         found_of[k] = _candidates(links, src[:-1], src_words[k], tgt, tgt_words, tokenizer, frequent)
-    # The replacements, by frequency, of words of one kind: a capitalised source word's (a German
-    # noun's) term is replaced by another such term, so that a noun's place gets a noun.
+    # The replacements: the distinct terms of words of one kind (a capitalised source word's, a
+    # German noun's, is replaced by another such term, so that a noun's place gets a noun), each
+    # as likely: rare words, of several pieces, are most of them, and the model learns to copy
+    # any term piece by piece (drawn by frequency, `man`, `shirt` dominate and it learned to copy
+    # those only: `Hund canine` still gave `dog`).
     pools: dict[bool, list[str]] = {True: [], False: []}
-    for found in found_of.values():
-        for candidate in found:
-            pools[candidate.capital].append(candidate.text)
+    for capital in pools:
+        texts = {candidate.text for found in found_of.values() for candidate in found if candidate.capital == capital}
+        pools[capital] = sorted(texts)
     sources: list[np.ndarray] = [np.asarray(corpus.src(k)) for k in range(len(corpus))]
     targets: dict[int, np.ndarray] = {}  # the pairs whose target words a term replaced
     annotated = terms = replaced = 0
