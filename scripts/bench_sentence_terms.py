@@ -39,6 +39,7 @@ MODES = {
     "constraints": {"term_mode": "constraints", "term_placement": "none"},
     "constraints + placement": {"term_mode": "constraints", "term_placement": "aligned"},
     "annotation": {"term_mode": "annotation"},
+    "annotation + constraints": {"term_mode": "both", "term_placement": "none"},
     "annotation + constraints + placement": {"term_mode": "both", "term_placement": "aligned"},
 }
 

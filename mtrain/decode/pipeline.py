@@ -230,13 +230,16 @@ def prepare_requests(requests: Sequence[DecodeRequest], options: Options, term_a
             source = markup.text
         terms: tuple[str, ...] = ()
         term_words: dict[str, list[int]] = {}
-        constraints = request.constraints
+        constraints, avoid = request.constraints, request.avoid
         if options.glossary is not None:
             term_words = options.glossary.term_words(source)
             terms = tuple(term_words)
             if constrain_terms:
                 constraints = tuple(dict.fromkeys([*constraints, *terms]))
-        target = TargetRequest(request.prefix, constraints, request.avoid, request.ordered)
+            if options.decode.term_avoid_replaced:  # the glossary's third field: words a term replaces
+                replaced = options.glossary.replaced_in(source)
+                avoid = tuple(dict.fromkeys([*avoid, *(word for words in replaced.values() for word in words)]))
+        target = TargetRequest(request.prefix, constraints, avoid, request.ordered)
         controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
         prepared.append(
             Prepared(source, target if controlled else None, markup, terms, request.where, term_words=term_words)

@@ -4,8 +4,10 @@ a constraint of that sentence's translation.
 The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
 starting with `#` are skipped; a byte-order mark and CRLF line ends are read as Windows
 editors mean them: `mtrain.decode.textio.read_text_lines`). An optional third field lists the
-words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): decoding ignores it; `mtrain
-eval` counts how often one of them stays beside the term (mtrain/evaluate/terminology.py). How a
+words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): decoding avoids them in the
+translation of a sentence that holds the term (`decode.term_avoid_replaced`, each word also
+capitalised; a word the term itself holds is not avoided), and `mtrain eval` counts how often one
+of them stays beside the term (mtrain/evaluate/terminology.py). How a
 source term is found in a sentence:
 
 - whole words only: a term matches where it is neither preceded nor followed by a word
@@ -74,6 +76,21 @@ class Glossary:
             first = bisect.bisect_right(starts, match.start()) - 1
             last = bisect.bisect_left(starts, match.end()) - 1
             found.setdefault(self.targets[" ".join(match.group().split())], []).extend(range(first, last + 1))
+        return found
+
+    def replaced_in(self, source: str) -> dict[str, list[str]]:
+        """Per target term found in `source`, the words it replaces (the third field), each also
+        capitalised (a sentence's first word), without the words the term itself holds."""
+        text = source.casefold() if self.ignore_case else source
+        found: dict[str, list[str]] = {}
+        for match in self.pattern.finditer(text):
+            key = " ".join(match.group().split())
+            target = self.targets[key]
+            inside = set(target.casefold().split())
+            words = [word for word in self.replaced.get(key, []) if not set(word.casefold().split()) & inside]
+            found.setdefault(target, []).extend(
+                dict.fromkeys(variant for word in words for variant in (word, word[:1].upper() + word[1:]))
+            )
         return found
 
     def constraints(self, source: str) -> list[str]:
