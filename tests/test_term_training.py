@@ -407,3 +407,23 @@ def test_serve_annotates_the_server_glossary_and_a_requests_terms_as_translate_d
     server_cfg = ServeConfig(**{**cfg.__dict__, "terms": str(terms)})
     with TestClient(build_app(served, server_cfg), base_url="http://localhost") as api:
         assert api.post("/translate", json={"text": sentences}).json()["translations"] == lines
+
+
+# ------------------------------------------------------------------ the words a term replaces
+def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
+    from mtrain.decode.pipeline import prepare_requests
+
+    glossary = Glossary.of(
+        {"Hund": "canine", "Mann": "gentleman", "Hundeführer": "dog handler"},
+        replaced={"Hund": ["dog", "dogs"], "Mann": ["man"], "Hundeführer": ["dog", "handler"]},
+    )
+    assert glossary.replaced_in("Ein Hund.") == {"canine": ["dog", "Dog", "dogs", "Dogs"]}
+    # a word the term itself holds is not avoided (the term could not be written)
+    assert glossary.replaced_in("Ein Hundeführer.") == {"dog handler": []}
+    requests = [DecodeRequest("Ein Mann mit Hund.", avoid=("the",)), DecodeRequest("Eine Frau.")]
+    on = Options(decode=DecodeConfig(), glossary=glossary)
+    first, second = prepare_requests(requests, on)
+    assert first.request is not None and first.request.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
+    assert set(first.request.constraints) == {"gentleman", "canine"} and second.request is None
+    (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(term_avoid_replaced=False), glossary=glossary))
+    assert off.request is not None and off.request.avoid == ("the",)
