@@ -745,8 +745,9 @@ class DecodeConfig:
     # Terms as constraints, as annotation of the source (term-aware models), or both: auto | constraints | annotation | both
     term_mode: TermMode = TermMode.auto
     # A glossary's third field (`Hund<TAB>canine<TAB>dog|dogs`: the words a term replaces) avoided
-    # in the translation of every sentence whose source holds the term (each also capitalised)
-    term_avoid_replaced: bool = True
+    # in the translation of every sentence whose source holds the term (each also capitalised).
+    # Off by default: measured, it keeps no usual word beside a term but costs BLEU (docs/TRANSLATE.md)
+    term_avoid_replaced: bool = False
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 

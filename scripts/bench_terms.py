@@ -25,19 +25,20 @@ from mtrain.decode.terminology import read_glossary
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import GlossaryFile, occurrences, term_instances, words
 
-KEEP = "decode.term_avoid_replaced=false"  # the glossary's third field not used at decoding
+KEEP = "decode.term_avoid_replaced=false"  # the glossary's third field not used at decoding (the default)
+AVOID = "decode.term_avoid_replaced=true"
 MODES = {
     "no terms": [],
     "constraints": ["decode.term_mode=constraints", "decode.term_placement=none", KEEP],
     "constraints + placement": ["decode.term_mode=constraints", "decode.term_placement=aligned", KEEP],
     # the words each term replaces (the glossary's third field) avoided where the term applies
-    "constraints + placement + avoid": ["decode.term_mode=constraints", "decode.term_placement=aligned"],
+    "constraints + placement + avoid": ["decode.term_mode=constraints", "decode.term_placement=aligned", AVOID],
     # a term-aware model (model.term_factors, trained with train.term_alignment): the terms in its source
     "annotation": ["decode.term_mode=annotation", KEEP],
-    "annotation + avoid": ["decode.term_mode=annotation"],
+    "annotation + avoid": ["decode.term_mode=annotation", AVOID],
     "annotation + constraints": ["decode.term_mode=both", "decode.term_placement=none", KEEP],
     "annotation + constraints + placement": ["decode.term_mode=both", "decode.term_placement=aligned", KEEP],
-    "annotation + constraints + placement + avoid": ["decode.term_mode=both", "decode.term_placement=aligned"],
+    "annotation + constraints + placement + avoid": ["decode.term_mode=both", "decode.term_placement=aligned", AVOID],
 }
 
 

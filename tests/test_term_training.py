@@ -421,9 +421,9 @@ def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
     # a word the term itself holds is not avoided (the term could not be written)
     assert glossary.replaced_in("Ein Hundeführer.") == {"dog handler": []}
     requests = [DecodeRequest("Ein Mann mit Hund.", avoid=("the",)), DecodeRequest("Eine Frau.")]
-    on = Options(decode=DecodeConfig(), glossary=glossary)
+    on = Options(decode=DecodeConfig(term_avoid_replaced=True), glossary=glossary)
     first, second = prepare_requests(requests, on)
     assert first.request is not None and first.request.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
     assert set(first.request.constraints) == {"gentleman", "canine"} and second.request is None
-    (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(term_avoid_replaced=False), glossary=glossary))
+    (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(), glossary=glossary))
     assert off.request is not None and off.request.avoid == ("the",)
