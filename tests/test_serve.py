@@ -702,6 +702,7 @@ class StandIn:
         )
         self.src_lang, self.tgt_lang = "de", "en"
         self.directions = {"de": ["en"]}
+        self.term_aware = False  # reads no glossary terms in its source
 
     def target_languages(self) -> list[str]:
         return ["en"]

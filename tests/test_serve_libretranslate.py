@@ -123,6 +123,7 @@ class StandIn:
     description, name, engine_name, device, precision, threads = "stand-in", "stand-in", "torch", "cpu", "fp32", 1
     src_lang, tgt_lang = "de", "en"
     directions: ClassVar = {"de": ["en"]}
+    term_aware = False  # reads no glossary terms in its source
 
     def target_languages(self) -> list[str]:
         return ["en"]

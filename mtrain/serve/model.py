@@ -85,6 +85,11 @@ class ServedModel:
         ]
         return self.pipeline().decode(prepared, cfg, tgt_lang)
 
+    @property
+    def term_aware(self) -> bool:
+        """The model reads glossary terms in its source (model.term_factors: decode.term_mode)."""
+        return self.pipeline().term_aware
+
     def pipeline(self) -> RequestPipeline:
         """The request pipeline's decoder for this engine (one: it keeps its phrase encoders)."""
         if self.decoder is None:

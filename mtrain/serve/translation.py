@@ -76,7 +76,7 @@ class Served:
     def check(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
         """The request's sentences prepared for the batcher; RefusedCombination for what the
         rules refuse, MtrainError for malformed markup (each names the field)."""
-        term_aware = self.model.pipeline().term_aware
+        term_aware = self.model.term_aware
         check_requests(requests, options, ctranslate2=self.model.engine_name == "ctranslate2", term_aware=term_aware)
         return prepare_requests(requests, options, term_aware)
 
