@@ -420,6 +420,10 @@ def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
     assert glossary.replaced_in("Ein Hund.") == {"canine": ["dog", "Dog", "dogs", "Dogs"]}
     # a word the term itself holds is not avoided (the term could not be written)
     assert glossary.replaced_in("Ein Hundeführer.") == {"dog handler": []}
+    # nor a word it starts with (avoided pieces would ban the term's first piece: road, roadway)
+    assert Glossary.of({"Straße": "roadway"}, replaced={"Straße": ["road", "street"]}).replaced_in("Die Straße.") == {
+        "roadway": ["street", "Street"]
+    }
     requests = [DecodeRequest("Ein Mann mit Hund.", avoid=("the",)), DecodeRequest("Eine Frau.")]
     on = Options(decode=DecodeConfig(term_avoid_replaced=True), glossary=glossary)
     first, second = prepare_requests(requests, on)

@@ -6,7 +6,7 @@ starting with `#` are skipped; a byte-order mark and CRLF line ends are read as 
 editors mean them: `mtrain.decode.textio.read_text_lines`). An optional third field lists the
 words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): with `decode.term_avoid_replaced=true`
 decoding avoids them in the translation of a sentence that holds the term (each word also
-capitalised; a word the term itself holds is not avoided), and `mtrain eval` counts how often one
+capitalised; a word the term itself holds or starts with is not avoided), and `mtrain eval` counts how often one
 of them stays beside the term (mtrain/evaluate/terminology.py). How a
 source term is found in a sentence:
 
@@ -86,8 +86,14 @@ class Glossary:
         for match in self.pattern.finditer(text):
             key = " ".join(match.group().split())
             target = self.targets[key]
-            inside = set(target.casefold().split())
-            words = [word for word in self.replaced.get(key, []) if not set(word.casefold().split()) & inside]
+            # A word the term starts with is not avoided: avoided phrases are banned piece by piece, so
+            # avoiding `road` would ban the first piece of `roadway` and the term could not be written.
+            inside = target.casefold().split()
+            words = [
+                word
+                for word in self.replaced.get(key, [])
+                if not any(term.startswith(part) for part in word.casefold().split() for term in inside)
+            ]
             found.setdefault(target, []).extend(
                 dict.fromkeys(variant for word in words for variant in (word, word[:1].upper() + word[1:]))
             )
