@@ -25,8 +25,8 @@ from mtrain.decode.terminology import read_glossary
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import GlossaryFile, occurrences, term_instances, words
 
-KEEP = "decode.term_avoid_replaced=false"  # the glossary's third field not used at decoding (the default)
-AVOID = "decode.term_avoid_replaced=true"
+KEEP = "decode.term_avoid_replaced=false"  # the glossary's third field not used at decoding
+AVOID = "decode.term_avoid_replaced=true"  # (the default)
 MODES = {
     "no terms": [],
     "constraints": ["decode.term_mode=constraints", "decode.term_placement=none", KEEP],

@@ -167,7 +167,7 @@ def test_a_share_of_the_training_sources_carry_their_own_aligned_content_words_a
         assert [p for p, f in zip(pieces, factors, strict=True) if f != TERM_TARGET] == plain.train.src(k).tolist()
         assert data.train.tgt(k).tolist() == plain.train.tgt(k).tolist()
         reference = " " + tokenizer.decode_tgt(data.train.tgt(k).tolist()) + " "
-        assert 1 <= sum(f == TERM_SOURCE and starts[p] for p, f in zip(pieces, factors, strict=True)) <= 2
+        assert 1 <= sum(f == TERM_SOURCE and starts[p] for p, f in zip(pieces, factors, strict=True)) <= 3
         run: list[int] = []
         for position, (piece, factor) in enumerate(zip(pieces, factors, strict=True)):
             if factor == TERM_TARGET:
@@ -425,9 +425,9 @@ def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
         "roadway": ["street", "Street"]
     }
     requests = [DecodeRequest("Ein Mann mit Hund.", avoid=("the",)), DecodeRequest("Eine Frau.")]
-    on = Options(decode=DecodeConfig(term_avoid_replaced=True), glossary=glossary)
+    on = Options(decode=DecodeConfig(), glossary=glossary)
     first, second = prepare_requests(requests, on)
     assert first.request is not None and first.request.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
     assert set(first.request.constraints) == {"gentleman", "canine"} and second.request is None
-    (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(), glossary=glossary))
+    (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(term_avoid_replaced=False), glossary=glossary))
     assert off.request is not None and off.request.avoid == ("the",)

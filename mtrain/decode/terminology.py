@@ -4,11 +4,11 @@ a constraint of that sentence's translation.
 The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
 starting with `#` are skipped; a byte-order mark and CRLF line ends are read as Windows
 editors mean them: `mtrain.decode.textio.read_text_lines`). An optional third field lists the
-words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): with `decode.term_avoid_replaced=true`
-decoding avoids them in the translation of a sentence that holds the term (each word also
-capitalised; a word the term itself holds or starts with is not avoided), and `mtrain eval` counts how often one
-of them stays beside the term (mtrain/evaluate/terminology.py). How a
-source term is found in a sentence:
+words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): decoding avoids them in the
+translation of a sentence that holds the term (`decode.term_avoid_replaced`, default true; each
+word also capitalised; a word the term itself holds or starts with is not avoided), and `mtrain
+eval` counts how often one of them stays beside the term (mtrain/evaluate/terminology.py). How
+a source term is found in a sentence:
 
 - whole words only: a term matches where it is neither preceded nor followed by a word
   character (a Unicode letter, digit or `_`), so `Hund` matches in `Der Hund bellt.` and in
