@@ -8,6 +8,7 @@ and the refusals: a misfit file, a model that reads no terms, an export that cou
 # ruff: noqa: F811 (the fixtures imported from tests.test_serve are parameters here)
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ from mtrain.train.checkpoint_files import save_checkpoint
 from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
-from tests.test_finetune import QUICK, TINY_MODEL
+from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
 from tests.test_fit import compose_fit, mtrain, run_fit
 from tests.test_run_safety import one_error_line
 from tests.test_serve import MODEL, tokenizer  # noqa: F401 (fixture)
@@ -249,27 +250,11 @@ def test_a_misfit_alignment_file_or_setting_is_one_line_naming_it(multi30k_slice
 
 # ------------------------------------------------------------------ fine-tuning a plain run, decoding with terms
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory, multi30k_slice) -> Path:
-    base = tmp_path_factory.mktemp("plain_parent")
-    overrides = [
-        f"data.local_dir={multi30k_slice}",
-        f"data.cache_dir={base / 'cache'}",
-        *TINY_MODEL,
-        *QUICK,
-        "data.train_limit=300",
-        "train.max_updates=2",
-        "train.validate_every=2",
-    ]
-    run_fit(compose_fit(overrides), base / "run")
-    return base / "run"
-
-
-@pytest.fixture(scope="module")
-def term_run(tmp_path_factory, plain_run, multi30k_slice, aligned) -> Path:
-    """`plain_run` fine-tuned with term annotation (init_from, model.term_factors=true)."""
+def term_run(tmp_path_factory, parent, multi30k_slice, aligned) -> Path:
+    """test_finetune's plain `parent` fine-tuned with term annotation (init_from, model.term_factors=true)."""
     base = tmp_path_factory.mktemp("term_child")
     overrides = [
-        f"init_from={plain_run}",
+        f"init_from={parent}",
         f"data.local_dir={multi30k_slice}",
         f"data.cache_dir={base / 'cache'}",
         *QUICK,
@@ -280,29 +265,29 @@ def term_run(tmp_path_factory, plain_run, multi30k_slice, aligned) -> Path:
         "train.validate_every=3",
     ]
     cfg = with_resolved_model(compose_fit(overrides))
-    parent = load_parent(str(plain_run), "auto", False, cfg.data)
-    child = inherited_config(cfg, parent.config, overrides, "init_from")
+    loaded = load_parent(str(parent), "auto", False, cfg.data)
+    child = inherited_config(cfg, loaded.config, overrides, "init_from")
     machine = resolve_machine(child)
-    data = prepare_fit_data(child, machine, progress=lambda *_: None, tokenizer=parent.tokenizer)
-    model = build_fit(child, machine, data, init=parent).model.eval()
+    data = prepare_fit_data(child, machine, progress=lambda *_: None, tokenizer=loaded.tokenizer)
+    model = build_fit(child, machine, data, init=loaded).model.eval()
     # before its first update the fine-tune computes exactly what its parent does
-    plain = build_fit(child, machine, data).model.eval()
-    plain_state = {k: v for k, v in parent.state_dict.items() if k in plain.state_dict()}
-    plain.load_state_dict(plain_state, strict=False)
-    src = torch.tensor([[*parent.tokenizer.encode_src("Ein Hund."), parent.tokenizer.eos_id]])
-    tgt = torch.tensor([[parent.tokenizer.bos_id]])
-    assert torch.equal(model(src, src == parent.tokenizer.pad_id, tgt), plain(src, src == parent.tokenizer.pad_id, tgt))
+    plain_cfg = dataclasses.replace(child, model=dataclasses.replace(child.model, term_factors=False))
+    plain = build_fit(plain_cfg, machine, data, init=loaded).model.eval()
+    tokenizer = loaded.tokenizer
+    src = torch.tensor([[*tokenizer.encode_src("Ein Hund."), tokenizer.eos_id]])
+    tgt = torch.tensor([[tokenizer.bos_id]])
+    assert torch.equal(model(src, src == tokenizer.pad_id, tgt), plain(src, src == tokenizer.pad_id, tgt))
     run_fit(compose_fit(overrides), base / "run", command_line=overrides)
     return base / "run"
 
 
 def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms_into_its_source(
-    term_run, plain_run, tmp_path
+    term_run, parent, tmp_path
 ):
     from mtrain.train.checkpoint_files import load_run
 
     loaded = load_run(term_run, "best")
-    assert loaded.config.model.term_factors and loaded.config.init_from == str(plain_run)
+    assert loaded.config.model.term_factors and loaded.config.init_from == str(parent)
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
     glossary = Glossary.of({"Hund": "canine"})
     vocab = tokenizer.src_vocab_size
@@ -334,7 +319,7 @@ def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms
     terms.write_text("Hund\tcanine\n", encoding="utf-8")
     source = tmp_path / "in.de"
     source.write_text("Ein Hund läuft.\n", encoding="utf-8")
-    result = mtrain("translate", f"run={plain_run}", f"input={source}", f"terms={terms}", "decode.term_mode=annotation")
+    result = mtrain("translate", f"run={parent}", f"input={source}", f"terms={terms}", "decode.term_mode=annotation")
     assert result.returncode == 2 and "decode.term_mode=annotation: this model reads no terms" in one_error_line(result)
     # word alignments and markup see the source as the user wrote it
     result = mtrain("translate", f"run={term_run}", f"input={source}", f"terms={terms}", "decode.alignment=true", "decode.alignment_layer=-1",
