@@ -184,9 +184,10 @@ def staged(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(staging) if staging is not None else target.with_name(f".{target.name}.partial-{os.getpid()}")
     _remove_path(staging)
-    if directory:
-        staging.mkdir()
     try:
+        # (made inside the try: a stop signal raised as mkdir returns must not leave it behind)
+        if directory:
+            staging.mkdir()
         yield staging
         _publish(staging, target, keep_existing)
     except BaseException:
