@@ -17,7 +17,6 @@ speed column is one sentence at a time, comparable between the rows of one run o
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from mtrain.config import DecodeConfig, ServeConfig
 from mtrain.decode.pipeline import DecodeRequest, Options
 from mtrain.decode.terminology import Glossary
+from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import score_terms
 from mtrain.runtime import set_threads
 from mtrain.serve.model import open_served_model
@@ -42,12 +42,6 @@ MODES = {
     "annotation + constraints": {"term_mode": "both", "term_placement": "none"},
     "annotation + constraints + placement": {"term_mode": "both", "term_placement": "aligned"},
 }
-
-
-def read_lines(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        return [line.rstrip("\n") for line in lines]
 
 
 def sentence_glossaries(path: str) -> list[dict[str, str]]:

@@ -217,8 +217,8 @@ def _candidates(
     for i, j in links:
         by_source.setdefault(i, []).append(j)
         sources_of_target[j] += 1
-    source_texts = _word_texts(src, src_words, tokenizer)
     cased = _word_texts(src, src_words, tokenizer, fold=False)
+    source_texts = [text.casefold() for text in cased]
     found = []
     for i, targets in sorted(by_source.items()):
         targets = sorted(set(targets))

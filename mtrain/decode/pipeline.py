@@ -423,7 +423,8 @@ def term_sources(
     word_of = word_indices(tokenizer.src_pieces([pieces[k] for k in plain[offset:-1]]))
     found = {}
     for target, words in term_words.items():
-        positions = [plain[offset + i] for i, word in enumerate(word_of) if word in set(words)]
+        wanted = set(words)
+        positions = [plain[offset + i] for i, word in enumerate(word_of) if word in wanted]
         # and the term written after them: the model reads the word and its term as one
         after = positions[-1] + 1 if positions else len(factors)
         while after < len(factors) and factors[after] == TERM_TARGET:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,25 +67,29 @@ class Glossary:
             added = {source.casefold(): target for source, target in added.items()}
         return Glossary.of({**self.targets, **added}, self.ignore_case)
 
+    def _matches(self, source: str) -> Iterator[tuple[str, re.Match[str]]]:
+        """Each source term found in `source`, as `targets` keys it, and its match (in the
+        case-folded text with ignore_case: folding keeps the whitespace)."""
+        for match in self.pattern.finditer(source.casefold() if self.ignore_case else source):
+            yield " ".join(match.group().split()), match
+
     def term_words(self, source: str) -> dict[str, list[int]]:
         """Per target term found in `source`, the indices of the source words its source term
         covers (words as `source.split()` counts them; a word that holds the term, `(Hund)`, too)."""
-        text = source.casefold() if self.ignore_case else source  # (folding keeps the whitespace)
+        text = source.casefold() if self.ignore_case else source  # where _matches finds them
         starts = [word.start() for word in re.finditer(r"\S+", text)]
         found: dict[str, list[int]] = {}
-        for match in self.pattern.finditer(text):
+        for key, match in self._matches(source):
             first = bisect.bisect_right(starts, match.start()) - 1
             last = bisect.bisect_left(starts, match.end()) - 1
-            found.setdefault(self.targets[" ".join(match.group().split())], []).extend(range(first, last + 1))
+            found.setdefault(self.targets[key], []).extend(range(first, last + 1))
         return found
 
     def replaced_in(self, source: str) -> dict[str, list[str]]:
         """Per target term found in `source`, the words it replaces (the third field), each also
         capitalised (a sentence's first word), without the words the term itself holds."""
-        text = source.casefold() if self.ignore_case else source
         found: dict[str, list[str]] = {}
-        for match in self.pattern.finditer(text):
-            key = " ".join(match.group().split())
+        for key, _ in self._matches(source):
             target = self.targets[key]
             # A word the term starts with is not avoided: avoided phrases are banned piece by piece, so
             # avoiding `road` would ban the first piece of `roadway` and the term could not be written.
@@ -101,10 +106,7 @@ class Glossary:
 
     def constraints(self, source: str) -> list[str]:
         """The target terms of the source terms in `source`, in their order, each once."""
-        found: dict[str, None] = {}
-        for match in self.pattern.finditer(source.casefold() if self.ignore_case else source):
-            found[self.targets[" ".join(match.group().split())]] = None
-        return list(found)
+        return list(dict.fromkeys(self.targets[key] for key, _ in self._matches(source)))
 
 
 def glossary_of(
