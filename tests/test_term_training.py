@@ -414,5 +414,8 @@ def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
     first, second = prepare_requests(requests, on)
     assert first.request is not None and first.request.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
     assert set(first.request.constraints) == {"gentleman", "canine"} and second.request is None
+    # a request's own terms keep the server glossary's replaced words for the others
+    merged = glossary.with_terms([("Hund", "hound")])
+    assert merged.replaced_in("Ein Mann mit Hund.") == {"gentleman": ["man", "Man"], "hound": []}
     (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(term_avoid_replaced=False), glossary=glossary))
     assert off.request is not None and off.request.avoid == ("the",)

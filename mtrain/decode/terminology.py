@@ -61,11 +61,13 @@ class Glossary:
 
     def with_terms(self, pairs: list[tuple[str, str]]) -> Glossary:
         """This glossary and `pairs` (source term, target term), which win over its entries
-        (a request's own terms over the server's)."""
+        (a request's own terms over the server's). The words the server's terms replace stay
+        with them; a request's pair has none."""
         added = {" ".join(source.split()): " ".join(target.split()) for source, target in pairs}
         if self.ignore_case:
             added = {source.casefold(): target for source, target in added.items()}
-        return Glossary.of({**self.targets, **added}, self.ignore_case)
+        kept = {source: words for source, words in self.replaced.items() if source not in added}
+        return Glossary.of({**self.targets, **added}, self.ignore_case, kept)
 
     def _matches(self, source: str) -> Iterator[tuple[str, re.Match[str]]]:
         """Each source term found in `source`, as `targets` keys it, and its match (in the
