@@ -206,8 +206,13 @@ def test_a_replacing_term_is_written_into_the_target_in_place_of_the_aligned_wor
                 run = []
         for term in terms:  # the target holds the term (capitalised where it starts the sentence)
             assert term in target or term[:1].upper() + term[1:] in target, (term, target, original)
-        # the words around the replaced ones stay: the target differs from the original in at most 2 places
-        assert len(set(target.split()) - set(original.split())) <= 2 * len(terms) + 1, (target, original)
+
+        # the words around the replaced ones stay: every word the original lacks is a word of a term
+        def bare(word: str) -> str:
+            return word.strip(".,;:!?\"'()").casefold()
+
+        term_words = {bare(word) for term in terms for word in term.split()}
+        assert {bare(word) for word in set(target.split()) - set(original.split())} <= term_words, (target, terms)
     assert changed > 0.9 * annotated  # (a drawn term may be the word's own)
     (line,) = [line for line in logged if line.startswith("term annotation:")]
     assert "of them replacing their target words by another term" in line
