@@ -159,7 +159,7 @@ def test_a_share_of_the_training_sources_carry_their_own_aligned_content_words_a
     assert 0.35 < len(annotated) / len(data.train) < 0.5  # term_rate 0.5 of the pairs, those with a candidate
     (line,) = [line for line in logged if line.startswith("term annotation:")]
     assert f"{len(annotated)} of {len(data.train)} training pairs" in line
-    plain, _ = prepared([*term_overrides(multi30k_slice, aligned, tmp_path / "cache"), "train.term_rate=0"])
+    plain, _ = prepared([*term_overrides(multi30k_slice, aligned, tmp_path / "cache"), "train.term_alignment=null"])
     frequent = {"ein", "eine", "einem", "der", "die", "und", "in", "mit", "auf"}
     starts = word_starts(tokenizer, "src")
     for k in annotated[:200]:
@@ -185,7 +185,7 @@ def test_a_share_of_the_training_sources_carry_their_own_aligned_content_words_a
 def test_a_replacing_term_is_written_into_the_target_in_place_of_the_aligned_words(multi30k_slice, aligned, tmp_path):
     cache = tmp_path / "cache"
     data, logged = prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_replace_rate=1"])
-    plain, _ = prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_rate=0"])
+    plain, _ = prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_alignment=null"])
     tokenizer, vocab = data.tokenizer, data.tokenizer.src_vocab_size
     changed = annotated = 0
     for k in range(len(data.train)):
@@ -251,6 +251,48 @@ def test_a_misfit_alignment_file_or_setting_is_one_line_naming_it(multi30k_slice
     for more, message in refusals:
         with pytest.raises(MtrainError, match=message.replace("(", r"\(").replace(")", r"\)")):
             prepared([*term_overrides(multi30k_slice, aligned, cache), *more])
+
+
+def test_an_alignment_file_that_is_not_utf8_or_yields_no_term_is_refused_in_one_line(multi30k_slice, aligned, tmp_path):
+    """Issue 58 item 4: a binary file was a UnicodeDecodeError traceback; empty links or
+    term_rate=0 trained a 'term-aware' model that never saw a term, saying so only in a count."""
+    cache = tmp_path / "cache"
+    lines = aligned.read_text(encoding="utf-8").splitlines()
+    binary = tmp_path / "binary.align"
+    binary.write_bytes(("\n".join(lines[:6]) + "\n").encode() + b"0-0 \xff\xfe1-1\n" + ("\n".join(lines[7:]) + "\n").encode())
+    with pytest.raises(MtrainError, match=r"train.term_alignment: .*binary.align:7: not valid UTF-8") as refused:
+        prepared([*term_overrides(multi30k_slice, binary, cache), "train.term_rate=1"])
+    assert "\n" not in str(refused.value)
+    empty = tmp_path / "empty.align"
+    empty.write_text("\n" * len(lines), encoding="utf-8")
+    with pytest.raises(MtrainError, match=r"empty.align: 0 candidate words .* in the 2000 pairs drawn \(0 links"):
+        prepared([*term_overrides(multi30k_slice, empty, cache), "train.term_rate=1"])
+    with pytest.raises(MtrainError, match=r"train.term_rate=0.0: drew none of the 2000 training pairs"):
+        prepared([*term_overrides(multi30k_slice, aligned, cache), "train.term_rate=0"])
+
+
+def test_resuming_with_another_alignment_file_is_refused_and_another_rate_is_said(aligned, tmp_path, caplog):
+    """Issue 58 item 4: a resume drew its terms from whatever file and rate it was given, silently."""
+    from mtrain.train.checkpointer import check_resumable_terms
+
+    saved = {"config": {"train": {"term_alignment": str(aligned), "term_rate": 0.5, "term_max_words": 3}}}
+    cfg = compose_fit([f"train.term_alignment={aligned}", "train.term_rate=0.5", "train.term_max_words=3"])
+    check_resumable_terms(saved, cfg, tmp_path / "last.pt")  # the same: nothing to say
+    other = tmp_path / "other.align"
+    other.write_text("0-0\n", encoding="utf-8")
+    for given in (f"train.term_alignment={other}", "train.term_alignment=null"):
+        with pytest.raises(MtrainError, match=r"last.pt: checkpoint was trained with train.term_alignment=") as refused:
+            check_resumable_terms(saved, compose_fit([given]), tmp_path / "last.pt")
+        assert "nothing was written" in str(refused.value)
+    moved = tmp_path / "moved" / "train.align"  # the same file by another path is the same data
+    moved.parent.mkdir()
+    moved.symlink_to(aligned)
+    check_resumable_terms(saved, compose_fit([f"train.term_alignment={moved}", "train.term_max_words=3"]), tmp_path)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mtrain"):
+        check_resumable_terms(saved, compose_fit([f"train.term_alignment={aligned}", "train.term_rate=0.8",
+                                                  "train.term_max_words=3"]), tmp_path)  # fmt: skip
+    assert "train.term_rate 0.5 -> 0.8: the term annotation is drawn again" in caplog.text
 
 
 # ------------------------------------------------------------------ fine-tuning a plain run, decoding with terms

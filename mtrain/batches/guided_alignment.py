@@ -73,11 +73,25 @@ def read_alignment_file(
     kept_lines = line_numbers(entry)
     if len(kept_lines) != len(corpus):
         raise MtrainError(f"{entry}: the cache entry has no line numbers for its pairs; remove it to re-encode")
-    lines = path.read_text(encoding="utf-8").split("\n")
+    lines = _pharaoh_text(path, key).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     check_line_count(lines, str(path), int(summary["read"]), key, limited=train_limit is not None)
     return lines, kept_lines
+
+
+def _pharaoh_text(path: Path, key: str) -> str:
+    """The file's text; MtrainError naming `path:line` when it is not UTF-8 (a Pharaoh file is
+    digits, dashes and spaces: such a file is most likely not the alignment file at all)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise MtrainError(
+            f"train.{key}: {path}:{line}: not valid UTF-8 ({error.reason} at byte {error.start}); give the "
+            "Pharaoh word links (i-j pairs) of the training corpus, e.g. from scripts/align_eflomal.py"
+        ) from None
 
 
 def check_line_count(lines: list[str], name: str, read: int, key: str, limited: bool = False) -> None:

@@ -41,6 +41,7 @@ import numpy as np
 from mtrain.batches.corpus import EncodedCorpus
 from mtrain.batches.guided_alignment import parse_links, read_alignment_file, word_count, word_starts, words_of
 from mtrain.config import TrainConfig
+from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.term_factors import annotate
 
@@ -58,6 +59,8 @@ class TermAnnotation:
     terms: int
     candidates: int
     replaced: int = 0  # terms that replaced their target words by another term
+    drawn: int = 0  # pairs drawn (train.term_rate) to get terms, with a candidate or not
+    links: int = 0  # the word links of the drawn pairs
 
     def summary(self) -> str:
         share = 100 * self.annotated / max(1, self.pairs)
@@ -75,7 +78,27 @@ def load_term_training(
     `cfg.term_*` say, from the alignment file `cfg.term_alignment`."""
     assert cfg.term_alignment is not None
     lines, kept_lines = read_alignment_file(cfg.term_alignment, corpus, entry, KEY, train_limit)
-    return annotate_corpus(corpus, lines, str(cfg.term_alignment), kept_lines, tokenizer, cfg, seed)
+    annotated, annotation = annotate_corpus(corpus, lines, str(cfg.term_alignment), kept_lines, tokenizer, cfg, seed)
+    check_some_terms(annotation, cfg)
+    return annotated, annotation
+
+
+def check_some_terms(annotation: TermAnnotation, cfg: TrainConfig) -> None:
+    """Refuse a term-aware run whose annotation wrote no term: it would train a plain model
+    that never sees a term, and say so only in a number of its log."""
+    if annotation.terms:
+        return
+    if annotation.drawn == 0:
+        raise MtrainError(
+            f"train.term_rate={cfg.term_rate}: drew none of the {annotation.pairs} training pairs, so no source "
+            "would carry a term; raise train.term_rate (e.g. 0.8), or drop train.term_alignment for a plain run"
+        )
+    raise MtrainError(
+        f"train.term_alignment: {cfg.term_alignment}: 0 candidate words (a content word linked alone to adjacent "
+        f"target words) in the {annotation.drawn} pairs drawn ({annotation.links} links in all), so no source "
+        "would carry a term; give the corpus's word links (scripts/align_eflomal.py), or lower "
+        f"train.term_skip_frequent={cfg.term_skip_frequent}"
+    )
 
 
 def annotate_corpus(
@@ -95,12 +118,14 @@ def annotate_corpus(
     rng = np.random.default_rng(seed)
     chosen = np.flatnonzero(rng.random(len(corpus)) < cfg.term_rate)
     found_of: dict[int, list[Candidate]] = {}
+    links_drawn = 0
     for k in chosen.tolist():
         line_index = int(kept_lines[k])
         src, tgt = np.asarray(corpus.src(k)), np.asarray(corpus.tgt(k))
         tgt_words = words_of(tgt, tgt_starts)
         where = f"{name}:{line_index + 1}"
         links = parse_links(lines[line_index], where, word_count(src_words[k]), word_count(tgt_words), KEY)
+        links_drawn += len(links)
         found_of[k] = _candidates(links, src[:-1], src_words[k], tgt, tgt_words, tokenizer, frequent)
     # The replacements: the distinct terms of words of one kind (a capitalised source word's, a
     # German noun's, is replaced by another such term, so that a noun's place gets a noun), each
@@ -145,7 +170,7 @@ def annotate_corpus(
         tgt_tokens, tgt_offsets = corpus.tgt_tokens, corpus.tgt_offsets
     result = EncodedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets)
     candidates = sum(len(found) for found in found_of.values())
-    return result, TermAnnotation(len(corpus), annotated, terms, candidates, replaced)
+    return result, TermAnnotation(len(corpus), annotated, terms, candidates, replaced, len(chosen), links_drawn)
 
 
 def _packed(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

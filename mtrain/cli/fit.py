@@ -99,7 +99,12 @@ def _check_and_fit(
     from mtrain.train.budget import budget_reason
     from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpoint_state import resumed_budget
-    from mtrain.train.checkpointer import check_resumable_config, check_resumable_state, is_finished
+    from mtrain.train.checkpointer import (
+        check_resumable_config,
+        check_resumable_state,
+        check_resumable_terms,
+        is_finished,
+    )
     from mtrain.train.faults import StopSignal
     from mtrain.train.init_from import inherited_config, load_parent, resumed_config
     from mtrain.train.progress import TrainState
@@ -113,6 +118,7 @@ def _check_and_fit(
     if resume_state is not None and resume_path is not None:  # a run started with init_from keeps its model
         cfg = resumed_config(cfg, resume_state, resume_path, command_line)
         check_resumable_config(resume_state, cfg, resume_path)
+        check_resumable_terms(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:
         parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data)
         cfg = inherited_config(cfg, parent.config, command_line, f"init_from={cfg.init_from}")

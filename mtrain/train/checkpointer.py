@@ -131,6 +131,47 @@ def check_resumable_config(state: dict[str, Any], cfg: FitConfig, path: Path) ->
                 )
 
 
+# The settings term-aware training draws its annotation with (mtrain.batches.term_training): a
+# resume draws it again, from the seed, with the values it is given.
+TERM_DRAWING_KEYS = ("term_rate", "term_max_words", "term_replace_rate", "term_skip_frequent")
+
+
+def check_resumable_terms(state: dict[str, Any], cfg: FitConfig, path: Path) -> None:
+    """Term-aware training on resume: another `train.term_alignment` (or one added or dropped)
+    is other training data, refused in one line as another corpus is; another `term_rate` (or
+    the other drawing settings) is accepted, and one log line says the annotation is drawn anew
+    (a schedule of term rates is a fine thing to want; a silent change is not)."""
+    saved = dict(state.get("config", {}).get("train", {}))
+    old, new = saved.get("term_alignment"), cfg.train.term_alignment
+    if old != new and not _same_file(old, new):
+        raise MtrainError(
+            f"{path}: checkpoint was trained with train.term_alignment={old!r} but the config says {new!r}; "
+            "resume with the original file, or start a new run from its weights (init_from=...) "
+            "(nothing was written)"
+        )
+    if new is None:
+        return
+    changed = [
+        f"train.{key} {saved[key]} -> {getattr(cfg.train, key)}"
+        for key in TERM_DRAWING_KEYS
+        if key in saved and saved[key] != getattr(cfg.train, key)
+    ]
+    if changed:
+        log.info(
+            "resume: %s: the term annotation is drawn again from the seed with the new value%s; the updates "
+            "so far were trained with the checkpoint's",
+            ", ".join(changed),
+            "s" if len(changed) > 1 else "",
+        )
+
+
+def _same_file(old: str | None, new: str | None) -> bool:
+    """Both name one existing file (by another path: a resume from another directory)."""
+    if old is None or new is None or not Path(old).is_file() or not Path(new).is_file():
+        return False
+    return Path(old).samefile(new)
+
+
 def check_resumable_data(state: dict[str, Any], fingerprints: dict[str, str], path: Path) -> None:
     """Refuse to continue a checkpoint on another encoded corpus or tokenizer vocabulary:
     continuing old weights on new token ids trains a model whose embeddings mean other pieces."""
