@@ -37,7 +37,7 @@ import difflib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,7 +66,7 @@ from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.serve.page import page_router
 from mtrain.serve.protocol import RequestBody, RequestLog, printable
-from mtrain.serve.translation import Rejected, Served, Setting, server_glossary, setting_key
+from mtrain.serve.translation import Lane, Rejected, Served, Setting, server_glossary, setting_key
 
 log = logging.getLogger("mtrain.serve")
 
@@ -127,15 +127,21 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[Prepared], setting: Setting) -> list[Any]:
+        def decode(sentences: list[Prepared], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
             texts = [s.source for s in sentences]
             if all(s.request is None for s in sentences):
-                return model.translate(texts, setting.decode, setting.tgt_lang)
+                return model.translate(texts, setting.decode, setting.tgt_lang, stop=stop)
             requests, term_words = [s.request for s in sentences], [s.term_words for s in sentences]
-            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words)
+            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words, stop=stop)
 
+        # Two lanes: constrained searches (Lane.constrained) never hold up plain requests.
         state["batcher"] = Batcher(
-            decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"
+            decode,
+            cfg.max_batch_sentences,
+            cfg.max_wait_ms / 1000.0,
+            key=setting_key,
+            name="mtrain-decoder",
+            lanes=len(Lane),
         )
         yield
         # uvicorn has already answered every request in flight: what is left is queued work of none.
@@ -226,6 +232,8 @@ def health_body(model: ServedModel, cfg: ServeConfig, batcher: Batcher, started:
                 "max_sentence_chars",
                 "request_timeout_s",
                 "max_beam",
+                "max_sentence_constraints",
+                "max_constrained_work",
                 "max_input_tokens",
             )
         },

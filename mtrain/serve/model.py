@@ -20,7 +20,7 @@ tokenizer (its tag at the start of every source: mtrain.decode.directions), made
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,18 +72,20 @@ class ServedModel:
         tgt_lang: str | None = None,
         requests: Sequence[TargetRequest | None] | None = None,
         term_words: Sequence[dict[str, list[int]]] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
         them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
         sentence, its prefix, constraints and avoided phrases (None: none); `term_words`: per
-        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement)."""
+        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement);
+        `stop()`: True ends the decode at its next step (DecodeStopped: the batch's requests are gone)."""
         given = requests if requests is not None else [None] * len(sentences)
         words = term_words if term_words is not None else [{} for _ in sentences]
         prepared = [
             Prepared(text, request, where="text", term_words=dict(found))
             for text, request, found in zip(sentences, given, words, strict=True)
         ]
-        return self.pipeline().decode(prepared, cfg, tgt_lang)
+        return self.pipeline().decode(prepared, cfg, tgt_lang, stop=stop)
 
     @property
     def term_aware(self) -> bool:
