@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from mtrain.config import DecodeConfig
 from mtrain.serve.protocol import DISCARD_LIMIT_BYTES, NowAndThen, printable
 from tests.test_serve import InProcessServer, StandIn, upper_case
 
@@ -187,7 +188,24 @@ def test_printable_and_now_and_then(caplog):
 # ------------------------------------------------------------------ what one request may cost
 LONG_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=1024)
 # Words of Multi30k: a long sentence of them, and terms whose source words it holds.
-WORDS = "Ein Mann mit einem roten Hut spielt Gitarre auf der Straße während Kinder im Park zusehen".split()
+WORDS = [
+    "Ein",
+    "Mann",
+    "mit",
+    "einem",
+    "roten",
+    "Hut",
+    "spielt",
+    "Gitarre",
+    "auf",
+    "der",
+    "Straße",
+    "während",
+    "Kinder",
+    "im",
+    "Park",
+    "zusehen",
+]
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +223,11 @@ def long_model(tmp_path_factory, multi30k_spm_tokenizer):
     tokenizer = multi30k_spm_tokenizer
     torch.manual_seed(0)
     model = build_model(
-        ModelConfig(**LONG_MODEL), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=True
+        ModelConfig(**LONG_MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=True,
     ).eval()
     run = tmp_path_factory.mktemp("long_run")
     tokenizer.save(run / "tokenizer")
@@ -252,7 +274,11 @@ def test_a_request_past_its_deadline_stops_decoding_and_others_are_served_meanwh
     innocent = {"text": ["Ein Hund."], "beam": 1}
     small_constrained = {"text": ["Ein Hund."], "terms": [["Hund", "dog"]], "beam": 1}
     # 4 sentences of 432 pieces, 4 terms each, beam 4: a 7 s search without a deadline (2 busy cores).
-    heavy = {"text": [" ".join(WORDS * 12)] * 4, "terms": [[word, f"t{n}"] for n, word in enumerate(WORDS[:4])], "beam": 4}
+    heavy = {
+        "text": [" ".join(WORDS * 12)] * 4,
+        "terms": [[word, f"t{n}"] for n, word in enumerate(WORDS[:4])],
+        "beam": 4,
+    }
     with InProcessServer(long_model, request_timeout_s=1.5, max_constrained_work=10**6) as server:
         alone = min(timed_post(server, innocent)[2] for _ in range(3))
         constrained_alone = min(timed_post(server, small_constrained)[2] for _ in range(3))
@@ -267,3 +293,28 @@ def test_a_request_past_its_deadline_stops_decoding_and_others_are_served_meanwh
         # Its decode stopped: a constrained request (its lane) is answered in its normal time.
         status, _, after = timed_post(server, small_constrained)
         assert status == 200 and after < max(1.0, 5 * constrained_alone), (after, constrained_alone)
+
+
+def test_markup_on_a_one_layer_decoder_is_refused_before_decoding_with_what_to_set(long_model):
+    """Issue 58: format=html answered about `attention_layer: -2` after seconds of decoding."""
+    long = " ".join(WORDS * 12)
+    refusal = (
+        "word alignments read decoder layer -2 (decode.alignment_layer=null: the penultimate), and this model's "
+        "decoder has 1 layer; start the server with decode.alignment_layer=-1 (its last layer) to align, or send "
+        "format=text without alignment"
+    )
+    with InProcessServer(long_model) as server:
+        for body, field in (
+            ({"text": [f"<b>{long}</b>"] * 4, "format": "html"}, "format=html"),
+            ({"text": [long], "alignment": True}, "alignment"),
+        ):
+            status, answer, took = timed_post(server, body)
+            assert (status, answer) == (422, {"error": f"{field}: {refusal}"})
+            assert took < 2  # before any decoding
+        libre = httpx.post(
+            f"{server.url}/translate", json={"q": "<b>Hund</b>", "source": "de", "target": "en", "format": "html"}
+        )
+        assert (libre.status_code, libre.json()) == (422, {"error": f"format=html: {refusal}"})
+    with InProcessServer(long_model, decode=DecodeConfig(alignment_layer=-1)) as server:
+        status, answer, _ = timed_post(server, {"text": ["<b>Hund</b>"], "format": "html", "beam": 1})
+        assert status == 200 and "<b>" in answer["translations"][0]

@@ -38,6 +38,7 @@ def run_serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     from mtrain.decode.controls import LineControls, describe_controls
+    from mtrain.decode.pipeline import check_term_mode
     from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.selection import describe_search
     from mtrain.decode.threads import describe_threads, set_decode_threads
@@ -60,6 +61,8 @@ def run_serve(cfg: ServeConfig) -> None:
     try:
         threads = set_decode_threads(cfg.num_threads)
         model = open_served_model(cfg, resolve_device(cfg.device), threads)
+        # Any request may bring terms: refused now, as translate refuses it, not at every request.
+        check_term_mode(cfg.decode, glossary=True, term_aware=model.term_aware)
         server = uvicorn.Server(uvicorn_config(build_app(model, cfg, glossary), cfg))
         host, port = listener.getsockname()[:2]
         controls = describe_controls(LineControls(glossary=glossary), terms=cfg.terms)

@@ -59,6 +59,7 @@ from mtrain.decode.pipeline import (
     with_options,
 )
 from mtrain.decode.terminology import Glossary
+from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher
 from mtrain.serve.guards import SecurityHeaders, add_browser_rules
@@ -66,7 +67,16 @@ from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.serve.page import page_router
 from mtrain.serve.protocol import RequestBody, RequestLog, printable
-from mtrain.serve.translation import Lane, Rejected, Served, Setting, server_glossary, setting_key
+from mtrain.serve.translation import (
+    Lane,
+    Rejected,
+    Served,
+    Setting,
+    check_controls_agree,
+    lone_surrogate,
+    server_glossary,
+    setting_key,
+)
 
 log = logging.getLogger("mtrain.serve")
 
@@ -312,14 +322,9 @@ def check_text(sentences: list[str], cfg: ServeConfig) -> None:
                 f"max_sentence_chars: text[{index}] has {len(sentence)} characters, the limit is "
                 f"{cfg.max_sentence_chars}",
             )
-        try:
-            sentence.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise Rejected(
-                422,
-                f"text[{index}]: character {error.start} is a lone UTF-16 surrogate "
-                f"({printable(sentence[error.start])}), not text; send valid Unicode (a surrogate pair, or UTF-8)",
-            ) from None
+        problem = lone_surrogate(f"text[{index}]", sentence)
+        if problem is not None:
+            raise Rejected(422, problem)
 
 
 def pipeline_request(
@@ -354,6 +359,23 @@ def pipeline_request(
         for phrase in phrases:
             if len(phrase) > cfg.max_sentence_chars:
                 raise Rejected(413, f"max_sentence_chars: a phrase of {key} has {len(phrase)} characters")
+    for field, phrase in request_phrases(request):
+        problem = lone_surrogate(field, phrase)
+        if problem is not None:
+            raise Rejected(422, problem)
+    try:
+        check_controls_agree(
+            [(source, target) for source, target in request.terms or []],
+            request.avoid or [],
+            [
+                (f"constraints[{i}][{j}]", c)
+                for i, phrases in enumerate(request.constraints or [])
+                for j, c in enumerate(phrases)
+            ],
+            cfg.terms_ignore_case,
+        )
+    except MtrainError as error:
+        raise Rejected(400, str(error)) from None
     if request.format not in ("text", "xml", "html"):
         raise Rejected(422, f"format: {printable(request.format)} must be text, xml or html")
     prefixes = request.prefix or [None] * count
@@ -366,6 +388,20 @@ def pipeline_request(
     pairs = [(source, target) for source, target in request.terms or []]
     options = Options(request_decoding(request, cfg), request.format, tgt_lang, served.glossary_with(pairs))
     return requests, options
+
+
+def request_phrases(request: TranslateRequest) -> list[tuple[str, str]]:
+    """Every phrase of the request besides its text, each with the field that names it
+    (`terms[2][1]`: the third pair's target term)."""
+    named = [(f"prefix[{i}]", prefix) for i, prefix in enumerate(request.prefix or []) if prefix is not None]
+    named += [
+        (f"constraints[{i}][{j}]", phrase)
+        for i, phrases in enumerate(request.constraints or [])
+        for j, phrase in enumerate(phrases)
+    ]
+    named += [(f"avoid[{j}]", phrase) for j, phrase in enumerate(request.avoid or [])]
+    named += [(f"terms[{i}][{k}]", term) for i, pair in enumerate(request.terms or []) for k, term in enumerate(pair)]
+    return named
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:

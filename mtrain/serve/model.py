@@ -27,12 +27,22 @@ from typing import Any
 
 import torch
 
-from mtrain.config import AlignmentLevel, DecodeConfig, DecodeWeights, Engine, ServeConfig, alignment_level
+from mtrain.config import (
+    DEFAULT_ALIGNMENT_LAYER,
+    AlignmentLevel,
+    DecodeConfig,
+    DecodeWeights,
+    Engine,
+    ServeConfig,
+    alignment_level,
+)
 from mtrain.decode.controls import TargetRequest
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.engine import as_engine
+from mtrain.decode.generator import decoder_depth
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.pipeline import Prepared, RequestPipeline
+from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 
@@ -64,6 +74,8 @@ class ServedModel:
     directions: dict[str, list[str]] = field(default_factory=dict)
     # The pipeline's decoder step for this engine (built on first use).
     decoder: RequestPipeline | None = field(default=None, repr=False)
+    # mtrain's model's decoder layers, which word alignments read one of (None: not known, CTranslate2's last).
+    decoder_layers: int | None = None
 
     def translate(
         self,
@@ -115,6 +127,24 @@ class ServedModel:
         return list(self.tokenizers)
 
 
+def check_alignment_layer(decode: DecodeConfig, decoder_layers: int | None, asked: str) -> None:
+    """RefusedCombination naming `asked` (`format=html`, `alignment`) when the word alignments
+    it needs would read a decoder layer the model lacks (the default, the penultimate, of a
+    1-layer decoder): said before decoding, with the setting that serves it."""
+    if not decode.aligns or decoder_layers is None:
+        return
+    layer = DEFAULT_ALIGNMENT_LAYER if decode.alignment_layer is None else int(decode.alignment_layer)
+    if -decoder_layers <= layer < decoder_layers:
+        return
+    setting = "null: the penultimate" if decode.alignment_layer is None else str(layer)
+    raise RefusedCombination(
+        asked,
+        f"word alignments read decoder layer {layer} (decode.alignment_layer={setting}), and this model's "
+        f"decoder has {decoder_layers} layer{'s' if decoder_layers != 1 else ''}; start the server with "
+        "decode.alignment_layer=-1 (its last layer) to align, or send format=text without alignment",
+    )
+
+
 def check_target_language(requested: str | None, allowed: Sequence[str]) -> str | None:
     """The language a request translates into: `requested`, one of `allowed`; null is the
     model's one language (None when the model does not say), and refused when it translates
@@ -162,6 +192,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         limit = model_limit  # the encoder cannot embed more positions
     languages = opened.languages
     engine = as_engine(opened.model, opened.tokenizer, device, opened.precision)  # once: bf16 casts the weights
+    depth = decoder_depth(opened.model) if opened.engine != Engine.ctranslate2 else None
     if languages is None:
         log.warning("%s: no language pair recorded; requests must leave tgt_lang null", cfg.run)
         return ServedModel(
@@ -176,6 +207,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             None,
             limit,
             threads,
+            decoder_layers=depth,
         )
     tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.target_languages()}
     # A bilingual run's pair (health); a multilingual one has no single pair: each request names its target.
@@ -197,6 +229,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         threads,
         tokenizers,
         served_directions(languages),
+        decoder_layers=depth,
     )
 
 

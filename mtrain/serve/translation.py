@@ -37,11 +37,12 @@ from mtrain.decode.pipeline import (
     finish_requests,
     prepare_requests,
 )
-from mtrain.decode.terminology import Glossary, glossary_of, read_glossary
+from mtrain.decode.terminology import Glossary, TermTargets, glossary_of, read_glossary
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.serve.batcher import Batcher, BatcherClosed
-from mtrain.serve.model import ServedModel
+from mtrain.serve.model import ServedModel, check_alignment_layer
+from mtrain.serve.protocol import printable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,44 @@ class Rejected(Exception):
         self.status = status
 
 
+def lone_surrogate(field: str, text: str) -> str | None:
+    """What is wrong with `text` when it is not Unicode text (JSON can carry a lone UTF-16
+    surrogate, "\\ud800", which no tokenizer or regex takes), naming `field`; None when it is text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"{field}: character {error.start} is a lone UTF-16 surrogate ({printable(text[error.start])}), "
+            "not text; send valid Unicode (a surrogate pair, or UTF-8)"
+        )
+    return None
+
+
+def check_controls_agree(
+    terms: Sequence[tuple[str, str]],
+    avoid: Sequence[str],
+    constraints: Sequence[tuple[str, str]] = (),
+    ignore_case: bool = False,
+) -> None:
+    """MtrainError (the client's 400) for a request's controls that contradict each other: a
+    source term given two targets (refused by the rule a terms file's lines follow,
+    `TermTargets`), or a phrase to avoid that a term's target or a (field, constraint) holds as
+    whole words (the search could meet one only by breaking the other)."""
+    table = TermTargets(ignore_case)
+    for index, (source, target) in enumerate(terms):
+        table.add(source, target, where=f"terms[{index}]", place=f"in terms[{index}]")
+    required = [(f"the target term of terms[{index}]", target) for index, (_, target) in enumerate(terms)]
+    required += list(constraints)
+    for index, phrase in enumerate(avoid):
+        words = " ".join(phrase.split())
+        for name, text in required:
+            if words and f" {words} " in f" {' '.join(text.split())} ":
+                raise MtrainError(
+                    f"avoid[{index}]: {phrase!r} is in {name} ({text!r}): a translation cannot both hold it "
+                    "and avoid it; drop one of them"
+                )
+
+
 def server_glossary(cfg: ServeConfig) -> Glossary | None:
     """The server's `terms=FILE.tsv`, read once (its file checked before the model loaded)."""
     return read_glossary(cfg.terms, cfg.terms_ignore_case) if cfg.terms is not None else None
@@ -94,6 +133,8 @@ class Served:
         rules refuse, MtrainError for malformed markup (each names the field)."""
         term_aware = self.model.term_aware
         check_requests(requests, options, ctranslate2=self.model.engine_name == "ctranslate2", term_aware=term_aware)
+        asked = f"format={options.format}" if options.format != "text" else "alignment"
+        check_alignment_layer(options.decoding(), self.model.decoder_layers, asked)
         return prepare_requests(requests, options, term_aware)
 
     def check_work(self, prepared: Sequence[Prepared]) -> int:
