@@ -6,8 +6,8 @@
     curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
-process, one event loop for HTTP (`serve.app`), one decoding thread (`mtrain.serve.batcher`)
-that owns the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
+process, one event loop for HTTP (`serve.app`), two decoding threads (`mtrain.serve.batcher`:
+one for requests with constraints, one for the rest) that share the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
 max_connections, max_request_bytes). SIGTERM or Ctrl-C: uvicorn stops accepting connections
 and answers the requests in flight, the decoder drains, and the command exits with status 0.
 Logs go to stderr, one line per request (access_log); nothing is written to disk.

@@ -25,8 +25,9 @@ names only the exception type, never a traceback. The body is read, within its l
 a route sees it (`serve.protocol`). A /translate body is JSON whatever its Content-Type says,
 checked here (`read_translate_request`) so that every message is ours and names the field.
 Handlers never decode: they submit the request's sentences to the batcher
-(`mtrain.serve.batcher`), whose one worker thread decodes the sentences of concurrent
-requests together, and await the result; a request whose sentence fails to encode or decode
+(`mtrain.serve.batcher`), whose worker threads decode the sentences of concurrent requests
+together (one for requests with constraints, one for the rest: `serve.translation.Lane`), and
+await the result; a request whose sentence fails to encode or decode
 fails alone, never the requests that shared its batch.
 """
 

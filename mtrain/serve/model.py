@@ -6,8 +6,9 @@ checkpoint, an `mtrain export` directory, or a checkpoint converted for CTransla
 the request pipeline `mtrain translate` uses (`mtrain.decode.pipeline.RequestPipeline.decode`):
 blank sentences stay empty, over-long ones are cut to `max_input_tokens` (and the model's
 positions) with a warning; a sentence the tokenizer refuses is an MtrainError (the client's 422).
-The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker thread only,
-the one thread that touches the engine. `ServedModel.name` is what clients are told the model
+The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker threads only
+(one per lane: constrained searches apart from the rest; the engine decodes under
+`torch.inference_mode()` and keeps no state between calls). `ServedModel.name` is what clients are told the model
 is: the run's directory name and update, never a path.
 
 `check_target_language` is the one place a request's `tgt_lang` is judged against the
