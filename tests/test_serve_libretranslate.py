@@ -129,9 +129,9 @@ class StandIn:
     def target_languages(self) -> list[str]:
         return ["en"]
 
-    def encode(self, text: str) -> list[int]:
+    def source_length(self, text: str, where: str = "text") -> int:
         """Source ids: one per word, and eos (what a request's constrained search costs)."""
-        return list(range(len(text.split()) + 1))
+        return len(text.split()) + 1
 
     def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
         return [

@@ -123,6 +123,20 @@ class ServedModel:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""
         return self.pipeline().encode(text, tokenizer or self.tokenizer, "text")[0]
 
+    def source_length(self, text: str, where: str = "text") -> int:
+        """Source ids `text` decodes with (eos included, cut to `input_limit`; 0 for a blank
+        one), as its request is checked, before it is queued: no warning (the decode gives it).
+        MtrainError naming `where` for a sentence the tokenizer refuses."""
+        if not text.strip():
+            return 0
+        try:
+            pieces = len(self.tokenizer.encode_src(text))
+        except Exception as error:  # the request's sentence, not the program, is at fault (as the decode says)
+            raise MtrainError(
+                f"{where}: a sentence the tokenizer cannot encode ({type(error).__name__}); send valid Unicode text"
+            ) from error
+        return min(pieces + 1, self.input_limit)
+
     def target_languages(self) -> list[str]:
         """The languages a request may name in tgt_lang."""
         return list(self.tokenizers)

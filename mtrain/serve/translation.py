@@ -140,7 +140,8 @@ class Served:
     def check_work(self, prepared: Sequence[Prepared]) -> int:
         """The constrained search's work the request asks for (source tokens x constraints,
         summed over its sentences; 0: no constraints); Rejected 413 naming the limit over
-        `max_sentence_constraints` or `max_constrained_work`."""
+        `max_sentence_constraints` or `max_constrained_work`; MtrainError for a sentence the
+        tokenizer refuses."""
         work = 0
         for sentence in prepared:
             constraints = len(sentence.request.constraints) if sentence.request is not None else 0
@@ -153,7 +154,7 @@ class Served:
                     f"included), the limit is {self.cfg.max_sentence_constraints}; send fewer terms or constraints, "
                     "or split the sentence",
                 )
-            work += len(self.model.encode(sentence.source) or ()) * constraints
+            work += self.model.source_length(sentence.source, sentence.where) * constraints
         if work > self.cfg.max_constrained_work:
             raise Rejected(
                 413,
@@ -176,11 +177,11 @@ class Served:
         for malformed markup or a sentence the model cannot take, as `translated` says."""
         try:
             prepared = self.check(requests, options)
+            lane = Lane.constrained if self.check_work(prepared) else Lane.plain
         except RefusedCombination as error:
             raise Rejected(422, str(error)) from None
         except MtrainError as error:
             raise Rejected(invalid, str(error)) from None
-        lane = Lane.constrained if self.check_work(prepared) else Lane.plain
         setting = Setting(options.decoding(), options.tgt_lang)
         hypotheses = await translated(batcher, prepared, setting, self.cfg.request_timeout_s, invalid, lane)
         finish_requests(prepared, hypotheses, options, self.stats)
