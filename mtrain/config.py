@@ -1099,7 +1099,13 @@ class ServeConfig(DecodingCommandConfig):
     max_request_bytes: int = ranged(1_048_576, at_least=1)  # a larger body is refused (413)
     max_sentences: int = ranged(256, at_least=1)  # per request (413 above)
     max_sentence_chars: int = ranged(2000, at_least=1)  # per sentence (413 above)
-    request_timeout_s: float = ranged(60.0, above=0)  # a request not translated by then gets 504
+    # a request not translated by then gets 504, and its decode stops at its next step
+    request_timeout_s: float = ranged(60.0, above=0)
+    # What a constrained search may cost (docs/SERVE.md; 413 above): constraints in one
+    # sentence (its own and the terms found in it), and source tokens x constraints summed
+    # over a request's sentences.
+    max_sentence_constraints: int = ranged(32, at_least=1)
+    max_constrained_work: int = ranged(16384, at_least=1)
     max_beam: int = ranged(10, at_least=1)  # the largest beam (and nbest) a request may ask for (422 above)
     # A request's head, and then its body, must each arrive within this many seconds (else 408
     # and the connection is closed: a client sending slowly holds no connection for long).

@@ -19,7 +19,7 @@ class Recorder:
         self.hold = hold
         self.started = threading.Event()
 
-    def __call__(self, items: list[int], setting: int) -> list[int]:
+    def __call__(self, items: list[int], setting: int, stop=None) -> list[int]:
         self.started.set()
         if self.hold is not None:
             assert self.hold.wait(10)
@@ -100,7 +100,7 @@ def test_a_cancelled_request_is_never_decoded():
 
 
 def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
-    def decode(items: list[int], setting: int) -> list[int]:
+    def decode(items: list[int], setting: int, stop) -> list[int]:
         if 13 in items:
             raise ValueError("unlucky batch")
         return items
@@ -109,7 +109,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
     with pytest.raises(ValueError, match="unlucky"):
         batcher.submit([13], 0).result(10)
     assert batcher.submit([1, 2], 0).result(10) == [1, 2]
-    wrong_count = Batcher(lambda items, setting: items[:1], max_batch_items=10, max_wait_s=0.0)
+    wrong_count = Batcher(lambda items, setting, stop: items[:1], max_batch_items=10, max_wait_s=0.0)
     with pytest.raises(RuntimeError, match="1 results for 2 items"):
         wrong_count.submit([1, 2], 0).result(10)
 
@@ -117,7 +117,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
 def test_an_item_that_fails_a_shared_batch_fails_its_own_request_only():
     calls: list[list[int]] = []
 
-    def decode(items: list[int], setting: int) -> list[int]:
+    def decode(items: list[int], setting: int, stop) -> list[int]:
         calls.append(list(items))
         if 13 in items:
             raise ValueError("unlucky item")
@@ -151,3 +151,52 @@ def test_settings_with_one_key_share_a_batch_decoded_with_the_oldest_ones():
     futures = [batcher.submit([n], n) for n in (1, 3, 2)]
     assert [future.result(10) for future in futures] == [[11], [31], [22]]  # 3 went with 1, as setting 1
     assert decode.batches == [(1, [1, 3]), (2, [2])]
+
+
+def test_a_slow_lane_never_holds_up_another_lane():
+    """Issue 58: one constrained search held every client of the server for minutes."""
+    hold = threading.Event()
+    slow, quick = Recorder(hold), Recorder()
+    batcher = Batcher(
+        lambda items, setting, stop: (slow if setting == 1 else quick)(items, setting),
+        max_batch_items=10,
+        max_wait_s=0.0,
+        lanes=2,
+    )
+    held = batcher.submit([1], 1, lane=1)
+    assert slow.started.wait(5)
+    started = time.monotonic()
+    assert batcher.submit([2], 0, lane=0).result(timeout=5) == [20]  # while lane 1 is busy
+    assert time.monotonic() - started < 2
+    hold.set()
+    assert held.result(timeout=5) == [11]
+    with pytest.raises(ValueError, match="lane 2 is not one of this batcher's 2"):
+        batcher.submit([3], 0, lane=2)
+    assert batcher.close(timeout=5)
+    assert batcher.stats().batches == 2
+
+
+def test_a_batch_whose_requests_are_all_cancelled_is_told_to_stop_and_is_not_decoded_again():
+    calls: list[list[int]] = []
+    stopped = threading.Event()
+
+    def decode(items: list[int], setting: int, stop) -> list[int]:
+        calls.append(list(items))
+        deadline = time.monotonic() + 10
+        while not stop():  # a decode that asks at every step, as the server's generator does
+            assert time.monotonic() < deadline, "stop() never turned True"
+            time.sleep(0.01)
+        stopped.set()
+        raise RuntimeError("stopped")
+
+    batcher = Batcher(decode, max_batch_items=10, max_wait_s=0.05)
+    first, second = batcher.submit([1], 0), batcher.submit([2], 0)  # one batch
+    time.sleep(0.2)
+    assert calls == [[1, 2]] and not stopped.is_set()
+    assert first.cancel()
+    time.sleep(0.1)
+    assert not stopped.is_set()  # the second request still waits for it
+    assert second.cancel()
+    assert stopped.wait(5)
+    assert batcher.close(timeout=5)
+    assert calls == [[1, 2]]  # not decoded again request by request: nobody waits for them

@@ -268,3 +268,27 @@ def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_mo
     steps = loop.count("step")
     assert steps > 3
     assert len(loop) - steps <= 2 * steps, [e for e in loop if e != "step"]
+
+
+def test_stop_is_asked_before_every_step_and_ends_the_decode_where_it_says_so():
+    """Issue 58: a server request past its deadline went on decoding for minutes after its 504."""
+    from mtrain.decode.generator import DecodeStopped
+
+    model = tiny_model()  # random: every hypothesis runs to its max length (41 tokens, and EOS)
+    src, mask = source_batch([9, 5])
+    cfg = dict(beam=3, max_len_a=4.0, max_len_b=5)
+    asked: list[int] = []
+
+    def never() -> bool:
+        asked.append(1)
+        return False
+
+    full = generate(model, src, mask, DecodeConfig(**cfg), BOS, EOS, PAD, stop=never)
+    steps = len(asked)
+    assert steps == max(len(hyps[0].tokens) for hyps in full) + 1  # once per step, the EOS step too
+    assert full == decode(model, src, mask, **cfg)  # asking changes nothing
+
+    asked.clear()
+    with pytest.raises(DecodeStopped, match=f"stopped at step 3 of at most {steps}"):
+        generate(model, src, mask, DecodeConfig(**cfg), BOS, EOS, PAD, stop=lambda: never() or len(asked) > 3)
+    assert len(asked) == 4  # no step after the one it stopped at

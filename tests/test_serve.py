@@ -341,6 +341,59 @@ def test_a_lone_surrogate_fails_its_own_request_only(server, model, tokenizer):
         ]
 
 
+LONE = "\ud800"  # a lone UTF-16 surrogate: valid JSON ("\\ud800"), not Unicode text
+
+
+@pytest.mark.parametrize(
+    "fields, field, character",
+    [
+        (dict(terms=[["Hund", LONE]]), "terms[0][1]", 0),
+        (dict(terms=[["Hund", "dog"], [f"Ha{LONE}", "cat"]]), "terms[1][0]", 2),
+        (dict(avoid=["dog", f"a{LONE}"]), "avoid[1]", 1),
+        (dict(constraints=[[LONE]]), "constraints[0][0]", 0),
+        (dict(prefix=[f"A {LONE}"]), "prefix[0]", 2),
+    ],
+)
+def test_a_lone_surrogate_in_a_phrase_is_the_client_s_error(server, fields, field, character):
+    """Issue 58: one in terms, avoid or constraints was a 500."""
+    response = server.post_raw({"text": ["Ein Hund."], **fields})
+    assert (response.status_code, response.json()) == (
+        422,
+        {
+            "error": f"{field}: character {character} is a lone UTF-16 surrogate (\\ud800), not text; "
+            "send valid Unicode (a surrogate pair, or UTF-8)"
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        (
+            dict(terms=[["Hund", "dog"], ["Hund", "cat"]]),
+            "terms[1]: 'Hund' has the target 'cat' here and 'dog' in terms[0]; keep one",
+        ),
+        (
+            dict(terms=[["Hund", "dog"]], avoid=["dog"]),
+            "avoid[0]: 'dog' is in the target term of terms[0] ('dog'): a translation cannot both hold it and "
+            "avoid it; drop one of them",
+        ),
+        (
+            dict(constraints=[["a hot  dog"]], avoid=["man", "hot dog"]),
+            "avoid[1]: 'hot dog' is in constraints[0][0] ('a hot  dog'): a translation cannot both hold it and "
+            "avoid it; drop one of them",
+        ),
+    ],
+)
+def test_contradictory_terms_and_avoided_phrases_are_refused_as_a_terms_file_is(server, fields, error):
+    """Issue 58: accepted silently, while a terms file with them is refused."""
+    response = server.post({"text": ["Ein Hund."], **fields})
+    assert (response.status_code, response.json()) == (400, {"error": error})
+    # the same terms are not contradictory: one pair given twice, and an avoided word the term does not hold
+    fine = server.post({"text": ["Ein Hund."], "terms": [["Hund", "dog"], ["Hund", "dog"]], "avoid": ["do"]})
+    assert fine.status_code == 200, fine.text
+
+
 def test_a_sentence_the_tokenizer_refuses_is_the_client_s_error(tokenizer):
     from mtrain.serve.model import ServedModel
 
@@ -692,7 +745,7 @@ class StandIn:
     """A model for the app alone: `translate` is given; the rest describes a de->en model."""
 
     def __init__(self, translate) -> None:
-        self.translate = translate
+        self.translated = translate
         self.name, self.engine_name, self.device, self.precision, self.threads = (
             "stand-in",
             "torch",
@@ -703,9 +756,18 @@ class StandIn:
         self.src_lang, self.tgt_lang = "de", "en"
         self.directions = {"de": ["en"]}
         self.term_aware = False  # reads no glossary terms in its source
+        self.decoder_layers = None  # word alignments: whatever layer is asked for
 
     def target_languages(self) -> list[str]:
         return ["en"]
+
+    def source_length(self, text: str, where: str = "text") -> int:
+        """Source ids: one per word, and eos (what a request's constrained search costs)."""
+        return len(text.split()) + 1
+
+    def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
+        """`translate` as given, asked to stop never (its work is done at once)."""
+        return self.translated(sentences, cfg, tgt_lang, *controls)
 
 
 def upper_case(sentences, cfg, tgt_lang=None):

@@ -252,3 +252,13 @@ def test_wrong_settings_are_one_line_before_the_model_loads(run_dir, tmp_path): 
         with pytest.raises(MtrainError) as refused:
             check_browser_rules(ServeConfig(**setting))
         assert str(refused.value).startswith(line)
+
+
+def test_terms_as_annotation_of_a_model_that_reads_none_is_refused_at_start(run_dir, tmp_path):  # noqa: F811
+    """Issue 58: the server started, then refused every request with terms."""
+    result = run_mtrain("serve", f"run={run_dir}", "port=0", "decode.term_mode=annotation", env=ENV, cwd=tmp_path)
+    assert (result.returncode, result.stderr.decode().splitlines()[-1]) == (
+        2,
+        "mtrain: error: decode.term_mode=annotation: this model reads no terms in its source (it was not trained "
+        "with model.term_factors=true, train.term_alignment=...); use term_mode=constraints or auto",
+    )

@@ -11,10 +11,12 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from mtrain.config import DecodeConfig
 from mtrain.serve.protocol import DISCARD_LIMIT_BYTES, NowAndThen, printable
 from tests.test_serve import InProcessServer, StandIn, upper_case
 
@@ -181,3 +183,138 @@ def test_printable_and_now_and_then(caplog):
         "a connection refused",
         "a connection refused (and 4 more like it since the last such line)",
     ]
+
+
+# ------------------------------------------------------------------ what one request may cost
+LONG_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=1024)
+# Words of Multi30k: a long sentence of them, and terms whose source words it holds.
+WORDS = [
+    "Ein",
+    "Mann",
+    "mit",
+    "einem",
+    "roten",
+    "Hut",
+    "spielt",
+    "Gitarre",
+    "auf",
+    "der",
+    "Straße",
+    "während",
+    "Kinder",
+    "im",
+    "Park",
+    "zusehen",
+]
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory, multi30k_spm_tokenizer):
+    """A served untrained model with 1,024 positions: every hypothesis runs to its length limit
+    (1.5 x the source + 10 tokens), so a long constrained sentence is a long search."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from mtrain.config import FitConfig, ModelConfig, ServeConfig, to_plain
+    from mtrain.model import build_model
+    from mtrain.serve.model import open_served_model
+    from mtrain.train.checkpoint_files import save_checkpoint
+
+    tokenizer = multi30k_spm_tokenizer
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(**LONG_MODEL),
+        tokenizer.src_vocab_size,
+        tokenizer.tgt_vocab_size,
+        tokenizer.pad_id,
+        joint_vocab=True,
+    ).eval()
+    run = tmp_path_factory.mktemp("long_run")
+    tokenizer.save(run / "tokenizer")
+    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**LONG_MODEL))))
+    save_checkpoint(run / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 1})
+    cfg = ServeConfig(run=str(run), device="cpu", precision="fp32", num_threads=1)
+    return open_served_model(cfg, torch.device("cpu"), threads=1)
+
+
+def timed_post(server: InProcessServer, body: dict) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/translate", json=body, timeout=120)
+    return response.status_code, response.json(), time.monotonic() - started
+
+
+def test_a_request_over_the_constrained_search_limits_is_refused_at_once(long_model):
+    """Issue 58: 4 sentences of 300 words with 256 matching terms held the server for 125 s."""
+    sentences = [" ".join(WORDS * 20)] * 4  # 300 words each
+    terms = [[word, f"term{n}"] for n, word in enumerate(dict.fromkeys(WORDS))]
+    with InProcessServer(long_model, max_sentence_constraints=8) as server:
+        status, body, took = timed_post(server, {"text": sentences, "terms": terms})
+        assert (status, body) == (
+            413,
+            {
+                "error": f"max_sentence_constraints: text[0] has {len(terms)} constraints (its terms found included), "
+                "the limit is 8; send fewer terms or constraints, or split the sentence"
+            },
+        )
+        status, body, took = timed_post(server, {"text": sentences, "terms": terms[:8]})
+        assert status == 413 and body["error"].startswith(
+            "max_constrained_work: the request's constrained sentences have "
+        ), body
+        assert body["error"].endswith(
+            "source tokens x constraints, the limit is 16384; send fewer or shorter sentences with terms or constraints"
+        )
+        assert took < 5  # refused before any decoding
+        status, body, _ = timed_post(server, {"text": [" ".join(WORDS)], "terms": terms[:8], "beam": 1})
+        assert status == 200 and len(body["translations"]) == 1  # within the limits
+
+
+def test_a_request_past_its_deadline_stops_decoding_and_others_are_served_meanwhile(long_model):
+    """Issue 58: other clients got 504 while one constrained search ran, and its decode went on
+    after its own 504."""
+    innocent = {"text": ["Ein Hund."], "beam": 1}
+    small_constrained = {"text": ["Ein Hund."], "terms": [["Hund", "dog"]], "beam": 1}
+    # 4 sentences of 432 pieces, 4 terms each, beam 4: a 7 s search without a deadline (2 busy cores).
+    heavy = {
+        "text": [" ".join(WORDS * 12)] * 4,
+        "terms": [[word, f"t{n}"] for n, word in enumerate(WORDS[:4])],
+        "beam": 4,
+    }
+    with InProcessServer(long_model, request_timeout_s=1.5, max_constrained_work=10**6) as server:
+        alone = min(timed_post(server, innocent)[2] for _ in range(3))
+        constrained_alone = min(timed_post(server, small_constrained)[2] for _ in range(3))
+        with ThreadPoolExecutor(1) as pool:
+            heavy_answer = pool.submit(timed_post, server, heavy)
+            time.sleep(0.3)  # it is decoding
+            status, _, during = timed_post(server, innocent)
+            assert status == 200 and during < max(1.0, 5 * alone), (during, alone)  # not queued behind it
+            status, body, took = heavy_answer.result()
+        assert status == 504 and body["error"].startswith("request_timeout_s: not translated within 1.5 s")
+        assert took < 4
+        # Its decode stopped: a constrained request (its lane) is answered in its normal time.
+        status, _, after = timed_post(server, small_constrained)
+        assert status == 200 and after < max(1.0, 5 * constrained_alone), (after, constrained_alone)
+
+
+def test_markup_on_a_one_layer_decoder_is_refused_before_decoding_with_what_to_set(long_model):
+    """Issue 58: format=html answered about `attention_layer: -2` after seconds of decoding."""
+    long = " ".join(WORDS * 12)
+    refusal = (
+        "word alignments read decoder layer -2 (decode.alignment_layer=null: the penultimate), and this model's "
+        "decoder has 1 layer; start the server with decode.alignment_layer=-1 (its last layer) to align, or send "
+        "format=text without alignment"
+    )
+    with InProcessServer(long_model) as server:
+        for body, field in (
+            ({"text": [f"<b>{long}</b>"] * 4, "format": "html"}, "format=html"),
+            ({"text": [long], "alignment": True}, "alignment"),
+        ):
+            status, answer, took = timed_post(server, body)
+            assert (status, answer) == (422, {"error": f"{field}: {refusal}"})
+            assert took < 2  # before any decoding
+        libre = httpx.post(
+            f"{server.url}/translate", json={"q": "<b>Hund</b>", "source": "de", "target": "en", "format": "html"}
+        )
+        assert (libre.status_code, libre.json()) == (422, {"error": f"format=html: {refusal}"})
+    with InProcessServer(long_model, decode=DecodeConfig(alignment_layer=-1)) as server:
+        status, answer, _ = timed_post(server, {"text": ["<b>Hund</b>"], "format": "html", "beam": 1})
+        assert status == 200 and "<b>" in answer["translations"][0]

@@ -124,11 +124,16 @@ class StandIn:
     src_lang, tgt_lang = "de", "en"
     directions: ClassVar = {"de": ["en"]}
     term_aware = False  # reads no glossary terms in its source
+    decoder_layers = None  # word alignments: whatever layer is asked for
 
     def target_languages(self) -> list[str]:
         return ["en"]
 
-    def translate(self, sentences, cfg, tgt_lang=None):
+    def source_length(self, text: str, where: str = "text") -> int:
+        """Source ids: one per word, and eos (what a request's constrained search costs)."""
+        return len(text.split()) + 1
+
+    def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
         return [
             [Hypothesis(tokens=[], score=-rank, text=s.upper() + "!" * rank) for rank in range(cfg.nbest)]
             if s.strip()
@@ -229,3 +234,36 @@ def test_key_file_and_settings_refused_in_one_line(tmp_path, run_dir, capsys):  
             check_before_run("serve", [f"run={run_dir}", *argv])
         assert stop.value.code == 2
         assert capsys.readouterr().err.startswith(f"mtrain: error: {line}")
+
+
+def test_lone_surrogates_and_contradictory_terms_are_400s_with_the_json_api_s_words():
+    """Issue 58: a lone surrogate in terms or avoid was a 500; terms that contradict each other
+    or an avoided phrase were taken silently."""
+    asked = {"q": "Ein Hund.", "source": "de", "target": "en"}
+    with app_client() as client:
+        for fields, error in (
+            (
+                {"terms": [["Hund", "\ud800"]]},
+                "terms[0][1]: character 0 is a lone UTF-16 surrogate (\\ud800), not text; send valid Unicode "
+                "(a surrogate pair, or UTF-8)",
+            ),
+            (
+                {"avoid": "dog\nx\udfff"},  # a form's lines
+                "avoid[1]: character 1 is a lone UTF-16 surrogate (\\udfff), not text; send valid Unicode "
+                "(a surrogate pair, or UTF-8)",
+            ),
+            (
+                {"terms": "Hund\tdog\nHund\tcat"},  # lines as in a terms= file
+                "terms[1]: 'Hund' has the target 'cat' here and 'dog' in terms[0]; keep one",
+            ),
+            (
+                {"terms": [["Hund", "hot dog"]], "avoid": ["dog"]},
+                "avoid[0]: 'dog' is in the target term of terms[0] ('hot dog'): a translation cannot both hold it "
+                "and avoid it; drop one of them",
+            ),
+        ):
+            body = json.dumps({**asked, **fields}).encode()  # ASCII: a lone surrogate goes as "\\ud800"
+            response = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+            assert (response.status_code, response.json()) == (400, {"error": error})
+        fine = client.post("/translate", json={**asked, "terms": [["Hund", "dog"]], "avoid": ["cat"]})
+        assert fine.status_code == 200, fine.text

@@ -18,6 +18,7 @@ from PIL import Image
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
+from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.stream import translate_stream
 from mtrain.decode.terminology import Glossary
 from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
@@ -101,6 +102,33 @@ def test_translate_sentences_keeps_order_and_matches_one_by_one(model, tokenizer
         assert [h.text for h in alone] == [h.text for h in hyps] == [tokenizer.decode_tgt(h.tokens) for h in hyps]
         assert len(hyps) == 2
     assert together[-1][0].text == "" and together[-1][0].tokens == []
+
+
+def test_stop_ends_a_decode_between_batches_of_any_engine_and_at_every_step_of_mtrain_s(model, tokenizer):
+    """`stop` (the server's deadline, issue 58): an engine that cannot ask at every step
+    (CTranslate2's) is stopped before its next batch; mtrain's own asks at every step."""
+    from mtrain.decode.generator import DecodeStopped
+    from mtrain.decode.translator import translate_encoded
+
+    sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in SENTENCES]
+    cfg = DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3, max_tokens=40)  # several batches
+
+    class OneStepEngine:  # decodes a batch at once, as CTranslate2 does, and takes no `stop`
+        def __init__(self) -> None:
+            self.batches = 0
+
+        def translate_batch(self, batch, cfg, attention_layer=None):
+            self.batches += 1
+            return [[Hypothesis(tokens=[5], score=0.0)] for _ in batch]
+
+    engine = OneStepEngine()
+    with pytest.raises(DecodeStopped, match="stopped before a batch of"):
+        translate_encoded(engine, tokenizer, sources, cfg, "cpu", stop=lambda: engine.batches == 2)
+    assert engine.batches == 2
+    asked = []
+    with pytest.raises(DecodeStopped, match="stopped at step 2 of"):
+        translate_encoded(model, tokenizer, sources, cfg, "cpu", stop=lambda: asked.append(1) or len(asked) > 3)
+    assert len(asked) == 4  # 1 before the batch, then 1 before each step: it stopped at its third step
 
 
 def test_translate_sentences_restores_training_mode(model, tokenizer):

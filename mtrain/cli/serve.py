@@ -6,8 +6,8 @@
     curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Ein Hund."]}'
 
 The port is bound before the model loads (a port in use is one line at once). One uvicorn
-process, one event loop for HTTP (`serve.app`), one decoding thread (`mtrain.serve.batcher`)
-that owns the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
+process, one event loop for HTTP (`serve.app`), two decoding threads (`mtrain.serve.batcher`:
+one for requests with constraints, one for the rest) that share the engine; `serve.protocol` bounds what a client may hold (read_timeout_s,
 max_connections, max_request_bytes). SIGTERM or Ctrl-C: uvicorn stops accepting connections
 and answers the requests in flight, the decoder drains, and the command exits with status 0.
 Logs go to stderr, one line per request (access_log); nothing is written to disk.
@@ -38,6 +38,7 @@ def run_serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     from mtrain.decode.controls import LineControls, describe_controls
+    from mtrain.decode.pipeline import check_term_mode
     from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.selection import describe_search
     from mtrain.decode.threads import describe_threads, set_decode_threads
@@ -60,6 +61,8 @@ def run_serve(cfg: ServeConfig) -> None:
     try:
         threads = set_decode_threads(cfg.num_threads)
         model = open_served_model(cfg, resolve_device(cfg.device), threads)
+        # Any request may bring terms: refused now, as translate refuses it, not at every request.
+        check_term_mode(cfg.decode, glossary=True, term_aware=model.term_aware)
         server = uvicorn.Server(uvicorn_config(build_app(model, cfg, glossary), cfg))
         host, port = listener.getsockname()[:2]
         controls = describe_controls(LineControls(glossary=glossary), terms=cfg.terms)

@@ -33,7 +33,7 @@ else is queued without waiting.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,11 @@ from mtrain.decode.step_functions import CachedStep, DecodingModel, RecomputeSte
 from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
+
+
+class DecodeStopped(Exception):
+    """`generate`'s `stop()` said yes at a step: nobody waits for this batch any more (a
+    server request past its deadline), so its decode ends there with no result."""
 
 
 def build_search(cfg: DecodeConfig, device: torch.device) -> SearchAlgorithm:
@@ -97,6 +102,7 @@ def generate(
     controls: Sequence[ControlIds | None] | None = None,
     word_continuations: Sequence[int] = (),
     placement_vocab: PlacementVocab | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
 
@@ -113,6 +119,8 @@ def generate(
     which never follow a completed constraint (empty: a constraint may end inside a word).
     `placement_vocab`: the target pieces term placement needs (`decode.term_placement=aligned`
     with constraints that came from terms: mtrain.decode.placement); None: no placement.
+    `stop`: asked before every step; True ends the decode with DecodeStopped (a server
+    request past its deadline frees the decoder within one step, not after the whole search).
     """
     device = src_tokens.device
     target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
@@ -179,6 +187,8 @@ def generate(
     shortest = int(max_len.min())  # no row is at its length limit before this step
 
     for step in range(longest + 1):
+        if stop is not None and stop():
+            raise DecodeStopped(f"stopped at step {step} of at most {longest + 1}")
         n = sentence.size(0)
         logits, attention = step_fn(prefix)
         step_attention = None

@@ -314,10 +314,12 @@ class RequestPipeline:
         tgt_lang: str | None = None,
         attention_layer: int | str | None = None,
         on_batch: Callable[[int], object] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """3. Per prepared sentence, up to `decode.nbest` hypotheses (with `.text`), decoded
         with `decode` as given (`Options.decoding()`: alignments for markup); each sentence's
-        `ids` and `cut` filled."""
+        `ids` and `cut` filled. `stop()`: True ends the decode (DecodeStopped; the server's
+        deadline), asked at every step."""
         tokenizer = self.tokenizer_for(tgt_lang)
         annotate = self.term_aware and TermUse.of(decode.term_mode, True).annotate
         for sentence in sentences:
@@ -349,6 +351,7 @@ class RequestPipeline:
             attention_layer=attention_layer,
             on_batch=on_batch,
             controls=controls,
+            stop=stop,
         )
 
     def encode(self, text: str, tokenizer: Tokenizer, where: str = "") -> tuple[list[int] | None, bool]:

@@ -111,6 +111,32 @@ class Glossary:
         return list(dict.fromkeys(self.targets[key] for key, _ in self._matches(source)))
 
 
+@dataclass
+class TermTargets:
+    """Source term -> target term as a glossary's entries come (a terms file's lines, a
+    request's pairs), each source term with one target: given two, it is refused (which one
+    would be meant?). Terms are compared with their whitespace runs as single spaces, and
+    case-folded with `ignore_case`, as the glossary finds them."""
+
+    ignore_case: bool = False
+    targets: dict[str, str] = field(default_factory=dict)  # key (the source term as compared) -> target term
+    places: dict[str, str] = field(default_factory=dict)  # key -> where it came: "on line 3", "in terms[0]"
+
+    def add(self, source: str, target: str, where: str, place: str) -> str:
+        """The key of `source` -> `target`, added; MtrainError naming `where` (this entry) and
+        the other entry's `place` when `source` already has another target."""
+        source, target = " ".join(source.split()), " ".join(target.split())
+        key = source.casefold() if self.ignore_case else source
+        if key in self.targets and self.targets[key] != target:
+            raise MtrainError(
+                f"{where}: {source!r} has the target {target!r} here and {self.targets[key]!r} "
+                f"{self.places[key]}; keep one"
+            )
+        self.targets[key] = target
+        self.places[key] = place
+        return key
+
+
 def glossary_of(
     base: Glossary | None, pairs: list[tuple[str, str]] | None, ignore_case: bool = False
 ) -> Glossary | None:
@@ -122,9 +148,8 @@ def glossary_of(
 
 def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
     """The glossary in `path`; MtrainError naming the file and line for a malformed line."""
-    terms: dict[str, str] = {}
+    terms = TermTargets(ignore_case)
     replaced: dict[str, list[str]] = {}
-    lines_of: dict[str, int] = {}
     for number, line in enumerate(read_text_lines(path, "terms"), start=1):
         if not line.strip() or line.startswith("#"):
             continue
@@ -135,15 +160,8 @@ def read_glossary(path: str | Path, ignore_case: bool = False) -> Glossary:
                 f"(two non-empty fields, and optionally the words the term replaces, |-separated), "
                 f"got {len(fields)} field(s)"
             )
-        source, target = (" ".join(text.split()) for text in fields[:2])
-        key = source.casefold() if ignore_case else source
-        if key in terms and terms[key] != target:
-            raise MtrainError(
-                f"terms={path} line {number}: {source!r} has the target {target!r} here and "
-                f"{terms[key]!r} on line {lines_of[key]}; keep one"
-            )
-        terms[key] = target
-        lines_of[key] = number
+        source = " ".join(fields[0].split())
+        terms.add(source, fields[1], where=f"terms={path} line {number}", place=f"on line {number}")
         if len(fields) == 3:
             replaced[source] = [" ".join(word.split()) for word in fields[2].split("|") if word.strip()]
-    return Glossary.of(terms, ignore_case, replaced)
+    return Glossary.of(terms.targets, ignore_case, replaced)

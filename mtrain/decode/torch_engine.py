@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -86,9 +86,11 @@ class TorchEngine:
         cfg: DecodeConfig,
         attention_layer: int | str | None = None,
         controls: Sequence[ControlIds | None] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in eos, none empty), up to `cfg.nbest` hypotheses, best first;
-        `controls`: per source, its target prefix, constraints and avoided phrases."""
+        `controls`: per source, its target prefix, constraints and avoided phrases; `stop`:
+        asked at every step, True ends the decode (`generate`'s DecodeStopped)."""
         src_tokens = torch.full((len(sources), max(len(ids) for ids in sources)), self.pad_id, dtype=torch.long)
         for row, ids in enumerate(sources):
             src_tokens[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
@@ -111,6 +113,7 @@ class TorchEngine:
                     controls=controls,
                     word_continuations=self.word_continuations,
                     placement_vocab=self.placement_vocab,
+                    stop=stop,
                 )
         finally:
             self.model.train(was_training)

@@ -27,8 +27,10 @@ from mtrain.config import DecodeConfig, Precision, to_typed
 from mtrain.decode.alignment import Aligner
 from mtrain.decode.constraints import ControlIds
 from mtrain.decode.engine import Engine, as_engine
+from mtrain.decode.generator import DecodeStopped
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.selection import decoded_per_sentence, selecting
+from mtrain.decode.torch_engine import TorchEngine
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ def translate_encoded(
     use_cache: bool = True,
     on_batch: Callable[[int], object] | None = None,
     controls: Sequence[ControlIds | None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate encoded sources (ids ending in eos; None for an empty input).
 
@@ -80,6 +83,8 @@ def translate_encoded(
     `on_batch(num_sentences)` is called after each batch (progress bars).
     `controls`: per source, its target prefix, constraints and avoided phrases (target ids,
     `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
+    `stop()`: True ends the decode with DecodeStopped (mtrain.decode.generator), asked before
+    every batch and, by mtrain's own engine, at every step of its search.
     """
     cfg = to_typed(cfg)  # (a composed node, from a test or script, as the dataclass whose predicates it reads)
     # MBR decoding and reranking (mtrain.decode.selection), when asked: a decorator of the engine.
@@ -98,16 +103,20 @@ def translate_encoded(
     to_decode = [i for i, ids in enumerate(sources) if ids]
     hypotheses = decoded_per_sentence(cfg)
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
+    # Only mtrain's own engine asks `stop` at every step; the others are stopped between batches.
+    per_step = {"stop": stop} if stop is not None and isinstance(engine, TorchEngine) else {}
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
+        if stop is not None and stop():
+            raise DecodeStopped(f"stopped before a batch of {len(batch)} sentences")
         indices = [to_decode[j] for j in batch]
         batch_sources = [sources[i] or () for i in indices]
         batch_controls = [controls[i] for i in indices] if controls is not None else None
         if batch_controls is not None and all(c is None or c.empty for c in batch_controls):
             batch_controls = None  # (an engine without the keyword decodes such batches too)
         if batch_controls is None:
-            decoded = engine.translate_batch(batch_sources, cfg, attention_layer)
+            decoded = engine.translate_batch(batch_sources, cfg, attention_layer, **per_step)
         else:
-            decoded = engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls)
+            decoded = engine.translate_batch(batch_sources, cfg, attention_layer, controls=batch_controls, **per_step)
         for i, sentence_hyps in zip(indices, decoded, strict=True):
             for hyp in sentence_hyps:
                 if not hyp.text:  # (a selecting engine has detokenized its hypotheses already)

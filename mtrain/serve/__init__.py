@@ -1,7 +1,8 @@
 """Serving: a run's engine over HTTP, for `mtrain serve` (mtrain/cli/serve.py, the command).
 
 Files, in reading order: `batcher.py` (dynamic batching: concurrent requests into few
-decoding batches, one worker thread; nothing of HTTP or engines in it), `model.py` (the
+decoding batches, a worker thread per lane; nothing of HTTP or engines in it), `translation.py`
+(the one path of both APIs to the batcher: the rules, the limits of a constrained search, the lanes), `model.py` (the
 engine opened once and the batch function; the target-language check), `protocol.py`
 (uvicorn's HTTP/1.1 protocol with deadlines and bounds; the request body, the request log),
 `access.py` (API keys, wrong-key and rate limits), `guards.py` (the client's address behind

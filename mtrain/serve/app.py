@@ -25,8 +25,9 @@ names only the exception type, never a traceback. The body is read, within its l
 a route sees it (`serve.protocol`). A /translate body is JSON whatever its Content-Type says,
 checked here (`read_translate_request`) so that every message is ours and names the field.
 Handlers never decode: they submit the request's sentences to the batcher
-(`mtrain.serve.batcher`), whose one worker thread decodes the sentences of concurrent
-requests together, and await the result; a request whose sentence fails to encode or decode
+(`mtrain.serve.batcher`), whose worker threads decode the sentences of concurrent requests
+together (one for requests with constraints, one for the rest: `serve.translation.Lane`), and
+await the result; a request whose sentence fails to encode or decode
 fails alone, never the requests that shared its batch.
 """
 
@@ -37,7 +38,7 @@ import difflib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -59,6 +60,7 @@ from mtrain.decode.pipeline import (
     with_options,
 )
 from mtrain.decode.terminology import Glossary
+from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher
 from mtrain.serve.guards import SecurityHeaders, add_browser_rules
@@ -66,7 +68,16 @@ from mtrain.serve.libretranslate import LIBRETRANSLATE_PATH, add_libretranslate
 from mtrain.serve.model import ServedModel, UnknownTargetLanguage, check_target_language
 from mtrain.serve.page import page_router
 from mtrain.serve.protocol import RequestBody, RequestLog, printable
-from mtrain.serve.translation import Rejected, Served, Setting, server_glossary, setting_key
+from mtrain.serve.translation import (
+    Lane,
+    Rejected,
+    Served,
+    Setting,
+    check_controls_agree,
+    lone_surrogate,
+    server_glossary,
+    setting_key,
+)
 
 log = logging.getLogger("mtrain.serve")
 
@@ -127,15 +138,21 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[Prepared], setting: Setting) -> list[Any]:
+        def decode(sentences: list[Prepared], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
             texts = [s.source for s in sentences]
             if all(s.request is None for s in sentences):
-                return model.translate(texts, setting.decode, setting.tgt_lang)
+                return model.translate(texts, setting.decode, setting.tgt_lang, stop=stop)
             requests, term_words = [s.request for s in sentences], [s.term_words for s in sentences]
-            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words)
+            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words, stop=stop)
 
+        # Two lanes: constrained searches (Lane.constrained) never hold up plain requests.
         state["batcher"] = Batcher(
-            decode, cfg.max_batch_sentences, cfg.max_wait_ms / 1000.0, key=setting_key, name="mtrain-decoder"
+            decode,
+            cfg.max_batch_sentences,
+            cfg.max_wait_ms / 1000.0,
+            key=setting_key,
+            name="mtrain-decoder",
+            lanes=len(Lane),
         )
         yield
         # uvicorn has already answered every request in flight: what is left is queued work of none.
@@ -226,6 +243,8 @@ def health_body(model: ServedModel, cfg: ServeConfig, batcher: Batcher, started:
                 "max_sentence_chars",
                 "request_timeout_s",
                 "max_beam",
+                "max_sentence_constraints",
+                "max_constrained_work",
                 "max_input_tokens",
             )
         },
@@ -304,14 +323,9 @@ def check_text(sentences: list[str], cfg: ServeConfig) -> None:
                 f"max_sentence_chars: text[{index}] has {len(sentence)} characters, the limit is "
                 f"{cfg.max_sentence_chars}",
             )
-        try:
-            sentence.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise Rejected(
-                422,
-                f"text[{index}]: character {error.start} is a lone UTF-16 surrogate "
-                f"({printable(sentence[error.start])}), not text; send valid Unicode (a surrogate pair, or UTF-8)",
-            ) from None
+        problem = lone_surrogate(f"text[{index}]", sentence)
+        if problem is not None:
+            raise Rejected(422, problem)
 
 
 def pipeline_request(
@@ -346,6 +360,23 @@ def pipeline_request(
         for phrase in phrases:
             if len(phrase) > cfg.max_sentence_chars:
                 raise Rejected(413, f"max_sentence_chars: a phrase of {key} has {len(phrase)} characters")
+    for field, phrase in request_phrases(request):
+        problem = lone_surrogate(field, phrase)
+        if problem is not None:
+            raise Rejected(422, problem)
+    try:
+        check_controls_agree(
+            [(source, target) for source, target in request.terms or []],
+            request.avoid or [],
+            [
+                (f"constraints[{i}][{j}]", c)
+                for i, phrases in enumerate(request.constraints or [])
+                for j, c in enumerate(phrases)
+            ],
+            cfg.terms_ignore_case,
+        )
+    except MtrainError as error:
+        raise Rejected(400, str(error)) from None
     if request.format not in ("text", "xml", "html"):
         raise Rejected(422, f"format: {printable(request.format)} must be text, xml or html")
     prefixes = request.prefix or [None] * count
@@ -358,6 +389,20 @@ def pipeline_request(
     pairs = [(source, target) for source, target in request.terms or []]
     options = Options(request_decoding(request, cfg), request.format, tgt_lang, served.glossary_with(pairs))
     return requests, options
+
+
+def request_phrases(request: TranslateRequest) -> list[tuple[str, str]]:
+    """Every phrase of the request besides its text, each with the field that names it
+    (`terms[2][1]`: the third pair's target term)."""
+    named = [(f"prefix[{i}]", prefix) for i, prefix in enumerate(request.prefix or []) if prefix is not None]
+    named += [
+        (f"constraints[{i}][{j}]", phrase)
+        for i, phrases in enumerate(request.constraints or [])
+        for j, phrase in enumerate(phrases)
+    ]
+    named += [(f"avoid[{j}]", phrase) for j, phrase in enumerate(request.avoid or [])]
+    named += [(f"terms[{i}][{k}]", term) for i, pair in enumerate(request.terms or []) for k, term in enumerate(pair)]
+    return named
 
 
 def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:

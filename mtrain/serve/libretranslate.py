@@ -63,10 +63,11 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from mtrain.config import ServeConfig
 from mtrain.data.languages import language_name
 from mtrain.decode.pipeline import DecodeRequest, Options, with_options
+from mtrain.errors import MtrainError
 from mtrain.serve.access import BODY_FIELDS
 from mtrain.serve.batcher import Batcher
 from mtrain.serve.model import ServedModel
-from mtrain.serve.translation import Rejected, Served
+from mtrain.serve.translation import Rejected, Served, check_controls_agree, lone_surrogate
 
 LIBRETRANSLATE_PATH = "/libretranslate/translate"
 FORM = "application/x-www-form-urlencoded"
@@ -184,14 +185,19 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
     text_format = fields.get("format") or "text"
     if text_format not in ("text", "html"):
         raise invalid(f"{text_format} format is not supported")
+    terms, avoid = term_pairs(fields.get("terms"), cfg), phrases(fields.get("avoid"), cfg)
+    try:
+        check_controls_agree(terms, avoid, ignore_case=cfg.terms_ignore_case)
+    except MtrainError as error:
+        raise invalid(str(error)) from None
     return LibreRequest(
         texts,
         batch,
         *direction(source, target, model),
         alternatives,
         html=text_format == "html",
-        terms=term_pairs(fields.get("terms"), cfg),
-        avoid=phrases(fields.get("avoid"), cfg),
+        terms=terms,
+        avoid=avoid,
     )
 
 
@@ -233,6 +239,12 @@ def check_phrases(key: str, given: list[str], most: int, cfg: ServeConfig) -> No
     longest = max((len(phrase) for phrase in given), default=0)
     if longest > cfg.max_sentence_chars:
         raise invalid(f"max_sentence_chars: a phrase of {key} has {longest} characters")
+    for index, phrase in enumerate(given):
+        # (terms come here as a flat list: its pair and place within the pair)
+        field = f"terms[{index // 2}][{index % 2}]" if key == "terms" else f"{key}[{index}]"
+        problem = lone_surrogate(field, phrase)
+        if problem is not None:
+            raise invalid(problem)
 
 
 def direction(source: str, target: str, model: ServedModel) -> tuple[str, str]:

@@ -6,8 +6,9 @@ checkpoint, an `mtrain export` directory, or a checkpoint converted for CTransla
 the request pipeline `mtrain translate` uses (`mtrain.decode.pipeline.RequestPipeline.decode`):
 blank sentences stay empty, over-long ones are cut to `max_input_tokens` (and the model's
 positions) with a warning; a sentence the tokenizer refuses is an MtrainError (the client's 422).
-The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker thread only,
-the one thread that touches the engine. `ServedModel.name` is what clients are told the model
+The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker threads only
+(one per lane: constrained searches apart from the rest; the engine decodes under
+`torch.inference_mode()` and keeps no state between calls). `ServedModel.name` is what clients are told the model
 is: the run's directory name and update, never a path.
 
 `check_target_language` is the one place a request's `tgt_lang` is judged against the
@@ -20,19 +21,29 @@ tokenizer (its tag at the start of every source: mtrain.decode.directions), made
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtrain.config import AlignmentLevel, DecodeConfig, DecodeWeights, Engine, ServeConfig, alignment_level
+from mtrain.config import (
+    DEFAULT_ALIGNMENT_LAYER,
+    AlignmentLevel,
+    DecodeConfig,
+    DecodeWeights,
+    Engine,
+    ServeConfig,
+    alignment_level,
+)
 from mtrain.decode.controls import TargetRequest
 from mtrain.decode.directions import RunLanguages
 from mtrain.decode.engine import as_engine
+from mtrain.decode.generator import decoder_depth
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.pipeline import Prepared, RequestPipeline
+from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 
@@ -64,6 +75,8 @@ class ServedModel:
     directions: dict[str, list[str]] = field(default_factory=dict)
     # The pipeline's decoder step for this engine (built on first use).
     decoder: RequestPipeline | None = field(default=None, repr=False)
+    # mtrain's model's decoder layers, which word alignments read one of (None: not known, CTranslate2's last).
+    decoder_layers: int | None = None
 
     def translate(
         self,
@@ -72,18 +85,20 @@ class ServedModel:
         tgt_lang: str | None = None,
         requests: Sequence[TargetRequest | None] | None = None,
         term_words: Sequence[dict[str, list[int]]] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
         them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
         sentence, its prefix, constraints and avoided phrases (None: none); `term_words`: per
-        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement)."""
+        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement);
+        `stop()`: True ends the decode at its next step (DecodeStopped: the batch's requests are gone)."""
         given = requests if requests is not None else [None] * len(sentences)
         words = term_words if term_words is not None else [{} for _ in sentences]
         prepared = [
             Prepared(text, request, where="text", term_words=dict(found))
             for text, request, found in zip(sentences, given, words, strict=True)
         ]
-        return self.pipeline().decode(prepared, cfg, tgt_lang)
+        return self.pipeline().decode(prepared, cfg, tgt_lang, stop=stop)
 
     @property
     def term_aware(self) -> bool:
@@ -108,9 +123,41 @@ class ServedModel:
         """Source ids with eos (None for a blank sentence), cut to `input_limit` with a warning."""
         return self.pipeline().encode(text, tokenizer or self.tokenizer, "text")[0]
 
+    def source_length(self, text: str, where: str = "text") -> int:
+        """Source ids `text` decodes with (eos included, cut to `input_limit`; 0 for a blank
+        one), as its request is checked, before it is queued: no warning (the decode gives it).
+        MtrainError naming `where` for a sentence the tokenizer refuses."""
+        if not text.strip():
+            return 0
+        try:
+            pieces = len(self.tokenizer.encode_src(text))
+        except Exception as error:  # the request's sentence, not the program, is at fault (as the decode says)
+            raise MtrainError(
+                f"{where}: a sentence the tokenizer cannot encode ({type(error).__name__}); send valid Unicode text"
+            ) from error
+        return min(pieces + 1, self.input_limit)
+
     def target_languages(self) -> list[str]:
         """The languages a request may name in tgt_lang."""
         return list(self.tokenizers)
+
+
+def check_alignment_layer(decode: DecodeConfig, decoder_layers: int | None, asked: str) -> None:
+    """RefusedCombination naming `asked` (`format=html`, `alignment`) when the word alignments
+    it needs would read a decoder layer the model lacks (the default, the penultimate, of a
+    1-layer decoder): said before decoding, with the setting that serves it."""
+    if not decode.aligns or decoder_layers is None:
+        return
+    layer = DEFAULT_ALIGNMENT_LAYER if decode.alignment_layer is None else int(decode.alignment_layer)
+    if -decoder_layers <= layer < decoder_layers:
+        return
+    setting = "null: the penultimate" if decode.alignment_layer is None else str(layer)
+    raise RefusedCombination(
+        asked,
+        f"word alignments read decoder layer {layer} (decode.alignment_layer={setting}), and this model's "
+        f"decoder has {decoder_layers} layer{'s' if decoder_layers != 1 else ''}; start the server with "
+        "decode.alignment_layer=-1 (its last layer) to align, or send format=text without alignment",
+    )
 
 
 def check_target_language(requested: str | None, allowed: Sequence[str]) -> str | None:
@@ -160,6 +207,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         limit = model_limit  # the encoder cannot embed more positions
     languages = opened.languages
     engine = as_engine(opened.model, opened.tokenizer, device, opened.precision)  # once: bf16 casts the weights
+    depth = decoder_depth(opened.model) if opened.engine != Engine.ctranslate2 else None
     if languages is None:
         log.warning("%s: no language pair recorded; requests must leave tgt_lang null", cfg.run)
         return ServedModel(
@@ -174,6 +222,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             None,
             limit,
             threads,
+            decoder_layers=depth,
         )
     tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.target_languages()}
     # A bilingual run's pair (health); a multilingual one has no single pair: each request names its target.
@@ -195,6 +244,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         threads,
         tokenizers,
         served_directions(languages),
+        decoder_layers=depth,
     )
 
 

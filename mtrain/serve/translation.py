@@ -9,12 +9,21 @@ one-line error uses), markup out and terms found, the batcher (whose worker deco
 sentences of concurrent requests together: `ServedModel.translate`, the pipeline's decoder
 step), the tags back. So a request gives the same text and the same refusal through either API
 and through `mtrain translate`.
+
+What one request may cost is bounded before it is queued: a constrained search's candidates
+grow with its sentence's constraints (its own and the terms found in it) and its steps with
+the source, so a sentence has at most `max_sentence_constraints` constraints and a request at
+most `max_constrained_work` source tokens x constraints over its sentences (413 naming the
+key). Requests with constraints decode in a lane of their own (`Lane`), so a slow constrained
+search never holds up plain requests, and a request not answered within `request_timeout_s`
+gets 504 and its decode stops at its next step (the batcher's `stop`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,11 +37,12 @@ from mtrain.decode.pipeline import (
     finish_requests,
     prepare_requests,
 )
-from mtrain.decode.terminology import Glossary, glossary_of, read_glossary
+from mtrain.decode.terminology import Glossary, TermTargets, glossary_of, read_glossary
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.serve.batcher import Batcher, BatcherClosed
-from mtrain.serve.model import ServedModel
+from mtrain.serve.model import ServedModel, check_alignment_layer
+from mtrain.serve.protocol import printable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +57,57 @@ def setting_key(setting: Setting) -> tuple:
     return dataclasses.astuple(setting.decode), setting.tgt_lang
 
 
+class Lane(enum.IntEnum):
+    """The batcher's lanes (each its own worker): constrained searches apart from the rest."""
+
+    plain = 0
+    constrained = 1
+
+
 class Rejected(Exception):
     """A request refused with `status` and a one-line reason naming the field or limit."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def lone_surrogate(field: str, text: str) -> str | None:
+    """What is wrong with `text` when it is not Unicode text (JSON can carry a lone UTF-16
+    surrogate, "\\ud800", which no tokenizer or regex takes), naming `field`; None when it is text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"{field}: character {error.start} is a lone UTF-16 surrogate ({printable(text[error.start])}), "
+            "not text; send valid Unicode (a surrogate pair, or UTF-8)"
+        )
+    return None
+
+
+def check_controls_agree(
+    terms: Sequence[tuple[str, str]],
+    avoid: Sequence[str],
+    constraints: Sequence[tuple[str, str]] = (),
+    ignore_case: bool = False,
+) -> None:
+    """MtrainError (the client's 400) for a request's controls that contradict each other: a
+    source term given two targets (refused by the rule a terms file's lines follow,
+    `TermTargets`), or a phrase to avoid that a term's target or a (field, constraint) holds as
+    whole words (the search could meet one only by breaking the other)."""
+    table = TermTargets(ignore_case)
+    for index, (source, target) in enumerate(terms):
+        table.add(source, target, where=f"terms[{index}]", place=f"in terms[{index}]")
+    required = [(f"the target term of terms[{index}]", target) for index, (_, target) in enumerate(terms)]
+    required += list(constraints)
+    for index, phrase in enumerate(avoid):
+        words = " ".join(phrase.split())
+        for name, text in required:
+            if words and f" {words} " in f" {' '.join(text.split())} ":
+                raise MtrainError(
+                    f"avoid[{index}]: {phrase!r} is in {name} ({text!r}): a translation cannot both hold it "
+                    "and avoid it; drop one of them"
+                )
 
 
 def server_glossary(cfg: ServeConfig) -> Glossary | None:
@@ -78,7 +133,36 @@ class Served:
         rules refuse, MtrainError for malformed markup (each names the field)."""
         term_aware = self.model.term_aware
         check_requests(requests, options, ctranslate2=self.model.engine_name == "ctranslate2", term_aware=term_aware)
+        asked = f"format={options.format}" if options.format != "text" else "alignment"
+        check_alignment_layer(options.decoding(), self.model.decoder_layers, asked)
         return prepare_requests(requests, options, term_aware)
+
+    def check_work(self, prepared: Sequence[Prepared]) -> int:
+        """The constrained search's work the request asks for (source tokens x constraints,
+        summed over its sentences; 0: no constraints); Rejected 413 naming the limit over
+        `max_sentence_constraints` or `max_constrained_work`; MtrainError for a sentence the
+        tokenizer refuses."""
+        work = 0
+        for sentence in prepared:
+            constraints = len(sentence.request.constraints) if sentence.request is not None else 0
+            if constraints == 0:
+                continue
+            if constraints > self.cfg.max_sentence_constraints:
+                raise Rejected(
+                    413,
+                    f"max_sentence_constraints: {sentence.where} has {constraints} constraints (its terms found "
+                    f"included), the limit is {self.cfg.max_sentence_constraints}; send fewer terms or constraints, "
+                    "or split the sentence",
+                )
+            work += self.model.source_length(sentence.source, sentence.where) * constraints
+        if work > self.cfg.max_constrained_work:
+            raise Rejected(
+                413,
+                f"max_constrained_work: the request's constrained sentences have {work} source tokens x "
+                f"constraints, the limit is {self.cfg.max_constrained_work}; send fewer or shorter sentences "
+                "with terms or constraints",
+            )
+        return work
 
     async def translate(
         self,
@@ -93,29 +177,36 @@ class Served:
         for malformed markup or a sentence the model cannot take, as `translated` says."""
         try:
             prepared = self.check(requests, options)
+            lane = Lane.constrained if self.check_work(prepared) else Lane.plain
         except RefusedCombination as error:
             raise Rejected(422, str(error)) from None
         except MtrainError as error:
             raise Rejected(invalid, str(error)) from None
         setting = Setting(options.decoding(), options.tgt_lang)
-        hypotheses = await translated(batcher, prepared, setting, self.cfg.request_timeout_s, invalid)
+        hypotheses = await translated(batcher, prepared, setting, self.cfg.request_timeout_s, invalid, lane)
         finish_requests(prepared, hypotheses, options, self.stats)
         return answer(hypotheses, options.decode.nbest, alignments=options.decode.aligns)
 
 
 async def translated(
-    batcher: Batcher, sentences: Sequence[Prepared], setting: Setting, timeout_s: float, invalid: int = 422
+    batcher: Batcher,
+    sentences: Sequence[Prepared],
+    setting: Setting,
+    timeout_s: float,
+    invalid: int = 422,
+    lane: Lane = Lane.plain,
 ) -> list[Any]:
-    """The batcher's hypotheses for `sentences`, or Rejected: 503 shutting down, 504 past
-    `timeout_s`, `invalid` (422) for an MtrainError (a sentence the model cannot take)."""
+    """The batcher's hypotheses for `sentences` (decoded in `lane`), or Rejected: 503 shutting
+    down, 504 past `timeout_s` (its decode then stops), `invalid` (422) for an MtrainError (a
+    sentence the model cannot take)."""
     try:
-        future = batcher.submit(sentences, setting)
+        future = batcher.submit(sentences, setting, lane)
     except BatcherClosed:
         raise Rejected(503, "the server is shutting down; retry on another instance") from None
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except asyncio.TimeoutError:
-        future.cancel()  # its sentences leave the queue if they are not decoding yet
+        future.cancel()  # its sentences leave the queue, or their decode stops at its next step
         raise Rejected(
             504, f"request_timeout_s: not translated within {timeout_s:g} s; retry later or send fewer sentences"
         ) from None
