@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtrain.errors import MtrainError

@@ -803,7 +803,7 @@ def test_eval_hyp_streamed_scores_equal_the_per_sentence_paths(tmp_path):
     from mtrain.config import EvalConfig
 
     rng = random.Random(3)
-    words = "a man dog cat runs sits on the mat park two red".split()
+    words = ["a", "man", "dog", "cat", "runs", "sits", "on", "the", "mat", "park", "two", "red"]
     hyp, ref = tmp_path / "sys.en", tmp_path / "ref.en"
     hyp.write_text("".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(40)), encoding="utf-8")
     ref.write_text("".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(40)), encoding="utf-8")

@@ -319,7 +319,9 @@ def test_only_the_last_hops_of_a_long_x_forwarded_for_are_read(monkeypatch):
     behind = functools.partial(ClientBehindProxies, networks=proxies(["127.0.0.1", "10.1.0.0/16"]))
     checked = []
     trusted = ClientBehindProxies.trusted
-    monkeypatch.setattr(ClientBehindProxies, "trusted", lambda self, address: checked.append(address) or trusted(self, address))
+    monkeypatch.setattr(
+        ClientBehindProxies, "trusted", lambda self, address: checked.append(address) or trusted(self, address)
+    )
     long_header = ", ".join(["6.6.6.6"] * 4_999 + ["203.0.113.7"])
     assert call(behind, [(b"x-forwarded-for", long_header.encode())]) == (200, "203.0.113.7")
     assert len(checked) <= FORWARDED_HOPS + 1  # the peer, then at most the last hops

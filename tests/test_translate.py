@@ -197,7 +197,11 @@ def test_a_line_over_max_line_chars_is_refused_naming_the_input_line_and_key(mod
     source.write_text(f"{SENTENCES[1]}\n{'Hund ' * 30}\n{SENTENCES[0]}\n", encoding="utf-8")  # line 2: 150 chars
     with pytest.raises(MtrainError) as error:
         translate_stream(
-            model, tokenizer, job(input=str(source), output=str(output), max_line_chars=149), torch.device("cpu"), "fp32"
+            model,
+            tokenizer,
+            job(input=str(source), output=str(output), max_line_chars=149),
+            torch.device("cpu"),
+            "fp32",
         )
     assert str(error.value).startswith(f"input={source}:2: a line of more than 149 characters (max_line_chars=149)")
     assert not output.exists()

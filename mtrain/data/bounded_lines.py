@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from mtrain.config import DEFAULT_MAX_LINE_CHARS
 from mtrain.errors import MtrainError
 
 MAX_UTF8_BYTES = 4  # bytes of the longest UTF-8 character

@@ -221,7 +221,9 @@ def translate_stream(
     def translate_into(sink: TextIO) -> None:
         nonlocal truncated
         shown = not interactive and show_progress(cfg)  # (counting a file's lines reads it all: only for a bar)
-        progress = tqdm(total=count_lines(cfg.input) if shown else None, unit=" lines", file=sys.stderr, disable=not shown)
+        progress = tqdm(
+            total=count_lines(cfg.input) if shown else None, unit=" lines", file=sys.stderr, disable=not shown
+        )
         try:
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):

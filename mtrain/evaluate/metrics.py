@@ -108,7 +108,9 @@ def score_corpus(
     """
     check_metric_names(metrics)
     check_lengths(len(hyps), [len(stream) for stream in refs])
-    scores, _ = score_stream(zip(hyps, zip(*refs, strict=True), strict=True), metrics, tokenize, lowercase, chrf_word_order)
+    scores, _ = score_stream(
+        zip(hyps, zip(*refs, strict=True), strict=True), metrics, tokenize, lowercase, chrf_word_order
+    )
     return scores
 
 
@@ -188,17 +190,18 @@ def text_lines(path: str | Path, what: str = "file", max_chars: int = DEFAULT_MA
         raise MtrainError(f"{what}={path}: a directory, not a text file{hint}")
     if not path.is_file():
         raise MtrainError(f"{what}={path}: no such file")
-    number = 0
+    read = 0  # lines
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as handle:
-            for number, raw in enumerate(bounded_lines(handle, f"{what}={path}", max_chars), start=1):
+            for raw in bounded_lines(handle, f"{what}={path}", max_chars):
+                read += 1
                 yield raw.decode("utf-8").replace("\r", " ").rstrip()
     except UnicodeDecodeError as error:
         raise MtrainError(
-            f"{what}={path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line)"
+            f"{what}={path}:{read}: not valid UTF-8 ({error.reason} at byte {error.start} of the line)"
         ) from error
     except (OSError, EOFError, zlib.error) as error:
-        raise MtrainError(f"{what}={path}: unreadable after line {number} ({error})") from error
+        raise MtrainError(f"{what}={path}: unreadable after line {read} ({error})") from error
 
 
 def aligned_lines(
@@ -208,8 +211,7 @@ def aligned_lines(
     read side by side a line at a time; MtrainError as soon as one file ends before another, so
     a 20-line hypothesis file is refused at line 21 of a 10-million-line reference."""
     names = [f"{key}={path}" for key, path in files]
-    count = 0
-    for row in zip_longest(*(text_lines(path, key, max_chars) for key, path in files)):
+    for count, row in enumerate(zip_longest(*(text_lines(path, key, max_chars) for key, path in files))):
         if None in row:
             ended = next(name for name, line in zip(names, row, strict=True) if line is None)
             going_on = next(name for name, line in zip(names, row, strict=True) if line is not None)
@@ -219,7 +221,6 @@ def aligned_lines(
                 f"{ended} has {count} lines but {going_on} has more; the files must be line-aligned "
                 "(one sentence per line)"
             )
-        count += 1
         yield list(row)
 
 
