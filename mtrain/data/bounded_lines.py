@@ -18,13 +18,19 @@ import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Protocol
 
 from mtrain.errors import MtrainError
 
 MAX_UTF8_BYTES = 4  # bytes of the longest UTF-8 character
 BLOCK_BYTES = 1 << 20
 MAX_LINE_KEY = "max_line_chars"
+
+
+class LineReader(Protocol):
+    """What lines are read from: an open binary file, gzip file or stdin's buffer."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
 
 
 def line_too_long(where: str, number: int, max_chars: int) -> MtrainError:
@@ -35,7 +41,7 @@ def line_too_long(where: str, number: int, max_chars: int) -> MtrainError:
     )
 
 
-def bounded_lines(handle: BinaryIO, where: str, max_chars: int) -> Iterator[bytes]:
+def bounded_lines(handle: LineReader, where: str, max_chars: int) -> Iterator[bytes]:
     """The raw lines of `handle` (each with its b"\\n"; the last may lack it), read so that no
     more than about `max_chars` characters of a line are ever held; MtrainError naming
     `where:line` and `max_line_chars` for a longer line."""

@@ -21,7 +21,6 @@ from sacrebleu.metrics.base import Metric
 from sacrebleu.metrics.bleu import BLEU
 from sacrebleu.metrics.chrf import CHRF
 from sacrebleu.metrics.ter import TER
-from sacrebleu.utils import sum_of_lists
 
 from mtrain.config import DEFAULT_MAX_LINE_CHARS
 from mtrain.data.bounded_lines import bounded_lines
@@ -127,18 +126,18 @@ def score_stream(
     bounded however long the files are (the sum is what sacreBLEU scores a corpus by)."""
     names = check_metric_names(metrics)
     scorers = [build_metric(name, tokenize, lowercase, chrf_word_order) for name in names]
-    totals: list[list[float] | None] = [None] * len(scorers)
+    totals: list[list[float]] = [[] for _ in scorers]  # per metric: its statistics summed so far
     count = 0
     iterator = iter(lines)
     while chunk := list(islice(iterator, STREAM_CHUNK)):
         count += len(chunk)
         hyps = [hyp for hyp, _ in chunk]
         refs = [list(stream) for stream in zip(*(refs for _, refs in chunk), strict=True)]  # refs[k][i]
-        for index, metric in enumerate(scorers):
+        for metric, total in zip(scorers, totals, strict=True):
             # sacreBLEU's own corpus_score, split in two: per-sentence statistics, then their sum scored.
-            summed = sum_of_lists(metric._extract_corpus_statistics(hyps, refs))
-            total = totals[index]
-            totals[index] = summed if total is None else [a + b for a, b in zip(total, summed, strict=True)]
+            sentences = metric._extract_corpus_statistics(hyps, refs)
+            summed = [sum(column) for column in zip(*sentences, strict=True)]
+            total[:] = summed if not total else [a + b for a, b in zip(total, summed, strict=True)]
     if count == 0:
         raise MtrainError(f"{hyp_name}: no hypotheses (empty file); nothing to score")
     results: dict[str, dict[str, object]] = {}
