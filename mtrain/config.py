@@ -39,6 +39,9 @@ from mtrain.config_fields import check_section, ranged
 from mtrain.durations import parse_budget_share, parse_duration
 from mtrain.errors import MtrainError
 
+# translate's and eval's max_line_chars: a long paragraph is some thousands; a megabyte is no sentence
+DEFAULT_MAX_LINE_CHARS = 200_000
+
 
 class Choice(str, Enum):
     """One of a fixed set of strings (a config key's allowed values).
@@ -981,6 +984,8 @@ class TranslateConfig(DecodingCommandConfig):
     output: str | None = None  # null: stdout
     # longer inputs are truncated with a warning
     max_input_tokens: int = ranged(1024, at_least=2, why="(one token and eos)")
+    # A longer input line (input=, stdin, typed, prefix=) is refused, naming it, before it is held whole
+    max_line_chars: int = ranged(DEFAULT_MAX_LINE_CHARS, at_least=1)
     attention: str | None = None  # directory for cross-attention heat maps
     attention_layer: str = "last"  # last | all | an index
     # Translate and flush each line as soon as it is read; null: when stdin is a terminal.
@@ -1032,6 +1037,8 @@ class EvalConfig(DecodingCommandConfig):
     # (terms=: run= decodes with the glossary's terms as constraints; run= and hyp= report the
     # terminology metrics beside BLEU: exact-match accuracy, window overlap, 1-TERm, usual word kept beside)
     src: str | None = None  # hyp=: the sources of the hypotheses (where terms= finds its terms)
+    # A longer line of hyp=, ref= or src= is refused, naming it, before it is held whole
+    max_line_chars: int = ranged(DEFAULT_MAX_LINE_CHARS, at_least=1)
 
     def check(self, prefix: str) -> None:
         """An ensemble decodes with run= and reports to out=DIR, never into run='s eval/ (where it

@@ -8,7 +8,8 @@
    /health and a translation.
 2. deploy/nginx.conf in front of deploy/mtrain.service's `mtrain serve` command: a self-signed
    certificate stands in for Let's Encrypt's, the ports are free ones; `nginx -t`, then an HTTPS
-   translation through nginx (the Host header the server allows) and the HTTP redirect.
+   translation through nginx (the Host header the server allows), 40 requests at once of which
+   limit_req refuses some with 429, and the HTTP redirect.
 3. deploy/mtrain.service passes `systemd-analyze verify` (its ExecStart pointed at the new venv).
 
 Without --run it trains a tiny model on a Multi30k slice ($MTRAIN_DATA_DIR) with the new venv, as
@@ -259,6 +260,17 @@ def check_nginx(work: Path, port: int, https: int, http_port: int) -> None:
         if answer.status != 200:
             sys.exit(f"through nginx: HTTP {answer.status}: {text}")
         print(f"HTTPS through nginx: 200, {json.loads(text)['translations'][0]!r}")
+        statuses = []
+        for _ in range(40):  # faster than limit_req's rate and past its burst: the proxy answers 429
+            tls = context.wrap_socket(socket.create_connection(("127.0.0.1", https)), server_hostname="mt.example.org")
+            burst = http.client.HTTPSConnection("127.0.0.1", https, context=context, timeout=60)
+            burst.sock = tls
+            burst.request("GET", "/health", headers={"Host": "mt.example.org"})
+            statuses.append(burst.getresponse().status)
+            burst.close()
+        if 429 not in statuses or statuses[0] != 200:
+            sys.exit(f"40 requests at once through nginx: {statuses}, no 429 from limit_req")
+        print(f"40 requests at once through nginx: {statuses.count(200)} x 200, then {statuses.count(429)} x 429")
         plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
         plain.request("GET", "/", headers={"Host": "mt.example.org"})
         redirect = plain.getresponse()

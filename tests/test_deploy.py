@@ -109,3 +109,33 @@ def test_systemd_accepts_the_unit(tmp_path):
     unit = check_deploy().unit_for_test(tmp_path, sys.executable)
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_the_unit_bounds_memory_cpu_and_tasks():
+    """Before: no bound; a server that grew past the machine's memory took its neighbours down."""
+    settings = dict(
+        line.split("=", 1)
+        for line in (REPO / "deploy" / "mtrain.service").read_text(encoding="utf-8").splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    gigabytes = {key: float(settings[key].removesuffix("G")) for key in ("MemoryHigh", "MemoryMax")}
+    assert 0 < gigabytes["MemoryHigh"] < gigabytes["MemoryMax"] <= 16
+    assert settings["MemorySwapMax"] == "0"
+    assert re.fullmatch(r"[1-9][0-9]*%", settings["CPUQuota"]) and int(settings["TasksMax"]) >= 64
+    assert settings["Restart"] == "on-failure"  # what brings a server killed at MemoryMax back
+
+
+def test_the_proxy_limits_each_client_before_the_server():
+    site = (REPO / "deploy" / "nginx.conf").read_text(encoding="utf-8")
+    zones = re.findall(r"^limit_req_zone \$binary_remote_addr zone=(\w+):\d+m rate=\d+r/s;$", site, flags=re.M)
+    connections = re.findall(r"^limit_conn_zone \$binary_remote_addr zone=(\w+):\d+m;$", site, flags=re.M)
+    location = site[site.index("location / {") :]
+    assert zones and re.search(rf"\n +limit_req zone={zones[0]} burst=\d+ nodelay;", location)
+    assert connections and re.search(rf"\n +limit_conn {connections[0]} \d+;", location)
+    assert "limit_req_status 429;" in location and "limit_conn_status 429;" in location
+
+
+def test_the_base_image_is_pinned_by_version_and_digest():
+    lines = (REPO / "deploy" / "Containerfile").read_text(encoding="utf-8").splitlines()
+    (base,) = [line for line in lines if line.startswith("FROM ")]
+    assert re.fullmatch(r"FROM docker\.io/library/python:3\.11\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}", base), base

@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mtrain.errors import MtrainError
-from mtrain.evaluate.metrics import METRIC_NAMES, score_corpus, score_files
+from mtrain.evaluate import metrics as metrics_module
+from mtrain.evaluate.metrics import METRIC_NAMES, score_corpus, score_files, score_stream
+from mtrain.evaluate.references import read_reference_files
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 
@@ -178,14 +181,47 @@ def test_ja_mecab_without_mecab_says_what_to_install(corpus):
         score_files(corpus["hyp"], [corpus["ref"]], tokenize="ja-mecab")
 
 
-def test_line_count_mismatch_names_both_files_and_counts(corpus, tmp_path):
+def test_line_count_mismatch_is_refused_where_the_shorter_file_ends(corpus, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only one line\nand two\n", encoding="utf-8")
     with pytest.raises(MtrainError) as error:
         score_files(short, [corpus["ref"]])
-    message = str(error.value)
-    assert f"hyp={short} has 2 lines" in message
-    assert f"ref={corpus['ref']} has 150" in message
+    assert str(error.value).startswith(f"hyp={short} has 2 lines but ref={corpus['ref']} has more;")
+    # The longer file is not read on: a line past the end of the shorter that would fail is never reached.
+    long_ref = tmp_path / "long.txt"
+    long_ref.write_bytes(b"one\ntwo\nthree\n\xff not UTF-8\n" + b"x" * 5_000 + b"\n")
+    with pytest.raises(MtrainError, match=rf"^hyp={short} has 2 lines but ref={long_ref} has more"):
+        score_files(short, [long_ref], max_chars=100)
+    with pytest.raises(MtrainError, match=rf"^ref={short} has 2 lines but hyp={long_ref} has more"):
+        score_files(long_ref, [short], max_chars=100)
+    with pytest.raises(MtrainError, match=rf"^ref={short} has 2 lines but ref={long_ref} has more"):
+        read_reference_files([str(long_ref), str(short)], max_chars=100)
+
+
+def test_streamed_scores_equal_sacrebleus_whole_corpus_scores(corpus, monkeypatch):
+    """Statistics summed over chunks (7 lines here: 22 chunks, the last short) score as
+    sacreBLEU's corpus_score of all lines at once, with two references."""
+    hyps = corpus["hyp"].read_text(encoding="utf-8").splitlines()
+    refs = [corpus["ref"].read_text(encoding="utf-8").splitlines(), list(reversed(hyps))]
+    monkeypatch.setattr(metrics_module, "STREAM_CHUNK", 7)
+    scores, count = score_stream(zip(hyps, zip(*refs, strict=True), strict=True), METRIC_NAMES, chrf_word_order=2)
+    assert count == len(hyps) == 150
+    whole = {"bleu": BLEU(), "chrf": CHRF(word_order=2), "ter": TER()}
+    for name, metric in whole.items():
+        expected = metric.corpus_score(hyps, refs)
+        assert scores[name]["score"] == pytest.approx(expected.score, abs=1e-9)
+        assert scores[name]["text"] == expected.format(signature=metric.get_signature().format())
+
+
+def test_a_line_over_max_line_chars_is_refused_naming_the_file_line_and_key(tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a dog\n" + "ü" * 50 + "\n" + "a cat\n", encoding="utf-8")  # 50 characters, 100 bytes
+    ref.write_text("a dog\n" + "ü" * 50 + "\n" + "a cat runs" + "!" * 41 + "\n", encoding="utf-8")
+    assert score_files(hyp, [hyp], ["chrf"], max_chars=50)["chrf"]["score"] == 100.0  # (50 "ü" pass)
+    with pytest.raises(MtrainError) as error:
+        score_files(hyp, [ref], max_chars=50)
+    assert str(error.value).startswith(f"ref={ref}:3: a line of more than 50 characters (max_line_chars=50)")
+    assert "\n" not in str(error.value)
 
 
 def test_empty_hypothesis_file(corpus, tmp_path):

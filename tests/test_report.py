@@ -794,3 +794,54 @@ def test_a_report_that_scores_differently_says_what_it_replaces(tmp_path):
     note = replaced_report_note(path, report(30.0, 200))
     assert "replacing BLEU 40.00 (update_300.pt (update 300), beam 5) with 30.00 (update_200.pt" in note
     assert replaced_report_note(path, report(40.0, 300)) is None  # the same score: nothing to say
+
+
+def test_eval_hyp_streamed_scores_equal_the_per_sentence_paths(tmp_path):
+    """hyp= ref= alone is scored as the files are read (bounded memory); with per_sentence the
+    lines are held: both give the same scores and file records."""
+    from mtrain.cli.evaluate import score_hypotheses
+    from mtrain.config import EvalConfig
+
+    rng = random.Random(3)
+    words = ["a", "man", "dog", "cat", "runs", "sits", "on", "the", "mat", "park", "two", "red"]
+    hyp, ref = tmp_path / "sys.en", tmp_path / "ref.en"
+    hyp.write_text("".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(40)), encoding="utf-8")
+    ref.write_text("".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(40)), encoding="utf-8")
+    streamed = score_hypotheses(EvalConfig(hyp=str(hyp), ref=[str(ref)]), log=lambda _: None)
+    held = score_hypotheses(
+        EvalConfig(hyp=str(hyp), ref=[str(ref)], per_sentence=True, out=str(tmp_path / "out")), log=lambda _: None
+    )
+    assert streamed["metrics"] == held["metrics"] and streamed["sentences"] == held["sentences"] == 40
+    assert streamed["hypotheses"] == held["hypotheses"] and streamed["data"] == held["data"]
+
+
+@pytest.mark.parametrize("per_sentence", ["false", "true"])
+def test_eval_hyp_refuses_a_shorter_file_where_it_ends_in_one_line(tmp_path, monkeypatch, capsys, per_sentence):
+    hyp, ref = tmp_path / "sys.en", tmp_path / "ref.en"
+    hyp.write_text("a dog\na cat\n", encoding="utf-8")
+    # Past line 3 the reference would fail to read (not UTF-8, over max_line_chars): it is never read there.
+    ref.write_bytes(b"a dog\na cat\na man\n\xff\xfe\n" + b"x" * 300_000 + b"\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_status:
+        run_cli(monkeypatch, "eval", f"hyp={hyp}", f"ref={ref}", f"per_sentence={per_sentence}")
+    assert exit_status.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"mtrain: error: hyp={hyp} has 2 lines but ref={ref} has more; the files must be line-aligned "
+        "(one sentence per line)"
+    ]
+
+
+def test_a_memory_error_is_one_line(tmp_path, monkeypatch, capsys):
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    hyp, ref = tmp_path / "sys.en", tmp_path / "ref.en"
+    hyp.write_text("a dog\n", encoding="utf-8")
+    ref.write_text("a dog\n", encoding="utf-8")
+    monkeypatch.setattr("mtrain.evaluate.metrics.score_stream", out_of_memory)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_status:
+        run_cli(monkeypatch, "eval", f"hyp={hyp}", f"ref={ref}")
+    assert exit_status.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("mtrain: error: out of memory (MemoryError): ") and error.count("\n") == 1

@@ -5,6 +5,8 @@ numbers. Each case asserts the status and the one-line message."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +16,14 @@ import pytest
 from mtrain.config import ServeConfig
 from mtrain.errors import MtrainError
 from mtrain.serve.access import FAILED_KEY_DELAY_S, FAILED_KEYS_PER_MINUTE
-from mtrain.serve.guards import check_browser_rules, host_patterns
+from mtrain.serve.guards import (
+    FORWARDED_HOPS,
+    ClientBehindProxies,
+    HostCheck,
+    check_browser_rules,
+    host_patterns,
+    proxies,
+)
 from tests.test_serve import DECODE, ENV, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
 from tests.warm_process import run_mtrain
 
@@ -262,3 +271,76 @@ def test_terms_as_annotation_of_a_model_that_reads_none_is_refused_at_start(run_
         "mtrain: error: decode.term_mode=annotation: this model reads no terms in its source (it was not trained "
         "with model.term_factors=true, train.term_alignment=...); use term_mode=constraints or auto",
     )
+
+
+# ------------------------------------------------------------------ the middleware, in process
+def call(middleware, headers: list[tuple[bytes, bytes]], peer: str = "127.0.0.1") -> tuple[int, str]:
+    """One GET through `middleware` (an ASGI app around a 200 one): the status, and the client
+    address the inner app saw ("" when it was not reached)."""
+    seen = {"client": ("", 0)}
+
+    async def app(scope, receive, send):
+        seen["client"] = scope["client"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "method": "GET", "path": "/health", "headers": headers, "client": (peer, 5000)}
+    asyncio.run(middleware(app)(scope, receive, send))
+    return sent[0]["status"], seen["client"][0]
+
+
+def test_a_host_with_userinfo_or_junk_is_400_whatever_the_wildcard():
+    """Before: `evil.com@mt.example.org` ended in `.example.org` and passed `*.example.org`."""
+    check = functools.partial(HostCheck, patterns=["*.example.org", "mt.example.org"])
+    for host in ("mt.example.org", "api.example.org:443", "MT.Example.ORG.", "a.b.example.org:"):
+        assert call(check, [(b"host", host.encode())])[0] == 200, host
+    for host in (
+        "evil.com@mt.example.org",
+        "evil.com@api.example.org:443",
+        "user:pass@mt.example.org",
+        "evil.com/.example.org",
+        "evil.com .example.org",
+        "evil.com?.example.org",
+        "evil.com#.example.org",
+        "..example.org",
+        "api.example.org:80:80",
+        "api.example.org:http",
+        "[::1]evil.example.org",
+    ):
+        assert call(check, [(b"host", host.encode())]) == (400, ""), host
+    loopback = functools.partial(HostCheck, patterns=["localhost", "127.0.0.1", "::1"])
+    for host in ("[::1]:8080", "::1", "127.0.0.1:8080", "localhost."):
+        assert call(loopback, [(b"host", host.encode())])[0] == 200, host
+    for host in ("[::1", "[127.0.0.1]", "[::1]:80x", "localhost@127.0.0.1"):
+        assert call(loopback, [(b"host", host.encode())]) == (400, ""), host
+
+
+def test_only_the_last_hops_of_a_long_x_forwarded_for_are_read(monkeypatch):
+    """Before: all 5,000 entries were split and each checked against the proxies, and a client
+    could name itself behind any number of entries that looked like trusted proxies."""
+    behind = functools.partial(ClientBehindProxies, networks=proxies(["127.0.0.1", "10.1.0.0/16"]))
+    checked = []
+    trusted = ClientBehindProxies.trusted
+    monkeypatch.setattr(
+        ClientBehindProxies, "trusted", lambda self, address: checked.append(address) or trusted(self, address)
+    )
+    long_header = ", ".join(["6.6.6.6"] * 4_999 + ["203.0.113.7"])
+    assert call(behind, [(b"x-forwarded-for", long_header.encode())]) == (200, "203.0.113.7")
+    assert len(checked) <= FORWARDED_HOPS + 1  # the peer, then at most the last hops
+    # A chain longer than FORWARDED_HOPS of what look like our proxies: the client is not believed.
+    spoofed = ", ".join(["6.6.6.6"] + ["10.1.0.1"] * (FORWARDED_HOPS + 4))
+    assert call(behind, [(b"x-forwarded-for", spoofed.encode())]) == (200, "127.0.0.1")
+    # Two headers are one list, in order; an untrusted peer's header is never read.
+    assert call(behind, [(b"x-forwarded-for", b"6.6.6.6"), (b"x-forwarded-for", b"198.51.100.2, 10.1.0.9")]) == (
+        200,
+        "198.51.100.2",
+    )
+    assert call(behind, [(b"x-forwarded-for", b"198.51.100.2")], peer="192.0.2.1") == (200, "192.0.2.1")

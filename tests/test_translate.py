@@ -19,7 +19,7 @@ from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig,
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
 from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.stream import translate_stream
+from mtrain.decode.stream import translate_stream, typed_lines
 from mtrain.decode.terminology import Glossary
 from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translator import token_budget_batches, translate_sentences
@@ -218,6 +218,54 @@ def test_directory_or_missing_input_is_a_clear_error(model, tokenizer, tmp_path)
         translate_stream(model, tokenizer, job(input=str(tmp_path / "nope.de")), torch.device("cpu"), "fp32")
 
 
+def test_a_line_over_max_line_chars_is_refused_naming_the_input_line_and_key(model, tokenizer, tmp_path):
+    """Refused as it is read, before a byte is written; the same bound holds for prefix=, for
+    interactive (typed) input and for a device that never sends a newline."""
+    source, output = tmp_path / "in.de", tmp_path / "out.en"
+    source.write_text(f"{SENTENCES[1]}\n{'Hund ' * 30}\n{SENTENCES[0]}\n", encoding="utf-8")  # line 2: 150 chars
+    with pytest.raises(MtrainError) as error:
+        translate_stream(
+            model,
+            tokenizer,
+            job(input=str(source), output=str(output), max_line_chars=149),
+            torch.device("cpu"),
+            "fp32",
+        )
+    assert str(error.value).startswith(f"input={source}:2: a line of more than 149 characters (max_line_chars=149)")
+    assert not output.exists()
+    for interactive in (False, True):
+        with pytest.raises(MtrainError, match=r"^input=/dev/zero:1: a line of more than 1,000 characters"):
+            translate_stream(
+                model,
+                tokenizer,
+                job(input="/dev/zero", output=str(output), max_line_chars=1000, interactive=interactive),
+                torch.device("cpu"),
+                "fp32",
+            )
+    prefix = tmp_path / "prefix.en"
+    prefix.write_text("A\n" + "B" * 200 + "\nC\n", encoding="utf-8")
+    with pytest.raises(MtrainError, match=rf"^prefix={prefix}:2: a line of more than 150 characters"):
+        translate_stream(
+            model,
+            tokenizer,
+            job(input=str(source), output=str(output), prefix=str(prefix), max_line_chars=150),
+            torch.device("cpu"),
+            "fp32",
+        )
+    # At the default bound the 150-character line is translated.
+    translate_stream(model, tokenizer, job(input=str(source), output=str(output)), torch.device("cpu"), "fp32")
+    assert output.read_text(encoding="utf-8").count("\n") == 3
+
+
+def test_typed_lines_refuse_a_line_over_the_bound_as_it_arrives():
+    endless = io.BytesIO(b"ein Hund\n" + b"x" * 100_000)  # no newline after line 2 yet
+    lines = typed_lines(endless, None, "stdin", max_chars=100)
+    assert next(lines) == b"ein Hund\n"
+    with pytest.raises(MtrainError, match=r"^stdin:2: a line of more than 100 characters \(max_line_chars=100\)"):
+        next(lines)
+    assert endless.tell() < 100 * 4 + 2 + 2 * (1 << 16)  # refused while reading, not at the end
+
+
 def test_nbest_output_is_tsv(model, tokenizer, tmp_path):
     source = tmp_path / "in.de"
     source.write_text(f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n", encoding="utf-8")
@@ -318,6 +366,18 @@ def test_translate_command_errors_are_one_line(run_dir, tmp_path):
     assert result.returncode == 2
     assert [line for line in result.stderr.decode().splitlines() if line.strip()] == [
         f"mtrain: error: checkpoint=nope: no such file (looked in . and {run_dir / 'checkpoints'})"
+    ]
+
+
+def test_translate_command_refuses_a_huge_line_in_one_line(run_dir, tmp_path):
+    source = tmp_path / "huge.de"
+    source.write_bytes(b"Ein Hund. " * 30_000 + b"\n")  # 300,000 characters on one line
+    result = mtrain("translate", f"run={run_dir}", f"input={source}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == b""
+    assert [line for line in result.stderr.decode().splitlines() if "error" in line or "Traceback" in line] == [
+        f"mtrain: error: input={source}:1: a line of more than 200,000 characters (max_line_chars=200000); "
+        "a line is one sentence or paragraph: split the text into lines, or raise max_line_chars"
     ]
 
 

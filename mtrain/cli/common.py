@@ -131,9 +131,15 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Call
     return decorate
 
 
+OUT_OF_MEMORY = (
+    "out of memory (MemoryError): the command needed more memory than it could get; give it less at "
+    "once (a smaller file, lower max_line_chars, smaller batches) or run it where more memory is free"
+)
+
+
 def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
     """Check the config, run `app` on it as the command's dataclass (`mtrain.config.to_typed`);
-    an MtrainError becomes one line on stderr and exit status 2.
+    an MtrainError, or a MemoryError, becomes one line on stderr and exit status 2.
 
     In a multirun sweep the failing job is reported, recorded in its `failed.json`, and the
     sweep goes on: one diverged ablation must not cancel the others.
@@ -147,7 +153,10 @@ def user_errors_as_messages(app: Callable[..., Any]) -> Callable[..., Any]:
                 check_config(args[0])
                 # Checked: from here on the config travels as the command's typed dataclass.
                 args = (to_typed(args[0]), *args[1:])
-            return app(*args, **kwargs)
+            try:
+                return app(*args, **kwargs)
+            except MemoryError:  # (a traceback would say nothing the user can act on)
+                raise MtrainError(OUT_OF_MEMORY) from None
         except MtrainError as error:
             print(f"mtrain: error: {error}", file=sys.stderr)
             if job_dir is None:

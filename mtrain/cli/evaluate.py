@@ -136,7 +136,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     if split is None:
         split = read_run_split(split_run, run_data, cfg.split, direction)
     if cfg.ref:  # explicit references replace the split's (e.g. extra references)
-        given = read_reference_files(list(cfg.ref))
+        given = read_reference_files(list(cfg.ref), cfg.max_line_chars)
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(
         f"decoding {counted(len(split.sources), 'sentence')} of {cfg.split} with "
@@ -323,8 +323,8 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     the hypotheses, or into `out=`, and prints the worst lines.
     """
     from mtrain.decode.textio import check_spares_what_it_reads
-    from mtrain.evaluate.metrics import check_lengths, check_metric_names, read_lines, score_corpus
-    from mtrain.evaluate.references import file_record, read_reference_files, read_run_split
+    from mtrain.evaluate.metrics import aligned_lines, check_lengths, check_metric_names, read_lines, score_corpus
+    from mtrain.evaluate.references import SplitText, file_record, read_run_split
     from mtrain.evaluate.report import metrics_table
     from mtrain.evaluate.runs import run_config
     from mtrain.evaluate.sentences import (
@@ -346,7 +346,12 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
                 f"ref={ref}: is the hyp= file itself ({hyp_path}); a file scored against itself says "
                 "nothing: give the reference translation"
             )
-    hyps = read_lines(hyp_path, "hyp")
+    if cfg.ref and not (cfg.per_sentence or glossary is not None or cfg.src is not None):
+        return score_hypothesis_file(cfg, metrics, log)  # nothing per sentence: streamed
+    ref_files = [("ref", ref) for ref in cfg.ref]
+    # Read side by side: a file shorter than another is refused where it ends, not after the longer.
+    aligned = list(aligned_lines([("hyp", hyp_path), *ref_files], cfg.max_line_chars))
+    hyps = [row[0] for row in aligned]
     tsv = None
     if cfg.per_sentence:
         tsv_dir = Path(cfg.out) if cfg.out is not None else hyp_path.parent
@@ -359,7 +364,8 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
         reads = [("hyp", cfg.hyp), ("run", cfg.run), *(("ref", ref) for ref in cfg.ref)]
         check_spares_what_it_reads(tsv, f"the sentence scores {tsv}", reads)
     if cfg.ref:
-        split = read_reference_files(list(cfg.ref))
+        references = [[row[k] for row in aligned] for k in range(1, len(cfg.ref) + 1)]
+        split = SplitText([], references, [file_record(Path(ref), "reference") for ref in cfg.ref])
         ref_names = [f"ref={path}" for path in cfg.ref]
     elif cfg.run:
         data_cfg = run_config(Path(cfg.run)).data
@@ -370,7 +376,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     check_lengths(len(hyps), [len(stream) for stream in split.references], f"hyp={hyp_path}", ref_names)
     sources: list[str] | None = split.sources if not cfg.ref else None  # ref= files come without their sources
     if cfg.src is not None:
-        sources = read_lines(cfg.src, "src")
+        sources = read_lines(cfg.src, "src", cfg.max_line_chars)
         if len(sources) != len(hyps):
             raise MtrainError(
                 f"src={cfg.src} has {len(sources)} lines but hyp={hyp_path} has {len(hyps)}; "
@@ -398,6 +404,28 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     return result
 
 
+def score_hypothesis_file(cfg: EvalConfig, metrics: list[str], log: Callable[[str], None] = print) -> dict[str, Any]:
+    """`hyp=FILE ref=FILE...` with nothing scored per sentence (no per_sentence, terms= or src=):
+    the files scored as they are read side by side (`mtrain.evaluate.metrics.score_stream`), so
+    memory stays bounded however many lines they hold; the result `score_hypotheses` returns."""
+    from mtrain.evaluate.metrics import aligned_lines, score_stream
+    from mtrain.evaluate.references import file_record
+    from mtrain.evaluate.report import metrics_table
+
+    assert cfg.hyp is not None
+    rows = aligned_lines([("hyp", cfg.hyp), *(("ref", ref) for ref in cfg.ref)], cfg.max_line_chars)
+    scores, count = score_stream(
+        ((row[0], row[1:]) for row in rows), metrics, cfg.tokenize, cfg.lowercase, cfg.chrf_word_order, f"hyp={cfg.hyp}"
+    )
+    log(metrics_table(scores).to_text())
+    return {
+        "hypotheses": file_record(Path(cfg.hyp), "hypotheses"),
+        "data": [file_record(Path(ref), "reference") for ref in cfg.ref],
+        "sentences": count,
+        "metrics": scores,
+    }
+
+
 def read_glossary_file(cfg: EvalConfig) -> GlossaryFile | None:
     """`terms=`'s glossary (None without one), read before any work."""
     from mtrain.decode.terminology import read_glossary
@@ -419,7 +447,7 @@ def compare(cfg: EvalConfig) -> dict[str, Any]:
     direction = (cfg.src_lang, cfg.tgt_lang) if cfg.src_lang is not None and cfg.tgt_lang is not None else None
     assert cfg.runs is not None  # (main: runs= chose this mode)
     runs = discover_runs(cfg.runs)
-    refs = read_reference_files(list(cfg.ref)).references if cfg.ref else None
+    refs = read_reference_files(list(cfg.ref), cfg.max_line_chars).references if cfg.ref else None
     baseline = cfg.baseline or default_baseline(runs, str(to_plain(cfg.split)), direction)
     comparison = compare_runs(
         runs,

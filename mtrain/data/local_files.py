@@ -64,12 +64,6 @@ def read_lines(path: Path) -> Iterator[bytes]:
         ) from error
 
 
-def count_lines(path: Path) -> int:
-    """Lines of a plain or gzip file, counted as `read_lines` reads them (a last line
-    without its newline counts)."""
-    return sum(1 for _ in read_lines(path))
-
-
 class LocalSource:
     """A corpus in `directory`, laid out as `data.format` and `data.pattern` say."""
 

@@ -177,11 +177,11 @@ def line_controls(constraints: str, terms: str | None, terms_ignore_case: bool, 
 
 
 def check_prefix_lines(prefix: str, input_path: str | None) -> None:
-    """prefix= has as many lines as input= (a file; stdin is checked as it is read)."""
+    """prefix= has as many lines as input= (files; stdin, devices and pipes are checked as they are read)."""
     if input_path is None:
         return
     wanted, given = count_lines(input_path), count_lines(prefix)
-    if wanted != given:
+    if wanted is not None and given is not None and wanted != given:
         raise MtrainError(
             f"prefix={prefix}: {given} lines, input={input_path} has {wanted}; "
             "give one prefix line per input line (a blank line: no prefix)"

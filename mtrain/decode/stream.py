@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from mtrain.config import TranslateConfig
+from mtrain.data.bounded_lines import bounded_lines, check_line_length
 from mtrain.decode.attention_plot import plot_attention
 from mtrain.decode.controls import LineControls
 from mtrain.decode.engine import Engine
@@ -98,10 +99,11 @@ def is_interactive(cfg: TranslateConfig) -> bool:
     return cfg.input is None and sys.stdin is not None and sys.stdin.isatty()
 
 
-def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
+def typed_lines(stream: BinaryIO, prompt: str | None, where: str, max_chars: int) -> Iterator[bytes]:
     """The stream's lines, each as soon as it is complete; with a `prompt`, that is written to
     stderr before each line is read, and a newline after the last (Ctrl-D), so the shell's
-    prompt starts on a line of its own.
+    prompt starts on a line of its own. A line longer than `max_chars` is refused (MtrainError
+    naming `where` and the line) as soon as that much of it has arrived.
 
     Waits in select() with a timeout instead of blocking in read(): Ctrl-C is a SIGINT to the
     process, which the kernel may hand to any of its threads, and a main thread blocked in
@@ -113,13 +115,16 @@ def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
     except (OSError, ValueError):  # an in-memory stream: nothing to wait for
         fd = None
     pending = b""
+    number = 0
     while True:
+        number += 1
         if prompt is not None:
             sys.stderr.write(prompt)
             sys.stderr.flush()
         while b"\n" not in pending:
+            check_line_length(pending, where, number, max_chars)
             if fd is None:
-                data = stream.readline()
+                data = stream.readline(READ_BYTES)
             elif select.select([fd], [], [], POLL_S)[0]:
                 data = os.read(fd, READ_BYTES)
             else:
@@ -133,21 +138,23 @@ def typed_lines(stream: BinaryIO, prompt: str | None) -> Iterator[bytes]:
                 return
             pending += data
         line, _, pending = pending.partition(b"\n")
+        check_line_length(line, where, number, max_chars)
         yield line + b"\n"
 
 
 class PrefixLines:
     """`prefix=FILE`'s lines, read along with the input's; MtrainError when the counts differ."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_chars: int) -> None:
         self.path = path
         self.handle = Path(path).open("rb")
+        self.lines = bounded_lines(self.handle, f"prefix={path}", max_chars)
         self.read = 0
 
     def take(self, count: int) -> list[str]:
         lines = []
         for _ in range(count):
-            raw = self.handle.readline()
+            raw = next(self.lines, b"")
             if not raw:
                 raise MtrainError(
                     f"prefix={self.path}: ends after line {self.read}, the input has more lines; "
@@ -158,7 +165,7 @@ class PrefixLines:
         return lines
 
     def finish(self) -> None:
-        extra = self.handle.readline()
+        extra = next(self.lines, b"")
         self.handle.close()
         if extra:
             raise MtrainError(
@@ -199,20 +206,23 @@ def translate_stream(
     nbest = cfg.decode.nbest > 1
     interactive = is_interactive(cfg)
 
-    prefix_lines = PrefixLines(cfg.prefix) if cfg.prefix is not None else None
+    prefix_lines = PrefixLines(cfg.prefix, cfg.max_line_chars) if cfg.prefix is not None else None
     stats = InputRepairs()
     truncated = 0
     source = open_input(cfg.input)
-    lines: Iterable[bytes] = source
+    # Lines are read at most max_line_chars at a time: a 1 GB line or /dev/zero is refused, not held.
+    where = f"input={cfg.input}" if cfg.input is not None else "stdin"
+    lines: Iterable[bytes] = bounded_lines(source, where, cfg.max_line_chars)
     if interactive:
         log.info("interactive: each line is translated as it is read; Ctrl-D ends")
         at_terminal = cfg.input is None and sys.stdin.isatty() and sys.stderr.isatty()
-        lines = typed_lines(source, PROMPT if at_terminal else None)
+        lines = typed_lines(source, PROMPT if at_terminal else None, where, cfg.max_line_chars)
 
     def translate_into(sink: TextIO) -> None:
         nonlocal truncated
+        shown = not interactive and show_progress(cfg)  # (counting a file's lines reads it all: only for a bar)
         progress = tqdm(
-            total=count_lines(cfg.input), unit=" lines", file=sys.stderr, disable=interactive or not show_progress(cfg)
+            total=count_lines(cfg.input) if shown else None, unit=" lines", file=sys.stderr, disable=not shown
         )
         try:
             first_line = 1

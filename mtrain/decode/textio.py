@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
-from mtrain.data.local_files import count_lines as count_file_lines
+from mtrain.data.bounded_lines import count_lines as count_file_lines
 from mtrain.decode.alignment import pharaoh
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
@@ -159,8 +159,8 @@ def read_text_lines(path: str | Path, key: str) -> list[str]:
 
 
 def count_lines(path: str | None) -> int | None:
-    """Lines in a file (for a progress bar's total); None for stdin."""
-    return None if path is None else count_file_lines(Path(path))
+    """Lines in a file (for a progress bar's total); None for stdin, a device or a pipe."""
+    return None if path is None else count_file_lines(path)
 
 
 def write_output(path: str | None, produce: Callable[[TextIO], None]) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice, zip_longest
 from pathlib import Path
 
 from sacrebleu.metrics.base import Metric
@@ -20,12 +22,15 @@ from sacrebleu.metrics.bleu import BLEU
 from sacrebleu.metrics.chrf import CHRF
 from sacrebleu.metrics.ter import TER
 
+from mtrain.config import DEFAULT_MAX_LINE_CHARS
+from mtrain.data.bounded_lines import bounded_lines
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
 # Tokenizers that need optional packages (sacrebleu[ja], sacrebleu[ko]).
 _OPTIONAL_TOKENIZERS = {"ja-mecab": "sacrebleu[ja]", "ko-mecab": "sacrebleu[ko]"}
+STREAM_CHUNK = 10_000  # lines whose statistics are computed together (a few MB)
 
 
 def check_metric_names(metrics: Sequence[str]) -> list[str]:
@@ -100,12 +105,44 @@ def score_corpus(
     Returns `{"bleu": {"name": "BLEU", "score": 34.2, "signature": "nrefs:1|case:mixed|...",
     "text": "BLEU|nrefs:1|... = 34.2 65.1/40.3/... (BP = ...)"}, "chrf": {...}, ...}`.
     """
-    names = check_metric_names(metrics)
+    check_metric_names(metrics)
     check_lengths(len(hyps), [len(stream) for stream in refs])
+    scores, _ = score_stream(
+        zip(hyps, zip(*refs, strict=True), strict=True), metrics, tokenize, lowercase, chrf_word_order
+    )
+    return scores
+
+
+def score_stream(
+    lines: Iterable[tuple[str, Sequence[str]]],
+    metrics: Sequence[str] = METRIC_NAMES,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+    hyp_name: str = "hypotheses",
+) -> tuple[dict[str, dict[str, object]], int]:
+    """`score_corpus` of (hypothesis, its references) pairs read as they come, and how many
+    there were: the statistics of STREAM_CHUNK lines at a time are summed, so memory stays
+    bounded however long the files are (the sum is what sacreBLEU scores a corpus by)."""
+    names = check_metric_names(metrics)
+    scorers = [build_metric(name, tokenize, lowercase, chrf_word_order) for name in names]
+    totals: list[list[float]] = [[] for _ in scorers]  # per metric: its statistics summed so far
+    count = 0
+    iterator = iter(lines)
+    while chunk := list(islice(iterator, STREAM_CHUNK)):
+        count += len(chunk)
+        hyps = [hyp for hyp, _ in chunk]
+        refs = [list(stream) for stream in zip(*(refs for _, refs in chunk), strict=True)]  # refs[k][i]
+        for metric, total in zip(scorers, totals, strict=True):
+            # sacreBLEU's own corpus_score, split in two: per-sentence statistics, then their sum scored.
+            sentences = metric._extract_corpus_statistics(hyps, refs)
+            summed = [sum(column) for column in zip(*sentences, strict=True)]
+            total[:] = summed if not total else [a + b for a, b in zip(total, summed, strict=True)]
+    if count == 0:
+        raise MtrainError(f"{hyp_name}: no hypotheses (empty file); nothing to score")
     results: dict[str, dict[str, object]] = {}
-    for name in names:
-        metric = build_metric(name, tokenize, lowercase, chrf_word_order)
-        score = metric.corpus_score(list(hyps), [list(stream) for stream in refs])
+    for name, metric, total in zip(names, scorers, totals, strict=True):
+        score = metric._compute_score_from_stats(total)
         signature = metric.get_signature().format()
         results[name] = {
             "name": score.name,
@@ -113,7 +150,7 @@ def score_corpus(
             "signature": signature,
             "text": score.format(signature=signature),
         }
-    return results
+    return results, count
 
 
 def check_lengths(
@@ -133,8 +170,15 @@ def check_lengths(
             )
 
 
-def read_lines(path: str | Path, what: str = "file") -> list[str]:
-    """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too.
+def read_lines(path: str | Path, what: str = "file", max_chars: int = DEFAULT_MAX_LINE_CHARS) -> list[str]:
+    """A text file's lines as `text_lines` reads them, in a list."""
+    return list(text_lines(path, what, max_chars))
+
+
+def text_lines(path: str | Path, what: str = "file", max_chars: int = DEFAULT_MAX_LINE_CHARS) -> Iterator[str]:
+    """A text file's lines without trailing whitespace (as `sacrebleu` reads them); `.gz` too;
+    read one at a time, a line longer than `max_chars` refused naming `what=path:line`
+    (`mtrain.data.bounded_lines`).
 
     Lines end at "\n" only, as `mtrain fit` and `mtrain translate` read them: a CRLF end is
     trimmed and a lone CR inside a line is a space, never a line break (which would shift
@@ -145,14 +189,38 @@ def read_lines(path: str | Path, what: str = "file") -> list[str]:
         raise MtrainError(f"{what}={path}: a directory, not a text file{hint}")
     if not path.is_file():
         raise MtrainError(f"{what}={path}: no such file")
+    read = 0  # lines
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8", newline="\n") as handle:
-                return [line.replace("\r", " ").rstrip() for line in handle]
-        with open(path, encoding="utf-8", newline="\n") as handle:
-            return [line.replace("\r", " ").rstrip() for line in handle]
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as handle:
+            for raw in bounded_lines(handle, f"{what}={path}", max_chars):
+                read += 1
+                yield raw.decode("utf-8").replace("\r", " ").rstrip()
     except UnicodeDecodeError as error:
-        raise MtrainError(f"{what}={path}: not valid UTF-8 ({error.reason} at byte {error.start})") from error
+        raise MtrainError(
+            f"{what}={path}:{read}: not valid UTF-8 ({error.reason} at byte {error.start} of the line)"
+        ) from error
+    except (OSError, EOFError, zlib.error) as error:
+        raise MtrainError(f"{what}={path}: unreadable after line {read} ({error})") from error
+
+
+def aligned_lines(
+    files: Sequence[tuple[str, str | Path]], max_chars: int = DEFAULT_MAX_LINE_CHARS
+) -> Iterator[list[str]]:
+    """Line i of every file of `files` ((key, path) pairs: hyp=, ref=, ...) together, the files
+    read side by side a line at a time; MtrainError as soon as one file ends before another, so
+    a 20-line hypothesis file is refused at line 21 of a 10-million-line reference."""
+    names = [f"{key}={path}" for key, path in files]
+    for count, row in enumerate(zip_longest(*(text_lines(path, key, max_chars) for key, path in files))):
+        if None in row:
+            ended = next(name for name, line in zip(names, row, strict=True) if line is None)
+            going_on = next(name for name, line in zip(names, row, strict=True) if line is not None)
+            if count == 0:
+                raise MtrainError(f"{ended}: no lines (empty file) beside {going_on}; nothing to score")
+            raise MtrainError(
+                f"{ended} has {count} lines but {going_on} has more; the files must be line-aligned "
+                "(one sentence per line)"
+            )
+        yield list(row)
 
 
 def score_files(
@@ -162,12 +230,12 @@ def score_files(
     tokenize: str = "13a",
     lowercase: bool = False,
     chrf_word_order: int = 0,
+    max_chars: int = DEFAULT_MAX_LINE_CHARS,
 ) -> dict[str, dict[str, object]]:
-    """Score a hypothesis file against one or more reference files."""
+    """Score a hypothesis file against one or more reference files, read together line by line."""
     check_metric_names(metrics)
     if not ref_paths:
         raise MtrainError("ref: no reference given; pass ref=FILE (or ref=[FILE1,FILE2])")
-    hyps = read_lines(hyp_path, "hyp")
-    refs = [read_lines(path, "ref") for path in ref_paths]
-    check_lengths(len(hyps), [len(stream) for stream in refs], f"hyp={hyp_path}", [f"ref={path}" for path in ref_paths])
-    return score_corpus(hyps, refs, metrics, tokenize, lowercase, chrf_word_order)
+    rows = aligned_lines([("hyp", hyp_path)] + [("ref", path) for path in ref_paths], max_chars)
+    lines = ((row[0], row[1:]) for row in rows)
+    return score_stream(lines, metrics, tokenize, lowercase, chrf_word_order, f"hyp={hyp_path}")[0]

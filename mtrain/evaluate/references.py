@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtrain.config import DataConfig, with_values
-from mtrain.data.local_files import count_lines
+from mtrain.config import DEFAULT_MAX_LINE_CHARS, DataConfig, with_values
+from mtrain.data.bounded_lines import count_lines
 from mtrain.errors import MtrainError
-from mtrain.evaluate.metrics import read_lines
+from mtrain.evaluate.metrics import aligned_lines, read_lines
 from mtrain.rundir import RunDir
 
 SPLITS = ("valid", "test")
@@ -105,10 +105,9 @@ def read_split_text(data_cfg: DataConfig, split: str) -> SplitText:
     return SplitText(sources, [references], records, skipped=stats.invalid_utf8)
 
 
-def read_reference_files(paths: Sequence[str]) -> SplitText:
-    """References given on the command line (`ref=FILE` or `ref=[FILE1,FILE2]`)."""
-    streams = [read_lines(path, "ref") for path in paths]
-    for path, stream in zip(paths[1:], streams[1:], strict=True):
-        if len(stream) != len(streams[0]):
-            raise MtrainError(f"ref={path} has {len(stream)} lines but ref={paths[0]} has {len(streams[0])}")
+def read_reference_files(paths: Sequence[str], max_chars: int = DEFAULT_MAX_LINE_CHARS) -> SplitText:
+    """References given on the command line (`ref=FILE` or `ref=[FILE1,FILE2]`), read side by
+    side (files of different lengths are refused where the shorter ends)."""
+    rows = list(aligned_lines([("ref", path) for path in paths], max_chars))
+    streams = [list(stream) for stream in zip(*rows, strict=True)] if rows else [[] for _ in paths]
     return SplitText([], streams, [file_record(Path(path), "reference") for path in paths])

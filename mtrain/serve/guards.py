@@ -4,12 +4,16 @@ address behind a reverse proxy, the Host allow-list, CORS and the headers agains
 - Client address (`trusted_proxies`): the socket's peer, always, unless that peer is one of the
   proxies the operator named (addresses or networks): then the right-most address of
   `X-Forwarded-For` that is not itself a trusted proxy, the one the last trusted proxy saw.
+  Only the last FORWARDED_HOPS entries are read (proxies append at the end; a client's own
+  thousands of entries in front are neither parsed nor believed).
   uvicorn's own proxy-header handling is off (it trusts 127.0.0.1 by default, so behind a local
   proxy, or from this machine, any client could pick its address and so its rate limit).
 - Host allow-list (`allowed_hosts`): a request whose Host header names another host gets 400, so
   that a web page whose DNS name is rebound to 127.0.0.1 cannot call a local server. By default
   it is on when the server is bound to a loopback address (localhost, 127.0.0.1 and ::1, any
   port) and off otherwise; a list replaces it ("*" any host, "*.example.org" its subdomains).
+  A Host that is no `name[:port]` or `[IPv6][:port]` (userinfo as in `evil.com@mt.example.org`,
+  a path, spaces) is refused whatever the list: it would otherwise end in an allowed suffix.
 - CORS (`cors_origins`): off unless set. A request from a listed origin (or any, with "*") gets
   Access-Control-Allow-Origin, and a preflight (OPTIONS with Access-Control-Request-Method)
   from it 204 with the methods (GET, POST) and headers (Content-Type, Authorization) the APIs
@@ -25,6 +29,7 @@ is one line naming the key.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +43,11 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 CORS_METHODS = "GET, POST"
 CORS_HEADERS = "Content-Type, Authorization"
+FORWARDED_HOPS = 16  # X-Forwarded-For entries read from its end: more proxies than any deployment chains
+# A DNS name or IPv4 address: dot-separated labels of letters, digits, hyphens (underscores: some
+# internal names have them), none empty, a trailing dot allowed; then an optional port.
+_HOST_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?")
+_PORT = re.compile(r"[0-9]{0,5}")  # (RFC 3986: a port may be empty, `host:`)
 
 
 # ------------------------------------------------------------------ the settings
@@ -100,12 +110,28 @@ def origins(cfg: ServeConfig) -> list[str]:
 
 
 # ------------------------------------------------------------------ the middleware
-def host_of(value: bytes) -> str:
-    """The host of a Host header, lower case, without its port or IPv6 brackets."""
+def host_of(value: bytes) -> str | None:
+    """The host of a Host header, lower case, without its port, IPv6 brackets or a trailing dot;
+    None when the header is no `host[:port]` (userinfo, a path, spaces, an empty label...)."""
     text = value.decode("latin-1").strip().lower()
     if text.startswith("["):
-        return text[1:].partition("]")[0]
-    return text.rpartition(":")[0] if text.count(":") == 1 else text
+        address, closed, rest = text[1:].partition("]")
+        port_ok = rest == "" or (rest.startswith(":") and _PORT.fullmatch(rest[1:]) is not None)
+        return address if closed and port_ok and _is_ipv6(address) else None
+    if text.count(":") > 1:  # an IPv6 address without brackets, as some clients send it
+        return text if _is_ipv6(text) else None
+    name, colon, port = text.partition(":")
+    if (colon and _PORT.fullmatch(port) is None) or _HOST_NAME.fullmatch(name) is None:
+        return None
+    return name.removesuffix(".")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def host_allowed(host: str, patterns: Sequence[str]) -> bool:
@@ -129,13 +155,11 @@ class ClientBehindProxies:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("client")
         if scope["type"] == "http" and client and self.trusted(str(client[0])):
-            forwarded = [
-                address.strip()
-                for name, value in scope["headers"]
-                if name.lower() == b"x-forwarded-for"
-                for address in value.decode("latin-1").split(",")
-            ]
-            # Each proxy appends the address it saw: the last one no trusted proxy wrote is the client.
+            values = [value for name, value in scope["headers"] if name.lower() == b"x-forwarded-for"]
+            # Each proxy appends the address it saw: the last one no trusted proxy wrote is the
+            # client. Only the last FORWARDED_HOPS entries can be a trusted proxy's; the rest is unread.
+            last_hops = b",".join(values).rsplit(b",", FORWARDED_HOPS)[-FORWARDED_HOPS:]
+            forwarded = [address.decode("latin-1").strip() for address in last_hops]
             untrusted = [address for address in forwarded if address and not self.trusted(address)]
             if untrusted:
                 scope["client"] = (untrusted[-1], 0)
