@@ -522,7 +522,9 @@ def test_arms_are_compared_over_seeds_not_seed_against_seed(tmp_path, monkeypatc
     runs = discover_runs(str(sweep))
     comparison = compare_runs(runs, None, metrics=["bleu"], num_samples=200)  # references: given below
     assert comparison.paired == {} and "compared arm against arm over their seeds" in comparison.bootstrap_note
-    assert not comparison.over_seeds.bootstrap and any("pass the references with ref=FILE" in n for n in comparison.over_seeds.notes)
+    assert not comparison.over_seeds.bootstrap and any(
+        "pass the references with ref=FILE" in n for n in comparison.over_seeds.notes
+    )
 
     comparison = compare_runs(runs, [refs], metrics=["bleu"], num_samples=200)
     over = comparison.over_seeds

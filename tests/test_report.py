@@ -834,6 +834,7 @@ def test_report_groups_the_seeds_of_each_arm_in_its_table_and_plots(tmp_path, mo
         assert (out_dir / f"{plot}.png").read_bytes().startswith(PNG_MAGIC)
         svg = (out_dir / f"{plot}.svg").read_text(encoding="utf-8")
         assert "<svg" in svg and "mean over seeds, band min-max (2 arms, 4 runs)" in svg.replace("\n", " ")
+        assert f"(…/{tmp_path.name}/multirun/12-00-00)" in svg and str(tmp_path) not in svg  # a readable title
 
     runs = discover_runs(str(sweep))
     curves = {run.name: read_scalars(run.path) for run in runs}

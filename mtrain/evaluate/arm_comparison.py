@@ -125,7 +125,12 @@ def arms_table(comparison: ArmComparison) -> Table:
     headers = ["arm", "differs", "seeds"]
     for metric in comparison.metrics:
         shown = _DISPLAY.get(metric, metric)
-        headers += [f"{shown} mean ± sd [95% CI]", f"Δ {shown} [95% CI]", f"p ({shown}, bootstrap)", f"p ({shown}, Welch)"]
+        headers += [
+            f"{shown} mean ± sd [95% CI]",
+            f"Δ {shown} [95% CI]",
+            f"p ({shown}, bootstrap)",
+            f"p ({shown}, Welch)",
+        ]
     table = Table(headers)
     for arm in comparison.arms:
         name = arm.name + (" (baseline)" if arm is comparison.baseline else "")

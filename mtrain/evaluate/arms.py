@@ -56,7 +56,7 @@ def arm_overrides(run: RunSummary) -> tuple[tuple[str, str], ...]:
 def group_arms(runs: Sequence[RunSummary]) -> list[Arm]:
     """The runs' arms in first-run order. A failed job is an arm's run too (it has no score)."""
     seeds = [run_seed(run) for run in runs]
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
     for index, run in enumerate(runs):
         key = arm_overrides(run)
         groups.setdefault(key, []).append(index)

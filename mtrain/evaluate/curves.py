@@ -134,7 +134,9 @@ class _Series:
     high: list[float] | None = None
 
 
-def _run_series(runs: Sequence[RunSummary], curves: dict[str, dict[str, Curve]], tag: str, keys: Sequence[str]):
+def _run_series(
+    runs: Sequence[RunSummary], curves: dict[str, dict[str, Curve]], tag: str, keys: Sequence[str]
+) -> Iterator[_Series]:
     for run in runs:
         curve = curves.get(run.name, {}).get(tag, [])
         if not curve:
@@ -144,7 +146,7 @@ def _run_series(runs: Sequence[RunSummary], curves: dict[str, dict[str, Curve]],
         yield _Series([step for step, _ in curve], [value for _, value in curve], label, bool(run.diverged))
 
 
-def _arm_series(arms: Sequence[Arm], curves: dict[str, dict[str, Curve]], tag: str):
+def _arm_series(arms: Sequence[Arm], curves: dict[str, dict[str, Curve]], tag: str) -> Iterator[_Series]:
     """Per arm, at the updates every seed logged (all updates any logged, if none in common), the
     seeds' mean and their lowest and highest value."""
     for arm in arms:
@@ -205,9 +207,7 @@ def curves_figure(
             healthy_values += finite
 
     columns, width = (
-        (2, LEGEND_WIDTH // 2)
-        if max(len(line.label) for line in series) <= LEGEND_WIDTH // 2
-        else (1, LEGEND_WIDTH)
+        (2, LEGEND_WIDTH // 2) if max(len(line.label) for line in series) <= LEGEND_WIDTH // 2 else (1, LEGEND_WIDTH)
     )
     labels = [textwrap.fill(line.label, width, break_on_hyphens=False) for line in series]
     title = textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False)

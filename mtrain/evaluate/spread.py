@@ -57,7 +57,9 @@ def welch_test(system: Sequence[float], baseline: Sequence[float]) -> WelchTest 
     var_a, var_b = a.std**2 / a.count, b.std**2 / b.count
     difference = a.mean - b.mean
     if var_a + var_b == 0:  # every seed scored alike in both arms: any difference is exact
-        return WelchTest(difference, math.copysign(math.inf, difference) if difference else 0.0, math.inf, 0.0 if difference else 1.0)
+        return WelchTest(
+            difference, math.copysign(math.inf, difference) if difference else 0.0, math.inf, 0.0 if difference else 1.0
+        )
     t = difference / math.sqrt(var_a + var_b)
     df = (var_a + var_b) ** 2 / (var_a**2 / (a.count - 1) + var_b**2 / (b.count - 1))
     return WelchTest(difference, t, df, 2 * (1 - t_cdf(abs(t), df)))

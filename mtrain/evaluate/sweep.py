@@ -109,11 +109,17 @@ def write_sweep_report(
 
 
 def _short_label(spec: str, runs: Sequence[RunSummary]) -> str:
-    """The sweep directory, or for a list of run directories their common parent and count."""
+    """The sweep directory, or for a list of run directories their common parent and count; a
+    long path keeps its last three parts (`multirun/DATE/TIME`), so the plot's title stays readable."""
     if "," not in spec:
-        return spec
+        return _short_path(spec)
     parent = os.path.commonpath([str(run.path) for run in runs]) if runs else ""
-    return f"{len(runs)} runs in {parent or '.'}"
+    return f"{len(runs)} runs in {_short_path(parent or '.')}"
+
+
+def _short_path(path: str, longest: int = 40) -> str:
+    parts = Path(path).parts
+    return path if len(path) <= longest or len(parts) <= 3 else "…/" + "/".join(parts[-3:])
 
 
 def _common_overrides(runs: Sequence[RunSummary], differing: Sequence[str]) -> list[str]:
