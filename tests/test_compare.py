@@ -501,6 +501,9 @@ def test_runs_of_one_configuration_across_seeds_are_one_arm(tmp_path):
     plain = seeded_run(other, "standard", ["model.x=a"], None, refs, seed_in_config=1)
     second = seeded_run(other, "standard_seed2", ["model.x=a", "seed=2"], None, refs, seed_in_config=2)
     assert run_seed(discover_runs(str(plain))[0]) == 1
+    cut_short = seeded_run(other, "cut_short", ["model.x=a", "seed=3"], None, refs)
+    (cut_short / "config.yaml").write_text("seed: [1\n", encoding="utf-8")  # unreadable: the override says 3
+    assert run_seed(discover_runs(str(cut_short))[0]) == 3
     pair = group_arms(discover_runs(f"{plain},{second}"))
     assert len(pair) == 1 and pair[0].seeds == [1, 2] and pair[0].label == "model.x=a"  # (one arm: all it sets)
     # Runs that repeat a seed, or whose seed is unknown, are not replicates: each is its own arm.

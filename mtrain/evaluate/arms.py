@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import yaml
+
 from mtrain.errors import MtrainError
 from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
 
@@ -36,7 +38,7 @@ def run_seed(run: RunSummary) -> int | None:
     """The seed a run trained with: config.yaml's `seed`, else its `seed=` override."""
     try:
         seed = run_config(run.path).get(SEED_KEY)
-    except MtrainError:
+    except (MtrainError, yaml.YAMLError):  # no config.yaml, or one cut short by a killed job
         seed = None
     if seed is None:
         seed = run.overrides.get(SEED_KEY)
