@@ -6,7 +6,8 @@ against it: the standard model is shared by every claim at the benchmark's depth
 to OUT/runs/<name> and are skipped when their metrics.json exists, so an interrupted bench
 resumes where it stopped. Then `mtrain report` writes OUT/reports/<claim>/ (report.md, the
 loss and BLEU plots, the paired bootstrap against the claim's reference) for each claim, and
-OUT/summary.md puts every claim's test BLEU side by side, per seed and averaged.
+OUT/summary.md puts every claim's test BLEU side by side, per seed and over seeds (mean ± sd,
+t interval, Welch's test against the claim's reference).
 
 `--seeds 1,2` repeats every run with each seed (seed 1 is the run's plain name, seed s
 adds `_seed<s>`): differences smaller than the spread between seeds are noise.
@@ -38,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtrain.evaluate.runs import load_run_summary
+from mtrain.evaluate.spread import spread, welch_test
 
 BASE = "experiment=ablation_base"  # the benchmark model, instruments on
 DEEP = "experiment=ablation_norm_position"  # 6+6 layers, no warmup
@@ -168,16 +170,18 @@ def test_bleu(args: argparse.Namespace, name: str) -> float | None:
 
 
 def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespace) -> str:
-    """Markdown: per claim, each run's test BLEU per seed, the mean, and the gap to the reference.
+    """Markdown: per claim, each run's test BLEU per seed, its spread over seeds, and the gap to the reference.
 
-    The gap averages per-seed differences over the seeds both runs have, so a run trained
-    with fewer seeds is compared like with like.
+    "over seeds" is the mean ± sample standard deviation [95% Student-t interval] of the seeds a
+    run has. The gap averages per-seed differences over the seeds both runs have, so a run trained
+    with fewer seeds is compared like with like; Welch's t-test over the two runs' seeds says
+    whether that gap stands out from the seed-to-seed spread (two seeds each at least).
     """
     lines = [
         f"# Ablation bench summary ({args.out})",
         "",
-        "Test BLEU (sacreBLEU 13a) per seed; Δ: the mean per-seed difference to the claim's first run,",
-        "over the seeds both have (n).",
+        "Test BLEU (sacreBLEU 13a) per seed; over seeds: mean ± sd [95% t interval]; Δ: the mean per-seed",
+        "difference to the claim's first run, over the seeds both have (n); p: Welch's t-test over seeds.",
         "",
     ]
     for claim in claims:
@@ -185,26 +189,39 @@ def summary(claims: Sequence[str], seeds: Sequence[int], args: argparse.Namespac
         lines += [
             f"## {claim}",
             "",
-            "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | Δ | n |",
-            "|---|" + "---|" * (len(seeds) + 3),
+            "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | over seeds | Δ | n | p (Welch) |",
+            "|---|" + "---|" * (len(seeds) + 4),
         ]
         reference = [test_bleu(args, seeded_name(names[0], seed)) for seed in seeds]
+        reference_known = [score for score in reference if score is not None]
         for name in names:
             scores = [test_bleu(args, seeded_name(name, seed)) for seed in seeds]
             known = [score for score in scores if score is not None]
-            mean = f"{sum(known) / len(known):.2f}" if known else "-"
             gaps = [
                 score - ref
                 for score, ref in zip(scores, reference, strict=True)
                 if score is not None and ref is not None
             ]
             delta = f"{sum(gaps) / len(gaps):+.2f}" if gaps and name != names[0] else "-"
+            welch = welch_test(known, reference_known) if name != names[0] else None
             cells = ["-" if score is None else f"{score:.2f}" for score in scores]
             lines.append(
-                f"| {name} | " + " | ".join(cells) + f" | {mean} | {delta} | {len(gaps) if delta != '-' else '-'} |"
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {_over_seeds(known)} | {delta} | {len(gaps) if delta != '-' else '-'} |"
+                + f" {'-' if welch is None else f'{welch.p_value:.4f}'} |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _over_seeds(scores: Sequence[float]) -> str:
+    if not scores:
+        return "-"
+    seeds = spread(scores)
+    if seeds.std is None or seeds.ci is None:
+        return f"{seeds.mean:.2f} (1 seed)"
+    return f"{seeds.mean:.2f} ± {seeds.std:.2f} [{seeds.mean - seeds.ci:.2f}, {seeds.mean + seeds.ci:.2f}]"
 
 
 def main() -> None:

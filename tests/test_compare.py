@@ -415,3 +415,180 @@ def test_one_direction_of_multilingual_and_bilingual_runs_is_compared(tmp_path, 
         cli.main()
     assert exit_status.value.code == 2
     assert "runs= with src_lang or tgt_lang compares one direction: give both" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- arms over seeds
+
+
+def test_t_distribution_and_welch_match_closed_forms_and_tables():
+    """Student's t without scipy: the 97.5% quantiles of the printed tables, the closed-form CDFs of
+    1 (Cauchy) and 2 degrees of freedom, and Welch's test on samples whose df is exactly 2."""
+    import math
+    import statistics
+
+    from mtrain.evaluate.spread import spread, t_cdf, t_quantile, welch_test
+
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}
+    for df, quantile in table.items():
+        assert round(t_quantile(0.975, df), 3) == quantile, df
+    assert t_quantile(0.025, 4) == pytest.approx(-2.776, abs=1e-3)
+    for t in (-3.0, -0.4, 0.0, 0.7, 5.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert t_cdf(1.5, 2.5) == pytest.approx(1 - t_cdf(-1.5, 2.5), abs=1e-12)
+
+    seeds = spread([27.52, 28.11, 28.55])
+    assert seeds.mean == pytest.approx(28.06) and seeds.std == pytest.approx(statistics.stdev([27.52, 28.11, 28.55]))
+    assert seeds.ci == pytest.approx(4.303 * seeds.std / math.sqrt(3), rel=1e-3)  # t, not 1.96
+    assert (seeds.low, seeds.high) == (27.52, 28.55)
+    assert spread([30.0]).ci is None and welch_test([30.0], [29.0, 31.0]) is None
+
+    # Equal variances and two seeds each: df = 2, t = 1/sqrt(2).
+    welch = welch_test([1.0, 3.0], [0.0, 2.0])
+    t = 1 / math.sqrt(2)
+    assert welch.df == pytest.approx(2) and welch.t == pytest.approx(t)
+    assert welch.p_value == pytest.approx(2 * (0.5 - t / (2 * math.sqrt(2 + t * t))))
+
+
+def seeded_run(root: Path, name: str, overrides: list, hyps: list | None, refs: list, seed_in_config=None) -> Path:
+    """A fake run: overrides, metrics.json with the real BLEU/chrF of its hypotheses, eval/test.hyp."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides), encoding="utf-8")
+    test = {}
+    if hyps is not None:
+        (run / "eval").mkdir()
+        (run / "eval" / "test.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        test = {"bleu": BLEU().corpus_score(hyps, [refs]).score, "chrf": CHRF().corpus_score(hyps, [refs]).score}
+    (run / "metrics.json").write_text(json.dumps({"test": test, "updates": 100}), encoding="utf-8")
+    if seed_in_config is not None:
+        (run / "config.yaml").write_text(f"seed: {seed_in_config}\n", encoding="utf-8")
+    return run
+
+
+def noisy(refs: list, noise: float, seed: int) -> list:
+    rng = random.Random(seed)
+    return [" ".join(w if rng.random() > noise else rng.choice(WORDS) for w in ref.split()) for ref in refs]
+
+
+def make_seeded_sweep(root: Path, arms: dict) -> tuple[Path, list]:
+    """{value of model.x: [noise of each seed]}: runs 0, 1, ... with `model.x=VALUE seed=S`."""
+    rng = random.Random(7)
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(150)]
+    (root / "test.en").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    sweep, index = root / "sweep", 0
+    for value, noises in arms.items():
+        for seed, noise in enumerate(noises, start=1):
+            overrides = [f"model.x={value}", f"seed={seed}", "train.max_updates=100", f"hydra.job.num={index}"]
+            seeded_run(sweep, str(index), overrides, noisy(refs, noise, 100 * index + seed), refs)
+            index += 1
+    return sweep, refs
+
+
+def test_runs_of_one_configuration_across_seeds_are_one_arm(tmp_path):
+    from mtrain.evaluate.arms import group_arms, run_seed
+
+    sweep, refs = make_seeded_sweep(tmp_path, {"a": [0.2, 0.2, 0.2], "b": [0.3, 0.3]})
+    arms = group_arms(discover_runs(str(sweep)))
+    assert [(arm.name, arm.label, [run.name for run in arm.runs], arm.seeds) for arm in arms] == [
+        ("0", "model.x=a", ["0", "1", "2"], [1, 2, 3]),
+        ("3", "model.x=b", ["3", "4"], [1, 2]),
+    ]
+    # The seed of config.yaml wins (a run of seed 1 has no seed= override).
+    other = tmp_path / "other"
+    plain = seeded_run(other, "standard", ["model.x=a"], None, refs, seed_in_config=1)
+    second = seeded_run(other, "standard_seed2", ["model.x=a", "seed=2"], None, refs, seed_in_config=2)
+    assert run_seed(discover_runs(str(plain))[0]) == 1
+    cut_short = seeded_run(other, "cut_short", ["model.x=a", "seed=3"], None, refs)
+    (cut_short / "config.yaml").write_text("seed: [1\n", encoding="utf-8")  # unreadable: the override says 3
+    assert run_seed(discover_runs(str(cut_short))[0]) == 3
+    pair = group_arms(discover_runs(f"{plain},{second}"))
+    assert len(pair) == 1 and pair[0].seeds == [1, 2] and pair[0].label == "model.x=a"  # (one arm: all it sets)
+    # Runs that repeat a seed, or whose seed is unknown, are not replicates: each is its own arm.
+    same_seed = seeded_run(other, "again", ["model.x=a", "seed=2"], None, refs)
+    assert [len(arm.runs) for arm in group_arms(discover_runs(f"{plain},{second},{same_seed}"))] == [1, 1, 1]
+    bare = [seeded_run(other, name, [], None, refs) for name in ("p", "q")]
+    assert [arm.name for arm in group_arms(discover_runs(",".join(map(str, bare))))] == ["p", "q"]
+
+
+def test_arms_are_compared_over_seeds_not_seed_against_seed(tmp_path, monkeypatch, capsys):
+    """Two arms of three seeds: no run-against-run bootstrap; per arm mean ± sd [t interval] of its
+    seeds' scores, and against the baseline arm Δ with the bootstrap's interval and p and Welch's p."""
+    import statistics
+
+    from mtrain.cli import main as cli
+    from mtrain.evaluate.spread import t_quantile
+
+    sweep, refs = make_seeded_sweep(tmp_path, {"a": [0.15, 0.2, 0.25], "b": [0.35, 0.4, 0.45]})
+    runs = discover_runs(str(sweep))
+    comparison = compare_runs(runs, None, metrics=["bleu"], num_samples=200)  # references: given below
+    assert comparison.paired == {} and "compared arm against arm over their seeds" in comparison.bootstrap_note
+    assert not comparison.over_seeds.bootstrap and any(
+        "pass the references with ref=FILE" in n for n in comparison.over_seeds.notes
+    )
+
+    comparison = compare_runs(runs, [refs], metrics=["bleu"], num_samples=200)
+    over = comparison.over_seeds
+    table = over.table()
+    assert table.headers == [
+        "arm",
+        "differs",
+        "seeds",
+        "BLEU mean ± sd [95% CI]",
+        "Δ BLEU [95% CI]",
+        "p (BLEU, bootstrap)",
+        "p (BLEU, Welch)",
+    ]
+    scores = {arm: [run.score("test") for run in runs if run.overrides["model.x"] == arm] for arm in "ab"}
+    mean, sd = statistics.mean(scores["a"]), statistics.stdev(scores["a"])
+    half = t_quantile(0.975, 2) * sd / 3**0.5
+    assert table.rows[0] == [
+        "0 (baseline)",
+        "model.x=a",
+        "1, 2, 3",
+        f"{mean:.2f} ± {sd:.2f} [{mean - half:.2f}, {mean + half:.2f}]",
+        "-",
+        "-",
+        "-",
+    ]
+    second = table.rows[1]
+    assert second[:3] == ["3", "model.x=b", "1, 2, 3"]
+    difference = statistics.mean(scores["b"]) - mean
+    low, high = (float(x) for x in second[4].split(" [")[1].rstrip("]").split(", "))
+    assert second[4].startswith(f"{difference:+.2f} [") and low < difference < high < 0
+    assert float(second[5]) < 0.05 and float(second[6]) < 0.05  # twice the noise: a real difference
+    assert over.bootstrap["3"]["bleu"].mean == pytest.approx(statistics.mean(scores["b"]))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        sys, "argv", ["mtrain", "eval", f"runs={sweep}", f"ref={tmp_path / 'test.en'}", "bootstrap_samples=50"]
+    )
+    cli.main()
+    printed = capsys.readouterr().out
+    assert "Over seeds (2 arms):" in printed and "p (chrF, Welch)" in printed
+    assert "drawing the test sentences and each arm's seeds with replacement" in printed
+    assert "p (BLEU)" not in printed  # no run-against-run column
+
+
+def test_the_arm_bootstrap_counts_seed_variance_that_a_sentence_bootstrap_misses(tmp_path):
+    """Seeds that scatter widely around nearly the same quality: sacreBLEU's bootstrap of seed 1
+    against seed 1 calls the gap significant; resampling the seeds too does not."""
+    from mtrain.evaluate.arm_bootstrap import arm_bootstrap
+
+    rng = random.Random(11)
+    refs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))) for _ in range(300)]
+    arm_a = [noisy(refs, noise, seed) for seed, noise in ((1, 0.1), (2, 0.3), (3, 0.5))]
+    arm_b = [noisy(refs, noise, seed) for seed, noise in ((4, 0.15), (5, 0.35), (6, 0.55))]
+    seed_blind, _ = paired_bootstrap([("a", arm_a[0]), ("b", arm_b[0])], [refs], ["bleu"], SAMPLES)
+    assert seed_blind["b"]["bleu"].p_value < 0.05
+
+    results = arm_bootstrap([("a", arm_a), ("b", arm_b)], [refs], ["bleu"], SAMPLES)
+    result = results["b"]["bleu"]
+    assert result.difference < 0 and result.low < 0 < result.high and result.p_value > 0.2
+    # One seed per arm: only the sentences are resampled, and the gap is significant again.
+    single = arm_bootstrap([("a", arm_a[:1]), ("b", arm_b[:1])], [refs], ["bleu"], SAMPLES)["b"]["bleu"]
+    assert single.p_value < 0.05 and single.high < 0
+    same = arm_bootstrap([("a", arm_a), ("c", list(arm_a))], [refs], ["bleu"], 20)["c"]["bleu"]
+    assert same.identical_to_baseline and same.p_value is None

@@ -233,11 +233,15 @@ def test_bench_summary_averages_seeds_and_gives_the_gap_to_the_reference(tmp_pat
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "metrics.json").write_text(json.dumps({"test": {"bleu": bleu}}))
     text = bench.summary(["norm_type"], [1, 2], argparse.Namespace(out=str(tmp_path)))
-    assert "| standard | 30.00 | 31.00 | 30.50 | - | - |" in text
-    assert "| rmsnorm | 29.00 | 29.50 | 29.25 | -1.25 | 2 |" in text
+    # Over seeds: sd of 30 and 31 is 0.71; the 95% t quantile of 1 df is 12.706: ± 6.35.
+    assert "| run | seed 1 | seed 2 | over seeds | Δ | n | p (Welch) |" in text
+    assert "| standard | 30.00 | 31.00 | 30.50 ± 0.71 [24.15, 36.85] | - | - | - |" in text
+    rmsnorm = next(line for line in text.splitlines() if line.startswith("| rmsnorm |")).split(" | ")
+    assert rmsnorm[1:6] == ["29.00", "29.50", "29.25 ± 0.35 [26.07, 32.43]", "-1.25", "2"]
+    assert 0.1 < float(rmsnorm[6].rstrip(" |")) < 0.5  # a 1.25 gap over two noisy seeds: not established
     (tmp_path / "runs" / "rmsnorm_seed2" / "metrics.json").unlink()  # seed 2 not trained: compare seed 1 only
     text = bench.summary(["norm_type"], [1, 2], argparse.Namespace(out=str(tmp_path)))
-    assert "| rmsnorm | 29.00 | - | 29.00 | -1.00 | 1 |" in text
+    assert "| rmsnorm | 29.00 | - | 29.00 (1 seed) | -1.00 | 1 | - |" in text
     assert bench.with_seed(bench.RUNS[0], 3).overrides[-1] == "seed=3"
     assert bench.with_seed(bench.RUNS[0], 1) == bench.RUNS[0]
 

@@ -845,3 +845,59 @@ def test_a_memory_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert exit_status.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("mtrain: error: out of memory (MemoryError): ") and error.count("\n") == 1
+
+
+def test_report_groups_the_seeds_of_each_arm_in_its_table_and_plots(tmp_path, monkeypatch, capsys):
+    """Two arms of two seeds: report.md gains a table over seeds (mean ± sd [t interval], Welch's
+    p; no bootstrap with bootstrap_samples=0), the plots draw one line and one min-max band per arm
+    in the arm's colour, say so in their title, and come as SVG as well as PNG."""
+    from matplotlib.colors import to_hex
+
+    from mtrain.evaluate.arms import group_arms
+    from mtrain.evaluate.curves import TRAIN_LOSS, curves_figure, read_scalars
+    from mtrain.evaluate.runs import discover_runs
+
+    sweep = tmp_path / "multirun" / "12-00-00"
+    bleus = {"0": 20.0, "1": 21.0, "2": 25.0, "3": 26.5}
+    for job, (arm, seed) in zip(bleus, [("pre", 1), ("pre", 2), ("post", 1), ("post", 2)], strict=True):
+        offset = int(job) / 10
+        make_fake_run(
+            sweep / job,
+            [f"model.norm_position={arm}", f"seed={seed}"],
+            [(10, 6.0 + offset), (20, 5.0 + offset), (30, 4.0 + offset)],
+            [(15, 10.0 + int(job)), (30, bleus[job] - 2)],
+            {"test": {"bleu": bleus[job], "chrf": 40.0 + int(job)}, "updates": 30},
+        )
+    monkeypatch.chdir(tmp_path)
+    run_cli(monkeypatch, "report", str(sweep), "bootstrap_samples=0")
+    out_dir = sweep / "report"
+    markdown = (out_dir / "report.md").read_text(encoding="utf-8")
+    over_seeds = markdown.split("## Over seeds\n\n")[1].splitlines()
+    assert over_seeds[0].startswith("| arm | differs | seeds | BLEU mean ± sd [95% CI] | Δ BLEU [95% CI] |")
+    # sd of 20 and 21: 0.707; t(0.975, 1) = 12.706: half-width 12.706 * 0.707 / sqrt(2) = 6.35
+    assert over_seeds[2].startswith("| 0 (baseline) | model.norm_position=pre | 1, 2 | 20.50 ± 0.71 [14.15, 26.85] | -")
+    post = over_seeds[3].split(" | ")
+    assert post[:5] == ["| 2", "model.norm_position=post", "1, 2", "25.75 ± 1.06 [16.22, 35.28]", "+5.25"]
+    assert post[5] == "-" and 0 < float(post[6]) < 0.1  # no bootstrap asked for; Welch's p
+    assert "Welch's t-test over the seeds' scores" in markdown and "Over seeds (2 arms)" in capsys.readouterr().out
+    for plot in ("train_loss", "valid_bleu"):
+        assert f"![{plot.replace('_', ' ')}]({plot}.png) ([SVG]({plot}.svg))" in markdown
+        assert (out_dir / f"{plot}.png").read_bytes().startswith(PNG_MAGIC)
+        svg = (out_dir / f"{plot}.svg").read_text(encoding="utf-8")
+        assert "<svg" in svg and "mean over seeds, band min-max (2 arms, 4 runs)" in svg.replace("\n", " ")
+        assert f"(…/{tmp_path.name}/multirun/12-00-00)" in svg and str(tmp_path) not in svg  # a readable title
+
+    runs = discover_runs(str(sweep))
+    curves = {run.name: read_scalars(run.path) for run in runs}
+    figure = curves_figure(runs, curves, TRAIN_LOSS, [], "training loss", "loss", group_arms(runs))
+    axes = figure.axes[0]
+    lines, bands = axes.get_lines(), axes.collections
+    assert [line.get_label().split(":")[0] for line in lines] == ["0", "2"]  # one line per arm
+    assert list(lines[0].get_ydata()) == pytest.approx([6.05, 5.05, 4.05])  # the mean of its seeds
+    assert "(mean of 2 seeds, band min-max)" in lines[1].get_label()
+    assert len(bands) == 2 and [to_hex(band.get_facecolor()[0]) for band in bands] == [
+        to_hex(line.get_color()) for line in lines
+    ]
+    low_high = bands[1].get_paths()[0].vertices[:, 1]
+    # Seeds 2 and 3 (offsets 0.2, 0.3): the band runs from 4.2 (update 30) to 6.3 (update 10).
+    assert min(low_high) == pytest.approx(4.2, abs=1e-5) and max(low_high) == pytest.approx(6.3, abs=1e-5)

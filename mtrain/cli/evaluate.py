@@ -9,7 +9,7 @@
     mtrain eval hyp=out.en ref=test.en per_sentence=true out.en.sentences.tsv beside out.en (or in out=DIR)
     mtrain eval run=RUN split=test terms=glossary.tsv    decode with the glossary's terms as constraints, term metrics too
     mtrain eval hyp=out.en ref=test.en src=test.de terms=glossary.tsv   a file's term metrics beside BLEU
-    mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap
+    mtrain eval runs=SWEEP_DIR [baseline=NAME]           compare runs, paired bootstrap (arms over seeds)
     mtrain eval run=MULTILINGUAL src_lang=de tgt_lang=fr split=test   one direction (zero-shot too): eval/test.de-fr.*
     mtrain eval runs=MULTI,BILINGUAL src_lang=de tgt_lang=en  compare one direction (a multilingual run's, a bilingual run's)
 
@@ -462,6 +462,9 @@ def compare(cfg: EvalConfig) -> dict[str, Any]:
         direction,
     )
     print(comparison.table().to_text())
+    if comparison.over_seeds:
+        print(f"\nOver seeds ({len(comparison.over_seeds.arms)} arms):")
+        print(comparison.over_seeds.table().to_text())
     for note in comparison_notes(comparison) + failure_notes(runs):
         print(note)
     return {"comparison": comparison}

@@ -4,6 +4,8 @@ The sweep directory may be given as the first argument (`mtrain report multirun/
 `sweep=...`; comma-separated run directories work too (then `out=` is required). When the
 runs saved test hypotheses (`mtrain fit` does), the table adds sacreBLEU's paired bootstrap
 of each run against the baseline (the first run unless `baseline=`), as `mtrain eval runs=`.
+Runs that differ by their seed only are grouped as one arm: a table over seeds replaces the
+run-against-run bootstrap, and the plots draw each arm's mean with a min-max band.
 """
 
 from __future__ import annotations

@@ -7,8 +7,11 @@ report.py      a scored split's report: eval/<split>.{json,md,hyp}
 sentences.py   per-sentence BLEU, chrF and model scores: <split>.sentences.tsv, the worst lines
 runs.py        run discovery in a sweep directory or a list of runs
 compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
+arms.py        runs of one configuration across seeds, grouped as arms
+arm_comparison.py  arms over seeds: spread, Welch, and arm_bootstrap.py (sentences and seeds resampled)
+spread.py      mean, sd, Student-t interval and Welch's t-test (no scipy)
 curves.py      TensorBoard scalars of a run and their plots
-sweep.py       `mtrain report SWEEP_DIR`: Markdown table and plots
+sweep.py       `mtrain report SWEEP_DIR`: Markdown tables and plots (PNG, SVG)
 average.py     checkpoint averaging (fairseq semantics)
 """
 

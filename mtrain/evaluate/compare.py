@@ -1,6 +1,9 @@
 """Comparing runs: one table of what differs and what it scored, plus sacreBLEU's paired
 bootstrap resampling of every run against a baseline on the saved test hypotheses.
 
+Runs of one configuration trained with several seeds are one arm (arms.py): then the runs are
+compared arm against arm over their seeds (arm_comparison.py), never seed against seed.
+
 The bootstrap is sacreBLEU's own `PairedTest` (what `sacrebleu REF -i BASE SYS --paired-bs`
 runs), so its means, 95% confidence intervals and p-values match the command line's for the
 same files, seed (`$SACREBLEU_SEED`, default 12345) and number of resamples.
@@ -20,6 +23,8 @@ from pathlib import Path
 from sacrebleu.significance import PairedTest
 
 from mtrain.errors import MtrainError
+from mtrain.evaluate.arm_comparison import ArmComparison, arm_notes, compare_arms
+from mtrain.evaluate.arms import group_arms, has_seed_replicates
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
 from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, report_name, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
@@ -55,6 +60,8 @@ class Comparison:
     # `<split>.<src>-<tgt>` of a multilingual run, `<split>` of a run of that one direction.
     direction: tuple[str, str] | None = None
     reports: dict[str, str] = field(default_factory=dict)  # run name -> report name
+    # Set when some configuration was trained with several seeds: the comparison by arm.
+    over_seeds: ArmComparison | None = None
 
     def table(self) -> Table:
         return runs_table(self.runs, self.keys, self)
@@ -162,6 +169,30 @@ def compare_runs(
         for run in ordered
         if run not in with_hyps
     }
+    arms = group_arms(ordered)  # the baseline's arm first, as the baseline is the first run
+    if has_seed_replicates(arms):
+        comparison.bootstrap_note = (
+            "runs that differ by their seed only are one arm: they are compared arm against arm over "
+            "their seeds (the table over seeds), not run against run"
+        )
+        refs_note = None
+        if refs is None and len(with_hyps) > 1 and num_samples:
+            refs, refs_note = split_references(ordered, split, direction)
+        hyp_paths = {run.name: path for run in with_hyps if (path := hyp_path(run)) is not None}
+        comparison.over_seeds = compare_arms(
+            arms,
+            comparison.reports,
+            hyp_paths,
+            refs,
+            shown,
+            metrics,
+            num_samples,
+            tokenize,
+            lowercase,
+            chrf_word_order,
+            refs_note,
+        )
+        return comparison
     if len(with_hyps) < 2:
         comparison.bootstrap_note = f"no paired bootstrap: fewer than two runs have {shown} hypotheses"
         return comparison
@@ -322,4 +353,6 @@ def comparison_notes(comparison: Comparison) -> list[str]:
         notes.append(comparison.bootstrap_note)
     for name, why in comparison.skipped.items():
         notes.append(f"run {name}: left out of the bootstrap ({why})")
+    if comparison.over_seeds:
+        notes += arm_notes(comparison.over_seeds)
     return notes

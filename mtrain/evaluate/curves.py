@@ -2,6 +2,8 @@
 
 The trainer logs `train/loss` and `valid/bleu` to `<run>/tb/` with the update number as
 step. A resumed run appends a new event file; the later value wins for a repeated step.
+Runs of one arm (the same configuration, other seeds) are drawn as one: their mean, with a
+band from the lowest to the highest seed, in one colour per arm.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import logging
 import math
 import textwrap
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.errors import MtrainError
+from mtrain.evaluate.arms import Arm
 from mtrain.evaluate.runs import RunSummary, describe
 from mtrain.rundir import RunDir
 
@@ -100,18 +104,75 @@ def plot_curves(
     path: Path,
     ylabel: str,
     title: str,
+    arms: Sequence[Arm] | None = None,
 ) -> bool:
-    """All runs' curves of one tag on one figure, saved as PNG; False when no run has it."""
+    """All runs' curves of one tag on one figure (with `arms`: one mean line and band per arm),
+    saved as PNG at `path` and as SVG beside it; False when no run has the tag."""
     quiet_matplotlib()
     import matplotlib.pyplot as plt
 
-    figure = curves_figure(runs, curves, tag, keys, ylabel, title)
+    figure = curves_figure(runs, curves, tag, keys, ylabel, title, arms)
     if figure is None:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
+    # A vector copy for papers and slides; no date in it, so a rerun writes the same file.
+    figure.savefig(path.with_suffix(".svg"), metadata={"Date": None})
     plt.close(figure)
     return True
+
+
+@dataclass
+class _Series:
+    """One line of a plot: a run's curve, or an arm's mean over its seeds with its min-max band."""
+
+    steps: list[int]
+    values: list[float]
+    label: str
+    diverged: bool
+    low: list[float] | None = None
+    high: list[float] | None = None
+
+
+def _run_series(
+    runs: Sequence[RunSummary], curves: dict[str, dict[str, Curve]], tag: str, keys: Sequence[str]
+) -> Iterator[_Series]:
+    for run in runs:
+        curve = curves.get(run.name, {}).get(tag, [])
+        if not curve:
+            continue
+        difference = describe(run, keys)
+        label = run.name + ("" if difference == "-" else f": {difference}") + (" (diverged)" if run.diverged else "")
+        yield _Series([step for step, _ in curve], [value for _, value in curve], label, bool(run.diverged))
+
+
+def _arm_series(arms: Sequence[Arm], curves: dict[str, dict[str, Curve]], tag: str) -> Iterator[_Series]:
+    """Per arm, at the updates every seed logged (all updates any logged, if none in common), the
+    seeds' mean and their lowest and highest value."""
+    for arm in arms:
+        seeds = [dict(curves.get(run.name, {}).get(tag, [])) for run in arm.runs]
+        seeds = [curve for curve in seeds if curve]
+        if not seeds:
+            continue
+        common = set.intersection(*(set(curve) for curve in seeds))
+        steps = sorted(common or set().union(*(set(curve) for curve in seeds)))
+        at_step = [[curve[step] for curve in seeds if step in curve] for step in steps]
+        diverged = sum(bool(run.diverged) for run in arm.runs)
+        label = arm.name + ("" if arm.label == "-" else f": {arm.label}")
+        if len(arm.runs) > 1:
+            label += f" (mean of {len(seeds)} seeds, band min-max"
+            label += f"; {diverged} diverged)" if diverged else ")"
+        elif diverged:
+            label += " (diverged)"
+        band = len(seeds) > 1
+        yield _Series(
+            steps,
+            [sum(values) / len(values) for values in at_step],
+            label,
+            diverged > 0,
+            [min(values) for values in at_step] if band else None,
+            [max(values) for values in at_step] if band else None,
+        )
 
 
 def curves_figure(
@@ -121,39 +182,34 @@ def curves_figure(
     keys: Sequence[str],
     ylabel: str,
     title: str,
+    arms: Sequence[Arm] | None = None,
 ) -> Figure | None:
-    """The figure `plot_curves` saves (None when no run has `tag`): the curves on one axes, the
-    legend below it, outside, its labels wrapped, and the figure as tall as the legend needs,
-    so a label of any length and any number of runs fit without covering a curve or being cut;
-    the update ticks thinned (then slanted) until no two labels touch."""
+    """The figure `plot_curves` saves (None when no run has `tag`): the curves on one axes (with
+    `arms`, one colour per arm: its seeds' mean and a min-max band), the legend below it, outside,
+    its labels wrapped, and the figure as tall as the legend needs, so a label of any length and any
+    number of runs fit without covering a curve or being cut; the update ticks thinned (then
+    slanted) until no two labels touch."""
     quiet_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines: list[tuple[list[int], list[float], str]] = []
-    all_values: list[float] = []
-    healthy_values: list[float] = []  # values of runs that did not diverge
-    for run in runs:
-        curve = curves.get(run.name, {}).get(tag, [])
-        if not curve:
-            continue
-        values = [value for _, value in curve]
-        finite = [v for v in values if math.isfinite(v)]
-        all_values += finite
-        if not run.diverged:
-            healthy_values += finite
-        difference = describe(run, keys)
-        label = run.name + ("" if difference == "-" else f": {difference}") + (" (diverged)" if run.diverged else "")
-        lines.append(([step for step, _ in curve], values, label))
-    if not lines:
+    series = list(_arm_series(arms, curves, tag) if arms is not None else _run_series(runs, curves, tag, keys))
+    if not series:
         return None
+    all_values: list[float] = []
+    healthy_values: list[float] = []  # values of runs (arms) that did not diverge
+    for line in series:
+        finite = [v for v in line.values + (line.low or []) + (line.high or []) if math.isfinite(v)]
+        all_values += finite
+        if not line.diverged:
+            healthy_values += finite
 
     columns, width = (
-        (2, LEGEND_WIDTH // 2) if max(len(label) for *_, label in lines) <= LEGEND_WIDTH // 2 else (1, LEGEND_WIDTH)
+        (2, LEGEND_WIDTH // 2) if max(len(line.label) for line in series) <= LEGEND_WIDTH // 2 else (1, LEGEND_WIDTH)
     )
-    labels = [textwrap.fill(label, width, break_on_hyphens=False) for *_, label in lines]
+    labels = [textwrap.fill(line.label, width, break_on_hyphens=False) for line in series]
     title = textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False)
     # Legend rows fill each column top-down: the tallest column sets the legend's height.
     per_column = math.ceil(len(labels) / columns)
@@ -168,15 +224,17 @@ def curves_figure(
     # Line styles cycle too: runs that train alike (same seed, a small change) overlap, and a
     # dashed line over a solid one keeps both visible.
     styles = ["-", "--", ":", "-."]
-    for index, ((steps, values, _), label) in enumerate(zip(lines, labels, strict=True)):
-        axes.plot(
-            steps,
-            values,
+    for index, (line, label) in enumerate(zip(series, labels, strict=True)):
+        (drawn,) = axes.plot(
+            line.steps,
+            line.values,
             styles[index % len(styles)],
-            marker="o" if len(steps) < 20 else None,
+            marker="o" if len(line.steps) < 20 else None,
             markersize=3,
             label=label,
         )
+        if line.low is not None and line.high is not None:
+            axes.fill_between(line.steps, line.low, line.high, color=drawn.get_color(), alpha=0.2, linewidth=0)
     if tag == TRAIN_LOSS and healthy_values and max(all_values) > 2 * max(healthy_values):
         # A diverged run's loss explodes; keep the scale of the runs that trained.
         low, high = min(all_values), max(healthy_values)
