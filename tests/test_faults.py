@@ -64,7 +64,7 @@ def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_sl
     )
     wait_for(run_dir / "tb", process)
     deadline = time.time() + 120
-    while "train | update 2 " not in (run_dir / "train.log").read_text():  # some updates, no checkpoint yet
+    while "train | update 2/" not in (run_dir / "train.log").read_text():  # some updates, no checkpoint yet
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGTERM)
@@ -143,7 +143,7 @@ def test_sigterm_during_a_validation_stops_it_and_saves_the_update(tmp_path, mul
             f"hydra.run.dir={run_dir}",
         ]
     )
-    wait_for_line(run_dir / "train.log", "train | update 2 ", process)  # the validation of update 2 begins
+    wait_for_line(run_dir / "train.log", "train | update 2/", process)  # the validation of update 2 begins
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]

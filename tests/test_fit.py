@@ -419,8 +419,8 @@ def test_fit_shows_progress_at_once_and_says_where_the_run_is(tmp_path, multi30k
         run_dir,
     )
     text = caplog.text
-    assert "train | update 1 " in text  # the first update, long before log_every=50
-    assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1 ")  # said at the start
+    assert "train | update 1/" in text  # the first update, long before log_every=50
+    assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1/")  # said at the start
     assert f"mtrain translate run={run_dir.resolve()}" in text and f"tensorboard --logdir {run_dir.resolve()}" in text
     # data.splits.test=null: the closing hint scores the validation split, not a test split
     assert f"mtrain eval run={run_dir.resolve()} split=valid" in text and "split=test" not in text
