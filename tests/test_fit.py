@@ -248,6 +248,42 @@ def test_a_run_on_a_given_tokenizer_keeps_a_copy_and_resumes_without_the_origina
     assert metrics["updates"] == 4
 
 
+def test_a_run_says_what_ran_in_provenance_json_one_entry_per_session(tmp_path, multi30k_slice, caplog):
+    """Issue 59: the code, versions, command line and data fingerprints are readable in the run
+    directory from its start; a resume appends its session; the log names the cache entries."""
+    import logging
+
+    from mtrain.provenance import code_version
+
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "data.splits.test=null",
+    ]
+    run_dir = tmp_path / "run"
+    run_fit(compose_fit([*common, "train.max_updates=2"]), run_dir, command_line=["train.max_updates=2"])
+    caplog.set_level(logging.INFO, logger="mtrain")
+    resume = ["train.max_updates=3", "train.resume=true"]
+    run_fit(compose_fit([*common, *resume]), run_dir, command_line=resume)
+
+    sessions = json.loads((run_dir / "provenance.json").read_text())["sessions"]
+    assert [(s["update"], s["resumed_from"]) for s in sessions] == [(0, None), (2, str(run_dir / "checkpoints" / "last.pt"))]
+    assert [s["command"]["overrides"] for s in sessions] == [["train.max_updates=2"], resume]
+    assert all(s["code"] == code_version() for s in sessions)
+    assert {"mtrain", "torch", "python"} <= set(sessions[0]["versions"])
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert sessions[0]["data"]["fingerprints"] == sessions[1]["data"]["fingerprints"] == checkpoint["data_fingerprints"]
+    # The cache entries read, as the log names them (their names end in their cache key).
+    corpus_entry = sessions[1]["data"]["caches"]["training_corpora"][0]
+    assert f"data: cache hit, reusing the encoded corpus in {corpus_entry} " in caplog.text
+    assert f"tokenizer: reusing {sessions[1]['data']['caches']['tokenizer'][0]}" in caplog.text
+    fingerprint = checkpoint["data_fingerprints"]["corpus"][:16]
+    assert re.search(rf"provenance: code \S+.*, torch .*; training data {fingerprint}, tokenizer \w{{16}} \(provenance.json\)", caplog.text)
+
+
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
     common = [
         f"data.local_dir={multi30k_slice}",
