@@ -270,7 +270,10 @@ def test_a_run_says_what_ran_in_provenance_json_one_entry_per_session(tmp_path, 
     run_fit(compose_fit([*common, *resume]), run_dir, command_line=resume)
 
     sessions = json.loads((run_dir / "provenance.json").read_text())["sessions"]
-    assert [(s["update"], s["resumed_from"]) for s in sessions] == [(0, None), (2, str(run_dir / "checkpoints" / "last.pt"))]
+    assert [(s["update"], s["resumed_from"]) for s in sessions] == [
+        (0, None),
+        (2, str(run_dir / "checkpoints" / "last.pt")),
+    ]
     assert [s["command"]["overrides"] for s in sessions] == [["train.max_updates=2"], resume]
     assert all(s["code"] == code_version() for s in sessions)
     assert {"mtrain", "torch", "python"} <= set(sessions[0]["versions"])
@@ -281,7 +284,10 @@ def test_a_run_says_what_ran_in_provenance_json_one_entry_per_session(tmp_path, 
     assert f"data: cache hit, reusing the encoded corpus in {corpus_entry} " in caplog.text
     assert f"tokenizer: reusing {sessions[1]['data']['caches']['tokenizer'][0]}" in caplog.text
     fingerprint = checkpoint["data_fingerprints"]["corpus"][:16]
-    assert re.search(rf"provenance: code \S+.*, torch .*; training data {fingerprint}, tokenizer \w{{16}} \(provenance.json\)", caplog.text)
+    assert re.search(
+        rf"provenance: code \S+.*, torch .*; training data {fingerprint}, tokenizer \w{{16}} \(provenance.json\)",
+        caplog.text,
+    )
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):

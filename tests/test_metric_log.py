@@ -163,7 +163,9 @@ def test_train_loss_goes_to_tensorboard_at_the_curves_updates_only(monkeypatch, 
     logger.writer = None
     losses = [(step, values["loss"]) for step, values in written if "loss" in values]
     assert losses == [(2, 1.5), (4, 3.5)]
-    lines = re.findall(r"train loss \| update \d+ \| loss [\d.]+ \| nll_loss [\d.]+ \| mean of updates \d+-\d+", caplog.text)
+    lines = re.findall(
+        r"train loss \| update \d+ \| loss [\d.]+ \| nll_loss [\d.]+ \| mean of updates \d+-\d+", caplog.text
+    )
     assert lines == [
         "train loss | update 2 | loss 1.5000 | nll_loss 0.0000 | mean of updates 1-2",
         "train loss | update 4 | loss 3.5000 | nll_loss 0.0000 | mean of updates 3-4",

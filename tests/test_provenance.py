@@ -88,7 +88,10 @@ def test_each_session_is_appended_and_an_unreadable_file_is_kept_aside(tmp_path)
     provenance.append_session(path, resumed)
     sessions = json.loads(path.read_text())["sessions"]
     assert [s["update"] for s in sessions] == [0, 2]
-    assert sessions[0]["command"] == {"argv": ["mtrain", "fit", "train.max_updates=2"], "overrides": ["train.max_updates=2"]}
+    assert sessions[0]["command"] == {
+        "argv": ["mtrain", "fit", "train.max_updates=2"],
+        "overrides": ["train.max_updates=2"],
+    }
     assert sessions[1]["resumed_from"] == "checkpoints/last.pt"
     assert provenance.describe(first).endswith(f"training data {'c' * 16}, tokenizer {'t' * 16}")
 
