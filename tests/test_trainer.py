@@ -290,16 +290,19 @@ def test_progress_says_the_update_against_max_updates_and_the_training_time_left
     state = TrainState(update=120, train_seconds=60.0)
     progress = training_progress(state, max_updates=2000, seconds_per_update=0.5)
     assert progress.seconds_left == pytest.approx(1880 * 0.5)
-    assert progress.describe() == "update 120/2000 | ~15m40s of training left"
-    assert training_progress(state, None, 0.5).describe() == "update 120"  # no budget: nothing left to time
-    assert training_progress(state, 2000, None).describe() == "update 120/2000"  # no update timed yet
+    assert (progress.describe(), progress.describe_left()) == ("update 120/2000", "~15m40s of training left")
+    no_budget = training_progress(state, None, 0.5)
+    assert (no_budget.describe(), no_budget.describe_left()) == ("update 120", None)  # nothing left to time
+    untimed = training_progress(state, 2000, None)
+    assert (untimed.describe(), untimed.describe_left()) == ("update 120/2000", None)  # no update timed yet
 
 
 def test_progress_under_a_time_budget_says_the_share_spent_and_the_first_budget_to_end_sets_the_time_left():
     state = TrainState(update=120, train_seconds=420.0, train_budget_seconds=1200.0)
-    assert training_progress(state, None, 3.5).describe() == "update 120 | 35% of 20m00s | ~13m00s of training left"
-    # max_updates ends first: 30 updates of 3.5 s
-    assert training_progress(state, 150, 3.5).describe() == "update 120/150 | 35% of 20m00s | ~1m45s of training left"
+    by_time = training_progress(state, None, 3.5)
+    assert (by_time.describe(), by_time.describe_left()) == ("update 120 | 35% of 20m00s", "~13m00s of training left")
+    both = training_progress(state, 150, 3.5)  # max_updates ends first: 30 updates of 3.5 s
+    assert (both.describe(), both.describe_left()) == ("update 120/150 | 35% of 20m00s", "~1m45s of training left")
 
 
 def test_training_lines_say_the_update_of_max_updates_and_the_time_left(tmp_path, caplog):
@@ -310,6 +313,6 @@ def test_training_lines_say_the_update_of_max_updates_and_the_time_left(tmp_path
     with caplog.at_level("INFO", logger="mtrain"):
         trainer.fit()
     trainer.metrics.close()
-    lines = re.findall(r"train \| (update \d+/4)( \| ~\d+ s of training left)? \| epoch", caplog.text)
+    lines = re.findall(r"train \| (update \d+/4) \| epoch .*?( \| ~\d+ s of training left)?\n", caplog.text)
     assert [update for update, _ in lines] == ["update 1/4", "update 2/4", "update 4/4"]
     assert all(left for _, left in lines)  # timed from the updates of this session

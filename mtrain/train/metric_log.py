@@ -129,7 +129,7 @@ class MetricLogger:
             self.progress.set_postfix(postfix)
         if self.writer is not None:
             log.info(
-                "train | %s | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s",
+                "train | %s | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s%s",
                 progress.describe() if progress is not None else f"update {update}",
                 epoch,
                 values["loss"],
@@ -138,6 +138,7 @@ class MetricLogger:
                 values["tgt_tokens_per_s"],
                 values["src_tgt_tokens_per_s"],
                 f" | mfu {100 * values['mfu']:.1f}%" if values.get("mfu") is not None else "",
+                f" | {left}" if progress is not None and (left := progress.describe_left()) is not None else "",
             )
         self.log_loss_points()
 

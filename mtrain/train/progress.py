@@ -85,13 +85,15 @@ class TrainingProgress:
     seconds_left: float | None  # None: nothing to estimate it from (no budget, no update timed yet)
 
     def describe(self) -> str:
-        """'update 120/2000', 'update 120 | 35% of 20m00s', and ' | ~3m20s of training left'."""
+        """Where training is: 'update 120/2000', 'update 120 | 35% of 20m00s'."""
         text = f"update {self.update}" + (f"/{self.max_updates}" if self.max_updates is not None else "")
         if self.planned_seconds is not None and self.share_spent is not None:
             text += f" | {100 * self.share_spent:.0f}% of {format_duration(self.planned_seconds)}"
-        if self.seconds_left is not None:
-            text += f" | ~{format_duration(self.seconds_left)} of training left"
         return text
+
+    def describe_left(self) -> str | None:
+        """'~3m20s of training left' (None: nothing to estimate it from)."""
+        return None if self.seconds_left is None else f"~{format_duration(self.seconds_left)} of training left"
 
 
 def training_progress(state: TrainState, max_updates: int | None, seconds_per_update: float | None) -> TrainingProgress:
