@@ -23,7 +23,14 @@ from tests.warm_process import WarmPopen, start_mtrain
 
 # No test decode unless a test asks for one (data.splits.test=... later on its command line wins):
 # these runs check what training does, and decoding an untrained model runs to its length limit.
-FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=600", "train.log_every=1", "data.splits.test=null"]
+FAST = [
+    *TINY,
+    "train.valid_bleu=false",
+    "data.train_limit=600",
+    "train.log_every=1",
+    "train.loss_every=1",
+    "data.splits.test=null",
+]
 
 
 def start_fit(overrides, new_interpreter: bool = False) -> WarmPopen | subprocess.Popen:

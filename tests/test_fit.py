@@ -75,6 +75,7 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
         "train.max_updates=60",
         "train.validate_every=30",
         "train.log_every=10",
+        "train.loss_every=10",
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -184,7 +185,8 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
 
 def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
     """Train 12 updates straight, and 6 then resumed to 12: the losses of updates 7-12 must be
-    equal. Returns both run directories and the straight run's metrics."""
+    equal (a loss point every update). Returns both run directories and the straight run's metrics."""
+    common = [*common, "train.loss_every=1"]
     straight = tmp_path / "straight"
     summary = run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
     interrupted = tmp_path / "interrupted"

@@ -145,6 +145,9 @@ def test_loss_points_are_the_means_of_fixed_runs_of_updates_however_often_they_a
     expected = [LossPoint(3, 1, 2.0, 1.0), LossPoint(6, 4, (400.0 + 600.0) / 200, (200.0 + 300.0) / 200)]
     assert read_often == expected
     assert once.read() == expected and once.read() == []  # read once
+    all_skipped = LossCurve(every=1)
+    all_skipped.add(updates[4], 5)
+    assert all_skipped.read() == []  # no loss to plot, and no NaN in the log or TensorBoard
 
 
 def test_train_loss_goes_to_tensorboard_at_the_curves_updates_only(monkeypatch, caplog):

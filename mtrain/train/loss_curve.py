@@ -56,13 +56,12 @@ class LossCurve:
             self._first_update, self._loss_sum, self._nll_sum, self._tokens = None, 0.0, 0.0, 0
 
     def read(self) -> list[LossPoint]:
-        """The points closed since the last call, read on the host (NaN for a point whose every
-        update was skipped as non-finite)."""
+        """The points closed since the last call, read on the host. A run of updates that were
+        all skipped as non-finite has no loss, and no point (the skips are logged on their own)."""
         points = []
         for first_update, update, loss_sum, nll_sum, tokens in self._pending:
             count = int(tokens)
-            loss = float(loss_sum) / count if count else float("nan")
-            nll_loss = float(nll_sum) / count if count else float("nan")
-            points.append(LossPoint(update, first_update, loss, nll_loss))
+            if count:
+                points.append(LossPoint(update, first_update, float(loss_sum) / count, float(nll_sum) / count))
         self._pending.clear()
         return points
