@@ -440,6 +440,9 @@ def _record_provenance(
         ],
         "tokenizer": sorted({str(path.parent) for path in data.tokenizer.files.values()}),
     }
+    sampled = sorted({str(copy.directory.parent) for copy in data.train_copies if copy.directory is not None})
+    if sampled:  # data.subword_sampling's segmentations
+        caches["sampled_copies"] = sampled
     record = provenance.session_record(
         command_line,
         {"fingerprints": data_fingerprints(data.fingerprint, data.tokenizer.fingerprint), "caches": caches},
