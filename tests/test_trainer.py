@@ -316,3 +316,32 @@ def test_training_lines_say_the_update_of_max_updates_and_the_time_left(tmp_path
     lines = re.findall(r"train \| (update \d+/4) \| epoch .*?( \| ~\d+ s of training left)?\n", caplog.text)
     assert [update for update, _ in lines] == ["update 1/4", "update 2/4", "update 4/4"]
     assert all(left for _, left in lines)  # timed from the updates of this session
+
+
+def test_a_resumed_run_closes_the_open_loss_point_as_the_unbroken_run_does():
+    """A checkpoint at update 6 of points every 4 updates: the point at update 8 is still the
+    mean of updates 5-8 after the resume, the same value to the bit."""
+    from mtrain.train.metric_log import MetricLogger
+
+    overrides = ["train.loss_every=4"]
+
+    def logged(trainer: Trainer) -> Trainer:
+        trainer.metrics = MetricLogger(None, None, 0, lambda src, tgt: 0.0, None, loss_every=4)
+        return trainer
+
+    straight = logged(_trainer(overrides))
+    for _ in range(8):
+        straight.run_update()
+    expected = straight.metrics.curve.read()
+
+    interrupted = logged(_trainer(overrides))
+    for _ in range(6):
+        interrupted.run_update()
+    checkpoint = copy.deepcopy(interrupted.checkpoint_state())
+    assert interrupted.metrics.curve.read() == expected[:1]
+    resumed = logged(_trainer(overrides))
+    resumed.load_state(checkpoint)
+    for _ in range(2):
+        resumed.run_update()
+    assert [(p.first_update, p.update) for p in expected] == [(1, 4), (5, 8)]
+    assert resumed.metrics.curve.read() == expected[1:]

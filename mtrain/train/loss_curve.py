@@ -30,8 +30,10 @@ class LossPoint:
 class LossCurve:
     """Sums the losses of each run of `every` updates and closes a point at every multiple of it.
 
-    A run that starts (or resumes) between two multiples has a shorter first point, which says
-    where it starts (`LossPoint.first_update`)."""
+    A checkpoint holds the open point's sums (`open_point`), so a resumed run closes it as the
+    run would have without the break; a run that starts between two multiples (a changed
+    loss_every, a checkpoint of an older mtrain) has a shorter first point, which says where it
+    starts (`LossPoint.first_update`)."""
 
     def __init__(self, every: int) -> None:
         self.every = every
@@ -54,6 +56,27 @@ class LossCurve:
         if update % self.every == 0:
             self._pending.append((self._first_update, update, self._loss_sum, self._nll_sum, self._tokens))
             self._first_update, self._loss_sum, self._nll_sum, self._tokens = None, 0.0, 0.0, 0
+
+    def open_point(self) -> dict[str, Any] | None:
+        """The sums of the point not closed yet, read on the host (for a checkpoint, which
+        synchronises anyway); None when no update has been added since the last point."""
+        if self._first_update is None:
+            return None
+        return {
+            "first_update": self._first_update,
+            "loss_sum": float(self._loss_sum),
+            "nll_sum": float(self._nll_sum),
+            "tokens": int(self._tokens),
+        }
+
+    def restore(self, point: dict[str, Any] | None) -> None:
+        """Continue the open point of a checkpoint (`open_point`'s; None: none). The float32 sums
+        add up from the same values as they would have unbroken: the point comes out the same."""
+        if point is None:
+            return
+        self._first_update = int(point["first_update"])
+        self._loss_sum, self._nll_sum = float(point["loss_sum"]), float(point["nll_sum"])
+        self._tokens = int(point["tokens"])
 
     def read(self) -> list[LossPoint]:
         """The points closed since the last call, read on the host. A run of updates that were

@@ -32,6 +32,8 @@ class TrainState:
     train_budget_seconds: float | None = None
     # The run's wall time up to this point, over every session (for train.max_time).
     wall_seconds: float = 0.0
+    # The loss curve's open point (mtrain.train.loss_curve; rank 0's): a resume closes it unbroken.
+    loss_point: dict[str, float] | None = None
 
     def record_validation(self, results: dict[str, float]) -> bool:
         """Fold a validation's results into best and patience; True when it is the best so far.

@@ -293,6 +293,8 @@ class Trainer:
         self._clock_origin = time.perf_counter() - self.state.train_seconds
 
     def checkpoint_state(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.state.loss_point = self.metrics.curve.open_point()
         return checkpoint_state.capture(
             self.model, self.optimizer, self.parts.scaler, self.state, self.record, self.parts.ema
         )
@@ -305,6 +307,8 @@ class Trainer:
         self._resumed = True
         self._last_saved_update = self.state.update
         self.rhythm.last_seconds = self.state.train_seconds
+        if self.metrics is not None:
+            self.metrics.curve.restore(self.state.loss_point)
         log.info(
             "resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch, self.state.batch_in_epoch
         )
