@@ -103,8 +103,8 @@ class MetricLogger:
 
     def log_train(self, update: int, epoch: int, lr: float, progress: TrainingProgress | None = None) -> None:
         """A log line and scalars for the window of updates since the last call, then the loss
-        curve's points closed since (`log_loss_points`); `progress` (how far training is, the
-        time left) begins the line and shows on the progress bar."""
+        curve's points closed since (`log_loss_points`); `progress` says how far training is
+        (the line's start) and the training time left (its end, and the progress bar's)."""
         window, self.window = self.window, Window()
         if not window.updates:
             self.log_loss_points()
