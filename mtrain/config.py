@@ -524,6 +524,10 @@ class TrainConfig:
     # Also log at least this often ("30s"), whichever comes first: a training line however slow
     # the updates, and the progress of the validation and test decodes; null: by updates only.
     log_every_time: str | None = "30s"
+    # The training loss's points (log, TensorBoard's train/loss, `mtrain report`'s curves): one
+    # every this many updates, each the mean over exactly those updates, so that curves of runs
+    # compare point for point whatever the machine's load (the lines above come by time too).
+    loss_every: int = ranged(50, at_least=1)
     keep_last: int = ranged(3, at_least=1)  # update_N.pt checkpoints kept besides last/best
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.

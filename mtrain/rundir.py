@@ -14,6 +14,8 @@ Every name below is spelled here and nowhere else:
                              multilingual run's per direction: test.de-en.json)
     tb/                      TensorBoard events
     train.log, metrics.json
+    provenance.json          what ran, one entry per session: git commit and dirty flag, versions,
+                             command line, data fingerprints and caches (mtrain.provenance)
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
     .lock                    held by the one process writing the run (`RunLock`)
 
@@ -276,6 +278,11 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.path / "metrics.json"
+
+    @property
+    def provenance_file(self) -> Path:
+        """`provenance.json`: what each session of the run ran (mtrain.provenance)."""
+        return self.path / "provenance.json"
 
     @property
     def failed_file(self) -> Path:

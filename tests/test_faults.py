@@ -23,7 +23,14 @@ from tests.warm_process import WarmPopen, start_mtrain
 
 # No test decode unless a test asks for one (data.splits.test=... later on its command line wins):
 # these runs check what training does, and decoding an untrained model runs to its length limit.
-FAST = [*TINY, "train.valid_bleu=false", "data.train_limit=600", "train.log_every=1", "data.splits.test=null"]
+FAST = [
+    *TINY,
+    "train.valid_bleu=false",
+    "data.train_limit=600",
+    "train.log_every=1",
+    "train.loss_every=1",
+    "data.splits.test=null",
+]
 
 
 def start_fit(overrides, new_interpreter: bool = False) -> WarmPopen | subprocess.Popen:
@@ -64,7 +71,7 @@ def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_sl
     )
     wait_for(run_dir / "tb", process)
     deadline = time.time() + 120
-    while "train | update 2 " not in (run_dir / "train.log").read_text():  # some updates, no checkpoint yet
+    while "train | update 2/" not in (run_dir / "train.log").read_text():  # some updates, no checkpoint yet
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGTERM)
@@ -143,7 +150,7 @@ def test_sigterm_during_a_validation_stops_it_and_saves_the_update(tmp_path, mul
             f"hydra.run.dir={run_dir}",
         ]
     )
-    wait_for_line(run_dir / "train.log", "train | update 2 ", process)  # the validation of update 2 begins
+    wait_for_line(run_dir / "train.log", "train | update 2/", process)  # the validation of update 2 begins
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]

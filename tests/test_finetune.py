@@ -36,6 +36,7 @@ QUICK = [
     f"train.num_threads={test_threads()}",
     "train.valid_bleu=false",
     "train.log_every=1",
+    "train.loss_every=1",
     "data.splits.test=null",
 ]
 

@@ -75,6 +75,7 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
         "train.max_updates=60",
         "train.validate_every=30",
         "train.log_every=10",
+        "train.loss_every=10",
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -184,7 +185,8 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
 
 def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
     """Train 12 updates straight, and 6 then resumed to 12: the losses of updates 7-12 must be
-    equal. Returns both run directories and the straight run's metrics."""
+    equal (a loss point every update). Returns both run directories and the straight run's metrics."""
+    common = [*common, "train.loss_every=1"]
     straight = tmp_path / "straight"
     summary = run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
     interrupted = tmp_path / "interrupted"
@@ -246,6 +248,48 @@ def test_a_run_on_a_given_tokenizer_keeps_a_copy_and_resumes_without_the_origina
     shutil.rmtree(tmp_path / "given")  # the origin is gone: the run encodes with its own copy
     metrics = run_fit(compose_fit(given + ["train.max_updates=4", "train.resume=true"]), tmp_path / "second")
     assert metrics["updates"] == 4
+
+
+def test_a_run_says_what_ran_in_provenance_json_one_entry_per_session(tmp_path, multi30k_slice, caplog):
+    """Issue 59: the code, versions, command line and data fingerprints are readable in the run
+    directory from its start; a resume appends its session; the log names the cache entries."""
+    import logging
+
+    from mtrain.provenance import code_version
+
+    common = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=300",
+        "data.splits.test=null",
+    ]
+    run_dir = tmp_path / "run"
+    run_fit(compose_fit([*common, "train.max_updates=2"]), run_dir, command_line=["train.max_updates=2"])
+    caplog.set_level(logging.INFO, logger="mtrain")
+    resume = ["train.max_updates=3", "train.resume=true"]
+    run_fit(compose_fit([*common, *resume]), run_dir, command_line=resume)
+
+    sessions = json.loads((run_dir / "provenance.json").read_text())["sessions"]
+    assert [(s["update"], s["resumed_from"]) for s in sessions] == [
+        (0, None),
+        (2, str(run_dir / "checkpoints" / "last.pt")),
+    ]
+    assert [s["command"]["overrides"] for s in sessions] == [["train.max_updates=2"], resume]
+    assert all(s["code"] == code_version() for s in sessions)
+    assert {"mtrain", "torch", "python"} <= set(sessions[0]["versions"])
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert sessions[0]["data"]["fingerprints"] == sessions[1]["data"]["fingerprints"] == checkpoint["data_fingerprints"]
+    # The cache entries read, as the log names them (their names end in their cache key).
+    corpus_entry = sessions[1]["data"]["caches"]["training_corpora"][0]
+    assert f"data: cache hit, reusing the encoded corpus in {corpus_entry} " in caplog.text
+    assert f"tokenizer: reusing {sessions[1]['data']['caches']['tokenizer'][0]}" in caplog.text
+    fingerprint = checkpoint["data_fingerprints"]["corpus"][:16]
+    assert re.search(
+        rf"provenance: code \S+.*, torch .*; training data {fingerprint}, tokenizer \w{{16}} \(provenance.json\)",
+        caplog.text,
+    )
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path, multi30k_slice):
@@ -419,8 +463,8 @@ def test_fit_shows_progress_at_once_and_says_where_the_run_is(tmp_path, multi30k
         run_dir,
     )
     text = caplog.text
-    assert "train | update 1 " in text  # the first update, long before log_every=50
-    assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1 ")  # said at the start
+    assert "train | update 1/" in text  # the first update, long before log_every=50
+    assert text.index(f"run directory: {run_dir.resolve()}") < text.index("train | update 1/")  # said at the start
     assert f"mtrain translate run={run_dir.resolve()}" in text and f"tensorboard --logdir {run_dir.resolve()}" in text
     # data.splits.test=null: the closing hint scores the validation split, not a test split
     assert f"mtrain eval run={run_dir.resolve()} split=valid" in text and "split=test" not in text

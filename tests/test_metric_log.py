@@ -1,7 +1,9 @@
-"""What the trainer reports: throughput excludes validation; first-update and time-left display."""
+"""What the trainer reports: throughput excludes validation; first-update and time-left display;
+the loss curve's points at fixed updates."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -9,11 +11,11 @@ import torch
 from mtrain.train.metric_log import Window
 
 
-def stats(tokens: int) -> dict:
+def stats(tokens: int, loss_sum: float = 0.0, nll_sum: float = 0.0) -> dict:
     zero = torch.zeros(())
     return {
-        "loss_sum": zero,
-        "nll_sum": zero,
+        "loss_sum": torch.tensor(loss_sum),
+        "nll_sum": torch.tensor(nll_sum),
         "grad_norm": zero,
         "tgt_tokens": tokens,
         "src_tokens": tokens,
@@ -52,12 +54,12 @@ def test_under_ddp_throughput_counts_every_rank_and_mfu_each_ranks_share(monkeyp
     monkeypatch.setattr(metric_log.time, "perf_counter", lambda: now[0])
     logger = metric_log.MetricLogger(None, None, 0, lambda src, tgt: 1e9, peak_flops=1e12, ranks=2)
     rank0 = {**stats(1000), "loss_sum": torch.tensor(2000.0), "job_tgt_tokens": 2000, "job_src_tokens": 2200}
-    logger.update(rank0)
+    logger.update(rank0, update=1)
     now[0] = 102.0
     values = {}
     monkeypatch.setattr(logger, "scalars", lambda prefix, logged, step: values.update(logged))
     logger.log_train(update=1, epoch=1, lr=1e-3)
-    assert values["loss"] == 2.0  # 2000 / rank 0's 1,000 targets
+    assert logger.last_train_loss == 2.0  # 2000 / rank 0's 1,000 targets
     assert values["tgt_tokens_per_s"] == 1000.0  # 2,000 job targets in 2 s
     assert values["src_tgt_tokens_per_s"] == 2100.0
     assert values["mfu"] == 1e9 * 500.0 / 1e12  # each rank: 500 tok/s against its own peak
@@ -93,7 +95,7 @@ def test_on_a_terminal_log_lines_go_through_the_progress_bar(tmp_path, monkeypat
         assert logger.progress is not None and not logger.progress.disable
         assert console not in root.handlers
         assert logging.getLogger("mtrain").handlers == mtrain_handlers
-        logger.update(stats(10))
+        logger.update(stats(10), update=1)
         logging.getLogger("mtrain").warning("a line of its own")
         logger.close()
         assert console in root.handlers
@@ -112,7 +114,7 @@ def test_a_window_is_due_by_time_its_pauses_excluded(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(metric_log.time, "perf_counter", lambda: now[0])
     logger = metric_log.MetricLogger(None, None, 0, lambda s, t: 0.0, None, log_every_seconds=30.0)
-    logger.update(stats(10))
+    logger.update(stats(10), update=1)
     now[0] = 120.0
     assert not logger.due_by_time()
     logger.pause()
@@ -122,3 +124,52 @@ def test_a_window_is_due_by_time_its_pauses_excluded(monkeypatch):
     now[0] = 510.0
     assert logger.due_by_time()
     assert not metric_log.MetricLogger(None, None, 0, lambda s, t: 0.0, None).due_by_time()  # null: by updates only
+
+
+def test_loss_points_are_the_means_of_fixed_runs_of_updates_however_often_they_are_read():
+    """Read after every update (lines by time on a slow machine) or once at the end, the curve
+    gives the same points: the means per target token of updates 1-3 and 4-6; the partial run
+    7-8 is no point yet. A skipped (non-finite) update's tokens count for nothing."""
+    from mtrain.train.loss_curve import LossCurve, LossPoint
+
+    updates = [stats(100, loss_sum=100.0 * u, nll_sum=50.0 * u) for u in range(1, 9)]
+    updates[4] = {**stats(100), "skipped": torch.tensor(True)}  # update 5: its step skipped, its sums 0
+    for every_update in updates:
+        every_update.setdefault("skipped", torch.tensor(False))
+    often, once = LossCurve(every=3), LossCurve(every=3)
+    read_often = []
+    for update, every_update in enumerate(updates, start=1):
+        often.add(every_update, update)
+        once.add(every_update, update)
+        read_often += often.read()
+    expected = [LossPoint(3, 1, 2.0, 1.0), LossPoint(6, 4, (400.0 + 600.0) / 200, (200.0 + 300.0) / 200)]
+    assert read_often == expected
+    assert once.read() == expected and once.read() == []  # read once
+    all_skipped = LossCurve(every=1)
+    all_skipped.add(updates[4], 5)
+    assert all_skipped.read() == []  # no loss to plot, and no NaN in the log or TensorBoard
+
+
+def test_train_loss_goes_to_tensorboard_at_the_curves_updates_only(monkeypatch, caplog):
+    """The window's lines (by time) keep their own loss; train/loss holds the points, at the
+    multiples of loss_every, each logged as a `train loss` line."""
+    from mtrain.train import metric_log
+
+    logger = metric_log.MetricLogger(None, None, 0, lambda s, t: 0.0, None, loss_every=2)
+    logger.writer = object()  # rank 0's: lines are logged (scalars are caught below)
+    written = []
+    monkeypatch.setattr(logger, "scalars", lambda prefix, values, step: written.append((step, dict(values))))
+    with caplog.at_level("INFO", logger="mtrain"):
+        for update in range(1, 6):
+            logger.update(stats(10, loss_sum=10.0 * update), update)
+            logger.log_train(update, 1, 1e-3)  # a line after every update, as by time
+    logger.writer = None
+    losses = [(step, values["loss"]) for step, values in written if "loss" in values]
+    assert losses == [(2, 1.5), (4, 3.5)]
+    lines = re.findall(
+        r"train loss \| update \d+ \| loss [\d.]+ \| nll_loss [\d.]+ \| mean of updates \d+-\d+", caplog.text
+    )
+    assert lines == [
+        "train loss | update 2 | loss 1.5000 | nll_loss 0.0000 | mean of updates 1-2",
+        "train loss | update 4 | loss 3.5000 | nll_loss 0.0000 | mean of updates 3-4",
+    ]

@@ -62,7 +62,8 @@ def test_copies_resegment_the_same_pairs_and_are_reproducible(multi30k_slice, tm
     assert again.fingerprint == data.fingerprint
     cached = []
     prepare_data(sampled_config(multi30k_slice, tmp_path / "a"), TOKENIZER, log=cached.append)
-    assert any("reusing 3 sampled segmentations" in m for m in cached)
+    entry = again.train_copies[0].directory.parent  # named by its cache key: the log says which was reused
+    assert any("reusing 3 sampled segmentations" in m and m.endswith(f" in {entry}") for m in cached)
     assert not any("sampled segmentations of the training split (alpha" in m and " s -> " in m for m in cached)
     other = prepare_data(sampled_config(multi30k_slice, tmp_path / "a", alpha=0.5), TOKENIZER, log=silent)
     assert other.fingerprint != data.fingerprint

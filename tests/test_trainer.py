@@ -20,7 +20,7 @@ from mtrain.train import budget as budget_module
 from mtrain.train.budget import EndCost, budget_reason
 from mtrain.train.builders import build_parts
 from mtrain.train.distributed import DistributedContext
-from mtrain.train.progress import TrainState, ValidationRhythm
+from mtrain.train.progress import TrainState, ValidationRhythm, training_progress
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
 from tests.test_fit import compose_fit
@@ -235,5 +235,113 @@ def test_with_log_every_huge_a_line_still_comes_every_log_every_time(tmp_path, c
     with caplog.at_level("INFO", logger="mtrain"):
         trainer.fit()
     trainer.metrics.close()
-    logged = [int(n) for n in re.findall(r"train \| update (\d+) \|", caplog.text)]
+    logged = [int(n) for n in re.findall(r"train \| update (\d+)/4 \|", caplog.text)]
     assert logged == [1, 2, 3, 4]  # not only the first and the last
+
+
+def _loss_points(trainer: Trainer, tb_dir, caplog) -> tuple[list[str], dict[int, float]]:
+    """Fit `trainer` with a metric logger writing to `tb_dir`: its `train loss` lines and train/loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mtrain"):
+        trainer.fit()
+    trainer.metrics.close()
+    accumulator = EventAccumulator(str(tb_dir))
+    accumulator.Reload()
+    lines = [line.split(" - ", 1)[-1] for line in caplog.text.splitlines() if "train loss |" in line]
+    return lines, {event.step: event.value for event in accumulator.Scalars("train/loss")}
+
+
+def test_a_same_seed_run_under_load_logs_the_same_loss_points(tmp_path, monkeypatch, caplog):
+    """Issue 59: the loss curve falls at fixed updates, each point the mean over the same updates,
+    whatever the wall-clock cadence of the lines and however slow the machine: a run whose
+    updates are slowed (a busy machine) and logged every millisecond logs the same points, at
+    the same updates, with the same values, as one logged by updates alone."""
+    from mtrain.train.metric_log import MetricLogger
+    from mtrain.train.step import UpdateStep
+
+    overrides = ["train.max_updates=12", "train.log_every=5", "train.loss_every=4", "train.validate_every=1000"]
+    calm = _trainer(overrides)
+    calm.metrics = MetricLogger(tmp_path / "calm", 12, 0, lambda src, tgt: 0.0, None, loss_every=4)
+    calm_lines, calm_scalars = _loss_points(calm, tmp_path / "calm", caplog)
+
+    step = UpdateStep.or_skip
+
+    def slowed(self, *args, **kwargs):
+        time.sleep(0.01)  # the other jobs of a busy machine
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(UpdateStep, "or_skip", slowed)
+    busy = _trainer(overrides)
+    busy.metrics = MetricLogger(
+        tmp_path / "busy", 12, 0, lambda src, tgt: 0.0, None, log_every_seconds=0.001, loss_every=4
+    )
+    busy_lines, busy_scalars = _loss_points(busy, tmp_path / "busy", caplog)
+    assert len(re.findall(r"train \| update \d+/12 \|", caplog.text)) == 12  # a line by time after every update
+
+    assert sorted(calm_scalars) == sorted(busy_scalars) == [4, 8, 12]
+    assert calm_scalars == busy_scalars
+    assert [line.split(" | ")[1] for line in calm_lines] == ["update 4", "update 8", "update 12"]
+    assert calm_lines == busy_lines
+
+
+def test_progress_says_the_update_against_max_updates_and_the_training_time_left():
+    state = TrainState(update=120, train_seconds=60.0)
+    progress = training_progress(state, max_updates=2000, seconds_per_update=0.5)
+    assert progress.seconds_left == pytest.approx(1880 * 0.5)
+    assert (progress.describe(), progress.describe_left()) == ("update 120/2000", "~15m40s of training left")
+    no_budget = training_progress(state, None, 0.5)
+    assert (no_budget.describe(), no_budget.describe_left()) == ("update 120", None)  # nothing left to time
+    untimed = training_progress(state, 2000, None)
+    assert (untimed.describe(), untimed.describe_left()) == ("update 120/2000", None)  # no update timed yet
+
+
+def test_progress_under_a_time_budget_says_the_share_spent_and_the_first_budget_to_end_sets_the_time_left():
+    state = TrainState(update=120, train_seconds=420.0, train_budget_seconds=1200.0)
+    by_time = training_progress(state, None, 3.5)
+    assert (by_time.describe(), by_time.describe_left()) == ("update 120 | 35% of 20m00s", "~13m00s of training left")
+    both = training_progress(state, 150, 3.5)  # max_updates ends first: 30 updates of 3.5 s
+    assert (both.describe(), both.describe_left()) == ("update 120/150 | 35% of 20m00s", "~1m45s of training left")
+
+
+def test_training_lines_say_the_update_of_max_updates_and_the_time_left(tmp_path, caplog):
+    from mtrain.train.metric_log import MetricLogger
+
+    trainer = _trainer(["train.max_updates=4", "train.log_every=2", "train.validate_every=1000"])
+    trainer.metrics = MetricLogger(tmp_path / "tb", 4, 0, lambda src, tgt: 0.0, None)
+    with caplog.at_level("INFO", logger="mtrain"):
+        trainer.fit()
+    trainer.metrics.close()
+    lines = re.findall(r"train \| (update \d+/4) \| epoch .*?( \| ~\d+ s of training left)?\n", caplog.text)
+    assert [update for update, _ in lines] == ["update 1/4", "update 2/4", "update 4/4"]
+    assert all(left for _, left in lines)  # timed from the updates of this session
+
+
+def test_a_resumed_run_closes_the_open_loss_point_as_the_unbroken_run_does():
+    """A checkpoint at update 6 of points every 4 updates: the point at update 8 is still the
+    mean of updates 5-8 after the resume, the same value to the bit."""
+    from mtrain.train.metric_log import MetricLogger
+
+    overrides = ["train.loss_every=4"]
+
+    def logged(trainer: Trainer) -> Trainer:
+        trainer.metrics = MetricLogger(None, None, 0, lambda src, tgt: 0.0, None, loss_every=4)
+        return trainer
+
+    straight = logged(_trainer(overrides))
+    for _ in range(8):
+        straight.run_update()
+    expected = straight.metrics.curve.read()
+
+    interrupted = logged(_trainer(overrides))
+    for _ in range(6):
+        interrupted.run_update()
+    checkpoint = copy.deepcopy(interrupted.checkpoint_state())
+    assert interrupted.metrics.curve.read() == expected[:1]
+    resumed = logged(_trainer(overrides))
+    resumed.load_state(checkpoint)
+    for _ in range(2):
+        resumed.run_update()
+    assert [(p.first_update, p.update) for p in expected] == [(1, 4), (5, 8)]
+    assert resumed.metrics.curve.read() == expected[1:]

@@ -278,7 +278,10 @@ def _add_sampled_copies(data: PreparedData, cfg: DataConfig, encoded: EncodedTra
     entry = data.directory.parent / f"{data.directory.name}-sampled-{key[:16]}"
     settings = f"alpha {sampling.alpha}, nbest_size {sampling.nbest_size}"
     if is_complete(entry):
-        log(f"data: cache hit, reusing {sampling.copies} sampled segmentations of the training split ({settings})")
+        log(
+            f"data: cache hit, reusing {sampling.copies} sampled segmentations of the training split "
+            f"({settings}) in {entry}"
+        )
     else:
         start = time.perf_counter()
         with build_entry(entry, log) as staging:

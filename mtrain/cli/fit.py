@@ -7,7 +7,8 @@ the order a reader would expect; each stage lives in its own package:
    -- nothing is written into the run directory before these checks pass;
 2. prepare the data (tokenizer and encoded corpora live in the cache, not the run; with
    init_from the parent's tokenizer encodes it);
-3. write the run's config, tokenizer and evaluation text; build the model and trainer;
+3. write the run's config, tokenizer, evaluation text and provenance.json (what ran: code, versions,
+   command line, data fingerprints); build the model and trainer;
 4. train (validation is `fit_scoring.validation`: loss, and BLEU through the evaluation path);
 5. score the test split through the same path as `mtrain eval` (`fit_scoring`), write metrics.json.
 """
@@ -153,7 +154,7 @@ def _check_and_fit(
     stop_signal = StopSignal()
     stop_signal.install()
     try:
-        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log, started, parent)
+        return _fit(cfg, run, resume_path, resume_state, stop_signal, run_log, started, parent, command_line)
     finally:
         stop_signal.uninstall()
 
@@ -167,10 +168,12 @@ def _fit(
     run_log: RunLog | None,
     started: float,
     parent: Parent | None = None,
+    command_line: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Prepare, write the run, train, test: `run_fit` once its checks have passed. With `parent`
     (init_from) its tokenizer encodes the data and its weights start the model; a resumed run that
-    started so encodes with its own copy of that tokenizer."""
+    started so encodes with its own copy of that tokenizer. `command_line`: the overrides given,
+    which provenance.json records."""
     import torch
 
     from mtrain.cli.fit_scoring import DecodeOutOfTime, end_cost_estimate
@@ -208,6 +211,7 @@ def _fit(
     if dist.is_main:
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data, lineage)
+        _record_provenance(run, data, command_line, resume_path, resume_state)
     setup = build_fit(
         cfg,
         machine,
@@ -422,6 +426,37 @@ def _write_run_files(run: RunDir, cfg: FitConfig, data: PreparedData, lineage: L
             src_path, ref_path = run.split_files(split, direction.name if several else None)
             atomic_write_text(src_path, "".join(line + "\n" for line in text.src))
             atomic_write_text(ref_path, "".join(line + "\n" for line in text.tgt))
+
+
+def _record_provenance(
+    run: RunDir,
+    data: PreparedData,
+    command_line: Sequence[str],
+    resume_path: Path | None,
+    resume_state: dict[str, Any] | None,
+) -> None:
+    """This session's entry in the run's provenance.json (mtrain.provenance), said in the log."""
+    from mtrain import provenance
+    from mtrain.train.checkpointer import data_fingerprints
+
+    caches = {
+        # The cache entries read (named by their fingerprints; a resume may find them rebuilt).
+        "training_corpora": [
+            str(part.corpus.directory.parent) for part in data.train_parts if part.corpus.directory is not None
+        ],
+        "tokenizer": sorted({str(path.parent) for path in data.tokenizer.files.values()}),
+    }
+    sampled = sorted({str(copy.directory.parent) for copy in data.train_copies if copy.directory is not None})
+    if sampled:  # data.subword_sampling's segmentations
+        caches["sampled_copies"] = sampled
+    record = provenance.session_record(
+        command_line,
+        {"fingerprints": data_fingerprints(data.fingerprint, data.tokenizer.fingerprint), "caches": caches},
+        resumed_from=str(resume_path) if resume_path is not None else None,
+        update=int(resume_state["trainer"]["update"]) if resume_state is not None else 0,
+    )
+    provenance.append_session(run.provenance_file, record)
+    log.info("%s (%s)", provenance.describe(record), run.provenance_file.name)
 
 
 def _check_is_directory(run_dir: Path) -> None:

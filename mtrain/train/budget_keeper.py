@@ -175,11 +175,6 @@ class BudgetKeeper:
         if state.train_budget_seconds is not None:
             state.train_budget_seconds = state.train_seconds
 
-    def seconds_left(self, state: TrainState) -> float | None:
-        """Training seconds left of the plan (None: no time budget)."""
-        planned = state.train_budget_seconds
-        return None if planned is None else planned - state.train_seconds
-
     # ----------------------------------------------------------------- off the training clock
     def measure(self, state: TrainState) -> None:
         """The end cost measured again (rank 0) and the training share planned again from it."""

@@ -3,7 +3,9 @@
 Training statistics arrive as device tensors and are summed lazily over a log window;
 they are read on the host once per `train.log_every` updates, or once the window has run
 `train.log_every_time` (slow updates), so logging adds no host synchronisation to the updates
-in between.
+in between. A training line averages its own window, which the machine's speed decides; the
+loss curve (`mtrain.train.loss_curve`: TensorBoard's train/loss and the `train loss` lines)
+averages fixed runs of `train.loss_every` updates, and compares across runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 import torch
 
+from mtrain.train.loss_curve import LossCurve, LossPoint
+from mtrain.train.progress import TrainingProgress
 from mtrain.train.throughput import model_flops_utilization
 
 log = logging.getLogger("mtrain")
@@ -35,8 +39,10 @@ class MetricLogger:
         peak_flops: float | None,
         ranks: int = 1,
         log_every_seconds: float | None = None,
+        loss_every: int = 50,
     ) -> None:
-        """`log_every_seconds`: the longest a window may run before `due_by_time` (None: never)."""
+        """`log_every_seconds`: the longest a window may run before `due_by_time` (None: never);
+        `loss_every`: the updates of each point of the loss curve (train.loss_every)."""
         self.writer = None
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -47,6 +53,7 @@ class MetricLogger:
         self.ranks = ranks
         self.log_every_seconds = log_every_seconds
         self.window = Window()
+        self.curve = LossCurve(loss_every)
         self.last_train_loss = float("nan")
         self.progress = None
         if tensorboard_dir is not None:  # rank 0 only
@@ -75,9 +82,10 @@ class MetricLogger:
                 self._log_redirect = logging_redirect_tqdm(loggers=consoles)
                 self._log_redirect.__enter__()
 
-    def update(self, stats: dict[str, Any]) -> None:
-        """One finished update's statistics (tensors are not read here)."""
+    def update(self, stats: dict[str, Any], update: int) -> None:
+        """Update `update`'s statistics (tensors are not read here)."""
         self.window.add(stats)
+        self.curve.add(stats, update)
         if self.progress is not None:
             self.progress.update(1)
 
@@ -93,11 +101,13 @@ class MetricLogger:
         line however few updates it holds (slow updates would leave the log silent for minutes)."""
         return self.log_every_seconds is not None and self.window.seconds() >= self.log_every_seconds
 
-    def log_train(self, update: int, epoch: int, lr: float, seconds_left: float | None = None) -> None:
-        """A log line and scalars for the window of updates since the last call;
-        `seconds_left` of a time budget shows on the progress bar."""
+    def log_train(self, update: int, epoch: int, lr: float, progress: TrainingProgress | None = None) -> None:
+        """A log line and scalars for the window of updates since the last call, then the loss
+        curve's points closed since (`log_loss_points`); `progress` says how far training is
+        (the line's start) and the training time left (its end, and the progress bar's)."""
         window, self.window = self.window, Window()
         if not window.updates:
+            self.log_loss_points()
             return
         values = window.summary()
         mean_src = window.src_tokens / max(window.sentences, 1)
@@ -109,7 +119,9 @@ class MetricLogger:
             values["mfu"] = mfu
         values["lr"] = lr
         self.last_train_loss = values["loss"]
-        self.scalars("train", values, update)
+        # The window's losses are the line's; train/loss and train/nll_loss are the curve's points.
+        self.scalars("train", {k: v for k, v in values.items() if k not in ("loss", "nll_loss")}, update)
+        seconds_left = progress.seconds_left if progress is not None else None
         if self.progress is not None:
             postfix = {"loss": f"{values['loss']:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{values['tgt_tokens_per_s']:.0f}"}
             if seconds_left is not None:
@@ -117,8 +129,8 @@ class MetricLogger:
             self.progress.set_postfix(postfix)
         if self.writer is not None:
             log.info(
-                "train | update %d | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s",
-                update,
+                "train | %s | epoch %d | loss %.3f | lr %.2e | gnorm %.2f | tgt tok/s %.0f | src+tgt tok/s %.0f%s%s",
+                progress.describe() if progress is not None else f"update {update}",
                 epoch,
                 values["loss"],
                 lr,
@@ -126,7 +138,26 @@ class MetricLogger:
                 values["tgt_tokens_per_s"],
                 values["src_tgt_tokens_per_s"],
                 f" | mfu {100 * values['mfu']:.1f}%" if values.get("mfu") is not None else "",
+                f" | {left}" if progress is not None and (left := progress.describe_left()) is not None else "",
             )
+        self.log_loss_points()
+
+    def log_loss_points(self) -> list[LossPoint]:
+        """The loss curve's points closed since the last call: a `train loss` line each, and
+        train/loss and train/nll_loss at their updates. Returns them."""
+        points = self.curve.read()
+        for point in points:
+            self.scalars("train", {"loss": point.loss, "nll_loss": point.nll_loss}, point.update)
+            if self.writer is not None:
+                log.info(
+                    "train loss | update %d | loss %.4f | nll_loss %.4f | mean of updates %d-%d",
+                    point.update,
+                    point.loss,
+                    point.nll_loss,
+                    point.first_update,
+                    point.update,
+                )
+        return points
 
     def log_valid(self, update: int, results: dict[str, float], seconds: float) -> None:
         self.scalars("valid", results, update)
@@ -155,6 +186,7 @@ class MetricLogger:
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def close(self) -> None:
+        self.log_loss_points()
         if self._log_redirect is not None:
             self._log_redirect.__exit__(None, None, None)
             self._log_redirect = None

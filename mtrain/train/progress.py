@@ -1,4 +1,5 @@
-"""Where training is, and the rules that read it: best checkpoint, patience, when validation is due.
+"""Where training is, and the rules that read it: best checkpoint, patience, when validation is
+due, how far training has come (`training_progress`, which the training lines say).
 
 `TrainState` is everything besides tensors that a resumed run must restore (it is stored in
 every checkpoint as a plain dict). The rules are plain functions of it and of the typed
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtrain.config import TrainConfig
-from mtrain.durations import parse_duration
+from mtrain.durations import format_duration, parse_duration
 from mtrain.train.distributed import DistributedContext
 
 
@@ -31,6 +32,8 @@ class TrainState:
     train_budget_seconds: float | None = None
     # The run's wall time up to this point, over every session (for train.max_time).
     wall_seconds: float = 0.0
+    # The loss curve's open point (mtrain.train.loss_curve; rank 0's): a resume closes it unbroken.
+    loss_point: dict[str, float] | None = None
 
     def record_validation(self, results: dict[str, float]) -> bool:
         """Fold a validation's results into best and patience; True when it is the best so far.
@@ -69,3 +72,40 @@ class ValidationRhythm:
     def by_time(self, state: TrainState) -> bool:
         """This rank's view of the time rule (ranks then agree with `DistributedContext.any`)."""
         return self.every_seconds is not None and state.train_seconds >= self.last_seconds + self.every_seconds
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """How far training is, as a training line says it: the update against train.max_updates,
+    the share of the planned training time spent, and the training time left by whichever
+    budget ends first (validation and the test decode come on top)."""
+
+    update: int
+    max_updates: int | None
+    planned_seconds: float | None  # a time budget's training time (None: none)
+    share_spent: float | None  # of `planned_seconds`
+    seconds_left: float | None  # None: nothing to estimate it from (no budget, no update timed yet)
+
+    def describe(self) -> str:
+        """Where training is: 'update 120/2000', 'update 120 | 35% of 20m00s'."""
+        text = f"update {self.update}" + (f"/{self.max_updates}" if self.max_updates is not None else "")
+        if self.planned_seconds is not None and self.share_spent is not None:
+            text += f" | {100 * self.share_spent:.0f}% of {format_duration(self.planned_seconds)}"
+        return text
+
+    def describe_left(self) -> str | None:
+        """'~3m20s of training left' (None: nothing to estimate it from)."""
+        return None if self.seconds_left is None else f"~{format_duration(self.seconds_left)} of training left"
+
+
+def training_progress(state: TrainState, max_updates: int | None, seconds_per_update: float | None) -> TrainingProgress:
+    """Where `state` stands against the budgets; `seconds_per_update`: the training clock's
+    seconds per update so far (None: none timed yet), from which the updates left are timed."""
+    lefts = []
+    if max_updates is not None and seconds_per_update is not None:
+        lefts.append(max(max_updates - state.update, 0) * seconds_per_update)
+    planned, share = state.train_budget_seconds, None
+    if planned:
+        lefts.append(max(planned - state.train_seconds, 0.0))
+        share = min(state.train_seconds / planned, 1.0)
+    return TrainingProgress(state.update, max_updates, planned, share, min(lefts) if lefts else None)

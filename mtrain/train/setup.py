@@ -183,6 +183,7 @@ def build_fit(
             peak_flops(device, machine.precision),
             ranks=dist.world_size,
             log_every_seconds=parse_duration(cfg.train.log_every_time, "train.log_every_time"),
+            loss_every=cfg.train.loss_every,
         )
     if host_memory_trim_every is None:
         host_memory_trim_every = HOST_MEMORY_TRIM_EVERY if device.type == "cpu" else 0

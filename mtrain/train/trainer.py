@@ -28,7 +28,7 @@ from mtrain.train.faults import StopRequested, StopSignal
 from mtrain.train.host_memory import HostMemory
 from mtrain.train.instrument_log import InstrumentLog
 from mtrain.train.metric_log import MetricLogger
-from mtrain.train.progress import TrainState, ValidationRhythm
+from mtrain.train.progress import TrainingProgress, TrainState, ValidationRhythm, training_progress
 from mtrain.train.step import UpdateStep
 
 log = logging.getLogger("mtrain")
@@ -86,6 +86,7 @@ class Trainer:
         self.last_validation: dict[str, float] = {}
         self.validation_seconds = 0.0  # this session's, all validations
         self._clock_origin: float | None = None  # perf_counter() at train_seconds == 0
+        self._session_start = (0, 0.0)  # (update, train_seconds) as this process's training began
         self._last_saved_update = -1
         self._logged_train = False
         self.exhausted = False  # max_epochs done: `run_update` found no more batches
@@ -118,7 +119,7 @@ class Trainer:
         self.state.update += 1
         self.host_memory.after_update(self.state.update)
         if self.metrics is not None:
-            self.metrics.update(stats)
+            self.metrics.update(stats, self.state.update)
         return stats
 
     def _set_learning_rate(self) -> None:
@@ -140,6 +141,7 @@ class Trainer:
         self.stop_signal.install()
         self.budget.start(self.state, self._resumed)
         self._clock_origin = time.perf_counter() - self.state.train_seconds
+        self._session_start = (self.state.update, self.state.train_seconds)
         stop_reason = self._stop_reason()  # a resumed run may already be done
         try:
             while stop_reason is None:
@@ -203,8 +205,15 @@ class Trainer:
             self.state.skipped_updates += self.parts.non_finite.check(self.state.update)
         if self.metrics is not None:
             lr = self.optimizer.param_groups[0]["lr"]
-            self.metrics.log_train(self.state.update, self.state.epoch, lr, self.budget.seconds_left(self.state))
+            self.metrics.log_train(self.state.update, self.state.epoch, lr, self.progress())
         self._logged_train = True
+
+    def progress(self) -> TrainingProgress:
+        """How far training is against its budgets, the updates left timed at this session's pace."""
+        start_update, start_seconds = self._session_start
+        done = self.state.update - start_update
+        seconds_per_update = (self.state.train_seconds - start_seconds) / done if done > 0 else None
+        return training_progress(self.state, self.cfg.max_updates, seconds_per_update)
 
     # ----------------------------------------------------------------- validation and checkpoints
     def validate_and_save(self, replan: bool = False) -> dict[str, float]:
@@ -284,6 +293,8 @@ class Trainer:
         self._clock_origin = time.perf_counter() - self.state.train_seconds
 
     def checkpoint_state(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.state.loss_point = self.metrics.curve.open_point()
         return checkpoint_state.capture(
             self.model, self.optimizer, self.parts.scaler, self.state, self.record, self.parts.ema
         )
@@ -296,6 +307,8 @@ class Trainer:
         self._resumed = True
         self._last_saved_update = self.state.update
         self.rhythm.last_seconds = self.state.train_seconds
+        if self.metrics is not None:
+            self.metrics.curve.restore(self.state.loss_point)
         log.info(
             "resumed at update %d (epoch %d, batch %d)", self.state.update, self.state.epoch, self.state.batch_in_epoch
         )
