@@ -19,7 +19,7 @@ terms) reach this module through the request pipeline (`pipeline.py`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -104,7 +104,7 @@ def translate_encoded(
     hypotheses = decoded_per_sentence(cfg)
     lengths = [len(sources[i] or ()) for i in to_decode]  # (`or ()` for the type checker: none is None)
     # Only mtrain's own engine asks `stop` at every step; the others are stopped between batches.
-    per_step = {"stop": stop} if stop is not None and isinstance(engine, TorchEngine) else {}
+    per_step: dict[str, Any] = {"stop": stop} if stop is not None and isinstance(engine, TorchEngine) else {}
     for batch in token_budget_batches(lengths, max(1, cfg.max_tokens // hypotheses)):
         if stop is not None and stop():
             raise DecodeStopped(f"stopped before a batch of {len(batch)} sentences")
