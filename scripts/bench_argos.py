@@ -97,7 +97,10 @@ def main() -> None:
     argos_export = timed_export(args.run, package, "argos", args.quantization)
     ct2_export = timed_export(args.run, ct2_dir, "ctranslate2", args.quantization)
 
-    engine = load_ctranslate2(ct2_dir, torch.device("cpu"), "auto", 1)
+    # Argos asks CTranslate2 for compute type `auto` (int8 on most CPUs, whatever the weights):
+    # mtrain decodes at the same type, so the comparison is of the decoders, not of int8 and fp32.
+    engine = load_ctranslate2(ct2_dir, torch.device("cpu"), "auto", 1, ct2_compute_type="auto")
+    print(f"compute type: {engine.translator.compute_type} (CTranslate2's auto on this CPU, as Argos gets)")
     settings = DecodeConfig(beam=4, length_penalty=0.2, max_len_a=0.0, max_len_b=256)
     translate_sentences(engine, engine.tokenizer, sentences[:1], settings, "cpu")  # warm-up
     start = time.perf_counter()

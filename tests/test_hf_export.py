@@ -388,6 +388,32 @@ def test_generate_with_its_config_alone_is_mtrains_beam5(loaded, model, tokenize
     assert texts == [hyps[0].text for hyps in translate_encoded(model, tokenizer, sources, DecodeConfig(), CPU)]
 
 
+def test_mtrain_translate_at_fp32_gives_what_generate_gives_with_the_exported_config(
+    loaded, model, tokenizer, sentences, tmp_path
+):
+    """The user's comparison (issue 58 item 8): `mtrain translate` through the command's own
+    defaults (the request pipeline, term placement, avoided words) at precision=fp32, and
+    `model.generate(**inputs)` with nothing but the exported generation config."""
+    from mtrain.cli.translate import run_translate
+
+    hf_model, hf_tokenizer = loaded
+    run = write_run(tmp_path / "run", model, ModelConfig(**MODEL), tokenizer)
+    source, output = tmp_path / "src.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    run_translate(compose("translate", [f"run={run}", f"input={source}", f"output={output}", "precision=fp32"]))
+    inputs = hf_tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        generated = hf_model.generate(**inputs)
+    texts = hf_tokenizer.batch_decode(generated, skip_special_tokens=True)
+    assert output.read_text(encoding="utf-8").splitlines() == texts
+
+
+def test_the_card_says_which_mtrain_precision_transformers_matches(exported):
+    card = (exported / "README.md").read_text(encoding="utf-8")
+    assert "transformers decodes in float32, which gives mtrain's float32 translations (`mtrain translate " in card
+    assert "precision=fp32`" in card
+
+
 # ------------------------------------------------------------------ tokenizers
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_real_text_encodes_and_decodes_as_sentencepiece(model_type, multi30k_text, multi30k_slice, tmp_path):

@@ -259,7 +259,9 @@ def test_an_alignment_file_that_is_not_utf8_or_yields_no_term_is_refused_in_one_
     cache = tmp_path / "cache"
     lines = aligned.read_text(encoding="utf-8").splitlines()
     binary = tmp_path / "binary.align"
-    binary.write_bytes(("\n".join(lines[:6]) + "\n").encode() + b"0-0 \xff\xfe1-1\n" + ("\n".join(lines[7:]) + "\n").encode())
+    binary.write_bytes(
+        ("\n".join(lines[:6]) + "\n").encode() + b"0-0 \xff\xfe1-1\n" + ("\n".join(lines[7:]) + "\n").encode()
+    )
     with pytest.raises(MtrainError, match=r"train.term_alignment: .*binary.align:7: not valid UTF-8") as refused:
         prepared([*term_overrides(multi30k_slice, binary, cache), "train.term_rate=1"])
     assert "\n" not in str(refused.value)

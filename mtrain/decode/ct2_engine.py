@@ -265,8 +265,12 @@ def load_ctranslate2(
     precision: str = "auto",
     num_threads: int | None = None,
     tokenizer: Tokenizer | None = None,
+    ct2_compute_type: str | None = None,
 ) -> CTranslate2Model:
-    """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given)."""
+    """Load a directory written by `mtrain export` (with the tokenizer saved in it, unless given).
+    `ct2_compute_type`: CTranslate2's own name, in place of `precision` (e.g. "auto", what Argos
+    Translate asks for: mtrain's `precision=auto` keeps the weights' type, CTranslate2's picks
+    the fastest type the CPU supports, int8 on most)."""
     ctranslate2 = import_ctranslate2()
     model_dir = Path(model_dir)
     metadata_path = model_dir / METADATA_FILE
@@ -283,7 +287,7 @@ def load_ctranslate2(
             str(model_dir),
             device=device.type,
             device_index=device.index or 0,
-            compute_type=compute_type(precision),
+            compute_type=ct2_compute_type or compute_type(precision),
             intra_threads=num_threads or torch.get_num_threads(),
         )
     except (RuntimeError, ValueError) as error:

@@ -224,7 +224,8 @@ def _evaluation(summary: RunSummary, exported: Mapping[str, Any]) -> str:
     lines = [
         "## Evaluation\n",
         "Scored by mtrain's own decoding (engine and precision as listed); transformers decodes "
-        "in float32, which gives mtrain's float32 translations.\n",
+        "in float32, which gives mtrain's float32 translations (`mtrain translate precision=fp32`: "
+        "mtrain's default on a CPU with bf16 support is bf16, whose translations can differ).\n",
         "| report | split | pair | sentences | checkpoint | decoding | metric | score | signature |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
