@@ -167,10 +167,9 @@ def parameter_groups(config: HfConfig) -> list[tuple[str, int]]:
     for stack, attentions in (("encoder", 1), ("decoder", 2)):  # the decoder's self- and cross-attention
         layers, ffn = getattr(config, f"{stack}_layers"), getattr(config, f"{stack}_ffn_dim")
         attention = attentions * (4 * d * d + 4 * d) + (attentions + 1) * 2 * d  # q, k, v, out; a norm each
-        groups.append((f"the {stack}'s attention ({stack}_layers x d_model^2)", layers * attention))
         feed_forward = 2 * d * ffn + ffn + d  # fc1 and fc2
         groups.append(
-            (f"the {stack}'s feed-forward layers ({stack}_layers x {stack}_ffn_dim x d_model)", layers * feed_forward)
+            (f"the {stack}'s layers ({stack}_layers x d_model x {stack}_ffn_dim)", layers * (attention + feed_forward))
         )
     return groups
 
@@ -187,9 +186,9 @@ def check_memory(config: HfConfig, path: Path, source: str, available: int | Non
         named = set(re.findall(r"\w+", largest))
         keys = ", ".join(f"{key}={getattr(config, key)}" for key in _SCHEMA if key in named)
         raise MtrainError(
-            f"{source}: {path} describes a model of {parameters:.3g} parameters, {largest} {count / parameters:.0%} "
-            f"of them ({keys}); importing it needs at least {_bytes(needed)} of memory and {_bytes(available)} "
-            "is available; check those keys, or import it on a machine with more memory"
+            f"{source}: {path} describes a model of {parameters:.3g} parameters, {count / parameters:.0%} of them in "
+            f"{largest}: {keys}; importing it needs at least {_bytes(needed)} of memory and {_bytes(available)} is "
+            "available; check those keys, or import it on a machine with more memory"
         )
     return parameters
 

@@ -32,6 +32,7 @@ import json
 import os
 import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,7 +281,9 @@ def _read_weights_file(path: Path, source: str) -> dict[str, Any]:
         except Exception as error:  # a truncated or foreign file: safetensors' own error
             raise MtrainError(f"{source}: {path} is not readable safetensors ({_first_line(error)})") from error
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (torch warns of pickle protocols before it refuses the file)
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:  # torch's message: 7 lines suggesting weights_only=False
         found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \d+", str(error))
         what = f"calls {found.group(1)}" if found and found.group(1) else "holds more than tensors"
