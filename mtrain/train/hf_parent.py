@@ -198,9 +198,9 @@ def _read_json(path: Path, source: str, missing_ok: bool = False) -> dict[str, A
 
 def _architecture(config: HfConfig, source: str) -> str:
     names = config.architectures or []  # what save_pretrained writes; else the model_type
-    for name in names or [_MODEL_TYPES.get(str(config.model_type))]:
+    for name in names or [_MODEL_TYPES.get(str(config.model_type), "")]:
         if name in SUPPORTED:
-            return str(name)
+            return name
     given = names[0] if names else (config.model_type or "none named")
     raise MtrainError(
         f"{source}: config.json's architecture {given} is not supported; init_from reads "
