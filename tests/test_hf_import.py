@@ -7,28 +7,34 @@ line before any work."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import gzip
 import json
+import pickle
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed: reading HF models is optional (pip install 'mtrain[hf]')"
 )
 
-from mtrain.config import DataConfig, DecodeConfig, ModelConfig
+from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig
 from mtrain.decode.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens
 from mtrain.model import build_model
 from mtrain.train.checkpoint_files import load_run
+from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
-from mtrain.train.init_from import load_parent
+from mtrain.train.init_from import inherited_config, load_parent
 from tests.conftest import test_threads
 from tests.marian_dirs import build_marian_dir
 from tests.test_fit import compose_fit, mtrain, run_fit
@@ -272,6 +278,27 @@ REFUSALS = {
     "model-key": (None, ["model.d_model=64"], "model.d_model=64: the weights of init_from="),
     "tokenizer-key": (None, ["tokenizer.vocab_size=8000"], "tokenizer.vocab_size=8000: init_from="),
     "languages": (None, ["data.src=fr"], "data: fr-en, but init_from="),
+    # issue 58: malformed models, refused in one line before the run directory is written
+    "heads-0": (_edit_config("encoder_attention_heads", 0), [], "config.json's encoder_attention_heads=0 must be"),
+    "layers-1e9": (_edit_config("encoder_layers", 10**9), [], "config.json describes a model of"),
+    "garbage-config": (
+        lambda d: (d / "config.json").write_text("not json {", encoding="utf-8"),
+        [],
+        "config.json is not readable JSON",
+    ),
+    "pickle": (
+        lambda d: (
+            (d / "model.safetensors").unlink(),
+            torch.save({"x": argparse.Namespace()}, d / "pytorch_model.bin"),
+        ),
+        [],
+        "pytorch_model.bin is a pickle that calls argparse.Namespace; mtrain reads weights only",
+    ),
+    "alignment-layer": (  # 2 of the command line's 3 decoder layers, but the imported model has 2
+        None,
+        ["train.guided_alignment=ALIGNMENT", "train.guided_alignment_layer=2"],
+        "train.guided_alignment_layer: 2 is not a layer of the 2-layer decoder",
+    ),
 }
 
 
@@ -283,6 +310,9 @@ def test_refusals_are_one_line_before_any_work(refusal, marian, multi30k_slice, 
     if change is not None:
         directory = _broken(directory, tmp_path, change)
     run = tmp_path / "run"
+    alignment = tmp_path / "alignment.txt"  # (a line of links per training pair)
+    alignment.write_text("0-0\n" * 200, encoding="utf-8")
+    overrides = [override.replace("ALIGNMENT", str(alignment)) for override in overrides]
     result = mtrain(
         "fit", f"init_from={directory}", f"data.local_dir={multi30k_slice}", f"hydra.run.dir={run}", *overrides, *FIT
     )
@@ -295,3 +325,167 @@ def test_a_hub_id_is_read_from_the_local_cache_only_when_offline(tmp_path, monke
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(MtrainError, match="not found in the local Hugging Face cache .HF_HUB_OFFLINE is set."):
         load_parent("Helsinki-NLP/opus-mt-de-en", "auto", False, DataConfig())
+
+
+# ------------------------------------------------------------------ malformed models (issue 58)
+def _drop_config(key: str):
+    def change(copy: Path) -> None:
+        config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+        del config[key]
+        (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    return change
+
+
+def _edit_weights(edit):
+    def change(copy: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(str(copy / "model.safetensors"))
+        edit(weights)
+        save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+
+    return change
+
+
+def _sharded(weight_map):
+    def change(copy: Path) -> None:
+        (copy / "model.safetensors").rename(copy / "model-00001-of-00001.safetensors")
+        index = {"metadata": {}, "weight_map": weight_map}
+        (copy / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+
+    return change
+
+
+def _edit_vocabulary(copy: Path) -> None:
+    vocabulary = json.loads((copy / "vocab.json").read_text(encoding="utf-8"))
+    vocabulary["</s>"], vocabulary["<unk>"] = False, True  # ids 0 and 1 as JSON's booleans
+    (copy / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def _code_pickle(copy: Path) -> None:
+    (copy / "model.safetensors").unlink()
+    with open(copy / "pytorch_model.bin", "wb") as out:
+        pickle.dump({"model.shared.weight": _RunsCode()}, out)
+
+
+FC1 = "model.encoder.layers.0.fc1.weight"
+MALFORMED = {
+    "no-d_model": (_drop_config("d_model"), "config.json has no d_model"),
+    "no-layers": (_drop_config("encoder_layers"), "config.json has no encoder_layers"),
+    "no-vocab_size": (_drop_config("vocab_size"), "config.json has no vocab_size"),
+    "string-layers": (_edit_config("encoder_layers", "6"), 'config.json\'s encoder_layers="6" must be a whole number'),
+    "float-layers": (_edit_config("decoder_layers", 1e9), "config.json's decoder_layers=1000000000.0 must be a whole"),
+    "float-d_model": (_edit_config("d_model", 32.7), "config.json's d_model=32.7 must be a whole number"),
+    "bool-d_model": (_edit_config("d_model", True), "config.json's d_model=true must be a whole number"),
+    "architectures-5": (_edit_config("architectures", 5), "config.json's architectures=5 must be a list of strings"),
+    "scale_embedding-no": (_edit_config("scale_embedding", "no"), 'config.json\'s scale_embedding="no" must be true'),
+    "dropout-nan": (_edit_config("dropout", float("nan")), "config.json's dropout=NaN must be a number in [0, 1)"),
+    "negative-positions": (
+        _edit_config("max_position_embeddings", -5),
+        "config.json's max_position_embeddings=-5 must be a whole number of at least 1",
+    ),
+    "string-pad-id": (_edit_config("pad_token_id", "325"), 'config.json\'s pad_token_id="325" must be a token id'),
+    "heads-not-dividing": (
+        lambda d: (_edit_config("encoder_attention_heads", 5)(d), _edit_config("decoder_attention_heads", 5)(d)),
+        "config.json's encoder_attention_heads=5 does not divide d_model=32",
+    ),
+    "ffn-1e11": (
+        lambda d: (_edit_config("encoder_ffn_dim", 10**11)(d), _edit_config("decoder_ffn_dim", 10**11)(d)),
+        "decoder_layers=2, decoder_ffn_dim=100000000000; importing it needs at least",
+    ),
+    "positions-1e10": (
+        _edit_config("max_position_embeddings", 10**10),
+        "in the position tables (max_position_embeddings x d_model, one per stack): d_model=32, "
+        "max_position_embeddings=10000000000; importing it needs at least",
+    ),
+    "layers-1e9": (_edit_config("encoder_layers", 10**9), "encoder_layers=1000000000, encoder_ffn_dim=64; importing"),
+    "garbage-config": (
+        lambda d: (d / "config.json").write_text("<html>404</html>", encoding="utf-8"),
+        "config.json is not readable JSON",
+    ),
+    "config-list": (
+        lambda d: (d / "config.json").write_text("[1, 2]", encoding="utf-8"),
+        "config.json holds a JSON list",
+    ),
+    "weight_map-list": (_sharded(["x"]), 'model.safetensors.index.json\'s weight_map is ["x"], not an object'),
+    "weight_map-outside": (
+        _sharded({"model.shared.weight": "../../secret.safetensors"}),
+        "weight_map names ../../secret.safetensors for model.shared.weight; a shard is a .safetensors file inside",
+    ),
+    "weight_map-absolute": (
+        _sharded({"model.shared.weight": "/etc/passwd"}),
+        "weight_map names /etc/passwd for model.shared.weight",
+    ),
+    "vocabulary-bool-ids": (_edit_vocabulary, "vocab.json: the piece '</s>' has the id false; ids are JSON integers"),
+    "final_logits_bias-shape": (
+        _edit_weights(lambda w: w.__setitem__("final_logits_bias", torch.zeros(1, 7))),
+        "final_logits_bias is (1, 7), but the target vocabulary has",
+    ),
+    "int8-weights": (
+        _edit_weights(lambda w: w.__setitem__(FC1, w[FC1].to(torch.int8))),
+        f"model.safetensors's {FC1} is int8, not floating-point weights",
+    ),
+    "bool-weights": (
+        _edit_weights(lambda w: w.__setitem__(FC1, w[FC1] > 0)),
+        f"model.safetensors's {FC1} is bool, not floating-point weights",
+    ),
+    "nan-weights": (
+        _edit_weights(lambda w: w[FC1].view(-1)[:3].fill_(float("nan"))),
+        f"model.safetensors's {FC1} holds 3 NaN or infinite values",
+    ),
+    "layer-shape": (
+        _edit_weights(lambda w: w.__setitem__(FC1, w[FC1][:, :16].contiguous())),
+        f"{FC1} is (64, 16), but config.json's d_model=32 and ffn_dim=64 make it (64, 32)",
+    ),
+    "code-pickle": (_code_pickle, "pytorch_model.bin is a pickle that holds more than tensors; mtrain reads weights"),
+}
+
+
+@pytest.mark.parametrize("marian", ["shared"], indirect=True)
+@pytest.mark.parametrize("case", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_model_is_refused_in_one_line_naming_file_and_key(case, marian, tmp_path, capsys):
+    change, message = case
+    directory = _broken(marian[0], tmp_path, change)
+    started = time.perf_counter()
+    with pytest.raises(MtrainError) as refused:
+        load_parent(str(directory), "auto", False, DataConfig())
+    line = str(refused.value)
+    assert message in line and "\n" not in line, line
+    assert time.perf_counter() - started < 30  # refused from the config: nothing of the model was allocated
+    assert "this ran" not in capsys.readouterr().out  # (the pickle's code)
+
+
+def test_the_memory_estimate_counts_opus_mts_parameters_and_refuses_what_does_not_fit(marian):
+    config = read_config(marian[0] / "config.json", "test")
+    ours = sum(parameter.numel() for parameter in marian[3].parameters())
+    estimate = check_memory(config, marian[0] / "config.json", "test", available=1 << 40)
+    # mtrain's model pads its vocabulary rows (model.vocab_multiple); the estimate adds the position tables
+    padding = marian[3].src_embed.tokens.weight.numel() - config.vocab_size * config.d_model
+    if not config.share_encoder_decoder_embeddings:
+        padding += marian[3].tgt_embed.tokens.weight.numel() - config.target_vocab_size * config.d_model
+    assert estimate == ours - padding - (marian[3].output_proj.bias.numel() - config.target_vocab_size) + 2 * 128 * 32
+    opus_mt = dataclasses.replace(config, vocab_size=58101, decoder_vocab_size=58101, d_model=512,
+                                  encoder_layers=6, decoder_layers=6, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                                  max_position_embeddings=512, share_encoder_decoder_embeddings=True)  # fmt: skip
+    assert 74e6 < check_memory(opus_mt, Path("config.json"), "test", available=8 << 30) < 75e6  # 74M, as published
+    with pytest.raises(MtrainError) as refused:
+        check_memory(opus_mt, Path("config.json"), "test", available=500_000_000)
+    assert str(refused.value).startswith(
+        "test: config.json describes a model of 7.45e+07 parameters, 40% of them in the embeddings "
+        "(vocab_size x d_model): d_model=512, vocab_size=58101; importing it needs at least 595.7 MB of memory "
+        "and 500.0 MB is available"
+    )
+
+
+def test_an_inherited_model_config_is_checked_before_anything_is_written():
+    """Issue 58 item 3: a parent's model section that `mtrain fit` would refuse on its command
+    line is refused when it is inherited, naming the parent."""
+    parent = OmegaConf.create({"model": {"heads": 0}, "tokenizer": {}})
+    with pytest.raises(MtrainError, match=r"^model.heads: 0 must be >= 1 \(the model section of init_from=parent\)$"):
+        inherited_config(FitConfig(), parent, [], "init_from=parent")

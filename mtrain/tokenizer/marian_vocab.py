@@ -44,8 +44,11 @@ def read_vocabulary(path: Path) -> dict[str, int]:
         table = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise MtrainError(f"{path}: not a readable vocabulary file ({error})") from error
-    if not isinstance(table, dict) or not all(isinstance(i, int) for i in table.values()):
-        raise MtrainError(f"{path}: a vocabulary file maps each piece to an integer id")
+    if not isinstance(table, dict):
+        raise MtrainError(f"{path}: a vocabulary file maps each piece to an integer id (a JSON object)")
+    for piece, index in table.items():
+        if not isinstance(index, int) or isinstance(index, bool):  # JSON's true would pass as id 1
+            raise MtrainError(f"{path}: the piece {piece!r} has the id {json.dumps(index)}; ids are JSON integers")
     if sorted(table.values()) != list(range(len(table))):
         raise MtrainError(f"{path}: its {len(table)} ids are not 0 .. {len(table) - 1}, each once")
     missing = [piece for piece in (UNK, EOS, PAD) if piece not in table]

@@ -30,6 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +40,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtrain.config import DataConfig, ModelConfig, Positions, TokenizerConfig, to_plain
+from mtrain.config import DataConfig, ModelConfig, Positions, TokenizerConfig, check_model_config, to_plain
 from mtrain.errors import MtrainError
 from mtrain.model.embeddings import padded_rows
 from mtrain.model.positions import marian_sinusoidal_table, sinusoidal_table
+from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, is_marian_directory
 from mtrain.tokenizer.tokenizer import JOINT_MODEL
-from mtrain.train.hf_weights import embedding, layer_names, padded, without_prefix
+from mtrain.train.hf_config import HfConfig, check_memory, read_config
+from mtrain.train.hf_weights import embedding, layer_names, layer_shape, padded, without_prefix
 
 MARIAN, PEGASUS = "MarianMTModel", "PegasusForConditionalGeneration"
 SUPPORTED = (MARIAN, PEGASUS)
@@ -67,15 +72,20 @@ class ImportedModel:
 
 
 def is_hf_directory(path: Path) -> bool:
-    """A directory transformers would load a model from (a config.json that names a model_type);
-    a CTranslate2 export, whose config.json names none, is not one."""
-    config = Path(path) / "config.json"
+    """A directory transformers would load a model from: a config.json that names a model_type,
+    or one that is not a JSON object at all where no run's checkpoints/ are (read_hf_model then
+    names the file); a CTranslate2 export, whose config.json names none, is not one."""
+    path = Path(path)
+    config = path / "config.json"
     if not config.is_file():
         return False
     try:
-        return "model_type" in json.loads(config.read_text(encoding="utf-8"))
+        value = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        value = None
+    if not isinstance(value, dict):
+        return not RunDir(path).checkpoint_dir.is_dir()
+    return "model_type" in value
 
 
 def resolve_hub_id(init_from: str) -> Path | None:
@@ -102,8 +112,10 @@ def resolve_hub_id(init_from: str) -> Path | None:
 def read_hf_model(directory: Path, source: str) -> ImportedModel:
     """The model in `directory`, checked and converted (see the module docstring)."""
     directory = Path(directory)
-    config = _read_json(directory / "config.json", source)
+    config = read_config(directory / "config.json", source)
     architecture = _architecture(config, source)
+    check_memory(config, directory / "config.json", source)  # before a tensor of it is allocated
+    _check_same_in_both_stacks(config, source)
     weight_files = _weight_files(directory, source)
     if architecture == MARIAN:
         if not is_marian_directory(directory):
@@ -184,12 +196,12 @@ def _read_json(path: Path, source: str, missing_ok: bool = False) -> dict[str, A
     return value
 
 
-def _architecture(config: dict[str, Any], source: str) -> str:
-    names = list(config.get("architectures") or [])  # what save_pretrained writes; else the model_type
-    for name in names or [_MODEL_TYPES.get(str(config.get("model_type")))]:
+def _architecture(config: HfConfig, source: str) -> str:
+    names = config.architectures or []  # what save_pretrained writes; else the model_type
+    for name in names or [_MODEL_TYPES.get(str(config.model_type), "")]:
         if name in SUPPORTED:
-            return str(name)
-    given = names[0] if names else config.get("model_type", "none named")
+            return name
+    given = names[0] if names else (config.model_type or "none named")
     raise MtrainError(
         f"{source}: config.json's architecture {given} is not supported; init_from reads "
         f"{', '.join(SUPPORTED)} (mtrain's own export) directories"
@@ -199,8 +211,7 @@ def _architecture(config: dict[str, Any], source: str) -> str:
 def _weight_files(directory: Path, source: str) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index, source).get("weight_map", {}).values()))
-        files = [directory / name for name in shards]
+        files = [directory / name for name in _shard_names(index, source)]
         missing = [path.name for path in files if not path.is_file()]
         if missing:
             raise MtrainError(f"{source}: {index} names {', '.join(missing)}, which are not there")
@@ -214,25 +225,81 @@ def _weight_files(directory: Path, source: str) -> list[Path]:
     )
 
 
+def _shard_names(index: Path, source: str) -> list[str]:
+    """The weight files an index's weight_map names: file names inside its directory."""
+    weight_map = _read_json(index, source).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise MtrainError(
+            f"{source}: {index}'s weight_map is {json.dumps(weight_map)[:80]}, not an object of weight name -> file name"
+        )
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise MtrainError(f"{source}: {index}'s weight_map gives {name} the file {json.dumps(shard)}, not a name")
+        if Path(shard).is_absolute() or ".." in Path(shard).parts or not Path(shard).name.endswith(".safetensors"):
+            raise MtrainError(
+                f"{source}: {index}'s weight_map names {shard} for {name}; a shard is a .safetensors file "
+                "inside the model's directory"
+            )
+    return sorted(set(weight_map.values()))
+
+
 def _read_weights(files: list[Path], source: str) -> dict[str, Tensor]:
+    """Every tensor of `files` in float32, refused unless floating point and finite (a
+    final_logits_bias may hold -inf: the pieces a Pegasus export never emits)."""
     weights: dict[str, Tensor] = {}
     for path in files:
+        read = _read_weights_file(path, source)
+        for name, tensor in read.items():
+            if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+                kind = tensor.dtype if isinstance(tensor, Tensor) else type(tensor).__name__
+                raise MtrainError(
+                    f"{source}: {path}'s {name} is {str(kind).removeprefix('torch.')}, not floating-point weights; "
+                    "the file was not written by save_pretrained"
+                )
+            tensor = tensor.float()
+            unusable = tensor.isnan() | (tensor.isinf() if name != "final_logits_bias" else tensor.isposinf())
+            if unusable.any():
+                raise MtrainError(
+                    f"{source}: {path}'s {name} holds {int(unusable.sum())} NaN or infinite values; "
+                    "the model diverged or the file is damaged"
+                )
+            weights[name] = tensor
+    return weights
+
+
+def _read_weights_file(path: Path, source: str) -> dict[str, Any]:
+    """A safetensors file, or a pytorch_model.bin read without running code (weights_only)."""
+    if path.suffix == ".safetensors":
         try:
-            if path.suffix == ".safetensors":
-                try:
-                    from safetensors.torch import load_file
-                except ImportError as error:
-                    raise MtrainError(
-                        f"{source}: reading {path.name} needs safetensors; install it with pip install 'mtrain[hf]'"
-                    ) from error
-                weights.update(load_file(str(path)))
-            else:
-                weights.update(torch.load(path, map_location="cpu", weights_only=True))
-        except MtrainError:
-            raise
-        except Exception as error:
-            raise MtrainError(f"{source}: {path} is not readable ({type(error).__name__}: {error})") from error
-    return {name: tensor.float() for name, tensor in weights.items()}
+            from safetensors.torch import load_file
+        except ImportError as error:
+            raise MtrainError(
+                f"{source}: reading {path.name} needs safetensors; install it with pip install 'mtrain[hf]'"
+            ) from error
+        try:
+            return load_file(str(path))
+        except Exception as error:  # a truncated or foreign file: safetensors' own error
+            raise MtrainError(f"{source}: {path} is not readable safetensors ({_first_line(error)})") from error
+    try:
+        with warnings.catch_warnings():  # (torch warns of pickle protocols before it refuses the file)
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's message: 7 lines suggesting weights_only=False
+        found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \d+", str(error))
+        what = f"calls {found.group(1)}" if found and found.group(1) else "holds more than tensors"
+        raise MtrainError(
+            f"{source}: {path} is a pickle that {what}; mtrain reads weights only and runs no code from "
+            "a model file: save the model as model.safetensors (save_pretrained's default)"
+        ) from error
+    except Exception as error:
+        raise MtrainError(f"{source}: {path} is not readable ({type(error).__name__}: {_first_line(error)})") from error
+    if not isinstance(state, dict):
+        raise MtrainError(f"{source}: {path} holds a {type(state).__name__}, not a state dict of weights")
+    return state
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _sha256(files: list[Path]) -> str:
@@ -250,13 +317,9 @@ def _language(code: str) -> str:
 
 # ----------------------------------------------------------------------------- MarianMTModel
 def _marian(
-    config: dict[str, Any], weights: dict[str, Tensor], tokenizer: Tokenizer, source: str
+    config: HfConfig, weights: dict[str, Tensor], tokenizer: Tokenizer, source: str
 ) -> tuple[ModelConfig, dict[str, Tensor]]:
-    def get(key: str, default: Any = None) -> Any:
-        return config.get(key, default)
-
-    share = bool(get("share_encoder_decoder_embeddings", True))
-    tie = bool(get("tie_word_embeddings", True))
+    share, tie = config.share_encoder_decoder_embeddings, config.tie_word_embeddings
     if share != tokenizer.joint or (share and not tie):
         refused = (
             "shared embeddings but an output layer of its own (tie_word_embeddings=false)"
@@ -268,96 +331,67 @@ def _marian(
             f"{source}: config.json has {refused}; mtrain's model ties a shared embedding to the output "
             "layer and shares one only between sides of one vocabulary"
         )
-    for ours, theirs in (("heads", "attention_heads"), ("ffn_dim", "ffn_dim")):
-        if get(f"encoder_{theirs}") != get(f"decoder_{theirs}"):
-            raise MtrainError(
-                f"{source}: config.json's encoder_{theirs}={get(f'encoder_{theirs}')} and decoder_{theirs}="
-                f"{get(f'decoder_{theirs}')} differ; mtrain's model.{ours} is one value for both stacks"
-            )
-    activation = _ACTIVATIONS.get(str(get("activation_function")))
-    if activation is None:
-        raise MtrainError(
-            f"{source}: config.json's activation_function={get('activation_function')} is not one of "
-            f"{', '.join(_ACTIVATIONS)}, mtrain's model.activation relu|gelu|silu"
-        )
-    vocab_sizes = (int(get("vocab_size")), int(get("decoder_vocab_size") or get("vocab_size")))
-    _check_vocabulary(vocab_sizes, tokenizer, source)
+    _check_vocabulary((config.vocab_size, config.target_vocab_size), tokenizer, source)
     _check_special_ids(config, tokenizer, source, decoder_start=tokenizer.pad_id)
-    model = ModelConfig(
-        encoder_layers=int(get("encoder_layers")),
-        decoder_layers=int(get("decoder_layers")),
-        d_model=int(get("d_model")),
-        heads=int(get("encoder_attention_heads")),
-        ffn_dim=int(get("encoder_ffn_dim")),
-        activation=activation,  # type: ignore[arg-type]  # (OmegaConf turns the name into the Enum)
-        dropout=float(get("dropout", 0.1)),
-        attention_dropout=float(get("attention_dropout", 0.0)),
-        activation_dropout=float(get("activation_dropout", 0.0)),
-        norm_position="post",  # type: ignore[arg-type]
+    model = _model_config(
+        config,
+        source,
+        norm_position="post",
         final_norm=False,
-        positions="sinusoidal_marian",  # type: ignore[arg-type]
-        max_positions=int(get("max_position_embeddings")),
-        scale_embeddings=bool(get("scale_embedding", False)),
+        positions="sinusoidal_marian",
         tie_embeddings=tie,
         output_bias=True,
     )
     for stack in ("encoder", "decoder"):  # transformers does not save them; a file that does must hold Marian's
-        table = weights.pop(f"model.{stack}.embed_positions.weight", None)
-        if table is not None and not torch.allclose(
-            table, marian_sinusoidal_table(model.max_positions, model.d_model), atol=1e-6
-        ):
+        name = f"model.{stack}.embed_positions.weight"
+        table = weights.pop(name, None)
+        if table is not None and not _equal_table(table, marian_sinusoidal_table(model.max_positions, model.d_model)):
             raise MtrainError(
-                f"{source}: model.{stack}.embed_positions.weight is not Marian's sinusoidal table, the only "
-                "positions a MarianMTModel has; the weights file was changed"
+                f"{source}: {name} is not Marian's sinusoidal table of max_position_embeddings x d_model, the "
+                "only positions a MarianMTModel has; the weights file was changed"
             )
     state = _state_dict(weights, model, tokenizer, source, final_norms=False)
-    bias = weights.pop("final_logits_bias", torch.zeros(1, vocab_sizes[1]))
-    state["output_proj.bias"] = padded(bias.reshape(-1), padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple))
+    bias = _final_logits_bias(weights, config.target_vocab_size, source)
+    if bias.isinf().any():
+        raise MtrainError(
+            f"{source}: final_logits_bias holds -inf, which a MarianMTModel's has not; the file was changed"
+        )
+    state["output_proj.bias"] = padded(bias, padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple))
     return model, state
 
 
 # ----------------------------------------------------------------------------- Pegasus (mtrain's export)
 def _pegasus(
-    config: dict[str, Any], weights: dict[str, Tensor], tokenizer: Tokenizer, source: str
+    config: HfConfig, weights: dict[str, Tensor], tokenizer: Tokenizer, source: str
 ) -> tuple[ModelConfig, dict[str, Tensor]]:
-    def get(key: str, default: Any = None) -> Any:
-        return config.get(key, default)
-
-    _check_vocabulary((int(get("vocab_size")),) * 2, tokenizer, source)
+    _check_vocabulary((config.vocab_size,) * 2, tokenizer, source)
     _check_special_ids(config, tokenizer, source, decoder_start=tokenizer.bos_id)
-    activation = _ACTIVATIONS.get(str(get("activation_function")))
-    if activation is None:
-        raise MtrainError(f"{source}: config.json's activation_function={get('activation_function')} is not supported")
-    d_model, max_positions = int(get("d_model")), int(get("max_position_embeddings"))
+    d_model, max_positions = config.d_model, config.max_position_embeddings
     tables = [weights.pop(f"model.{stack}.embed_positions.weight", None) for stack in ("encoder", "decoder")]
     positions, table = Positions.learned, tables[0]
     if table is None or any(t is None or not torch.equal(t, table) for t in tables):
         raise MtrainError(f"{source}: the encoder and decoder position tables are missing or differ")
-    if torch.allclose(table, sinusoidal_table(max_positions, d_model), atol=1e-6):
+    if tuple(table.shape) != (max_positions, d_model):
+        raise MtrainError(
+            f"{source}: the position tables are {tuple(table.shape)}, but config.json's max_position_embeddings x "
+            f"d_model is {(max_positions, d_model)}; they do not belong together"
+        )
+    if _equal_table(table, sinusoidal_table(max_positions, d_model)):
         positions = Positions.sinusoidal
-    elif torch.allclose(table, marian_sinusoidal_table(max_positions, d_model), atol=1e-6):
+    elif _equal_table(table, marian_sinusoidal_table(max_positions, d_model)):
         positions = Positions.sinusoidal_marian
     elif not table.any():
         positions = Positions.none
-    bias = weights.pop("final_logits_bias", torch.zeros(1, tokenizer.tgt_vocab_size)).reshape(-1)
-    allowed = torch.isfinite(bias)
+    bias = _final_logits_bias(weights, tokenizer.tgt_vocab_size, source)
+    allowed = torch.isfinite(bias)  # -inf: a piece the export's output_vocab=target never emits
     bias = torch.where(allowed, bias, 0.0)
-    model = ModelConfig(
-        encoder_layers=int(get("encoder_layers")),
-        decoder_layers=int(get("decoder_layers")),
-        d_model=d_model,
-        heads=int(get("encoder_attention_heads")),
-        ffn_dim=int(get("encoder_ffn_dim")),
-        activation=activation,  # type: ignore[arg-type]
-        dropout=float(get("dropout", 0.1)),
-        attention_dropout=float(get("attention_dropout", 0.0)),
-        activation_dropout=float(get("activation_dropout", 0.0)),
+    model = _model_config(
+        config,
+        source,
         positions=positions,
-        max_positions=max_positions,
-        scale_embeddings=bool(get("scale_embedding", False)),
-        tie_embeddings=bool(get("tie_word_embeddings", True)),
+        tie_embeddings=config.tie_word_embeddings,
         output_bias=bool(bias.any()),
-        output_vocab="target" if not allowed.all() else "full",  # type: ignore[arg-type]
+        output_vocab="target" if not allowed.all() else "full",
     )
     state = _state_dict(weights, model, tokenizer, source, final_norms=True)
     rows = padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple)
@@ -372,6 +406,63 @@ def _pegasus(
 
 
 # ----------------------------------------------------------------------------- shared checks
+def _model_config(config: HfConfig, source: str, **architecture: Any) -> ModelConfig:
+    """The model section of `config` with `architecture`'s keys (what the architecture fixes),
+    checked as `mtrain fit` checks its own (heads that divide d_model, ...)."""
+    activation = _ACTIVATIONS.get(config.activation_function)
+    if activation is None:
+        raise MtrainError(
+            f"{source}: config.json's activation_function={config.activation_function} is not one of "
+            f"{', '.join(_ACTIVATIONS)}, mtrain's model.activation relu|gelu|silu"
+        )
+    model = ModelConfig(
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        d_model=config.d_model,
+        heads=config.encoder_attention_heads,
+        ffn_dim=config.encoder_ffn_dim,
+        activation=activation,  # type: ignore[arg-type]  # (OmegaConf turns the name into the Enum)
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=config.activation_dropout,
+        max_positions=config.max_position_embeddings,
+        scale_embeddings=config.scale_embedding,
+        **architecture,
+    )
+    try:
+        check_model_config(model)
+    except MtrainError as error:
+        raise MtrainError(f"{source}: config.json gives {error}") from error
+    return model
+
+
+def _check_same_in_both_stacks(config: HfConfig, source: str) -> None:
+    for ours, theirs in (("heads", "attention_heads"), ("ffn_dim", "ffn_dim")):
+        encoder, decoder = getattr(config, f"encoder_{theirs}"), getattr(config, f"decoder_{theirs}")
+        if encoder != decoder:
+            raise MtrainError(
+                f"{source}: config.json's encoder_{theirs}={encoder} and decoder_{theirs}={decoder} differ; "
+                f"mtrain's model.{ours} is one value for both stacks"
+            )
+
+
+def _equal_table(table: Tensor, expected: Tensor) -> bool:
+    return table.shape == expected.shape and torch.allclose(table, expected, atol=1e-6)
+
+
+def _final_logits_bias(weights: dict[str, Tensor], vocab_size: int, source: str) -> Tensor:
+    """final_logits_bias, (1, vocab) as transformers saves it, as one row (zeros when not saved)."""
+    bias = weights.pop("final_logits_bias", None)
+    if bias is None:
+        return torch.zeros(vocab_size)
+    if tuple(bias.shape) not in ((1, vocab_size), (vocab_size,)):
+        raise MtrainError(
+            f"{source}: final_logits_bias is {tuple(bias.shape)}, but the target vocabulary has {vocab_size} "
+            f"pieces: (1, {vocab_size}); the weights do not belong to this config.json"
+        )
+    return bias.reshape(-1)
+
+
 def _state_dict(
     weights: dict[str, Tensor], model: ModelConfig, tokenizer: Tokenizer, source: str, final_norms: bool
 ) -> dict[str, Tensor]:
@@ -385,6 +476,13 @@ def _state_dict(
             "they do not fit config.json"
         )
     state = {ours: weights[theirs] for theirs, ours in names.items()}
+    for theirs, ours in names.items():
+        expected = layer_shape(ours, model.d_model, model.ffn_dim)
+        if tuple(state[ours].shape) != expected:
+            raise MtrainError(
+                f"{source}: {theirs} is {tuple(state[ours].shape)}, but config.json's d_model={model.d_model} and "
+                f"ffn_dim={model.ffn_dim} make it {expected}; the weights do not belong to this config.json"
+            )
     rows = (
         padded_rows(tokenizer.src_vocab_size, model.vocab_multiple),
         padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple),
@@ -426,11 +524,11 @@ def _check_vocabulary(sizes: tuple[int, int], tokenizer: Tokenizer, source: str)
             )
 
 
-def _check_special_ids(config: dict[str, Any], tokenizer: Tokenizer, source: str, decoder_start: int) -> None:
+def _check_special_ids(config: HfConfig, tokenizer: Tokenizer, source: str, decoder_start: int) -> None:
     special = tokenizer.special_ids
     expected = {"pad_token_id": special.pad, "eos_token_id": special.eos, "decoder_start_token_id": decoder_start}
     for key, value in expected.items():
-        given = config.get(key)
+        given = getattr(config, key)
         if isinstance(given, list):  # eos_token_id may be a list of one
             given = given[0] if len(given) == 1 else given
         if given is not None and given != value:

@@ -68,6 +68,20 @@ def layer_names(encoder_layers: int, decoder_layers: int, final_norms: bool) -> 
     return names
 
 
+def layer_shape(ours: str, d_model: int, ffn_dim: int) -> tuple[int, ...]:
+    """The shape of one of `layer_names`' weights, by mtrain's name: every matrix is
+    (d_model, d_model) but the feed-forward's, every bias and norm d_model but fc1's bias."""
+    if ours.endswith("ffn.up.weight"):
+        return (ffn_dim, d_model)
+    if ours.endswith("ffn.down.weight"):
+        return (d_model, ffn_dim)
+    if ours.endswith("ffn.up.bias"):
+        return (ffn_dim,)
+    if ours.endswith("_proj.weight"):
+        return (d_model, d_model)
+    return (d_model,)  # biases and norms
+
+
 def embedding(weights: Mapping[str, Tensor], which: str) -> Tensor | None:
     """The source, target or output matrix (`which`), under whichever name it was saved; None
     when none of its names is there."""

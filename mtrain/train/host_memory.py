@@ -1,4 +1,5 @@
-"""Host memory of a training process: freed pages handed back to the OS, peaks per phase.
+"""Host memory of a training process: freed pages handed back to the OS, peaks per phase, and
+what is still available (`init_from=` a Hugging Face model checks its size against it).
 
 On a CPU the activations are allocated and freed every update in shapes that change from
 batch to batch, and glibc keeps the freed blocks mapped (mtrain.runtime.release_free_host_memory):
@@ -33,3 +34,24 @@ class HostMemory:
         if peak is not None:
             self.peaks[phase] = max(self.peaks.get(phase, 0), round(peak))
         return dict(self.peaks)
+
+
+def available_host_memory() -> int | None:
+    """Bytes this process can still take: Linux's MemAvailable, lowered to what is left under
+    the cgroup's limit (a container's memory.max); None where the system does not say."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            cap = limit.read().strip()
+            if cap != "max" and available is not None:
+                available = min(available, int(cap) - int(used.read().strip()))
+    except (OSError, ValueError):
+        pass  # cgroup v1, or no limit: MemAvailable alone
+    return available

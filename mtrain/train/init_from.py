@@ -41,7 +41,16 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtrain.config import DataConfig, DecodeWeights, FitConfig, ModelConfig, Positions, TokenizerConfig, resolved_model
+from mtrain.config import (
+    DataConfig,
+    DecodeWeights,
+    FitConfig,
+    ModelConfig,
+    Positions,
+    TokenizerConfig,
+    check_model_config,
+    resolved_model,
+)
 from mtrain.data.provenance import file_sha256
 from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
@@ -262,7 +271,20 @@ def inherited_config(
                     f"tokenizer, trained with tokenizer.{key}={_shown(getattr(parent_tokenizer, key))}; "
                     "drop the override"
                 )
-    return dataclasses.replace(cfg, model=model, tokenizer=parent_tokenizer)
+    inherited = dataclasses.replace(cfg, model=model, tokenizer=parent_tokenizer)
+    _check_inherited(inherited, source)
+    return inherited
+
+
+def _check_inherited(cfg: FitConfig, source: str) -> None:
+    """The rules `mtrain fit` checks its command line's config with, on the model the parent
+    gives (its heads, layers, ...), so that a parent's bad value is refused before the run
+    directory is written, not when the model is built."""
+    try:
+        check_model_config(cfg.model)
+        cfg.check("")  # the rules between sections: guided alignment's layer and head, term factors
+    except MtrainError as error:
+        raise MtrainError(f"{error} (the model section of {source})") from error
 
 
 def _check_fixed_model_keys(parent: ModelConfig, model: ModelConfig, explicit: Sequence[str], source: str) -> None:
