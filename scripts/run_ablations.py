@@ -369,7 +369,8 @@ def summary(
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with `claims`, `seeds` (as lists) and `planned` (the Runs to train, seeds applied)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="ablations", help="bench directory (runs/, logs/, reports/)")
     parser.add_argument("--only", default=None, help=f"comma-separated claims; all: {','.join(CLAIMS)}")
@@ -397,7 +398,7 @@ def main() -> None:
         "--report-only", action="store_true", help="train nothing: reports and summary of the finished runs"
     )
     parser.add_argument("extra", nargs="*", help="more overrides for every run (e.g. data.train_limit=2000)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     claims = list(CLAIMS) if args.only is None else [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = [c for c in claims if c not in CLAIMS]
@@ -416,8 +417,14 @@ def main() -> None:
             )
         wanted = chosen
     # All of seed 1 first: a bench stopped early has whole claims.
-    runs = [with_seed(run, seed) for seed in seeds for run in RUNS if run.name in wanted]
+    args.planned = [with_seed(run, seed) for seed in seeds for run in RUNS if run.name in wanted]
+    args.claims, args.seeds = claims, seeds
+    return args
 
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    claims, seeds, runs = args.claims, args.seeds, args.planned
     if args.dry_run:
         for run in runs:
             print(" ".join(command(run, args)))
