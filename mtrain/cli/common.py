@@ -190,12 +190,15 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
     try:
         jobs = compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun)
         for job, cfg in jobs:
-            if command_line.prints_config:
-                return None  # --cfg prints the config: composing it is the check
             try:
-                run_dir = _check_job(cfg, command_line.multirun)
+                if command_line.prints_config:
+                    _check_printed_job(cfg, command_line.printed_part)
+                else:
+                    run_dir = _check_job(cfg, command_line.multirun)
             except MtrainError as error:
                 raise MtrainError(f"{error} (sweep job {job})" if job else str(error)) from error
+        if command_line.prints_config:
+            return None  # Hydra prints the config, which would run
     except MtrainError as error:
         _exit_with(str(error))
     except Exception as error:  # Hydra's composition errors and the OmegaConf errors they wrap
@@ -204,6 +207,21 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         _exit_with(composition_error_message(error, config_name))
     tell_hydra_the_mode(config_name, command_line.overrides, OmegaConf.select(jobs[0][1], "hydra.mode"))
     return None if command_line.multirun else run_dir
+
+
+def _check_printed_job(cfg: DictConfig, part: str | None) -> None:
+    """`--cfg`: print the config like Hydra and, when the command would refuse it, say so (the
+    caller prints the refusal and exits with status 2) rather than show it as a config that runs.
+    Nothing is written, so where the run would write is not checked."""
+    with open_dict(cfg):
+        task = cfg.copy()
+        del task["hydra"]
+    try:
+        check_config(task)
+    except MtrainError as error:
+        shown = {"job": task, "hydra": OmegaConf.create({"hydra": cfg.hydra})}.get(part or "job", cfg)
+        print(OmegaConf.to_yaml(shown), end="")
+        raise MtrainError(f"{error} (--cfg: the config above composes, but the command refuses it)") from error
 
 
 def _check_job(cfg: DictConfig, multirun: bool) -> Path | None:
