@@ -416,6 +416,44 @@ def test_stopping_the_bench_stops_its_trainings(tmp_path, multi30k_slice):
     assert not (tmp_path / "bench" / "summary.md").exists()
 
 
+@pytest.mark.slow
+def test_a_sweep_side_by_side_with_the_joblib_launcher_reports_its_failed_job(tmp_path, multi30k_slice):
+    """docs/ABLATIONS.md's parallel sweep: hydra/launcher=joblib runs the jobs in two worker
+    processes; a job that fails there still makes the command exit 1 and name it (the basic
+    launcher's tally is in the worker, so mtrain reads the sweep directory)."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtrain",
+            "fit",
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "train.num_threads=1",
+            f"data.local_dir={multi30k_slice},{tmp_path / 'nowhere'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *TINY_BENCH,
+            "train.max_time=null",
+            "train.max_train_time=null",
+            "train.max_updates=2",
+            "train.validate_every=2",
+            "data.splits.test=null",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1].startswith(
+        f"mtrain: error: 1 of 2 sweep jobs failed: job 1 (data.local_dir={tmp_path / 'nowhere'})"
+    )
+    assert (sweep / "0" / "metrics.json").is_file() and (sweep / "1" / "failed.json").is_file()
+
+
 def test_best_model_preset_keeps_the_benchmark_size():
     """experiment=multi30k_cpu_best: the benchmark's layers, width and vocabulary, <= 7.6M
     parameters (issue 16), a Pre-LN encoder-decoder; only its switches, learning rate and

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +74,8 @@ SWEEP_FAILED_STATUS = 1
 @dataclass
 class SweepOutcome:
     """The jobs of the `-m` sweep this process runs (Hydra's basic launcher runs them here, one
-    after another) and the failed ones."""
+    after another) and the failed ones; read back from the sweep directory when a launcher ran
+    them in other processes (`jobs_run_elsewhere`)."""
 
     overrides: dict[int, list[str]] = field(default_factory=dict)  # every job's, by job number
     failed: dict[int, Path] = field(default_factory=dict)  # job number -> its directory
@@ -119,9 +121,12 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Call
                 run_dir = check_before_run(config_name, sys.argv[1:])
                 _new_directories.extend(missing_directories(run_dir) if run_dir is not None else [])
             _sweep.overrides, _sweep.failed, _sweep.exit_status = {}, {}, SWEEP_FAILED_STATUS
+            started = time.time()
             try:
                 return app(cfg_passthrough)
             finally:  # also when Hydra ends the sweep itself on a job's crash (its traceback, status 1)
+                if cfg_passthrough is None and not _sweep.overrides and read_command_line(sys.argv[1:]).multirun:
+                    jobs_run_elsewhere(started)
                 if _sweep.failed:
                     print(f"mtrain: error: {_sweep.failed_line()}", file=sys.stderr)
                     sys.exit(_sweep.exit_status)
@@ -313,6 +318,27 @@ def _exit_with(message: str) -> None:
 
 def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def jobs_run_elsewhere(started: float) -> None:
+    """Fill `_sweep` from the sweep directory after a launcher ran the jobs in other processes
+    (hydra/launcher=joblib), where this process's tally stays empty: each job of this sweep wrote
+    its .hydra/hydra.yaml, and each failed one its failed.json (its number and overrides), after
+    `started` (older files are an earlier sweep's)."""
+    if not HydraConfig.initialized():
+        return
+    sweep_dir = Path(str(HydraConfig.get().sweep.dir))
+    for job_dir in sorted(sweep_dir.iterdir() if sweep_dir.is_dir() else []):
+        run = RunDir(job_dir)
+        hydra_file = run.hydra_dir / "hydra.yaml"
+        if hydra_file.is_file() and hydra_file.stat().st_mtime >= started:
+            job = OmegaConf.load(hydra_file).hydra
+            _sweep.overrides[int(job.job.num)] = [str(item) for item in job.overrides.task]
+        if run.failed_file.is_file() and run.failed_file.stat().st_mtime >= started:
+            record = json.loads(run.failed_file.read_text(encoding="utf-8"))
+            _sweep.overrides[int(record["job"])] = [str(item) for item in record["overrides"]]
+            _sweep.failed[int(record["job"])] = job_dir
+    _sweep.failed = dict(sorted(_sweep.failed.items()))
 
 
 def _start_sweep_job() -> Path:
