@@ -244,8 +244,6 @@ class Bench:
             list(pool.map(self.train, range(1, len(self.runs) + 1), self.runs))
 
     def train(self, number: int, run: Run) -> None:
-        if self.stop_signal is not None:
-            return
         run_dir = Path(self.args.out) / "runs" / run.name
         if (run_dir / "metrics.json").exists():
             self.say(number, run, f"done already (same command), BLEU {self.bleu(run)}")
@@ -256,6 +254,11 @@ class Bench:
         log_path.write_text("", encoding="utf-8")
         start = time.monotonic()
         with self._lock:
+            # Checked under the lock `stop` takes to list the trainings: a signal either comes
+            # before (nothing starts) or finds this one (signalled once: a second would kill it
+            # before its checkpoint).
+            if self.stop_signal is not None:
+                return
             # Its own process group: a terminal's Ctrl-C reaches the bench only, which stops
             # the trainings itself, and os.killpg reaches the training's own children too.
             child = subprocess.Popen(
@@ -268,8 +271,6 @@ class Bench:
                 start_new_session=True,
             )
             self._children.add(child)
-        if self.stop_signal is not None:  # the signal came while it was starting
-            os.killpg(child.pid, self.stop_signal)
         self.say(number, run, f"started (pid {child.pid}, log {log_path})")
         code = self.follow(number, run, child, log_path, start)
         with self._lock:
