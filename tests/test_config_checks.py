@@ -278,6 +278,8 @@ def test_cfg_job_says_when_the_command_would_refuse_the_config_it_prints(capsys)
         check_before_run("fit", ["--cfg", "hydra", "model.heads=3"])
     assert capsys.readouterr().out.startswith("hydra:\n")
     assert run_check("fit", ["--cfg", "job", "model.heads=8"], capsys) == (0, [])  # Hydra prints it
+    status, lines = run_check("fit", ["-m", "--cfg", "job", "model.heads=4,8"], capsys)
+    assert_refused(status, lines, "--cfg job prints one config, not a sweep's: drop -m")
 
 
 def test_hydra_full_error_shows_hydras_own_error(monkeypatch, capsys):

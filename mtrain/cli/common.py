@@ -191,6 +191,8 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         )
     if command_line.hydra_only:
         return None
+    if command_line.prints_config and command_line.multirun:  # Hydra raises a ValueError with a traceback
+        _exit_with(f"--cfg {command_line.printed_part} prints one config, not a sweep's: drop -m")
     run_dir = None
     try:
         jobs = compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun)
