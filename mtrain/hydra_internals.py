@@ -39,6 +39,7 @@ class CommandLine:
     hydra_only: bool
     # --config-name NAME without --config-path/--config-dir: a primary config of ours (`has_primary_config`)
     config_name: str | None = None
+    printed_part: str | None = None  # what --cfg prints: job, hydra or all
 
 
 def read_command_line(argv: Sequence[str]) -> CommandLine:
@@ -57,7 +58,7 @@ def read_command_line(argv: Sequence[str]) -> CommandLine:
         or args.experimental_rerun
     )
     ours = args.config_name if args.config_name and not (args.config_path or args.config_dir) else None
-    return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only, ours)
+    return CommandLine(list(args.overrides), bool(args.multirun), args.cfg is not None, hydra_only, ours, args.cfg)
 
 
 def primary_configs(config_dir: str) -> list[str]:

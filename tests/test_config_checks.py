@@ -258,9 +258,28 @@ def test_eval_per_sentence_is_for_one_run_or_file(capsys):
 
 def test_help_and_cfg_stay_hydras_and_cfg_still_refuses_a_typo(capsys):
     assert run_check("fit", ["--help"], capsys) == (0, [])
-    assert run_check("fit", ["--cfg", "job", "train.max_time=2min"], capsys) == (0, [])  # prints, runs nothing
+    assert run_check("fit", ["--cfg", "job", "train.max_time=2m"], capsys) == (0, [])  # prints, runs nothing
     status, lines = run_check("fit", ["--cfg", "job", "train.max_tokes=1"], capsys)
     assert_refused(status, lines, "train.max_tokes: unknown config key")
+
+
+def test_cfg_job_says_when_the_command_would_refuse_the_config_it_prints(capsys):
+    """`--cfg job` of a config `mtrain fit` refuses prints it, then the refusal, and exits 2."""
+    with pytest.raises(SystemExit) as stopped:
+        check_before_run("fit", ["--cfg", "job", "model.heads=3"])
+    printed = capsys.readouterr()
+    assert stopped.value.code == 2
+    assert "heads: 3" in printed.out and "d_model: 256" in printed.out and "hydra:" not in printed.out
+    assert printed.err.splitlines() == [
+        "mtrain: error: model.heads: 3 does not divide model.d_model=256 "
+        "(--cfg: the config above composes, but the command refuses it)"
+    ]
+    with pytest.raises(SystemExit):
+        check_before_run("fit", ["--cfg", "hydra", "model.heads=3"])
+    assert capsys.readouterr().out.startswith("hydra:\n")
+    assert run_check("fit", ["--cfg", "job", "model.heads=8"], capsys) == (0, [])  # Hydra prints it
+    status, lines = run_check("fit", ["-m", "--cfg", "job", "model.heads=4,8"], capsys)
+    assert_refused(status, lines, "--cfg job prints one config, not a sweep's: drop -m")
 
 
 def test_hydra_full_error_shows_hydras_own_error(monkeypatch, capsys):

@@ -13,6 +13,11 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -244,6 +249,213 @@ def test_bench_summary_averages_seeds_and_gives_the_gap_to_the_reference(tmp_pat
     assert "| rmsnorm | 29.00 | - | 29.00 (1 seed) | -1.00 | 1 | - |" in text
     assert bench.with_seed(bench.RUNS[0], 3).overrides[-1] == "seed=3"
     assert bench.with_seed(bench.RUNS[0], 1) == bench.RUNS[0]
+
+
+def _finished_run(bench, run, args, run_dir: Path) -> None:
+    """A run folder as `mtrain fit` leaves it: its recorded overrides and its metrics."""
+    import json
+
+    import yaml
+
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(bench.run_overrides(run, args)))
+    (run_dir / "metrics.json").write_text(json.dumps({"test": {"bleu": 20.0}}))
+
+
+def test_bench_reuses_a_finished_run_only_for_the_same_command(tmp_path, capsys):
+    """A folder trained with 200 updates is not taken for a 600-update run (issue 59, item 1):
+    the bench names the differing overrides, trains nothing, and exits non-zero."""
+    bench = _bench_script()
+    standard = bench.RUNS[0]
+    short = bench.parse_arguments(["--out", str(tmp_path), "--updates", "200", "--only", "norm_type"])
+    _finished_run(bench, standard, short, tmp_path / "runs" / "standard")
+    assert bench.reuse_conflict(standard, short) is None
+    other_threads = bench.parse_arguments(["--out", str(tmp_path), "--updates", "200", "--threads", "2"])
+    assert bench.reuse_conflict(standard, other_threads) is None  # speed, not what is trained
+    longer = bench.parse_arguments(["--out", str(tmp_path), "--updates", "600", "--only", "norm_type"])
+    conflict = bench.reuse_conflict(standard, longer)
+    assert "train.max_updates=200" in conflict and "train.max_updates=600" in conflict
+    assert "rmsnorm" not in conflict
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--out", str(tmp_path), "--updates", "600", "--only", "norm_type"])
+    assert stopped.value.code == 2
+    assert "train.max_updates=200" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "runs" / "rmsnorm").exists()  # nothing trained
+    (tmp_path / "runs" / "standard" / ".hydra" / "overrides.yaml").unlink()
+    assert "no record of its command" in bench.reuse_conflict(standard, short)
+
+
+def test_bench_only_trains_the_claim_and_its_reference(capsys):
+    """`--only residual` trains the standard model and the normalised residual; post_norm, which
+    the residual report shows beside them, only with the whole bench or when --runs names it."""
+    bench = _bench_script()
+
+    def planned(*argv: str) -> list[str]:
+        bench.main(["--dry-run", *argv])
+        return [line.rsplit("/", 1)[-1] for line in capsys.readouterr().out.splitlines()]
+
+    assert planned("--only", "residual") == ["standard", "residual_normalized"]
+    assert planned("--only", "positions") == ["standard", "positions_learned", "positions_rope", "positions_none"]
+    assert planned("--only", "residual", "--runs", "post_norm") == ["post_norm"]
+    assert "post_norm" in planned()
+
+
+TINY_BENCH = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.ffn_dim=64",
+    "tokenizer.vocab_size=300",
+    "train.max_tokens=512",
+    "train.precision=fp32",
+    "train.log_every=5",
+    "decode.beam=1",
+    "decode.max_len_b=5",
+    "decode.max_len_a=1.2",
+]
+
+
+def _start_bench(tmp_path, slice_dir: Path, *argv: str, overrides: tuple[str, ...] = ()) -> subprocess.Popen:
+    script = Path(CONFIG_DIR).parent / "scripts" / "run_ablations.py"
+    data = [f"data.local_dir={slice_dir}", f"data.cache_dir={tmp_path / 'cache'}"]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            "--out",
+            str(tmp_path / "bench"),
+            "--lanes",
+            "1",
+            *argv,
+            "--",
+            *data,
+            *TINY_BENCH,
+            *overrides,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_bench_prints_each_runs_start_progress_and_end(tmp_path, multi30k_slice):
+    first = _start_bench(
+        tmp_path,
+        multi30k_slice,
+        "--only",
+        "shared_norm",
+        "--runs",
+        "standard",
+        "--updates",
+        "10",
+        "--progress-every",
+        "0",
+    )
+    out, _ = first.communicate(timeout=240)
+    assert first.returncode == 0, out
+    assert "[1/1] standard seed=1: started (pid " in out
+    assert "[1/1] standard seed=1: update 10/10 (" in out
+    assert re.search(r"\[1/1\] standard seed=1: done in 0m\d\ds: BLEU \d+\.\d\d", out), out
+    again = _start_bench(tmp_path, multi30k_slice, "--only", "shared_norm", "--runs", "standard", "--updates", "10")
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0 and "[1/1] standard seed=1: done already (same command), BLEU" in out, out
+
+
+@pytest.mark.slow
+def test_a_failed_run_makes_the_bench_fail_with_its_reason(tmp_path, multi30k_slice):
+    bench = _start_bench(
+        tmp_path,
+        multi30k_slice,
+        "--only",
+        "shared_norm",
+        "--runs",
+        "standard",
+        "--updates",
+        "10",
+        overrides=("model.heads=3",),
+    )
+    out, _ = bench.communicate(timeout=120)
+    assert bench.returncode == 1, out
+    assert "[1/1] standard seed=1: FAILED after 0m" in out
+    assert "model.heads: 3 does not divide model.d_model=32" in out.split("FAILED", 1)[1].splitlines()[0]
+    assert "| standard | failed |" in out
+
+
+@pytest.mark.slow
+def test_stopping_the_bench_stops_its_trainings(tmp_path, multi30k_slice):
+    """SIGTERM to the bench reaches every training (each in its own process group): they write
+    a checkpoint and exit, and the bench exits with 128 + 15 without writing reports."""
+    bench = _start_bench(
+        tmp_path,
+        multi30k_slice,
+        "--only",
+        "shared_norm",
+        "--lanes",
+        "2",
+        "--updates",
+        "100000",
+        "--progress-every",
+        "0",
+    )
+    pids, lines = set(), []
+    for line in bench.stdout:
+        lines.append(line)
+        pids |= {int(pid) for pid in re.findall(r"started \(pid (\d+)", line)}
+        if "update 1/100000" in line and len(pids) == 2:
+            break
+    assert len(pids) == 2, "".join(lines)
+    for pid in pids:
+        assert os.getpgid(pid) == pid  # its own group: a terminal's Ctrl-C reaches the bench only
+    bench.send_signal(signal.SIGTERM)
+    out, _ = bench.communicate(timeout=60)
+    assert bench.returncode == 128 + signal.SIGTERM, out
+    assert out.count("stopped after") == 2 and "stopped by SIGTERM: no reports written" in out
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for name in ("standard", "shared_norm"):
+        assert "SIGTERM received" in (tmp_path / "bench" / "logs" / f"{name}.log").read_text()
+    assert not (tmp_path / "bench" / "summary.md").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_side_by_side_with_the_joblib_launcher_reports_its_failed_job(tmp_path, multi30k_slice):
+    """docs/ABLATIONS.md's parallel sweep: hydra/launcher=joblib runs the jobs in two worker
+    processes; a job that fails there still makes the command exit 1 and name it (the basic
+    launcher's tally is in the worker, so mtrain reads the sweep directory)."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtrain",
+            "fit",
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "train.num_threads=1",
+            f"data.local_dir={multi30k_slice},{tmp_path / 'nowhere'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *TINY_BENCH,
+            "train.max_time=null",
+            "train.max_train_time=null",
+            "train.max_updates=2",
+            "train.validate_every=2",
+            "data.splits.test=null",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1].startswith(
+        f"mtrain: error: 1 of 2 sweep jobs failed: job 1 (data.local_dir={tmp_path / 'nowhere'})"
+    )
+    assert (sweep / "0" / "metrics.json").is_file() and (sweep / "1" / "failed.json").is_file()
 
 
 def test_best_model_preset_keeps_the_benchmark_size():

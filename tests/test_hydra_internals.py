@@ -32,7 +32,10 @@ def test_the_command_line_as_hydras_parser_reads_it():
     )
     assert read_command_line(["-m", "train.lr=1,2"]) == CommandLine(["train.lr=1,2"], True, False, False)
     assert read_command_line(["--multirun", "train.lr=1,2"]).multirun
-    assert read_command_line(["--cfg", "job", "train.lr=1"]) == CommandLine(["train.lr=1"], False, True, False)
+    assert read_command_line(["--cfg", "job", "train.lr=1"]) == CommandLine(
+        ["train.lr=1"], False, True, False, printed_part="job"
+    )
+    assert read_command_line(["--cfg", "all"]).printed_part == "all"
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +74,8 @@ SWEEP_FAILED_STATUS = 1
 @dataclass
 class SweepOutcome:
     """The jobs of the `-m` sweep this process runs (Hydra's basic launcher runs them here, one
-    after another) and the failed ones."""
+    after another) and the failed ones; read back from the sweep directory when a launcher ran
+    them in other processes (`jobs_run_elsewhere`)."""
 
     overrides: dict[int, list[str]] = field(default_factory=dict)  # every job's, by job number
     failed: dict[int, Path] = field(default_factory=dict)  # job number -> its directory
@@ -119,9 +121,12 @@ def mtrain_app(config_name: str) -> Callable[[Callable[[TaskConfig], Any]], Call
                 run_dir = check_before_run(config_name, sys.argv[1:])
                 _new_directories.extend(missing_directories(run_dir) if run_dir is not None else [])
             _sweep.overrides, _sweep.failed, _sweep.exit_status = {}, {}, SWEEP_FAILED_STATUS
+            started = time.time()
             try:
                 return app(cfg_passthrough)
             finally:  # also when Hydra ends the sweep itself on a job's crash (its traceback, status 1)
+                if cfg_passthrough is None and not _sweep.overrides and read_command_line(sys.argv[1:]).multirun:
+                    jobs_run_elsewhere(started)
                 if _sweep.failed:
                     print(f"mtrain: error: {_sweep.failed_line()}", file=sys.stderr)
                     sys.exit(_sweep.exit_status)
@@ -195,16 +200,21 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         )
     if command_line.hydra_only:
         return None
+    if command_line.prints_config and command_line.multirun:  # Hydra raises a ValueError with a traceback
+        _exit_with(f"--cfg {command_line.printed_part} prints one config, not a sweep's: drop -m")
     run_dir = None
     try:
         jobs = compose_jobs(CONFIG_DIR, config_name, command_line.overrides, command_line.multirun)
         for job, cfg in jobs:
-            if command_line.prints_config:
-                return None  # --cfg prints the config: composing it is the check
             try:
-                run_dir = _check_job(cfg, command_line.multirun)
+                if command_line.prints_config:
+                    _check_printed_job(cfg, command_line.printed_part)
+                else:
+                    run_dir = _check_job(cfg, command_line.multirun)
             except MtrainError as error:
                 raise MtrainError(f"{error} (sweep job {job})" if job else str(error)) from error
+        if command_line.prints_config:
+            return None  # Hydra prints the config, which would run
     except MtrainError as error:
         _exit_with(str(error))
     except Exception as error:  # Hydra's composition errors and the OmegaConf errors they wrap
@@ -213,6 +223,21 @@ def check_before_run(config_name: str, argv: list[str]) -> Path | None:
         _exit_with(composition_error_message(error, config_name))
     tell_hydra_the_mode(config_name, command_line.overrides, OmegaConf.select(jobs[0][1], "hydra.mode"))
     return None if command_line.multirun else run_dir
+
+
+def _check_printed_job(cfg: DictConfig, part: str | None) -> None:
+    """`--cfg`: print the config like Hydra and, when the command would refuse it, say so (the
+    caller prints the refusal and exits with status 2) rather than show it as a config that runs.
+    Nothing is written, so where the run would write is not checked."""
+    with open_dict(cfg):
+        task = cfg.copy()
+        del task["hydra"]
+    try:
+        check_config(task)
+    except MtrainError as error:
+        shown = {"job": task, "hydra": OmegaConf.create({"hydra": cfg.hydra})}.get(part or "job", cfg)
+        print(OmegaConf.to_yaml(shown), end="")
+        raise MtrainError(f"{error} (--cfg: the config above composes, but the command refuses it)") from error
 
 
 def _check_job(cfg: DictConfig, multirun: bool) -> Path | None:
@@ -304,6 +329,27 @@ def _exit_with(message: str) -> None:
 
 def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def jobs_run_elsewhere(started: float) -> None:
+    """Fill `_sweep` from the sweep directory after a launcher ran the jobs in other processes
+    (hydra/launcher=joblib), where this process's tally stays empty: each job of this sweep wrote
+    its .hydra/hydra.yaml, and each failed one its failed.json (its number and overrides), after
+    `started` (older files are an earlier sweep's)."""
+    if not HydraConfig.initialized():
+        return
+    sweep_dir = Path(str(HydraConfig.get().sweep.dir))
+    for job_dir in sorted(sweep_dir.iterdir() if sweep_dir.is_dir() else []):
+        run = RunDir(job_dir)
+        hydra_file = run.hydra_dir / "hydra.yaml"
+        if hydra_file.is_file() and hydra_file.stat().st_mtime >= started:
+            job = OmegaConf.load(hydra_file).hydra
+            _sweep.overrides[int(job.job.num)] = [str(item) for item in job.overrides.task]
+        if run.failed_file.is_file() and run.failed_file.stat().st_mtime >= started:
+            record = json.loads(run.failed_file.read_text(encoding="utf-8"))
+            _sweep.overrides[int(record["job"])] = [str(item) for item in record["overrides"]]
+            _sweep.failed[int(record["job"])] = job_dir
+    _sweep.failed = dict(sorted(_sweep.failed.items()))
 
 
 def _start_sweep_job() -> Path:

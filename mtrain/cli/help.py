@@ -152,7 +152,11 @@ def command_help(command: str, overrides: Sequence[str] = ()) -> str:
     out += ["", "keys (KEY=VALUE overrides one; `null` unsets an optional key):"]
     out += _key_lines(cfg, width, spec.get("hidden", ()))
     out += ["", "examples:"] + [f"  {example}" for example in spec["examples"]]
-    out += ["", "`--cfg job` prints the composed config; `--hydra-help` shows Hydra's own options."]
+    out += [
+        "",
+        "`--cfg job` prints the composed config (then the refusal, exit 2, if the command would refuse it);",
+        "`--hydra-help` shows Hydra's own options.",
+    ]
     return "\n".join(out)
 
 
