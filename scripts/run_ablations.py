@@ -196,7 +196,7 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
-TRAIN_LINE = re.compile(r"\btrain \| update (\d+) \|")
+TRAIN_LINE = re.compile(r"\btrain \| update (\d+)(?:/\d+)? \|")  # (`update N/M` since the lines carry the budget)
 
 
 def failure_reason(code: int, log_path: Path) -> str:
