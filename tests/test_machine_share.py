@@ -88,8 +88,11 @@ def test_beside_a_busy_process_the_run_keeps_to_max_time_and_names_the_machine_s
         r"training got \d+% of 1 CPU \(load average [\d.]+ on \d+ CPUs?\)[^;]*; a max_time=60s budget trains at most"
     )
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    said = 2 if metrics["train_time_s"] > 11 else 1  # after 10 s of training (if it trained as long), and at the end
-    assert len(re.findall(share, train_log)) == said, train_log[-3000:]
+    # Said after 10 s of training (at the first update past it, if it trained as long), and at the end;
+    # a run that stops near 10 s may or may not have made an update past it (11.0 s: said twice).
+    trained = metrics["train_time_s"]
+    said = {1} if trained < 10 else {2} if trained > 12 else {1, 2}
+    assert len(re.findall(share, train_log)) in said, train_log[-3000:]
     assert "machine share over the whole training: " in train_log
     assert metrics["machine_share"]["share"] < 0.7 and metrics["machine_share"]["cpus"] == 1
     assert ("test" in metrics) != ("test_skipped" in metrics)  # scored, or not within the budget (and said so)
