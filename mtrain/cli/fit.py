@@ -28,7 +28,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from mtrain.cli.common import mtrain_app
-from mtrain.cli.fit_scoring import directions_of, log_test, score_test_split, split_name, validation
+from mtrain.cli.fit_scoring import (
+    ValidationDecodes,
+    directions_of,
+    log_test,
+    score_test_split,
+    split_name,
+    validation,
+    write_confidence,
+)
 from mtrain.cli.run_log import RunLog
 from mtrain.config import FitConfig, with_resolved_model
 from mtrain.errors import MtrainError
@@ -212,6 +220,7 @@ def _fit(
         log.info("run directory: %s", run.path.resolve())
         _write_run_files(run, cfg, data, lineage)
         _record_provenance(run, data, command_line, resume_path, resume_state)
+    decodes = ValidationDecodes()  # the last validation's, for the confidence calibration
     setup = build_fit(
         cfg,
         machine,
@@ -219,7 +228,7 @@ def _fit(
         run=run,
         resume_state=resume_state,
         stop_signal=stop_signal,
-        validation=lambda model, trained: validation(cfg, model, data, machine, trained),
+        validation=lambda model, trained: validation(cfg, model, data, machine, trained, decodes),
         end_cost=lambda model, trained: end_cost_estimate(cfg, model, data, machine, trained),
         started=started,
         init=parent,
@@ -251,6 +260,7 @@ def _fit(
             raise
         trainer.release_training_memory()  # the test decode needs neither Adam's moments nor gradients
         if dist.is_main:
+            write_confidence(run, decodes)
             if cfg.data.splits.test is not None:
                 test_start = time.perf_counter()
                 try:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.config import Engine, FitConfig, Precision, to_plain, with_values
 from mtrain.durations import format_duration, parse_duration
+from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.wording import counted
 
@@ -55,8 +57,78 @@ def log_interval(cfg: FitConfig) -> float | None:
     return parse_duration(cfg.train.log_every_time, "train.log_every_time")
 
 
+@dataclass
+class ValidationDecodes:
+    """The last validation's best hypotheses (every direction's), kept for the confidence
+    calibration `write_confidence` fits: per sentence the signal (None: a blank source), the
+    hypothesis and the reference."""
+
+    signals: list[float | None] = field(default_factory=list)
+    hypotheses: list[str] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
+    splits: list[str] = field(default_factory=list)  # "data.splits.valid=val, beam 1", one per direction
+
+    def clear(self) -> None:
+        self.signals, self.hypotheses, self.references, self.splits = [], [], [], []
+
+    def keep(
+        self, best: Sequence[Any], sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str], split: str
+    ) -> None:
+        """One direction's decode: `best` the Hypothesis per source, `hypotheses` their text."""
+        from mtrain.decode.confidence import mean_log_prob
+
+        self.signals += [
+            mean_log_prob(h.log_prob, len(h.tokens)) if source.strip() else None
+            for source, h in zip(sources, best, strict=True)
+        ]
+        self.hypotheses += hypotheses
+        self.references += references
+        self.splits.append(split)
+
+    def fitted_on(self) -> str:
+        """What a calibration fitted on these decodes says it was fitted on."""
+        return f"{'; '.join(dict.fromkeys(self.splits))}: {counted(len(self.hypotheses), 'sentence')}"
+
+
+def write_confidence(run: RunDir, decodes: ValidationDecodes) -> None:
+    """The run's confidence calibration (`confidence.json`, mtrain.decode.confidence), fitted on
+    the last validation's decodes: their mean token log-probability against their sentence chrF.
+    A run that decoded no validation set (train.valid_bleu=false) gets none, or keeps the one it has."""
+    from mtrain.decode.confidence import CONFIDENCE_FILE, write_calibration
+    from mtrain.evaluate.calibration import calibrate
+
+    path = run.path / CONFIDENCE_FILE
+    if not any(signal is not None for signal in decodes.signals):
+        if not path.is_file():
+            log.info(
+                "no %s: no validation set was decoded (train.valid_bleu=false); translations get the "
+                "uncalibrated score (scripts/measure_confidence.py RUN --write-calibration fits one)",
+                CONFIDENCE_FILE,
+            )
+        return
+    start = time.perf_counter()
+    try:
+        calibration = calibrate(decodes.signals, decodes.hypotheses, decodes.references, decodes.fitted_on())
+    except MtrainError as error:  # too few sentences: the run itself is fine
+        log.warning("no %s written: %s", CONFIDENCE_FILE, error)
+        return
+    write_calibration(path, calibration)
+    log.info(
+        "confidence: %s fitted on %s (%s, %.1f s)",
+        CONFIDENCE_FILE,
+        calibration.fitted_on,
+        counted(len(calibration.knots), "knot"),
+        time.perf_counter() - start,
+    )
+
+
 def validation(
-    cfg: FitConfig, model: Any, data: PreparedData, machine: Machine, trained: Any = None
+    cfg: FitConfig,
+    model: Any,
+    data: PreparedData,
+    machine: Machine,
+    trained: Any = None,
+    decodes: ValidationDecodes | None = None,
 ) -> Callable[[], dict[str, float]]:
     """The trainer's validation: loss and perplexity (in the training precision), and BLEU
     (`train.valid_bleu`) through the evaluation path of `mtrain eval` (greedy unless
@@ -68,7 +140,10 @@ def validation(
 
     A multilingual run validates each direction (its first `train.valid_max_sentences`
     sentences, decoded with its target language's tag) and reports their mean, which best.pt
-    follows, and each direction's perplexity and BLEU (`mean_over_directions`)."""
+    follows, and each direction's perplexity and BLEU (`mean_over_directions`).
+
+    `decodes`, when given, holds the last validation's hypotheses afterwards (the BLEU decode's:
+    none without train.valid_bleu)."""
     from mtrain.decode.directions import RunLanguages
     from mtrain.decode.progress import DecodeProgress
     from mtrain.decode.threads import decode_threads
@@ -106,6 +181,8 @@ def validation(
 
     def validate() -> dict[str, float]:
         per_direction = {}
+        if decodes is not None:
+            decodes.clear()  # this validation's, not the last one's
         with decode_threads(cfg.train.decode_num_threads):
             for name, *split in sets:
                 per_direction[name] = validate_direction(name, *split)
@@ -124,8 +201,16 @@ def validation(
                 translate = sentence_translator(
                     model, tokenizer, decode_cfg, machine.device, machine.decode_precision, progress.update
                 )
-                scored = translate_and_score(translate, sources, [references], split_name)
+                best: list[Any] = []
+
+                def translate_keeping(batch: list[str]) -> list[Any]:
+                    best[:] = translate(batch)
+                    return best
+
+                scored = translate_and_score(translate_keeping, sources, [references], split_name)
             results["bleu"] = scored.scores["bleu"]["score"]
+            if decodes is not None:
+                decodes.keep(best, sources, scored.hypotheses, references, f"{split_name}, beam {decode_cfg.beam}")
         return results
 
     return validate
