@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,12 +41,13 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mtrain.decode.confidence import (  # noqa: E402  (after the path line)
+from mtrain.decode.confidence import (
     CONFIDENCE_FILE,
     fit_calibration,
     mean_log_prob,
     write_calibration,
 )
+from mtrain.evaluate.calibration import sentence_chrf
 
 
 def say(line: str) -> None:
@@ -73,6 +73,7 @@ class Decoder:
 def open_decoder(run: str, reverse_run: str | None, threads: int) -> Decoder:
     """The script's whole use of mtrain's decode API (the one place to change when decode/ moves)."""
     import torch
+    from omegaconf import OmegaConf
 
     from mtrain.config import DecodeConfig, to_typed, with_values
     from mtrain.decode import translate_sentences
@@ -84,7 +85,8 @@ def open_decoder(run: str, reverse_run: str | None, threads: int) -> Decoder:
 
     set_decode_threads(threads)
     loaded = load_run(run, which="best", device="cpu")
-    base = to_typed(loaded.config.decode) if "decode" in loaded.config else DecodeConfig()
+    # the run's decode settings, as typed as translate's (the stored config is plain)
+    base = to_typed(OmegaConf.merge(OmegaConf.structured(DecodeConfig), loaded.config.get("decode", {})))
     reverse = load_run(reverse_run, which="best", device="cpu") if reverse_run else None
 
     def nbest(sources: list[str], beam: int, count: int) -> list[list[Candidate]]:
@@ -107,14 +109,6 @@ def open_decoder(run: str, reverse_run: str | None, threads: int) -> Decoder:
         return list(text.sources), list(text.references[0])
 
     return Decoder(nbest, reverse_scores if reverse is not None else None, split)
-
-
-def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
-    """sacreBLEU's sentence chrF (0-100) of each hypothesis against its one reference."""
-    from sacrebleu.metrics import CHRF
-
-    chrf = CHRF()
-    return np.array([chrf.sentence_score(h, [r]).score for h, r in zip(hypotheses, references, strict=True)])
 
 
 def agreement(nbest: Sequence[Sequence[Candidate]]) -> np.ndarray:
@@ -191,7 +185,7 @@ def measure_split(decoder: Decoder, name: str, beam: int, count: int, limit: int
     with_nbest = time.perf_counter() - start
     best = [c[0] for c in nbest]
     hypotheses = [b.text for b in best]
-    chrf = sentence_chrf(hypotheses, references)
+    chrf = np.array(sentence_chrf(hypotheses, references))
     logprob = np.array([mean_log_prob(b.log_prob, b.tokens) for b in best])
     seconds = {"decode (beam, best only)": plain, "logprob": 0.0, "exp_logprob": 0.0}
     signals = {"logprob": logprob, "exp_logprob": np.exp(logprob)}
@@ -227,9 +221,9 @@ def add_combinations(valid: Split, test: Split) -> None:
     design = np.column_stack([np.ones(len(valid.chrf)), *[valid.signals[n] for n in basic]])
     weights, *_ = np.linalg.lstsq(design, valid.chrf, rcond=None)
     for split in (valid, test):
-        split.signals["all (linear)"] = np.column_stack(
-            [np.ones(len(split.chrf)), *[split.signals[n] for n in basic]]
-        ) @ weights
+        split.signals["all (linear)"] = (
+            np.column_stack([np.ones(len(split.chrf)), *[split.signals[n] for n in basic]]) @ weights
+        )
         split.seconds["all (linear)"] = sum(split.seconds[n] for n in basic)
 
 
@@ -255,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_combinations(valid, test)
 
     rows = []
-    print(f"| signal | Pearson | Spearman | extra s / 1000 sentences |")
+    print("| signal | Pearson | Spearman | extra s / 1000 sentences |")
     print("|---|---|---|---|")
     for name, values in test.signals.items():
         row = {
@@ -267,19 +261,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
         print(f"| {name} | {row['pearson']:.3f} | {row['spearman']:.3f} | {row['extra_s_per_1000']:.1f} |")
     decode_cost = per_thousand(test.seconds["decode (beam, best only)"], len(test.chrf))
-    print(f"test: {len(test.chrf)} sentences, mean sentence chrF {test.chrf.mean():.2f}; "
-          f"the plain beam-{args.beam} decode took {decode_cost:.1f} s / 1000 sentences")
+    print(
+        f"test: {len(test.chrf)} sentences, mean sentence chrF {test.chrf.mean():.2f}; "
+        f"the plain beam-{args.beam} decode took {decode_cost:.1f} s / 1000 sentences"
+    )
 
     # The calibration, fitted on valid's beam decode and on a greedy one (fit's last validation)
     say("valid: greedy, for the calibration fit's last validation would make")
     greedy = decoder.nbest(valid.sources, 1, 1)
     greedy_signal = [mean_log_prob(c[0].log_prob, c[0].tokens) for c in greedy]
-    greedy_chrf = sentence_chrf([c[0].text for c in greedy], valid.references)
+    greedy_chrf = np.array(sentence_chrf([c[0].text for c in greedy], valid.references))
     fits = {
         f"valid, beam {args.beam}": fit_calibration(
-            valid.signals["logprob"], valid.chrf / 100, fitted_on=f"valid, {len(valid.chrf)} sentences, beam {args.beam}"
+            valid.signals["logprob"],
+            valid.chrf / 100,
+            fitted_on=f"valid, {len(valid.chrf)} sentences, beam {args.beam}",
         ),
-        "valid, greedy": fit_calibration(greedy_signal, greedy_chrf / 100, fitted_on=f"valid, {len(valid.chrf)} sentences, beam 1"),
+        "valid, greedy": fit_calibration(
+            greedy_signal, greedy_chrf / 100, fitted_on=f"valid, {len(valid.chrf)} sentences, beam 1"
+        ),
     }
     truth = test.chrf / 100
     calibration_rows = {}
@@ -287,8 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         estimates = np.array([calibration(s) for s in test.signals["logprob"]])
         mae = float(np.abs(estimates - truth).mean())
         calibration_rows[name] = {"mae": mae, "mean_estimate": float(estimates.mean()), "knots": len(calibration.knots)}
-        print(f"calibration fitted on {name}: test MAE {mae:.3f} (mean estimate {estimates.mean():.3f}, "
-              f"mean chrF/100 {truth.mean():.3f}, {len(calibration.knots)} knots)")
+        print(
+            f"calibration fitted on {name}: test MAE {mae:.3f} (mean estimate {estimates.mean():.3f}, "
+            f"mean chrF/100 {truth.mean():.3f}, {len(calibration.knots)} knots)"
+        )
     uncalibrated = np.exp(test.signals["logprob"])
     print(f"uncalibrated exp(logprob): test MAE {float(np.abs(uncalibrated - truth).mean()):.3f}")
     if args.write_calibration:

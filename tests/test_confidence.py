@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -86,7 +87,7 @@ def test_any_fit_is_monotone_and_within_zero_and_one(pairs, bins):
     grid = np.linspace(-25, 5, 121)
     estimates = [calibration(float(x)) for x in grid]
     assert all(0.0 <= e <= 1.0 for e in estimates)
-    assert all(b >= a for a, b in zip(estimates, estimates[1:], strict=False))
+    assert all(b >= a for a, b in pairwise(estimates))
 
 
 def test_calibration_round_trips_through_json(tmp_path):

@@ -434,6 +434,7 @@ def test_fit_without_a_test_split(tmp_path, multi30k_slice):
     assert metrics["finished"] and "test" not in metrics
     assert (run_dir / "data" / "valid.ref").is_file() and not (run_dir / "data" / "test.ref").exists()
     assert not (run_dir / "eval").exists()
+    assert not (run_dir / "confidence.json").exists()  # no validation decode to calibrate on
     from mtrain.cli.evaluate import evaluate_run
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -10,6 +10,7 @@ the order a reader would expect; each stage lives in its own package:
 3. write the run's config, tokenizer, evaluation text and provenance.json (what ran: code, versions,
    command line, data fingerprints); build the model and trainer;
 4. train (validation is `fit_scoring.validation`: loss, and BLEU through the evaluation path);
+   write confidence.json, the confidence score's calibration, from the last validation's decodes;
 5. score the test split through the same path as `mtrain eval` (`fit_scoring`), write metrics.json.
 """
 

@@ -72,7 +72,12 @@ class ValidationDecodes:
         self.signals, self.hypotheses, self.references, self.splits = [], [], [], []
 
     def keep(
-        self, best: Sequence[Any], sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str], split: str
+        self,
+        best: Sequence[Any],
+        sources: Sequence[str],
+        hypotheses: Sequence[str],
+        references: Sequence[str],
+        split: str,
     ) -> None:
         """One direction's decode: `best` the Hypothesis per source, `hypotheses` their text."""
         from mtrain.decode.confidence import mean_log_prob

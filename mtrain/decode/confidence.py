@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,9 @@ class Calibration:
     def __post_init__(self) -> None:
         if not self.knots or len(self.knots) != len(self.values):
             raise MtrainError(f"confidence calibration: {len(self.knots)} knots for {len(self.values)} values")
-        if any(b <= a for a, b in zip(self.knots, self.knots[1:], strict=False)):
+        if any(b <= a for a, b in pairwise(self.knots)):
             raise MtrainError("confidence calibration: the knots must increase strictly")
-        if any(b < a for a, b in zip(self.values, self.values[1:], strict=False)):
+        if any(b < a for a, b in pairwise(self.values)):
             raise MtrainError("confidence calibration: the values must not decrease (a monotone map)")
         if any(not 0.0 <= v <= 1.0 for v in self.values):
             raise MtrainError("confidence calibration: every value must lie in [0, 1]")

@@ -5,6 +5,7 @@ references.py  a run's split text and file fingerprints
 scoring.py     the one evaluation path: translate and score a split (score_split: and report it)
 report.py      a scored split's report: eval/<split>.{json,md,hyp}
 sentences.py   per-sentence BLEU, chrF and model scores: <split>.sentences.tsv, the worst lines
+calibration.py a run's confidence calibration (mtrain.decode.confidence) from decoded sentences
 runs.py        run discovery in a sweep directory or a list of runs
 compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
 arms.py        runs of one configuration across seeds, grouped as arms
