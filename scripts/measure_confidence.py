@@ -16,6 +16,7 @@ from it; the linear one by least squares on it), never on the test split.
 - `agreement`: the mean chrF (fastchrf) of the best against the other n-best candidates,
   MBR's expected utility with the n-best as pseudo-references;
 - `reverse`: a reverse run's log p(x|y) per source token, teacher-forced (--reverse);
+- `calibrated logprob`: `logprob` through mtrain.decode.confidence's isotonic calibration;
 - `logprob+agreement`, `logprob+reverse`, `all (z-mean)`: the mean of z-scores;
   `all (linear)`: least squares of sentence chrF on every signal.
 
@@ -218,6 +219,10 @@ def add_combinations(valid: Split, test: Split) -> None:
             for split in (valid, test):
                 split.signals[name] = np.mean([z(split, m) for m in members], axis=0)
                 split.seconds[name] = sum(split.seconds[m] for m in members)
+    calibration = fit_calibration(valid.signals["logprob"], valid.chrf / 100)  # what fit writes, on beam
+    for split in (valid, test):
+        split.signals["calibrated logprob"] = np.array([calibration(x) for x in split.signals["logprob"]])
+        split.seconds["calibrated logprob"] = 0.0
     design = np.column_stack([np.ones(len(valid.chrf)), *[valid.signals[n] for n in basic]])
     weights, *_ = np.linalg.lstsq(design, valid.chrf, rcond=None)
     for split in (valid, test):
