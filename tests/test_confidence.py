@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig
-from mtrain.decode import translate_sentences
+from mtrain.decode import Hypothesis, translate_sentences
 from mtrain.decode.confidence import (
     CONFIDENCE_FILE,
     UNCALIBRATED,
@@ -129,6 +129,7 @@ def test_confidence_is_calibrated_when_the_run_has_a_file_else_the_exp_of_the_si
     assert calibrated.calibrated and calibrated.source.startswith("calibrated on valid:")
     assert calibrated.score(-6.0, 2) == pytest.approx(0.4)
     assert Confidence(None).score(-6.0, 2) == uncalibrated.score(-6.0, 2)
+    assert calibrated.of(Hypothesis(tokens=[5, 6], score=-2.0, log_prob=-6.0)) == pytest.approx(0.4)
 
 
 @pytest.mark.slow

@@ -90,6 +90,7 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
         "train.log",
         "metrics.json",
         "eval/test.hyp",
+        "confidence.json",  # the confidence score's calibration, from the last validation's decodes
     ):
         assert (run_dir / artifact).exists(), artifact
     metrics = json.loads((run_dir / "metrics.json").read_text())

@@ -1,16 +1,20 @@
 """A translation's confidence: a number in [0, 1] estimating its sentence chrF / 100.
 
 The signal is the best hypothesis's mean token log-probability, log p(y | x) / (len(y) + 1)
-(EOS counted; whatever the decode's length penalty): of the cheap signals measured
-(scripts/measure_confidence.py, docs/TRANSLATE.md) it correlated with sentence chrF about as
-well as the n-best's agreement or a reverse model's score and costs nothing, since every
-decode computes it. A run's calibration maps it to an estimate of sentence chrF / 100: a
-monotone (isotonic) fit on its validation set, `confidence.json` in the run directory, which
-`mtrain fit` writes after its last validation. Without one (older runs, imported models) the
-score is the uncalibrated exp of the signal, the geometric mean of the tokens' probabilities,
-and `Confidence.source` says which of the two a score is.
+(EOS counted; whatever the decode's length penalty). Of the cheap signals measured
+(scripts/measure_confidence.py; docs/TRANSLATE.md, "Confidence scores") it is the one every
+run and engine has at no cost: Pearson 0.60-0.65 with sentence chrF on Multi30k's test set,
+where the n-best's agreement gave 0.18-0.21 and a reverse model's score 0.65-0.71 (with it,
+0.70-0.73), for a second run and a fifth more decoding time.
 
-Self-contained on purpose (numpy and the standard library): any decode layer may import it.
+A run's calibration maps the signal to an estimate of sentence chrF / 100: a monotone
+(isotonic) fit on its validation set, `confidence.json` in the run directory, which `mtrain
+fit` writes after its last validation. Without one (older runs, imported models) the score is
+the uncalibrated exp of the signal, the geometric mean of the tokens' probabilities, and
+`Confidence.source` says which of the two a score is.
+
+Self-contained on purpose (numpy, the standard library and the shared core): any decode layer
+may import it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -30,6 +35,13 @@ CONFIDENCE_FILE = "confidence.json"  # in a run directory
 SIGNAL = "mean_log_prob"  # the only signal a calibration maps today
 DEFAULT_BINS = 20  # equal-count bins of the validation set before the isotonic fit
 UNCALIBRATED = "uncalibrated: exp of the mean token log-probability"
+
+
+class ScoredHypothesis(Protocol):
+    """What a score is made from: mtrain.decode.hypothesis.Hypothesis has both."""
+
+    log_prob: float  # EOS included
+    tokens: list[int]  # without bos/eos
 
 
 def mean_log_prob(log_prob: float, output_tokens: int) -> float:
@@ -179,6 +191,10 @@ class Confidence:
     @property
     def calibrated(self) -> bool:
         return self.calibration is not None
+
+    def of(self, hypothesis: ScoredHypothesis) -> float:
+        """The confidence in [0, 1] of a decoded hypothesis (the best of its sentence)."""
+        return self.score(hypothesis.log_prob, len(hypothesis.tokens))
 
     def score(self, log_prob: float, output_tokens: int) -> float:
         """The confidence in [0, 1] of a hypothesis with `log_prob` (EOS included) over
