@@ -14,6 +14,7 @@ Every name below is spelled here and nowhere else:
                              multilingual run's per direction: test.de-en.json)
     tb/                      TensorBoard events
     train.log, metrics.json
+    confidence.json          the confidence score's calibration (mtrain.decode.confidence), written by fit
     provenance.json          what ran, one entry per session: git commit and dirty flag, versions,
                              command line, data fingerprints and caches (mtrain.provenance)
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
@@ -52,6 +53,9 @@ TMP_SUFFIX = ".tmp"
 
 # What `mtrain export` writes beside the model: where it came from, special tokens, position limit.
 EXPORT_METADATA_FILE = "mtrain_export.json"
+
+# A run's confidence calibration (mtrain.decode.confidence), beside its checkpoints.
+CONFIDENCE_FILE = "confidence.json"
 
 
 def export_format(path: str | Path) -> str | None:
@@ -278,6 +282,10 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.path / "metrics.json"
+
+    @property
+    def confidence_file(self) -> Path:
+        return self.path / CONFIDENCE_FILE
 
     @property
     def provenance_file(self) -> Path:

@@ -43,12 +43,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtrain.decode.confidence import (
-    CONFIDENCE_FILE,
     fit_calibration,
     mean_log_prob,
     write_calibration,
 )
 from mtrain.evaluate.calibration import sentence_chrf
+from mtrain.rundir import CONFIDENCE_FILE
 
 
 def say(line: str) -> None:

@@ -19,7 +19,6 @@ from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig
 from mtrain.decode import Hypothesis, translate_sentences
 from mtrain.decode.confidence import (
-    CONFIDENCE_FILE,
     UNCALIBRATED,
     Calibration,
     Confidence,
@@ -32,6 +31,7 @@ from mtrain.decode.confidence import (
 )
 from mtrain.errors import MtrainError
 from mtrain.evaluate.calibration import sentence_chrf
+from mtrain.rundir import CONFIDENCE_FILE
 from mtrain.train.checkpoint_files import load_run
 from tests.test_fit import TINY, compose_fit
 

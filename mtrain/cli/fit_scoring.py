@@ -99,28 +99,28 @@ def write_confidence(run: RunDir, decodes: ValidationDecodes) -> None:
     """The run's confidence calibration (`confidence.json`, mtrain.decode.confidence), fitted on
     the last validation's decodes: their mean token log-probability against their sentence chrF.
     A run that decoded no validation set (train.valid_bleu=false) gets none, or keeps the one it has."""
-    from mtrain.decode.confidence import CONFIDENCE_FILE, write_calibration
+    from mtrain.decode.confidence import write_calibration
     from mtrain.evaluate.calibration import calibrate
 
-    path = run.path / CONFIDENCE_FILE
+    path = run.confidence_file
     if not any(signal is not None for signal in decodes.signals):
         if not path.is_file():
             log.info(
                 "no %s: no validation set was decoded (train.valid_bleu=false); translations get the "
                 "uncalibrated score (scripts/measure_confidence.py RUN --write-calibration fits one)",
-                CONFIDENCE_FILE,
+                path.name,
             )
         return
     start = time.perf_counter()
     try:
         calibration = calibrate(decodes.signals, decodes.hypotheses, decodes.references, decodes.fitted_on())
     except MtrainError as error:  # too few sentences: the run itself is fine
-        log.warning("no %s written: %s", CONFIDENCE_FILE, error)
+        log.warning("no %s written: %s", path.name, error)
         return
     write_calibration(path, calibration)
     log.info(
         "confidence: %s fitted on %s (%s, %.1f s)",
-        CONFIDENCE_FILE,
+        path.name,
         calibration.fitted_on,
         counted(len(calibration.knots), "knot"),
         time.perf_counter() - start,

@@ -30,8 +30,8 @@ from typing import Protocol
 import numpy as np
 
 from mtrain.errors import MtrainError
+from mtrain.rundir import CONFIDENCE_FILE, atomic_write_text
 
-CONFIDENCE_FILE = "confidence.json"  # in a run directory
 SIGNAL = "mean_log_prob"  # the only signal a calibration maps today
 DEFAULT_BINS = 20  # equal-count bins of the validation set before the isotonic fit
 UNCALIBRATED = "uncalibrated: exp of the mean token log-probability"
@@ -158,8 +158,6 @@ def fit_calibration(
 
 def write_calibration(path: str | Path, calibration: Calibration) -> None:
     """Write `calibration` as JSON (atomically: a reader never sees half a file)."""
-    from mtrain.rundir import atomic_write_text
-
     atomic_write_text(path, json.dumps(calibration.to_json(), indent=2) + "\n")
 
 
