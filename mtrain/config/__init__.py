@@ -78,7 +78,7 @@ from mtrain.config.decode import (
     TermPlacement,
     alignment_level,
 )
-from mtrain.config.fit import FitConfig, with_resolved_model
+from mtrain.config.fit import FitConfig, is_hub_id, with_resolved_model
 from mtrain.config.model import (
     Activation,
     AttentionImpl,
@@ -152,6 +152,7 @@ __all__ = [
     "check_corpora",
     "check_model_config",
     "corpora_rules",
+    "is_hub_id",
     "register_configs",
     "resolved_model",
     "source_with_several_targets",

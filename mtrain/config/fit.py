@@ -4,6 +4,7 @@ its seed and the parent it starts from, with the rules between sections."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from mtrain.config.convert import to_typed
@@ -109,3 +110,16 @@ def with_resolved_model(cfg: FitConfig) -> FitConfig:
     `cfg` itself is left as composed."""
     typed: FitConfig = to_typed(cfg)
     return dataclasses.replace(typed, model=resolved_model(typed.model))
+
+
+# A model's id on the Hugging Face Hub, `owner/name` (Helsinki-NLP/opus-mt-de-en): two names of letters,
+# digits, `_`, `.` and `-`, each starting with a letter, digit or `_`, so that `./run`, `../run`,
+# `~/run` and `/run` stay paths, as the Hub's own rule has them (no name starts with `.` or `-`).
+_HUB_ID = re.compile(r"\w[\w.-]*/\w[\w.-]*")
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether `init_from` names a model on the Hugging Face Hub rather than a path (a path that
+    exists is a path whatever it looks like: the callers ask that first). The one answer for the
+    config checks (mtrain.config_checks) and the download (mtrain.train.hf_parent)."""
+    return _HUB_ID.fullmatch(text) is not None
