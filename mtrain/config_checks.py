@@ -8,7 +8,7 @@ after the training budget is spent. It refuses keys outside the schema, walks th
 (ranges are field metadata, cross-key rules each dataclass's `check`: mtrain.config,
 mtrain.config_fields), then checks here what the schema cannot know: that files exist or can
 be written, and what the run to decode is (an `mtrain export` directory decoded by
-CTranslate2, how many decoder layers its config.yaml says it has).
+CTranslate2, how many decoder layers its config.yaml says it has, whether it reads terms).
 """
 
 from __future__ import annotations

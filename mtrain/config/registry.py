@@ -25,7 +25,7 @@ APP_SCHEMAS = {
 
 def register_configs() -> None:
     """Register the schemas so YAML files in configs/ are validated against them."""
-    # Imported here, not above: the data layer's typed signatures import this module, and
+    # Imported here, not above: the data layer's typed signatures import mtrain.config, and
     # encoding worker processes should not pay Hydra's import (0.2 s) for them.
     from hydra.core.config_store import ConfigStore
 
