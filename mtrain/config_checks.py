@@ -8,14 +8,13 @@ after the training budget is spent. It refuses keys outside the schema, walks th
 (ranges are field metadata, cross-key rules each dataclass's `check`: mtrain.config,
 mtrain.config_fields), then checks here what the schema cannot know: that files exist or can
 be written, and what the run to decode is (an `mtrain export` directory decoded by
-CTranslate2, how many decoder layers its config.yaml says it has).
+CTranslate2, how many decoder layers its config.yaml says it has, whether it reads terms).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,12 @@ from mtrain.config import (
     Precision,
     ServeConfig,
     TranslateConfig,
+    is_hub_id,
     to_typed,
 )
 from mtrain.config_fields import check_section
 from mtrain.config_names import did_you_mean, did_you_mean_key, schema_keys
-from mtrain.decoding_rules import Asked, check_decoding
+from mtrain.decoding_rules import Asked, check_decoding, check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
 
@@ -71,6 +71,7 @@ def check_config(cfg: Any) -> None:
         elif isinstance(typed, EvalConfig) and typed.out is not None:
             check_writable_dir(Path(typed.out), "out")
         check_alignment_layer_of_run(typed)
+        check_term_mode_of_run(typed)
     elif isinstance(typed, AverageConfig):
         _check_average_out(typed)
 
@@ -111,8 +112,8 @@ def _check_fit_files(cfg: FitConfig) -> None:
             f"tokenizer.path: {path!r}: no such directory (a run directory, its tokenizer/ or a cache entry)"
         )
     if cfg.init_from is not None:
-        hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", str(cfg.init_from)) is not None  # a Hugging Face model on the hub
-        if not str(cfg.init_from).strip() or not (Path(str(cfg.init_from)).expanduser().exists() or hub_id):
+        init_from = str(cfg.init_from)
+        if not init_from.strip() or not (Path(init_from).expanduser().exists() or is_hub_id(init_from)):
             raise MtrainError(
                 f"init_from: {cfg.init_from!r}: no such run directory, checkpoint file or model directory"
             )
@@ -134,12 +135,10 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
         return
     if _decodes_with_ctranslate2(cfg):
         return  # the last layer, the only one `mtrain export` writes (checked by _check_alignment)
-    run = RunDir(cfg.run)
-    config_file = next((path for path in (run.config_file, run.hydra_dir / "config.yaml") if path.is_file()), None)
-    if config_file is None:
+    run_config = _trained_config(cfg.run)
+    if run_config is None:
         return  # not a run directory, or one without its config: said when the run loads
     try:
-        run_config = OmegaConf.load(config_file)
         model = run_config.model
         layers = int(model.decoder_layers if model.get("layers") is None else model.layers)
         heads = int(model.heads)
@@ -165,6 +164,38 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
     head = decode.alignment_head
     if head is not None and not -heads <= head < heads:
         raise MtrainError(f"decode.alignment_head: {head} is not one of run={cfg.run}'s {heads} heads (0..{heads - 1})")
+
+
+def check_term_mode_of_run(cfg: DecodingCommandConfig) -> None:
+    """A glossary's terms written into the source (decode.term_mode=annotation|both) need a run
+    that reads them: its config.yaml says whether it does (model.term_factors), so a plain run is
+    refused here, before it loads, in the words the request pipeline refuses it with once
+    loaded (mtrain.decoding_rules.check_term_mode). serve: any request may bring terms."""
+    glossary = isinstance(cfg, ServeConfig) or cfg.terms is not None
+    if not glossary or cfg.run is None or cfg.ensemble or _decodes_with_ctranslate2(cfg):
+        return  # (an ensemble's members and an export: the pipeline asks the loaded model)
+    run_config = _trained_config(cfg.run)
+    try:
+        term_aware = bool(run_config.model.get("term_factors", False)) if run_config is not None else None
+    except Exception:  # a config.yaml that is not a run's: said when the run loads
+        term_aware = None
+    if term_aware is not None:
+        check_term_mode(cfg.decode, glossary, term_aware)
+
+
+def _trained_config(run: str) -> Any:
+    """The config run= trained with (its config.yaml, else Hydra's copy), or None where it has
+    none that reads as YAML (not a run directory: said when the run loads)."""
+    run_dir = RunDir(run)
+    config_file = next(
+        (path for path in (run_dir.config_file, run_dir.hydra_dir / "config.yaml") if path.is_file()), None
+    )
+    if config_file is None:
+        return None
+    try:
+        return OmegaConf.load(config_file)
+    except Exception:  # not YAML: said when the run loads
+        return None
 
 
 def _check_decoding_precision(cfg: DecodingCommandConfig) -> None:
@@ -219,19 +250,30 @@ def check_writable_file(path: Path, key: str) -> None:
 
 def check_writable_dir(path: Path, key: str, advice: str | None = None) -> None:
     """A directory `path` exists and is writable, or can be created; else MtrainError naming
-    `key`, with `advice` (default: choose another with key=PATH)."""
-    advice = advice or f"choose another with {key}=PATH"
+    `key`, with `advice` (default: choose another with key=PATH). The one verdict on a directory
+    a command writes into: the config checks (hydra.run.dir, eval's out=), eval's report
+    directory and `mtrain fit` once more as it claims the run (mtrain.cli.fit)."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
-        raise MtrainError(f"{key}: {path} {what}; {advice}")
+        raise MtrainError(f"{key}: {path} {what}; {advice or _choose_another(key)}")
     if not os.access(existing, os.W_OK | os.X_OK):
         # access(2) answers for root too on a read-only mount (EROFS), where permission bits do not
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
         why = f"{existing} is on a read-only file system" if read_only else f"{existing} denies writing"
-        raise MtrainError(f"{key}: {path} is not writable ({why}); {advice}")
+        raise not_writable(path, key, why, advice)
+
+
+def not_writable(path: Path, key: str, why: str, advice: str | None = None) -> MtrainError:
+    """The refusal of a directory that cannot be written, `why` saying what stops it (also for an
+    OSError met once writing starts: its strerror)."""
+    return MtrainError(f"{key}: {path} is not writable ({why}); {advice or _choose_another(key)}")
+
+
+def _choose_another(key: str) -> str:
+    return f"choose another with {key}=PATH"
 
 
 # ----------------------------------------------------------------------------- decode combinations

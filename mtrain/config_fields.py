@@ -1,6 +1,6 @@
 """What a config value may be beyond its type: ranges as field metadata, and the walker.
 
-A number's range is written beside its field in mtrain/config.py, as the field's default:
+A number's range is written beside its field in mtrain/config/, as the field's default:
 
     beam: int = ranged(5, at_least=1)
     top_p: float = ranged(0.9, above=0, at_most=1)

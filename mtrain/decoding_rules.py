@@ -11,6 +11,10 @@ refuses what cannot be honoured together, and both sides call it:
 - the request pipeline (`mtrain.decode.pipeline`), for each HTTP request of either API,
   with the request's field names (`terms: ...`; the server answers 422).
 
+`check_term_mode` is the rule between a glossary's terms and the model: written into the
+source (decode.term_mode), they need a model that reads them there. The config checks ask it
+of run='s config.yaml, the request pipeline of the model it has loaded.
+
 A refusal (`RefusedCombination`) keeps the field and the reason apart: the reason is the same
 words wherever the request came from.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from mtrain.config import AlignmentLevel, DecodeConfig, MbrCandidates, Sampling, alignment_level
+from mtrain.config import AlignmentLevel, DecodeConfig, MbrCandidates, Sampling, TermMode, alignment_level
 from mtrain.errors import MtrainError
 
 # MBR draws and ranks its own candidates, and reranking reorders the n-best by features that
@@ -49,6 +53,12 @@ MARKUP_WITH_SUBWORD_LINKS = (
 CTRANSLATE2_ALIGNMENT_LAYER = (
     "CTranslate2 gives the last layer's attention averaged over heads only; leave both unset "
     "(or layer -1), or use engine=torch"
+)
+# decode.term_mode=annotation|both writes a glossary's terms into the source, which only a model trained
+# to read them there takes (model.term_factors).
+TERMS_IN_A_PLAIN_SOURCE = (
+    "this model reads no terms in its source (it was not trained with model.term_factors=true, "
+    "train.term_alignment=...); use term_mode=constraints or auto"
 )
 CTRANSLATE2_EPSILON = (
     "CTranslate2 has no epsilon sampling (MBR's samples use it when decode.sampling=none); "
@@ -115,6 +125,31 @@ def check_decoding(decode: DecodeConfig, asked: Asked = Asked(), ctranslate2: bo
         )
         if Sampling(decode.sampling) == Sampling.epsilon or (mbr_samples and not decode.samples):
             raise RefusedCombination("decode.sampling", CTRANSLATE2_EPSILON)
+
+
+@dataclass(frozen=True)
+class TermUse:
+    """How glossary terms reach the translation (`decode.term_mode` on a model that does or
+    does not read terms in its source: `model.term_factors`)."""
+
+    constrain: bool  # each term a hard constraint of its sentence (placed by decode.term_placement)
+    annotate: bool  # each term written after its source word (a term-aware model's input)
+
+    @classmethod
+    def of(cls, mode: TermMode | str, term_aware: bool) -> TermUse:
+        mode = TermMode(mode)
+        if mode is TermMode.auto:
+            return cls(constrain=True, annotate=term_aware)
+        return cls(constrain=mode in (TermMode.constraints, TermMode.both), annotate=mode is not TermMode.constraints)
+
+
+def check_term_mode(decode: DecodeConfig, glossary: bool, term_aware: bool, name: str = "decode.term_mode") -> None:
+    """RefusedCombination for a glossary's terms (`glossary`: there are some, or may be: a
+    server's requests) asked as annotation of a model that cannot read them (`term_aware`: it
+    was trained with model.term_factors). The config checks ask it of run='s config before the
+    model loads; the request pipeline of the loaded model (an ensemble, an export)."""
+    if glossary and TermUse.of(decode.term_mode, term_aware).annotate and not term_aware:
+        raise RefusedCombination(f"{name}={TermMode(decode.term_mode).value}", TERMS_IN_A_PLAIN_SOURCE)
 
 
 def _null(value: object) -> str:

@@ -90,22 +90,28 @@ def resolve_precision(name: Precision | str, device: torch.device) -> Precision:
 
 
 def resolve_decode_precision(name: Precision | str, device: torch.device) -> Precision:
-    """Decoding's precision: auto -> what decoded faster where it was measured
-    (scripts/bench_decode.py, Multi30k test_2016_flickr, 1,000 sentences, a 3+3 layer d_model 256 run):
+    """Decoding's precision: auto -> what decodes faster (scripts/bench_decode.py, Multi30k
+    test_2016_flickr, a 3+3 layer d_model 256 model):
 
     - CPU with bf16 matrix instructions (AVX512-BF16 or AMX): bf16, 1.2-2.4x faster than fp32
       (1 thread, depending on the machine's load) at the same BLEU. Other CPUs emulate bf16
       products (~1 GFLOP/s): fp32.
-    - CUDA: fp32. On an H200, bf16 autocast decoded 18-23x slower than fp32 (greedy 148 vs
-      3,461 sent/s, beam 5 67 vs 1,240), before weights were cast once per decode
-      (mtrain.decode.torch_engine); until `scripts/bench_decode.py --devices cuda` shows bf16
-      at least as fast, auto keeps fp32 there.
+    - CUDA with bf16 (Ampere and later): bf16. The one GPU measurement (H200, torch 2.11) had
+      bf16 decoding 18-23x slower than fp32 (beam 5 67 vs 1,240 sent/s) for two reasons, both
+      removed since: autocast cast every weight at every step (mtrain.decode.torch_engine now
+      casts them once), and sdpa sent each bf16 attention call to cuDNN, which builds an
+      execution plan for every new shape, and a decode's shapes change at every step
+      (`decoding_attention_kernels` leaves cuDNN out; fp32 never used it). Not yet measured on a
+      GPU since: the GPU session's decode step (scripts/gpu_session.sh) compares the two.
+      Otherwise fp32 (fp16 decoding is only ever asked for).
     Scores and log-softmax stay fp32 either way.
     """
     precision = as_precision(name)
     check_precision(precision, device)
     if precision is not Precision.auto:
         return precision
+    if device.type == "cuda":
+        return Precision.bf16 if torch.cuda.is_bf16_supported() else Precision.fp32
     if device.type == "cpu" and cpu_has_bf16_matmul():
         return Precision.bf16
     return Precision.fp32
@@ -113,7 +119,7 @@ def resolve_decode_precision(name: Precision | str, device: torch.device) -> Pre
 
 def decode_precision_of_training(precision: Precision, device: torch.device) -> Precision:
     """What a training run validates and tests in: fp32 when it trains in fp32, else what
-    decodes fastest on `device` (on a GPU fp32; see resolve_decode_precision)."""
+    decodes fastest on `device` (see resolve_decode_precision)."""
     return Precision.fp32 if precision is Precision.fp32 else resolve_decode_precision(Precision.auto, device)
 
 
@@ -122,6 +128,25 @@ def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractC
     if not Precision(precision).is_low:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=Precision(precision).dtype)
+
+
+def decoding_attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """sdpa's backends while decoding: on CUDA every one but cuDNN's (a no-op elsewhere).
+
+    torch >= 2.10 with the cuDNN it bundles (>= 9.15) tries cuDNN's attention first on sm90/sm100
+    for bf16/fp16 calls, and cuDNN builds an execution plan (tens to hundreds of ms) for every
+    input shape it has not seen. Training meets a few shapes (bucketed batches); a decode meets
+    new ones at every step (the self-attention keys grow by one, finished sentences leave the
+    batch): ~170 distinct shapes in a beam-5 decode of 200 sentences (scripts/profile_decode.py),
+    the likely cause of bf16 decoding 18x slower than fp32 on an H200. Flash attention takes
+    the unmasked calls, memory-efficient attention the masked ones; fp32 never reaches cuDNN, so
+    its outputs are unchanged. The backend flags are process-wide while the context is open.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def set_threads(num_threads: int | None) -> None:

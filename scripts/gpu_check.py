@@ -21,9 +21,11 @@ are measured.
 
 `--profile` adds, for transformer_big in bf16 (the first model in smoke mode), a
 `torch.profiler` breakdown of a few updates: the top kernels by device time, how much of
-the wall time per update the device was busy (on a GPU), and the host-device
+the wall time per update the device was busy (on a GPU), the host-device
 synchronisations per update (`aten::_local_scalar_dense` — what `.item()`, `bool(t)` and
-`float(t)` run — and the CUDA runtime's synchronising calls).
+`float(t)` run — and the CUDA runtime's synchronising calls), which backend sdpa ran each
+attention call on (flash, memory-efficient, cuDNN or math: by the operator each runs, and their
+kernels' device time by kernel name) and the graphs torch.compile built in the row (0 eager).
 
     scripts/gpu_check.sh                       # one GPU, under 4 minutes on an H100/H200
     scripts/gpu_check.sh --json gpu.json       # also write the figures as JSON
@@ -115,6 +117,7 @@ def smoke_settings(args: argparse.Namespace) -> Settings:
         "model.heads=2",
         "model.ffn_dim=64",
         "model.dropout=0.0",
+        "model.attention_impl=sdpa",  # a GPU's attention path: the profile has sdpa calls to sort
     ]
     return Settings(
         models=args.models.split(","),
@@ -311,6 +314,49 @@ SYNC_CALLS = (
 )  # cudaMemcpy (not ...Async) waits too
 
 
+# sdpa's backends by the operator each runs (forward; torch.profiler's host-side events).
+SDPA_OPERATORS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+}
+
+
+def attention_kernel_backend(kernel: str) -> str | None:
+    """The sdpa backend a CUDA kernel belongs to, by its name; None for other kernels. cuDNN's
+    are `cudnn_generated_..._sdpa_..._flash_fprop...` (so cuDNN before flash); flash's
+    `pytorch_flash::flash_fwd_kernel`/`flash_bwd_...`; memory-efficient attention's
+    `fmha_cutlassF_...(PyTorchMemEffAttention::AttentionKernel...)`. Math has no kernel of its own
+    (bmm, softmax)."""
+    name = kernel.lower()
+    if "cudnn" in name and ("sdpa" in name or "fmha" in name or "attn" in name or "flash" in name):
+        return "cudnn"
+    if "flash" in name:
+        return "flash"
+    if "fmha" in name or "memeff" in name or "attentionkernel" in name or "efficient_attention" in name:
+        return "efficient"
+    return None
+
+
+def sdpa_backends(events, device_events, updates: int) -> dict:
+    """Per backend: forward calls per update (operators) and device ms per update (kernels,
+    forward and backward)."""
+    calls: dict[str, float] = {}
+    for event in events:
+        backend = SDPA_OPERATORS.get(event.key)
+        if backend is not None:
+            calls[backend] = calls.get(backend, 0.0) + event.count / updates
+    device_ms: dict[str, float] = {}
+    for event in device_events:
+        backend = attention_kernel_backend(event.key)
+        if backend is not None:
+            device_ms[backend] = device_ms.get(backend, 0.0) + event.self_device_time_total / 1e3 / updates
+    return {"calls_per_update": calls, "device_ms_per_update": device_ms}
+
+
 def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
     """torch.profiler over `updates` more updates: top kernels by device time (by CPU time
     on a CPU), device-busy share of the wall time, synchronisations per update."""
@@ -345,6 +391,8 @@ def profile(update, device: torch.device, updates: int, top: int = 12) -> dict:
     total = sum(time_of(event) for event in kernels) or 1.0
     return {
         "updates": updates,
+        "sdpa": sdpa_backends(events, kernels if device.type == "cuda" else [], updates),
+        "compiled_graphs": compiled_graphs() or 0,
         "wall_ms_per_update": 1e3 * wall / updates,
         "device_busy_ms_per_update": None if busy is None else 1e3 * busy / updates,
         "device_busy_share": None if busy is None else busy / wall,
@@ -378,6 +426,7 @@ def profile_report(run: Run) -> str:
             else f"scalar reads {prof['syncs_per_update']:.1f}/update (a CPU waits for nothing: on a GPU these "
             "would be syncs, bar the fused optimizer's own)\n"
         ),
+        sdpa_line(prof["sdpa"]) + f"; torch.compile graphs in this row: {prof['compiled_graphs']}\n",
         "| kernel / operator | ms/update | share | calls/update |",
         "|---|---:|---:|---:|",
     ]
@@ -387,6 +436,18 @@ def profile_report(run: Run) -> str:
             f"{row['calls_per_update']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def sdpa_line(sdpa: dict) -> str:
+    """Which backend sdpa ran the attention on, e.g. `sdpa: flash 12/update (1.9 ms), efficient 6/update (0.8 ms)`."""
+    calls, device_ms = sdpa["calls_per_update"], sdpa["device_ms_per_update"]
+    if not calls and not device_ms:
+        return "sdpa: no call (attention_impl=math: matmul and softmax)"
+    parts = []
+    for backend in sorted(set(calls) | set(device_ms)):
+        ms = f" ({device_ms[backend]:.2f} ms)" if backend in device_ms else ""
+        parts.append(f"{backend} {calls.get(backend, 0):.0f}/update{ms}")
+    return "sdpa: " + ", ".join(parts)
 
 
 def tracking_check(settings: Settings, data: PreparedData, device: torch.device, run_dir: Path) -> dict:

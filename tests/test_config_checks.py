@@ -454,3 +454,98 @@ def test_serve_and_translate_refuse_a_decode_value_alike(overrides, start, capsy
     for command in ("translate", "serve"):
         status, lines = run_check(command, ["run=somewhere", *overrides], capsys)
         assert_refused(status, lines, start)
+
+
+# ----------------------------------------------------------------------------- one rule, every caller (issue 60)
+def _fit_verdict(run: Path) -> str | None:
+    """What `mtrain fit` says of `run` as it claims it (rank 0) and as every rank checks it
+    (mtrain.cli.fit); None: it would train there."""
+    from mtrain.cli.fit import _check_run_dir, _claim
+    from mtrain.errors import MtrainError
+    from mtrain.rundir import RunDir
+
+    said: list[str | None] = []
+    for rank_zero in (True, False):
+        try:
+            if rank_zero:
+                with _claim(RunDir(run)):
+                    pass
+            else:
+                _check_run_dir(RunDir(run), FitConfig())
+            said.append(None)
+        except MtrainError as error:
+            said.append(str(error))
+    assert said[0] == said[1], said  # rank 0 and the other ranks alike
+    return said[0]
+
+
+@pytest.mark.parametrize(
+    "where, refusal",
+    [
+        ("new/run", None),
+        ("existing", None),
+        ("file", "{path} is a file; choose another with hydra.run.dir=PATH"),
+        ("file/run", "{path} cannot be made: {tmp}/file is a file; choose another with hydra.run.dir=PATH"),
+        ("locked/run", "{path} is not writable ({tmp}/locked denies writing); choose another with hydra.run.dir=PATH"),
+    ],
+)
+def test_a_run_directory_is_judged_by_one_rule_before_the_command_and_as_fit_claims_it(
+    tmp_path, capsys, where, refusal
+):
+    """The command's check (hydra.run.dir, before Hydra makes it) and `mtrain fit` as it starts
+    (library callers and torchrun's ranks come in there) say the same, in the same words."""
+    if where.startswith("locked") and os.geteuid() == 0:
+        pytest.skip("root may write anywhere")
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    path = tmp_path / where
+    expected = None if refusal is None else "hydra.run.dir: " + refusal.format(path=path, tmp=tmp_path)
+    status, lines = run_check("fit", ["experiment=multi30k_cpu", f"hydra.run.dir={path}"], capsys)
+    assert (status, lines) == ((0, []) if expected is None else (2, [f"mtrain: error: {expected}"]))
+    assert _fit_verdict(path) == expected
+
+
+@pytest.mark.parametrize(
+    "init_from, hub_id",
+    [
+        ("Helsinki-NLP/opus-mt-de-en", True),
+        ("facebook/nllb-200-distilled-600M", True),
+        ("runs/m30k", True),  # (no such directory here: then it can only be a model on the Hub)
+        ("./m30k", False),
+        (".cache/model", False),
+        ("~/model", False),
+        ("/no/such/model", False),
+        ("runs/m30k/best.pt", False),
+        ("my runs/m30k", False),
+        ("-x/model", False),
+    ],
+)
+def test_a_hub_id_is_one_rule_for_the_config_check_and_the_download(tmp_path, monkeypatch, init_from, hub_id):
+    """init_from= that is no path: the config check lets it pass exactly when the fine-tune then
+    asks the Hub for it (mtrain.train.hf_parent), offline here, so from an empty cache."""
+    pytest.importorskip("huggingface_hub")
+    from mtrain.config import is_hub_id
+    from mtrain.config_checks import check_config
+    from mtrain.errors import MtrainError
+    from mtrain.train.hf_parent import resolve_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert is_hub_id(init_from) is hub_id
+    said: list[str | None] = []  # the config check's refusal, the download's
+    for ask in (lambda: check_config(FitConfig(init_from=init_from)), lambda: resolve_hub_id(init_from)):
+        try:
+            ask()
+            said.append(None)
+        except MtrainError as error:
+            said.append(str(error))
+    check, download = said
+    if hub_id:  # passes the check, then is asked of the Hub (here: not in the empty cache)
+        assert check is None and "not found in the local Hugging Face cache (HF_HUB_OFFLINE is set)" in str(download)
+    else:  # refused as a path that does not exist, never asked of the Hub
+        assert (check, download) == (
+            f"init_from: {init_from!r}: no such run directory, checkpoint file or model directory",
+            None,
+        )

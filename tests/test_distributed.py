@@ -101,3 +101,23 @@ def test_resume_under_two_ranks_matches_uninterrupted(tmp_path, two_ranks):
     a, b = (torch.load(run / "checkpoints" / "last.pt", weights_only=True) for run in (straight, tmp_path / "resumed"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+
+
+def test_one_process_under_torchrun_joins_a_group_of_one(monkeypatch):
+    """torchrun --nproc_per_node=1 trains in DDP too (the GPU session's NCCL step); without
+    torchrun's environment a process stays alone."""
+    from mtrain.train.distributed import init_distributed, shutdown_distributed
+
+    for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert not init_distributed("cpu").enabled
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun sets, with the rest
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    context = init_distributed("cpu")
+    try:
+        assert context.enabled and context.is_main and context.world_size == 1
+        assert torch.distributed.get_backend() == "gloo" and context.sum_each([2.0, 3.0]) == [2.0, 3.0]
+    finally:
+        shutdown_distributed(context)

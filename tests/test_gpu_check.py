@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -43,6 +44,9 @@ def test_smoke_mode_measures_every_mode_and_tracks_bf16(tmp_path):
     assert profile["updates"] == 5 and profile["wall_ms_per_update"] > 0 and len(profile["top"]) == 12
     assert sum(row["share"] for row in profile["top"]) <= 1.0 and "aten::mm" in {row["name"] for row in profile["top"]}
     assert "profile of transformer_base bf16, 5 updates" in result.stdout
+    # the smoke takes sdpa (a GPU's attention path): a CPU runs its flash kernel, 3 calls an update
+    assert profile["sdpa"]["calls_per_update"] == {"flash (CPU)": 3.0} and profile["compiled_graphs"] == 0
+    assert "sdpa: flash (CPU) 3/update; torch.compile graphs in this row: 0" in result.stdout
 
 
 def test_every_row_has_its_own_time_limit(tmp_path):
@@ -66,3 +70,36 @@ def test_every_row_has_its_own_time_limit(tmp_path):
         ("bf16+compile", "timed out after 1 s"),
     ]
     assert "| transformer_base | bf16+compile | skipped: timed out after 1 s" in result.stdout
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_check", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_attention_kernels_are_sorted_by_backend_from_their_names():
+    """Kernel names as a GPU's profiler shows them (torch 2.x on sm90)."""
+    backend = load_gpu_check().attention_kernel_backend
+    assert backend("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1") == "cudnn"
+    assert backend("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4>, true>(Params)") == (
+        "flash"
+    )
+    assert backend("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<>::Params)") == (
+        "efficient"
+    )
+    assert backend("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)") == (
+        "efficient"
+    )
+    assert backend("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") is None
+    assert backend("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>") is None
+
+
+def test_the_sdpa_line_names_each_backend_or_says_there_was_no_call():
+    sdpa_line = load_gpu_check().sdpa_line
+    sdpa = {"calls_per_update": {"flash": 12.0, "efficient": 6.0}, "device_ms_per_update": {"flash": 1.94}}
+    assert sdpa_line(sdpa) == "sdpa: efficient 6/update, flash 12/update (1.94 ms)"
+    empty = {"calls_per_update": {}, "device_ms_per_update": {}}
+    assert sdpa_line(empty) == "sdpa: no call (attention_impl=math: matmul and softmax)"

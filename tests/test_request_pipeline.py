@@ -263,6 +263,45 @@ def test_what_ctranslate2_cannot_honour_is_one_refusal_everywhere(
             assert answer.status_code == 422 and answer.json()["error"].endswith(CONSTRAINTS_WITH_CTRANSLATE2)
 
 
+@pytest.mark.parametrize(
+    ("mode", "refused"), [("annotation", True), ("both", True), ("auto", False), ("constraints", False)]
+)
+def test_terms_as_annotation_of_a_plain_model_is_one_refusal_everywhere(
+    served, run_dir, files, capsys, tmp_path, mode, refused
+):
+    """decode.term_mode's rule (mtrain.decoding_rules.check_term_mode): the command line refuses
+    it before the model loads (run='s config.yaml says it reads no terms), the request pipeline
+    once it has loaded (translate's stream, as for an ensemble or an export), and both APIs with
+    422, in one wording; a mode the model can honour passes everywhere."""
+    from mtrain.config import FitConfig, ModelConfig
+    from mtrain.decoding_rules import TERMS_IN_A_PLAIN_SOURCE, RefusedCombination
+
+    plain = tmp_path / "plain_run"  # run_dir with the config.yaml `mtrain fit` writes beside its checkpoints
+    plain.mkdir()
+    for part in ("tokenizer", "checkpoints"):
+        (plain / part).symlink_to(run_dir / part)
+    (plain / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL)))))
+    refusal = f"decode.term_mode={mode}: {TERMS_IN_A_PLAIN_SOURCE}"
+    argv = [f"run={plain}", f"input={files['plain']}", f"terms={files['terms']}", f"decode.term_mode={mode}"]
+    settings = {"input": files["plain"], "terms": files["terms"], "decode": {"term_mode": mode}}
+    body = {"text": SENTENCES, "terms": [list(t) for t in TERMS]}
+    libre_body = libre({"q": SENTENCES[0], "terms": files["terms"].read_text(encoding="utf-8")})
+    with client(served, run_dir, decode={"term_mode": mode}) as api:
+        if refused:
+            assert cli_refusal(argv, capsys) == f"mtrain: error: {refusal}"
+            with pytest.raises(RefusedCombination) as stream_refusal:
+                translate_lines(served, tmp_path, **settings)
+            assert str(stream_refusal.value) == refusal
+            for answer in (api.post("/translate", json=body), api.post("/translate", json=libre_body)):
+                assert (answer.status_code, answer.json()["error"]) == (422, refusal)
+        else:
+            from mtrain.cli.common import check_before_run
+
+            check_before_run("translate", argv)
+            assert len(translate_lines(served, tmp_path, **settings)) == len(SENTENCES)
+            assert [api.post("/translate", json=b).status_code for b in (body, libre_body)] == [200, 200]
+
+
 # ------------------------------------------------------------------ what the start and end lines say
 def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(DecodeConfig()) == "beam 5"

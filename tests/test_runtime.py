@@ -44,10 +44,33 @@ def test_auto_trains_in_fp32_when_torch_is_limited_to_avx2():
 def test_auto_decodes_in_bf16_only_on_cpus_with_bf16_products(monkeypatch, has_bf16, expected):
     monkeypatch.setattr(runtime, "cpu_has_bf16_matmul", lambda: has_bf16)
     assert runtime.resolve_decode_precision("auto", torch.device("cpu")) is expected
-    assert runtime.resolve_decode_precision("auto", torch.device("cuda")) is Precision.fp32
     assert runtime.resolve_decode_precision("bf16", torch.device("cpu")) is Precision.bf16
     with pytest.raises(MtrainError, match="precision='fp8'"):
         runtime.resolve_decode_precision("fp8", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gpu_has_bf16,expected", [(True, Precision.bf16), (False, Precision.fp32)])
+def test_auto_decodes_in_bf16_on_gpus_with_bf16(monkeypatch, gpu_has_bf16, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: gpu_has_bf16)
+    assert runtime.resolve_decode_precision("auto", torch.device("cuda")) is expected
+    assert runtime.resolve_decode_precision("fp32", torch.device("cuda")) is Precision.fp32
+
+
+def test_decoding_leaves_cudnn_attention_out_on_cuda_only():
+    """cuDNN's attention builds a plan per new shape; a decode has new shapes at every step."""
+    flags = (
+        torch.backends.cuda.cudnn_sdp_enabled,
+        torch.backends.cuda.flash_sdp_enabled,
+        torch.backends.cuda.mem_efficient_sdp_enabled,
+        torch.backends.cuda.math_sdp_enabled,
+    )
+    before = [flag() for flag in flags]
+    assert before[0]  # torch's default: cuDNN allowed
+    with runtime.decoding_attention_kernels(torch.device("cuda")):
+        assert [flag() for flag in flags] == [False, True, True, True]
+    assert [flag() for flag in flags] == before
+    with runtime.decoding_attention_kernels(torch.device("cpu")):
+        assert [flag() for flag in flags] == before
 
 
 @pytest.mark.parametrize("has_bf16", [True, False])

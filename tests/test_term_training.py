@@ -23,9 +23,10 @@ from mtrain.batches.guided_alignment import word_starts, words_of
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.decode.controls import line_controls
-from mtrain.decode.pipeline import DecodeRequest, Options, RequestPipeline, check_term_mode
+from mtrain.decode.pipeline import DecodeRequest, Options, RequestPipeline
 from mtrain.decode.stream import translate_stream
 from mtrain.decode.terminology import Glossary
+from mtrain.decoding_rules import check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.serve.app import build_app

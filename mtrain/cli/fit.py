@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from mtrain.cli.fit_scoring import (
 )
 from mtrain.cli.run_log import RunLog
 from mtrain.config import FitConfig, with_resolved_model
+from mtrain.config_checks import check_writable_dir, not_writable
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, RunLock, atomic_write_text
 
@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
     from mtrain.train.init_from import Lineage, Parent
 
 log = logging.getLogger("mtrain")
+# The key that names the run directory in its refusals (as the config checks name it: mtrain.cli.common).
+RUN_DIR_KEY = "hydra.run.dir"
 
 
 def run_fit(
@@ -82,14 +84,14 @@ def _claim(run: RunDir) -> Iterator[RunLog | None]:
         yield None
         return
     with RunLog() as run_log:
-        _check_is_directory(run.path)
+        check_writable_dir(run.path, RUN_DIR_KEY)
         lock = RunLock(run)
         made_here = not run.path.exists()  # (the command's is made by Hydra: mtrain.cli.common removes it)
         try:
             run.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-        except OSError as error:
-            raise _not_writable(run.path, error) from error
+        except OSError as error:  # what the check could not foresee (a full disk, a race)
+            raise not_writable(run.path, RUN_DIR_KEY, error.strerror or str(error)) from error
         try:
             yield run_log
         except MtrainError:
@@ -389,7 +391,7 @@ def next_steps(run: RunDir, has_test: bool = True, directions: Sequence[tuple[st
 
 def _check_run_dir(run: RunDir, cfg: FitConfig) -> Path | None:
     """Refuse a run directory that cannot be used as asked; the checkpoint to resume, if any."""
-    _check_writable(run.path)
+    check_writable_dir(run.path, RUN_DIR_KEY)  # (every rank: rank 0 alone writes, after `_claim`)
     if run.has_checkpoints() and cfg.init_from is not None:
         raise MtrainError(
             f"init_from={cfg.init_from}: {run.path} already has checkpoints; to continue that run, resume it with "
@@ -468,31 +470,6 @@ def _record_provenance(
     )
     provenance.append_session(run.provenance_file, record)
     log.info("%s (%s)", provenance.describe(record), run.provenance_file.name)
-
-
-def _check_is_directory(run_dir: Path) -> None:
-    if run_dir.exists() and not run_dir.is_dir():
-        raise MtrainError(
-            f"hydra.run.dir={run_dir}: is a file, not a directory; choose another with hydra.run.dir=PATH"
-        )
-
-
-def _not_writable(run_dir: Path, error: OSError) -> MtrainError:
-    return MtrainError(
-        f"hydra.run.dir={run_dir}: output directory is not writable ({error.strerror}); choose "
-        "another with hydra.run.dir=PATH"
-    )
-
-
-def _check_writable(run_dir: Path) -> None:
-    _check_is_directory(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write_test.{os.getpid()}"  # one per rank: ranks share the directory
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as error:
-        raise _not_writable(run_dir, error) from error
 
 
 @mtrain_app("fit")

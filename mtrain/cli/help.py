@@ -3,7 +3,7 @@
 Keys, types and defaults come from composing the command's config (with the overrides given
 on the same command line, so `mtrain fit experiment=multi30k_cpu --help` shows that preset's
 values); descriptions are the comments beside and above each field of the schema dataclasses
-in mtrain/config.py, read from their source. Neither torch nor the command's module is
+in mtrain/config/, read from their source. Neither torch nor the command's module is
 imported, so help appears in well under a second. Hydra's own help stays at `--hydra-help`.
 """
 

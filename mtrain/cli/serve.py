@@ -38,10 +38,10 @@ def run_serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     from mtrain.decode.controls import LineControls, describe_controls
-    from mtrain.decode.pipeline import check_term_mode
     from mtrain.decode.rerank import check_rerank_files
     from mtrain.decode.selection import describe_search
     from mtrain.decode.threads import describe_threads, set_decode_threads
+    from mtrain.decoding_rules import check_term_mode
     from mtrain.runtime import resolve_device
     from mtrain.serve.app import build_app
     from mtrain.serve.guards import check_browser_rules

@@ -9,7 +9,7 @@ steps wherever it came from:
    settings and the engine (`mtrain.decoding_rules`: the rules the config checks apply too);
 2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.markup`), the
    glossary's terms found in the plain text and added to its constraints
-   (`mtrain.decode.terminology`; `decode.term_mode`: `TermUse`);
+   (`mtrain.decode.terminology`; `decode.term_mode`: `mtrain.decoding_rules.TermUse`);
 3. `decode` (a batch of prepared sentences, of one request or, in the server's batcher, of
    several): sources encoded and cut to the input limit, a term-aware model's terms written
    into them (mtrain.tokenizer.term_factors), controls encoded as target ids
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from mtrain.config import DecodeConfig, Precision, TermMode, to_typed
+from mtrain.config import DecodeConfig, Precision, to_typed
 from mtrain.decode.alignment import word_indices
 from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
 from mtrain.decode.engine import Engine, as_engine
@@ -40,7 +40,7 @@ from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_mark
 from mtrain.decode.placement import sentence_end_count
 from mtrain.decode.terminology import Glossary
 from mtrain.decode.translator import translate_encoded
-from mtrain.decoding_rules import Asked, check_decoding
+from mtrain.decoding_rules import Asked, TermUse, check_decoding, check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.term_factors import TERM_TARGET, annotate, split_ids
@@ -152,22 +152,6 @@ class PipelineStats:
             self.terms_met += sum(" ".join(phrase.split()) in words for phrase in sentence.terms)
 
 
-@dataclass(frozen=True)
-class TermUse:
-    """How glossary terms reach the translation (`decode.term_mode` on a model that does or
-    does not read terms in its source: `model.term_factors`)."""
-
-    constrain: bool  # each term a hard constraint of its sentence (placed by decode.term_placement)
-    annotate: bool  # each term written after its source word (a term-aware model's input)
-
-    @classmethod
-    def of(cls, mode: TermMode | str, term_aware: bool) -> TermUse:
-        mode = TermMode(mode)
-        if mode is TermMode.auto:
-            return cls(constrain=True, annotate=term_aware)
-        return cls(constrain=mode in (TermMode.constraints, TermMode.both), annotate=mode is not TermMode.constraints)
-
-
 def reads_terms(model: Any) -> bool:
     """Whether `model` (mtrain's model, an ensemble or an engine) reads terms in its source."""
     members = getattr(model, "members", None)
@@ -178,15 +162,6 @@ def reads_terms(model: Any) -> bool:
             return reads_terms(getattr(model, wrapped))
     embed = getattr(model, "src_embed", None)
     return embed is not None and getattr(embed, "factors", None) is not None
-
-
-def check_term_mode(decode: DecodeConfig, glossary: bool, term_aware: bool, name: str = "decode.term_mode") -> None:
-    """MtrainError for terms asked as annotation of a model that cannot read them."""
-    if glossary and TermUse.of(decode.term_mode, term_aware).annotate and not term_aware:
-        raise MtrainError(
-            f"{name}={TermMode(decode.term_mode).value}: this model reads no terms in its source (it was not "
-            "trained with model.term_factors=true, train.term_alignment=...); use term_mode=constraints or auto"
-        )
 
 
 def asked_of(requests: Sequence[DecodeRequest], options: Options) -> Asked:
@@ -207,8 +182,8 @@ def check_requests(
     requests: Sequence[DecodeRequest], options: Options, ctranslate2: bool, term_aware: bool = False
 ) -> None:
     """1. RefusedCombination (mtrain.decoding_rules) for what cannot be honoured together on
-    this engine (`ctranslate2`: CTranslate2's, else mtrain's own); MtrainError for terms asked
-    as annotation of a model that is not `term_aware`."""
+    this engine (`ctranslate2`: CTranslate2's, else mtrain's own), and for terms asked as
+    annotation of a model that is not `term_aware`."""
     check_decoding(options.decode, asked_of(requests, options), ctranslate2)
     check_term_mode(options.decode, options.glossary is not None, term_aware)
 

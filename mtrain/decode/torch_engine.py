@@ -23,7 +23,7 @@ from mtrain.decode.constraints import ControlIds
 from mtrain.decode.generator import generate
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.decode.placement import PlacementVocab
-from mtrain.runtime import autocast
+from mtrain.runtime import autocast, decoding_attention_kernels
 
 if TYPE_CHECKING:
     from mtrain.decode.ensemble import EnsembleModel
@@ -98,7 +98,7 @@ class TorchEngine:
         was_training = self.model.training
         self.model.eval()  # no dropout while decoding (the trainer decodes mid-training)
         try:
-            with autocast(self.device, self.precision):
+            with autocast(self.device, self.precision), decoding_attention_kernels(self.device):
                 return generate(
                     self.model,
                     src_tokens,

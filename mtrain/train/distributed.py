@@ -1,11 +1,14 @@
 """DDP through torchrun: process-group setup and the few collectives the trainer needs.
 
 `mtrain fit` runs unchanged with or without torchrun: without the torchrun environment
-variables the context is a single process (rank 0 of 1) and every helper is a no-op.
+variables the context is a single process (rank 0 of 1) and every helper is a no-op. Under
+torchrun even one process joins a process group and trains in DDP (a group of one: what the GPU
+session's DDP step runs to have NCCL run on a machine with one GPU).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,12 +17,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("mtrain")
+
 
 @dataclass
 class DistributedContext:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    joined: bool = False  # in a process group (under torchrun), even a group of one
 
     @property
     def is_main(self) -> bool:
@@ -27,7 +33,7 @@ class DistributedContext:
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.joined
 
     def barrier(self) -> None:
         if self.enabled:
@@ -68,7 +74,7 @@ def launched_rank() -> int:
 def init_distributed(device_name: str) -> DistributedContext:
     """Join the process group torchrun describes (nccl on GPU, gloo on CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it, even for one process
         return DistributedContext()
     rank = launched_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -77,7 +83,8 @@ def init_distributed(device_name: str) -> DistributedContext:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=30))
-    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size)
+    log.info("torch.distributed: rank %d of %d, backend %s (DDP)", rank, world_size, dist.get_backend())
+    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, joined=True)
 
 
 def shutdown_distributed(context: DistributedContext) -> None:

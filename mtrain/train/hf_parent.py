@@ -40,7 +40,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtrain.config import DataConfig, ModelConfig, Positions, TokenizerConfig, check_model_config, to_plain
+from mtrain.config import (
+    DataConfig,
+    ModelConfig,
+    Positions,
+    TokenizerConfig,
+    check_model_config,
+    is_hub_id,
+    to_plain,
+)
 from mtrain.errors import MtrainError
 from mtrain.model.embeddings import padded_rows
 from mtrain.model.positions import marian_sinusoidal_table, sinusoidal_table
@@ -92,7 +100,7 @@ def resolve_hub_id(init_from: str) -> Path | None:
     """A hub id (`Helsinki-NLP/opus-mt-de-en`) as a local snapshot: downloaded, or with
     HF_HUB_OFFLINE=1 taken from the local cache only; None when `init_from` is not a hub id."""
     text = str(init_from)
-    if Path(text).expanduser().exists() or text.count("/") != 1 or text.startswith((".", "/", "~")):
+    if Path(text).expanduser().exists() or not is_hub_id(text):
         return None
     try:
         from huggingface_hub import snapshot_download
