@@ -6,6 +6,7 @@ variables the context is a single process (rank 0 of 1) and every helper is a no
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass
@@ -52,6 +54,18 @@ class DistributedContext:
     def any(self, flag: bool) -> bool:
         """True on every rank when `flag` is True on any rank (e.g. a stop request)."""
         return self.sum(1.0 if flag else 0.0) > 0
+
+
+def data_parallel(network: torch.nn.Module, device: torch.device) -> DistributedDataParallel:
+    """`network` in DDP, whose one collective per update is its gradient reduction (one per bucket).
+
+    Its buffers (position tables, the output vocabulary's mask) are constants built alike on every
+    rank: DDP's default broadcast of them from rank 0 before every forward would be a collective
+    per batch, so it is turned off (DDP still syncs them once as it wraps the network)."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return DistributedDataParallel(network, device_ids=device_ids, forward_sync_buffers=False)
+    return DistributedDataParallel(network, device_ids=device_ids, broadcast_buffers=False)  # torch before 2.13
 
 
 def _collective_device() -> torch.device:
