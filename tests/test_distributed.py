@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.ddp_probe import run_two_ranks
 from tests.test_fit import TINY
 from tests.warm_process import run_python
 
@@ -101,3 +102,30 @@ def test_resume_under_two_ranks_matches_uninterrupted(tmp_path, two_ranks):
     a, b = (torch.load(run / "checkpoints" / "last.pt", weights_only=True) for run in (straight, tmp_path / "resumed"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+
+
+@pytest.mark.slow
+def test_an_ordinary_ddp_update_exchanges_nothing_beyond_the_gradient_reduction(tmp_path, multi30k_slice):
+    """Per update, the loop's only collective is DDP's gradient all-reduce (one per bucket: the
+    tiny model's gradients fill one); the ranks agree on stopping in one more collective, and
+    only when an agreement is due (here after the first update, then every 30 s: never again).
+    Before issue 61 an update also summed the token counts and agreed on the stop signal and
+    the time budget: 3 collectives each."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_updates=12",
+        "train.validate_every=1000",  # a validation exchanges more (rank 0's results): none mid-run
+        "train.save_every=null",
+    ]
+    records = run_two_ranks(overrides, tmp_path / "run", agree_every_s=30.0)
+    for record in records:
+        rows = record["iterations"]
+        assert [row["update"] for row in rows] == list(range(1, 12))
+        # DDP rebuilds its buckets in the second update (broadcasts): from the third on it is settled
+        settled = [row for row in rows if row["update"] >= 3]
+        assert {row["in_update"] for row in settled} == {1}
+        assert all(row["collectives"] == 1 + row["in_agreement"] for row in settled)
+        assert all(row["in_agreement"] == int(row["agreed"]) for row in rows)
+        assert [row["update"] for row in rows if row["agreed"]] == [1]

@@ -40,9 +40,9 @@ class Agreement:
     """`due(update)`: whether the ranks agree after this update; `agree(ballot, update, ahead)`
     counts the ballots and fixes the next agreement `ahead` updates later (rank 0's choice)."""
 
-    def __init__(self, dist: DistributedContext, every_seconds: float = AGREE_EVERY_S) -> None:
+    def __init__(self, dist: DistributedContext) -> None:
         self.dist = dist
-        self.every_seconds = every_seconds
+        self.every_seconds = AGREE_EVERY_S
         self.next_update: int | None = None  # None: after the next update (and before the first)
         self.held = 0  # agreements so far (collectives under DDP)
 
