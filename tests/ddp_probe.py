@@ -109,3 +109,51 @@ def _probe(rank: int, port: int, overrides: list[str], run_dir: str, agree_every
     rows = [row for row in rows if "collectives" in row]  # the last update's iteration ends with training
     record = {"iterations": rows, "host_reads": host_reads}
     (Path(run_dir) / f"probe{rank}.json").write_text(json.dumps(record))
+
+
+def run_with_a_death(overrides: list[str], run_dir: Path, dying_rank: int, at_update: int) -> dict[str, Any]:
+    """Train `overrides` on two gloo ranks until rank `dying_rank` is killed (SIGKILL) as update
+    `at_update` begins; the survivor's record: {error: the MtrainError line it ended with (None:
+    none), seconds: from the death to that error}."""
+    port = free_port()
+    context = torch.multiprocessing.start_processes(
+        _dying, args=(port, overrides, str(run_dir), dying_rank, at_update), nprocs=2, join=False
+    )
+    for process in context.processes:  # (spawn's join would end the survivor as the other dies)
+        process.join(timeout=240)
+        if process.is_alive():
+            process.kill()
+    survivor = 1 - dying_rank
+    return json.loads((run_dir / f"survivor{survivor}.json").read_text())
+
+
+def _dying(rank: int, port: int, overrides: list[str], run_dir: str, dying_rank: int, at_update: int) -> None:
+    import signal
+    import time
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    from mtrain.cli.fit import run_fit
+    from mtrain.errors import MtrainError
+    from mtrain.train.trainer import Trainer
+    from tests.test_fit import compose_fit
+
+    death = Path(run_dir) / "death"
+    run_update = Trainer.run_update
+
+    def mortal_update(self: Trainer) -> Any:
+        if rank == dying_rank and self.state.update + 1 == at_update:
+            death.write_text(str(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run_update(self)
+
+    Trainer.run_update = mortal_update  # type: ignore[method-assign]
+    error = None
+    try:
+        run_fit(compose_fit(overrides), Path(run_dir))
+    except MtrainError as raised:
+        error = str(raised)
+    ended = time.monotonic()
+    seconds = ended - float(death.read_text()) if death.exists() else None
+    (Path(run_dir) / f"survivor{rank}.json").write_text(json.dumps({"error": error, "seconds": seconds}))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.ddp_probe import run_two_ranks
+from tests.ddp_probe import run_two_ranks, run_with_a_death
 from tests.test_fit import TINY
 from tests.warm_process import run_python
 
@@ -129,3 +129,22 @@ def test_an_ordinary_ddp_update_exchanges_nothing_beyond_the_gradient_reduction(
         assert all(row["collectives"] == 1 + row["in_agreement"] for row in settled)
         assert all(row["in_agreement"] == int(row["agreed"]) for row in rows)
         assert [row["update"] for row in rows if row["agreed"]] == [1]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_other_with_one_line_naming_it(tmp_path, multi30k_slice):
+    """Rank 1 killed (SIGKILL) as update 4 begins: rank 0, in the update's gradient all-reduce,
+    stops within seconds with one line naming rank 1 and the cause (a traceback before)."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_updates=40",
+        "train.validate_every=1000",
+        "train.ddp_timeout=2m",
+    ]
+    survivor = run_with_a_death(overrides, tmp_path / "run", dying_rank=1, at_update=4)
+    assert survivor["error"] is not None and "\n" not in survivor["error"]
+    assert survivor["error"].startswith("rank 0: rank 1 is gone (gloo: Connection closed by peer"), survivor["error"]
+    assert "during training (update 3)" in survivor["error"] and "train.resume=true" in survivor["error"]
+    assert survivor["seconds"] < 30

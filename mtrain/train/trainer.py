@@ -142,6 +142,8 @@ class Trainer:
         log.info("%s", self.parts.describe(self.cfg, self.dist.world_size))
         self.stop_signal.install()
         self.budget.start(self.state, self._resumed)
+        if self.dist.enabled and self.dist.is_main:
+            log.info("%s", self.dist.describe(self.budget.run.cost))
         self._clock_origin = time.perf_counter() - self.state.train_seconds
         self._session_start = (self.state.update, self.state.train_seconds)
         stop_reason = self._stop_reason(self._agree())  # a resumed run may already be done
