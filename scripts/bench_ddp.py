@@ -55,7 +55,14 @@ def tokens_per_second(log_text: str) -> float:
 def train(tree: Path, run_dir: Path, cache: Path, seconds: int, overrides: list[str]) -> float:
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mtrain"]
-    command += ["fit", *CONFIG, *overrides, f"train.max_train_time={seconds}s", f"data.cache_dir={cache}", f"hydra.run.dir={run_dir}"]
+    command += [
+        "fit",
+        *CONFIG,
+        *overrides,
+        f"train.max_train_time={seconds}s",
+        f"data.cache_dir={cache}",
+        f"hydra.run.dir={run_dir}",
+    ]
     result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=seconds * 6 + 300)
     if result.returncode != 0:
         sys.exit(f"bench_ddp: {tree} failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -83,7 +90,9 @@ def main() -> None:
                 rates[name].append(rate)
                 print(f"round {round_index + 1} {name}: {rate:.0f} tgt tok/s", flush=True)
         for name, values in rates.items():
-            print(f"{name}: median {statistics.median(values):.0f} tgt tok/s over {len(values)} runs of {args.seconds} s")
+            print(
+                f"{name}: median {statistics.median(values):.0f} tgt tok/s over {len(values)} runs of {args.seconds} s"
+            )
 
 
 if __name__ == "__main__":

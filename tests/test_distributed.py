@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.train.budget import EndCost
+from mtrain.train.distributed import DistributedContext
 from tests.ddp_probe import run_two_ranks, run_with_a_death
 from tests.test_fit import TINY
 from tests.warm_process import run_python
@@ -148,3 +150,25 @@ def test_a_rank_that_dies_ends_the_other_with_one_line_naming_it(tmp_path, multi
     assert survivor["error"].startswith("rank 0: rank 1 is gone (gloo: Connection closed by peer"), survivor["error"]
     assert "during training (update 3)" in survivor["error"] and "train.resume=true" in survivor["error"]
     assert survivor["seconds"] < 30
+
+
+def test_a_collective_that_failed_as_a_peer_died_is_one_line_naming_it():
+    context = DistributedContext(rank=1, world_size=2, backend="gloo", timeout_seconds=120.0)
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242. "
+        "This is typically caused by a remote worker crashing. Check the logs of the remote worker."
+    )
+    gone = context.peer_failure(gloo, "training (update 7)")
+    assert gone is not None and str(gone) == (
+        "rank 1: rank 0 is gone (gloo: Connection closed by peer [127.0.0.1]:4242) during training (update 7); "
+        "the job stops (train.resume=true continues from the last checkpoint)"
+    )
+    assert context.peer_failure(ValueError("a bug of ours"), "training") is None
+    assert DistributedContext().peer_failure(gloo, "training") is None  # one process has no peers
+
+
+def test_the_ddp_line_states_the_timeout_against_rank_0s_solo_work():
+    context = DistributedContext(world_size=2, backend="nccl", timeout_seconds=600.0)
+    assert context.describe(None).endswith("not estimated (no train.max_time)")
+    line = context.describe(EndCost(validation=700.0, save=5.0, test=300.0))
+    assert "at most 10m00s (train.ddp_timeout)" in line and "raise train.ddp_timeout above 11m45s" in line

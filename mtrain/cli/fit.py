@@ -177,12 +177,12 @@ def _fit(
     import torch
 
     from mtrain.cli.fit_scoring import DecodeOutOfTime, end_cost_estimate
+    from mtrain.durations import parse_duration
     from mtrain.evaluate.scoring import check_references
     from mtrain.machine_share import ShareMeter
     from mtrain.runtime import peak_host_memory_mb
     from mtrain.tokenizer import Tokenizer
     from mtrain.train.checkpointer import check_resumable_data, data_fingerprints
-    from mtrain.durations import parse_duration
     from mtrain.train.distributed import init_distributed, shutdown_distributed
     from mtrain.train.faults import StopRequested, TrainingDiverged
     from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine

@@ -12,8 +12,8 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -123,7 +123,9 @@ def data_parallel(network: torch.nn.Module, device: torch.device) -> Distributed
 
 
 # How gloo and NCCL say that a peer is gone or does not answer (besides torch's DistError types).
-_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|timed out|Timed out|NCCL error")
+_PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|timed out|Timed out|NCCL error"
+)
 
 
 def _collective_device() -> torch.device:
