@@ -199,7 +199,8 @@ class BatchSource:
         for index, indices in enumerate(job_batches):
             real = indices[indices >= 0]
             counts[index] = (corpus.src_lengths[real].sum(), corpus.tgt_lengths[real].sum() + len(real))
-        return counts.reshape(-1, self.num_replicas, 2).sum(axis=1)
+        per_position: np.ndarray = counts.reshape(-1, self.num_replicas, 2).sum(axis=1)
+        return per_position
 
     def _note_shapes(self, epoch: int, batches: list[np.ndarray]) -> None:
         """Count the epoch's tensor shapes; log them when some are new (a compiled update
