@@ -121,7 +121,9 @@ def test_under_ddp_each_batch_carries_the_token_counts_of_its_position_on_every_
             for rank in range(2)
         ]
         states, updates = [TrainState(), TrainState()], 0
-        while (ranks := [source.next_update(state) for source, state in zip(sources, states)])[0] is not None:
+        while (ranks := [source.next_update(state) for source, state in zip(sources, states, strict=True)])[
+            0
+        ] is not None:
             updates += 1
             for mine, other in zip(*ranks, strict=True):
                 for batch in (mine, other):
