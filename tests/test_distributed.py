@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from mtrain.train.budget import EndCost
 from mtrain.train.distributed import DistributedContext
 from tests.ddp_probe import run_two_ranks, run_with_a_death
-from tests.test_fit import TINY
+from tests.test_fit import TINY, scalars
 from tests.warm_process import run_python
 
 COMMON = [
@@ -172,3 +173,27 @@ def test_the_ddp_line_states_the_timeout_against_rank_0s_solo_work():
     assert context.describe(None).endswith("not estimated (no train.max_time)")
     line = context.describe(EndCost(validation=700.0, save=5.0, test=300.0))
     assert "at most 10m00s (train.ddp_timeout)" in line and "raise train.ddp_timeout above 11m45s" in line
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_stopping_and_validating_by_time(tmp_path, multi30k_slice):
+    """Under a training-time budget and validation by time, which each rank reads on its own
+    clock, the ranks agree (every second here) and take the same branches: both stop after the
+    same update, near the plan, having validated by time on the way (a rank that disagreed
+    would hang the other in its collective)."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_train_time=10s",
+        "train.validate_every=100000",
+        "train.validate_every_time=4s",
+    ]
+    records = run_two_ranks(overrides, tmp_path / "run", agree_every_s=1.0)
+    zero, one = ([row["update"] for row in record["iterations"]] for record in records)
+    assert zero == one and len(zero) >= 2
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["stop_reason"] == "max_train_time=10s reached"
+    assert 8.0 <= metrics["train_time_s"] <= 12.0
+    validated = sorted(scalars(tmp_path / "run", "valid/loss"))
+    assert len(validated) >= 2 and validated[-1] == metrics["updates"]  # by time (~4 s, ~8 s), and the last update
