@@ -98,7 +98,10 @@ class DistributedContext:
         """The one-line error of a collective that failed as another rank died or hung (None:
         `error` is something else): which rank is gone where it can be told, and the cause."""
         text = str(error)
-        if not self.enabled or not (isinstance(error, dist.DistError) or _PEER_GONE.search(text)):
+        said_by_backend = isinstance(error, dist.DistError) or (
+            type(error) is RuntimeError and _PEER_GONE.search(text) is not None  # gloo raises plain RuntimeErrors
+        )
+        if not self.enabled or not said_by_backend:
             return None
         others = [rank for rank in range(self.world_size) if rank != self.rank]
         who = f"rank {others[0]}" if len(others) == 1 else "another rank"
