@@ -96,3 +96,39 @@ def test_max_epochs_ends_the_batches_and_an_update_takes_what_its_epoch_has_left
     assert state.epoch == 2
     assert sum(sizes) == per_epoch + len(source.samplers[0].batches(2))
     assert max(sizes) == 3 and all(size >= 1 for size in sizes)
+
+
+def test_under_ddp_each_batch_carries_the_token_counts_of_its_position_on_every_rank():
+    """What the loss of a DDP update is normalised by, known without a collective: each rank's
+    batch counts its own tokens and its peer's at the same position, across epochs, with
+    accumulation, with shape buckets' dummy rows (which count nothing)."""
+    corpus = _synthetic_corpus()
+    for buckets in (0, 3):
+        sources = [
+            BatchSource(
+                [corpus],
+                IDS,
+                torch.device("cpu"),
+                max_tokens=200,
+                update_freq=2,
+                max_epochs=2,
+                seed=1,
+                pad_to_multiple=4,
+                shape_buckets=buckets,
+                num_replicas=2,
+                rank=rank,
+            )
+            for rank in range(2)
+        ]
+        states, updates = [TrainState(), TrainState()], 0
+        while (ranks := [source.next_update(state) for source, state in zip(sources, states, strict=True)])[
+            0
+        ] is not None:
+            updates += 1
+            for mine, other in zip(*ranks, strict=True):
+                for batch in (mine, other):
+                    assert batch.job_num_tgt_tokens == mine.num_tgt_tokens + other.num_tgt_tokens
+                    assert batch.job_num_src_tokens == mine.num_src_tokens + other.num_src_tokens
+        assert updates > 10 and ranks[1] is None
+    alone = _source([corpus]).next_update(TrainState())[0]
+    assert alone.job_num_tgt_tokens is None  # one process: its own counts are the job's

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_fit import TINY
+from mtrain.train.budget import EndCost
+from mtrain.train.distributed import DistributedContext
+from tests.ddp_probe import run_two_ranks, run_with_a_death
+from tests.test_fit import TINY, scalars
 from tests.warm_process import run_python
 
 COMMON = [
@@ -110,14 +114,106 @@ def test_one_process_under_torchrun_joins_a_group_of_one(monkeypatch):
 
     for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    assert not init_distributed("cpu").enabled
+    assert not init_distributed("cpu", 60.0).enabled
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun sets, with the rest
     for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    context = init_distributed("cpu")
+    context = init_distributed("cpu", 60.0)
     try:
         assert context.enabled and context.is_main and context.world_size == 1
         assert torch.distributed.get_backend() == "gloo" and context.sum_each([2.0, 3.0]) == [2.0, 3.0]
     finally:
         shutdown_distributed(context)
+
+
+@pytest.mark.slow
+def test_an_ordinary_ddp_update_exchanges_nothing_beyond_the_gradient_reduction(tmp_path, multi30k_slice):
+    """Per update, the loop's only collective is DDP's gradient all-reduce (one per bucket: the
+    tiny model's gradients fill one); the ranks agree on stopping in one more collective, and
+    only when an agreement is due (here after the first update, then every 30 s: never again).
+    Before issue 61 an update also summed the token counts and agreed on the stop signal and
+    the time budget: 3 collectives each."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_updates=12",
+        "train.validate_every=1000",  # a validation exchanges more (rank 0's results): none mid-run
+        "train.save_every=null",
+    ]
+    records = run_two_ranks(overrides, tmp_path / "run", agree_every_s=30.0)
+    for record in records:
+        rows = record["iterations"]
+        assert [row["update"] for row in rows] == list(range(1, 12))
+        # DDP rebuilds its buckets in the second update (broadcasts): from the third on it is settled
+        settled = [row for row in rows if row["update"] >= 3]
+        assert {row["in_update"] for row in settled} == {1}
+        assert all(row["collectives"] == 1 + row["in_agreement"] for row in settled)
+        assert all(row["in_agreement"] == int(row["agreed"]) for row in rows)
+        assert [row["update"] for row in rows if row["agreed"]] == [1]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_other_with_one_line_naming_it(tmp_path, multi30k_slice):
+    """Rank 1 killed (SIGKILL) as update 4 begins: rank 0, in the update's gradient all-reduce,
+    stops within seconds with one line naming rank 1 and the cause (a traceback before)."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_updates=40",
+        "train.validate_every=1000",
+        "train.ddp_timeout=2m",
+    ]
+    survivor = run_with_a_death(overrides, tmp_path / "run", dying_rank=1, at_update=4)
+    assert survivor["error"] is not None and "\n" not in survivor["error"]
+    assert survivor["error"].startswith("rank 0: rank 1 is gone (gloo: Connection closed by peer"), survivor["error"]
+    assert "during training (update 3)" in survivor["error"] and "train.resume=true" in survivor["error"]
+    assert survivor["seconds"] < 30
+
+
+def test_a_collective_that_failed_as_a_peer_died_is_one_line_naming_it():
+    context = DistributedContext(rank=1, world_size=2, backend="gloo", timeout_seconds=120.0)
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242. "
+        "This is typically caused by a remote worker crashing. Check the logs of the remote worker."
+    )
+    gone = context.peer_failure(gloo, "training (update 7)")
+    assert gone is not None and str(gone) == (
+        "rank 1: rank 0 is gone (gloo: Connection closed by peer [127.0.0.1]:4242) during training (update 7); "
+        "the job stops (train.resume=true continues from the last checkpoint)"
+    )
+    assert context.peer_failure(ValueError("a bug of ours"), "training") is None
+    assert DistributedContext().peer_failure(gloo, "training") is None  # one process has no peers
+
+
+def test_the_ddp_line_states_the_timeout_against_rank_0s_solo_work():
+    context = DistributedContext(world_size=2, backend="nccl", timeout_seconds=600.0)
+    assert context.describe(None).endswith("not estimated (no train.max_time)")
+    line = context.describe(EndCost(validation=700.0, save=5.0, test=300.0))
+    assert "at most 10m00s (train.ddp_timeout)" in line and "raise train.ddp_timeout above 11m45s" in line
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_stopping_and_validating_by_time(tmp_path, multi30k_slice):
+    """Under a training-time budget and validation by time, which each rank reads on its own
+    clock, the ranks agree (every second here) and take the same branches: both stop after the
+    same update, near the plan, having validated by time on the way (a rank that disagreed
+    would hang the other in its collective)."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *COMMON,
+        "train.max_train_time=10s",
+        "train.validate_every=100000",
+        "train.validate_every_time=4s",
+    ]
+    records = run_two_ranks(overrides, tmp_path / "run", agree_every_s=1.0)
+    zero, one = ([row["update"] for row in record["iterations"]] for record in records)
+    assert zero == one and len(zero) >= 2
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["stop_reason"] == "max_train_time=10s reached"
+    assert 8.0 <= metrics["train_time_s"] <= 12.0
+    validated = sorted(scalars(tmp_path / "run", "valid/loss"))
+    assert len(validated) >= 2 and validated[-1] == metrics["updates"]  # by time (~4 s, ~8 s), and the last update

@@ -14,6 +14,7 @@ import torch
 from mtrain.train.batch_source import BatchSource
 from mtrain.train.step import UpdateStep
 from mtrain.train.trainer import Trainer
+from tests.ddp_probe import run_two_ranks
 from tests.test_fit import TINY, compose_fit, run_fit
 
 SYNCING = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
@@ -76,3 +77,24 @@ def test_no_host_reads_between_log_intervals(tmp_path, multi30k_slice, monkeypat
     assert in_updates == []
     loop_reads = {update for phase, update, _ in calls if phase == "loop"}
     assert loop_reads and loop_reads <= {1, 4, 8, 12}  # the first update, then every log_every
+
+
+@pytest.mark.slow
+def test_a_ddp_update_reads_nothing_on_the_host(tmp_path, multi30k_slice):
+    """Two gloo ranks: no host read while an update runs or its batches are prepared (the job's
+    token count, which an all-reduce read back gave before issue 61, comes with the batches)."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        *TINY,
+        "train.valid_bleu=false",
+        "data.train_limit=600",
+        "train.num_threads=1",
+        "train.max_updates=8",
+        "train.validate_every=1000",
+        "data.splits.test=null",
+    ]
+    records = run_two_ranks(overrides, tmp_path / "run", agree_every_s=2.0)
+    for record in records:
+        assert len(record["iterations"]) == 7  # every update but the last, whose iteration ends training
+        assert record["host_reads"] == []

@@ -153,7 +153,7 @@ def test_a_run_that_trains_its_max_train_time_stops_naming_it_not_max_time():
     (a 20-minute run within max_time=25m said "max_time=25m reached" at 1,199 s)."""
     trainer = _trainer(["train.max_train_time=20m", "train.max_time=25m"])
     trainer.state.train_seconds, trainer.update_seconds = 1199.0, 4.0  # the next update would end past 1,200 s
-    assert trainer._stop_reason() == "max_train_time=20m reached"
+    assert trainer._stop_reason(trainer._agree()) == "max_train_time=20m reached"
     assert trainer.state.train_budget_seconds == 1199.0  # the plan is now what was trained
 
 

@@ -42,6 +42,11 @@ class Batch:
     indices: torch.Tensor  # (batch,) positions in the corpus
     num_src_tokens: int  # non-pad source tokens (eos included)
     num_tgt_tokens: int  # non-pad labels (eos included): what the loss averages over
+    # With DDP, both counts over the batches every rank trains at this batch's position (this
+    # one's included), known without a collective as every rank deals from one list
+    # (`TokenBatchSampler.job_batches`); None: one process, whose counts are the job's.
+    job_num_src_tokens: int | None = None
+    job_num_tgt_tokens: int | None = None
     # (batch, tgt_len, src_len) guided alignment's targets (train.guided_alignment), else None
     alignment: torch.Tensor | None = None
 
@@ -215,6 +220,12 @@ class TokenBatchSampler:
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches (arrays of corpus indices) for `epoch`; deterministic."""
+        batches = self.job_batches(epoch)
+        return batches[self.rank :: self.num_replicas] if self.num_replicas > 1 else batches
+
+    def job_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches for `epoch`: rank r's batch at position p is `[p * num_replicas + r]`.
+        Any rank can count what the others train (the update's token count needs no collective)."""
         if len(self.sizes) == 0:
             return []
         rng = np.random.default_rng([self.seed, epoch])
@@ -234,10 +245,7 @@ class TokenBatchSampler:
             batches = np.split(order, bounds[1:-1])
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        if self.num_replicas > 1:
-            usable = len(batches) - len(batches) % self.num_replicas
-            batches = batches[self.rank : usable : self.num_replicas]
-        return batches
+        return batches[: len(batches) - len(batches) % self.num_replicas]
 
 
 def _budget_bounds(sizes: np.ndarray, max_tokens: int) -> np.ndarray:

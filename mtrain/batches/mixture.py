@@ -21,10 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mtrain.batches.corpus import EncodedCorpus
+
+if TYPE_CHECKING:
+    from mtrain.batches.batching import TokenBatchSampler
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,17 @@ class MixtureSampler:
         return self._last[1]
 
     def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch`'s draw."""
+        indices, sampler = self._sampler(epoch)
+        return [np.where(batch >= 0, indices[batch], -1) for batch in sampler.batches(epoch)]  # -1: a dummy row
+
+    def job_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches of `epoch`'s draw, dealt as `TokenBatchSampler.job_batches`."""
+        indices, sampler = self._sampler(epoch)
+        return [np.where(batch >= 0, indices[batch], -1) for batch in sampler.job_batches(epoch)]
+
+    def _sampler(self, epoch: int) -> tuple[np.ndarray, TokenBatchSampler]:
+        """`epoch`'s draw and the `TokenBatchSampler` over its lengths."""
         # Imported here: batching loads torch, and preparation (which imports CorpusPart from
         # this module) never needs it.
         from mtrain.batches.batching import TokenBatchSampler
@@ -257,7 +272,7 @@ class MixtureSampler:
             pad_to_multiple=self.pad_to_multiple,
             bucket_widths=self.bucket_widths,
         )
-        return [np.where(batch >= 0, indices[batch], -1) for batch in sampler.batches(epoch)]  # -1: a dummy row
+        return indices, sampler
 
     def epoch_draw(self, epoch: int) -> EpochDraw:
         return self.mixture.summarize(epoch, self.drawn(epoch))

@@ -188,6 +188,7 @@ def _fit(
     import torch
 
     from mtrain.cli.fit_scoring import DecodeOutOfTime, end_cost_estimate
+    from mtrain.durations import parse_duration
     from mtrain.evaluate.scoring import check_references
     from mtrain.machine_share import ShareMeter
     from mtrain.runtime import peak_host_memory_mb
@@ -203,7 +204,8 @@ def _fit(
         lineage, tokenizer = resume_state["init"], Tokenizer.load(run.tokenizer_dir)
     elif resume_state is not None and cfg.tokenizer.path is not None:  # its own copy: the origin may be gone
         tokenizer = Tokenizer.load(run.tokenizer_dir)
-    machine = resolve_machine(cfg, init_distributed(cfg.train.device))
+    ddp_timeout = parse_duration(cfg.train.ddp_timeout, "train.ddp_timeout") or 1800.0  # checked: config
+    machine = resolve_machine(cfg, init_distributed(cfg.train.device, ddp_timeout))
     dist, device = machine.dist, machine.device
     try:
         with stop_signal.interruptible("data preparation"):  # minutes at WMT scale: stop where it stands
@@ -255,7 +257,9 @@ def _fit(
         metrics["init"] = lineage
     try:
         try:
-            metrics.update(trainer.fit())
+            # a rank that died or hung ends the job with one line, not a traceback
+            with dist.watching_peers(lambda: f"training (update {trainer.state.update})"):
+                metrics.update(trainer.fit())
         except TrainingDiverged:
             if dist.is_main:
                 metrics.update(trainer.summary("diverged", diverged=True))
@@ -316,7 +320,8 @@ def _fit(
     finally:
         if trainer.metrics is not None:
             trainer.metrics.close()
-    dist.barrier()
+    with dist.watching_peers(lambda: "the wait for rank 0's test decode"):
+        dist.barrier()
     shutdown_distributed(dist)
     return metrics
 

@@ -100,6 +100,10 @@ class TrainConfig:
     # Also checkpoint on this wall-clock interval ("10m"), independent of validation, so a
     # kill never loses more than this much training. null: only when validating.
     save_every: str | None = None
+    # Under DDP, the longest a rank waits for the others in one collective ("30m"): it must cover
+    # what rank 0 does alone while they wait (validation, a checkpoint, the test decode), and is
+    # how long a rank that hangs (or dies unseen, as NCCL may miss) holds the job (docs/TRAINING.md).
+    ddp_timeout: str = "30m"
     resume: bool = False
     # With resume: continue from this checkpoint of the run (e.g. update_200) instead of last.
     resume_from: str | None = None
@@ -166,7 +170,7 @@ class TrainConfig:
             raise MtrainError(f"{prefix}.min_lr: {self.min_lr} is above {prefix}.lr={self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in self.betas):
             raise MtrainError(f"{prefix}.betas: {list(self.betas)} must be two numbers in [0, 1), e.g. [0.9,0.98]")
-        for name in ("max_time", "max_train_time"):
+        for name in ("max_time", "max_train_time", "ddp_timeout"):
             value = getattr(self, name)
             try:
                 seconds = parse_duration(value, f"{prefix}.{name}")

@@ -14,6 +14,7 @@ brings widths of its own; each epoch that brings batch shapes not seen before lo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -115,6 +116,9 @@ class BatchSource:
         self.draw_listener: Callable[[EpochDraw, int], None] | None = None
         self._prefetcher = BatchPrefetcher(self._host_batch, update_freq) if prefetch else None
         self._epoch_batches: list[np.ndarray] | None = None
+        self.num_replicas = num_replicas
+        # With DDP: (positions, 2) source and target tokens of every rank's batches at each position
+        self._epoch_job_tokens: np.ndarray | None = None
 
     @property
     def pairs(self) -> int:
@@ -165,6 +169,9 @@ class BatchSource:
             else:  # this update's batches were collated while the device ran the previous one
                 ahead = range(position + 1, min(position + 1 + self.update_freq, len(self._epoch_batches)))
                 batch = self._prefetcher.get(key, indices, (((state.epoch, p), self._epoch_batches[p]) for p in ahead))
+            if self._epoch_job_tokens is not None:
+                src, tgt = (int(count) for count in self._epoch_job_tokens[position])
+                batch = dataclasses.replace(batch, job_num_src_tokens=src, job_num_tgt_tokens=tgt)
             batches.append(batch.to(self.device, non_blocking=True))
         return batches
 
@@ -179,7 +186,21 @@ class BatchSource:
             self.draw_listener(sampler.epoch_draw(epoch), update)
         batches = sampler.batches(epoch)
         self._note_shapes(epoch, batches)
+        if self.num_replicas > 1:
+            self._epoch_job_tokens = self._job_tokens(epoch, sampler.job_batches(epoch))
         return batches
+
+    def _job_tokens(self, epoch: int, job_batches: list[np.ndarray]) -> np.ndarray:
+        """(positions, 2): the source and target tokens of all ranks' batches at each position, as
+        `collate` counts them (dummy rows none; a target's eos one): the update's token count that
+        the loss is normalised by, read from the lengths every rank holds, so no rank waits for another."""
+        corpus = self.corpora[self._segmentation(epoch)]
+        counts = np.zeros((len(job_batches), 2), dtype=np.int64)
+        for index, indices in enumerate(job_batches):
+            real = indices[indices >= 0]
+            counts[index] = (corpus.src_lengths[real].sum(), corpus.tgt_lengths[real].sum() + len(real))
+        per_position: np.ndarray = counts.reshape(-1, self.num_replicas, 2).sum(axis=1)
+        return per_position
 
     def _note_shapes(self, epoch: int, batches: list[np.ndarray]) -> None:
         """Count the epoch's tensor shapes; log them when some are new (a compiled update

@@ -6,11 +6,14 @@ The loop calls, in this order:
 - `start(state, resumed)` before the first update: under train.max_time, measure what follows
   training, plan the training share, say what the budget covers (or refuse a run that has no
   time left to train);
-- `stop_reason(state, update_seconds)` after each update: every budget and patience rule that
-  ends training (`budget_reason`), the wall clock's included; a stop signal and the end of
-  max_epochs, which are no budgets, stay with the loop;
-- `measure(state)` when `measure_due` (agreed by the ranks in `stop_reason`): the end cost
-  measured again and the training share planned again, off the training clock;
+- `vote(state, update_seconds, updates_ahead)` when the ranks agree (mtrain.train.agreement:
+  after every update in one process, every few seconds under DDP): this rank's view of the time
+  budget; `seconds_to_deadline(state)` says when they should agree next;
+- `stop_reason(state, update_seconds, agreed)` after each update: every budget and patience rule
+  that ends training (`budget_reason`), the wall clock's included as agreed; a stop signal and
+  the end of max_epochs, which are no budgets, stay with the loop;
+- `measure(state)` when `measure_due` (agreed by the ranks): the end cost measured again and
+  the training share planned again, off the training clock;
 - `after_validation(state, seconds, replan)` (rank 0, before the checkpoint is written, as it
   saves the plan), `after_save(seconds)` (rank 0) and `after_pause(state, wall_seconds, replan)`
   (every rank, once a validation or save is over: the ranks agree on the plan).
@@ -29,6 +32,7 @@ from mtrain.config import TrainConfig
 from mtrain.durations import format_duration
 from mtrain.errors import MtrainError
 from mtrain.machine_share import Share, ShareMeter
+from mtrain.train.agreement import Ballot
 from mtrain.train.budget import EndCost, RunBudget, budget_name, budget_reason
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.progress import TrainState
@@ -54,6 +58,7 @@ class BudgetKeeper:
         self.run = run_budget
         self.end_cost = end_cost
         self.measure_due = False  # the ranks agreed in `stop_reason`
+        self._planned_done = False  # this rank's vote: the plan's end is near (`vote`)
         self.share: ShareMeter | None = None
         self.judged: Share | None = None  # the share once judged during training (logged when low)
 
@@ -127,31 +132,51 @@ class BudgetKeeper:
         )
 
     # ----------------------------------------------------------------- after each update
-    def stop_reason(self, state: TrainState, update_seconds: float) -> str | None:
+    def vote(self, state: TrainState, update_seconds: float, updates_ahead: int) -> tuple[bool, bool]:
+        """This rank's view, for the ranks' agreement (mtrain.train.agreement): whether training
+        must stop by time before the `updates_ahead` updates until the next agreement, and (rank 0)
+        whether the end cost is due to be measured again. `update_seconds`: the last update's
+        training time, the next ones' as the budget reads it."""
+        planned = state.train_budget_seconds
+        ahead_seconds = updates_ahead * update_seconds
+        # Training ends nearest its plan: before updates that would end more than half past it
+        # (a 7.6M model's update took 15 s on busy cores), and before ones the wall clock cannot afford.
+        self._planned_done = planned is not None and state.train_seconds + ahead_seconds / 2 >= planned
+        wall_short = self.run.must_stop(ahead_seconds)
+        measure = self.dist.is_main and self.end_cost is not None and self.run.measure_due()
+        return self._planned_done or wall_short, measure
+
+    def seconds_to_deadline(self, state: TrainState) -> float | None:
+        """Training seconds until the plan's end or the wall clock's (None: no time budget): the
+        ranks agree again about then."""
+        deadlines = []
+        if state.train_budget_seconds is not None:
+            deadlines.append(state.train_budget_seconds - state.train_seconds)
+        wall_left, cost = self.run.seconds_left(), self.run.cost
+        if wall_left is not None and cost is not None:
+            deadlines.append(wall_left - cost.total)
+        return min(deadlines) if deadlines else None
+
+    def stop_reason(self, state: TrainState, update_seconds: float, agreed: Ballot) -> str | None:
         """Why training stops after this update (None: it goes on): max_updates, the planned
         training time, the wall clock under max_time, patience (`budget_reason`'s order).
-        `update_seconds`: the last update's training time, the next one's as the budget reads it."""
-        planned = state.train_budget_seconds
-        # Training ends nearest its plan: before an update that would end more than half past it
-        # (a 7.6M model's update took 15 s on busy cores), and before one the wall clock cannot afford.
-        planned_done = planned is not None and state.train_seconds + update_seconds / 2 >= planned
-        wall_short = self.run.must_stop(update_seconds)
-        measure = self.dist.is_main and self.end_cost is not None and self.run.measure_due()
-        # Rank 0 holds the end cost: the ranks agree on its clock, as one rank past the budget stops
-        # them all (one collective for both flags).
-        out_of_time, measure = (flag > 0 for flag in self.dist.sum_each([planned_done or wall_short, measure]))
-        self.measure_due = measure and not out_of_time
+        `agreed`: the ranks' agreement after this update (`NO_AGREEMENT` between agreements: the
+        time budget is then not read, as it was agreed to last until the next one)."""
+        out_of_time = agreed.out_of_time
+        # Rank 0 holds the end cost: the ranks agree on its clock, as one rank past the budget stops them all.
+        self.measure_due = agreed.measure and not out_of_time
         # Named while the plan is still the plan: _stop_by_time makes it what was trained (a few
         # seconds short of max_train_time=20m), which budget_name would read as max_time's share.
+        planned = state.train_budget_seconds
         reason = budget_reason(state, self.cfg, out_of_time)
         if out_of_time:
             if (
-                not planned_done
+                not self._planned_done
                 and self.cfg.max_time is not None
                 and reason == f"{budget_name(self.cfg, planned)} reached"
             ):
                 reason = f"max_time={self.cfg.max_time} reached"  # the wall clock ended it before the plan
-            self._stop_by_time(state, update_seconds, short=not planned_done)
+            self._stop_by_time(state, update_seconds, short=not self._planned_done)
         if self.share is not None:
             self.share.lap()
             self._judge_share(state)

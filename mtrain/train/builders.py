@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from mtrain.batches.guided_alignment import GuidedAlignments
 from mtrain.config import Precision, TrainConfig
@@ -19,7 +18,7 @@ from mtrain.model import Seq2SeqTransformer
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
 from mtrain.train.compilation import compile_network, shape_buckets
-from mtrain.train.distributed import DistributedContext
+from mtrain.train.distributed import DistributedContext, data_parallel
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
 from mtrain.train.loss import GuidedHead, TranslationLoss
@@ -94,7 +93,7 @@ def build_network(
         model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs, guided=guided_head
     )
     if dist.enabled:
-        network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
+        network = data_parallel(network, device)
     return compile_network(network, train_cfg)
 
 

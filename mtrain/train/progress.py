@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from mtrain.config import TrainConfig
 from mtrain.durations import format_duration, parse_duration
-from mtrain.train.distributed import DistributedContext
 
 
 @dataclass
@@ -60,17 +59,11 @@ class ValidationRhythm:
         self.every_seconds = parse_duration(train_cfg.validate_every_time, "train.validate_every_time")
         self.last_seconds = 0.0  # the training clock at the last validation
 
-    def due(self, state: TrainState, dist: DistributedContext) -> bool:
-        """Validation is due after this update, on every rank alike (each reads its own clock)."""
-        if self.by_updates(state):
-            return True
-        return self.every_seconds is not None and dist.any(self.by_time(state))
-
     def by_updates(self, state: TrainState) -> bool:
         return state.update % self.every_updates == 0
 
     def by_time(self, state: TrainState) -> bool:
-        """This rank's view of the time rule (ranks then agree with `DistributedContext.any`)."""
+        """This rank's view of the time rule (under DDP the ranks agree on it: mtrain.train.agreement)."""
         return self.every_seconds is not None and state.train_seconds >= self.last_seconds + self.every_seconds
 
 

@@ -3,7 +3,9 @@ gradient clipping, the step (skipped on the device when not finite); an update w
 run out of memory is skipped (`or_skip`).
 
 Nothing in it waits for the device: the losses, the gradient norm and the non-finite flag
-stay tensors until a log interval reads them (`tests/test_host_sync.py`).
+stay tensors until a log interval reads them (`tests/test_host_sync.py`). Under DDP nothing
+waits for another rank either, besides DDP's own gradient reduction: the update's token count
+over all ranks comes with the batches (`job_token_counts`; `tests/test_distributed.py`).
 """
 
 from __future__ import annotations
@@ -41,11 +43,10 @@ class UpdateStep:
         optimizer.zero_grad(set_to_none=True)
         local_tokens = sum(batch.num_tgt_tokens for batch in batches)
         local_src_tokens = sum(batch.num_src_tokens for batch in batches)
+        global_tokens, global_src_tokens = job_token_counts(batches, self.dist)
         # DDP averages gradients over ranks; scaling by world/global tokens makes the
         # result the gradient of the per-token mean over the whole update, as one process would.
-        # (The source count rides along in the same collective: the log's tokens/s are the job's.)
-        global_tokens, global_src_tokens = self.dist.sum_each([float(local_tokens), float(local_src_tokens)])
-        scale = self.dist.world_size / max(global_tokens, 1.0)
+        scale = self.dist.world_size / max(global_tokens, 1)
         loss_sum = torch.zeros((), device=parts.device)
         nll_sum = torch.zeros((), device=parts.device)
         for index, batch in enumerate(batches):
@@ -82,8 +83,8 @@ class UpdateStep:
             "skipped": skipped,
             "tgt_tokens": local_tokens,
             "src_tokens": local_src_tokens,
-            "job_tgt_tokens": int(global_tokens),  # all ranks' (= the local counts in one process)
-            "job_src_tokens": int(global_src_tokens),
+            "job_tgt_tokens": global_tokens,  # all ranks' (= the local counts in one process)
+            "job_src_tokens": global_src_tokens,
             "sentences": sum(len(batch) for batch in batches),  # dummy rows (shape buckets) not counted
         }
 
@@ -137,3 +138,16 @@ class UpdateStep:
                 del optimizer.found_inf  # type: ignore[attr-defined]
         elif not bool(skipped):
             optimizer.step()
+
+
+def job_token_counts(batches: list[Batch], dist: DistributedContext) -> tuple[int, int]:
+    """The target and source tokens of the update over all ranks. Under DDP every rank knows
+    them without a collective: each batch carries the counts of its position on every rank
+    (`BatchSource`, as the sampler deals all ranks from one list)."""
+    if not dist.enabled:
+        return sum(batch.num_tgt_tokens for batch in batches), sum(batch.num_src_tokens for batch in batches)
+    job_tgt = [batch.job_num_tgt_tokens for batch in batches]
+    job_src = [batch.job_num_src_tokens for batch in batches]
+    if any(count is None for count in job_tgt + job_src):
+        raise RuntimeError("a DDP update's batches must carry the job's token counts (BatchSource sets them)")
+    return sum(cast(list[int], job_tgt)), sum(cast(list[int], job_src))

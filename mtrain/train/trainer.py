@@ -18,6 +18,7 @@ from typing import Any
 from mtrain.config import TrainConfig
 from mtrain.runtime import release_free_host_memory
 from mtrain.train import checkpoint_state
+from mtrain.train.agreement import NO_AGREEMENT, Agreement, Ballot
 from mtrain.train.budget import EndCost, RunBudget, configured_training_budget
 from mtrain.train.budget_keeper import BudgetKeeper
 from mtrain.train.builders import TrainingParts
@@ -83,6 +84,7 @@ class Trainer:
         self._resumed = False
         self.update_seconds = 0.0  # the last update's training time: the next one's, as the budget reads it
         self.rhythm = ValidationRhythm(train_cfg)
+        self.agreement = Agreement(dist)  # when the ranks settle stopping, validating and saving by time
         self.last_validation: dict[str, float] = {}
         self.validation_seconds = 0.0  # this session's, all validations
         self._clock_origin: float | None = None  # perf_counter() at train_seconds == 0
@@ -140,9 +142,11 @@ class Trainer:
         log.info("%s", self.parts.describe(self.cfg, self.dist.world_size))
         self.stop_signal.install()
         self.budget.start(self.state, self._resumed)
+        if self.dist.enabled and self.dist.is_main:
+            log.info("%s", self.dist.describe(self.budget.run.cost))
         self._clock_origin = time.perf_counter() - self.state.train_seconds
         self._session_start = (self.state.update, self.state.train_seconds)
-        stop_reason = self._stop_reason()  # a resumed run may already be done
+        stop_reason = self._stop_reason(self._agree())  # a resumed run may already be done
         try:
             while stop_reason is None:
                 stats = self.run_update()
@@ -156,11 +160,12 @@ class Trainer:
                     self._log_train()
                 elif self.metrics is not None and self.metrics.due_by_time():
                     self._log_train(read_skips=False)
-                stop_reason = self._stop_reason()
-                if stop_reason is None and self.rhythm.due(self.state, self.dist):
+                agreed = self._agree()
+                stop_reason = self._stop_reason(agreed)
+                if stop_reason is None and (self.rhythm.by_updates(self.state) or agreed.validate):
                     self.validate_and_save(replan=True)
                     stop_reason = self._signal_stop()
-                elif stop_reason is None and self._save_due():
+                elif stop_reason is None and agreed.save:
                     self.save_without_validation()
                 elif stop_reason is None and self.budget.measure_due:
                     self._measure_end_cost()
@@ -182,19 +187,31 @@ class Trainer:
         log.info("training stopped: %s (update %d, %.0f s)", stop_reason, self.state.update, self.state.train_seconds)
         return self.summary(stop_reason)
 
-    def _stop_reason(self) -> str | None:
-        if self.dist.any(self.stop_signal.requested):
+    def _agree(self) -> Ballot:
+        """What the ranks decide together after this update: a stop signal, the time budget,
+        validation and saving due by time (`NO_AGREEMENT` between agreements, which under DDP
+        come every few seconds, each one collective: mtrain.train.agreement)."""
+        if not self.agreement.due(self.state.update):
+            return NO_AGREEMENT
+        ahead = self.agreement.updates_ahead(self.update_seconds, self.budget.seconds_to_deadline(self.state))
+        out_of_time, measure = self.budget.vote(self.state, self.update_seconds, ahead)
+        ballot = Ballot(
+            stop_signal=self.stop_signal.requested,
+            out_of_time=out_of_time,
+            measure=measure,
+            validate=self.rhythm.by_time(self.state),
+            # rank 0 owns the clock of saves
+            save=self.cfg.save_every is not None and self.checkpointer is not None and self.checkpointer.due(),
+        )
+        return self.agreement.agree(ballot, self.state.update, ahead)
+
+    def _stop_reason(self, agreed: Ballot) -> str | None:
+        if agreed.stop_signal:
             return "stop signal"
-        return self.budget.stop_reason(self.state, self.update_seconds)
+        return self.budget.stop_reason(self.state, self.update_seconds, agreed)
 
     def _signal_stop(self) -> str | None:  # a signal during a validation, on any rank
         return "stop signal" if self.dist.any(self.stop_signal.requested) else None
-
-    def _save_due(self) -> bool:
-        if self.cfg.save_every is None:
-            return False  # no collective per update when there is no interval to check
-        # Rank 0 owns the clock of saves; every rank must take the same branch.
-        return self.dist.any(self.checkpointer is not None and self.checkpointer.due())
 
     def _log_train(self, read_skips: bool = True) -> None:
         """Read the device's count of skipped updates (one host sync; raises TrainingDiverged), then log.
