@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,11 @@ def test_a_rank_that_dies_ends_the_other_with_one_line_naming_it(tmp_path, multi
     ]
     survivor = run_with_a_death(overrides, tmp_path / "run", dying_rank=1, at_update=4)
     assert survivor["error"] is not None and "\n" not in survivor["error"]
-    assert survivor["error"].startswith("rank 0: rank 1 is gone (gloo: Connection closed by peer"), survivor["error"]
+    # gloo words the broken connection by which side noticed first (closed, or reset under a read)
+    assert re.match(
+        r"rank 0: rank 1 is gone \(gloo: (Connection closed by peer|Read error .*Connection reset by peer)",
+        survivor["error"],
+    ), survivor["error"]
     assert "during training (update 3)" in survivor["error"] and "train.resume=true" in survivor["error"]
     assert survivor["seconds"] < 30
 
