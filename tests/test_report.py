@@ -76,10 +76,10 @@ def run_cli(monkeypatch, *argv: str) -> None:
 def tiny_run(tmp_path_factory) -> Path:
     """A run directory as `mtrain fit` leaves it: tokenizer, config, three checkpoints of a
     tiny (untrained) model, and the corpus it names in `data.local_dir`."""
+    from mtrain.checkpoint.files import save_checkpoint
     from mtrain.config import FitConfig, to_plain
     from mtrain.model import build_model
     from mtrain.tokenizer import train_or_load_tokenizer
-    from mtrain.train.checkpoint_files import save_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_run")
     rng = random.Random(5)
@@ -308,9 +308,9 @@ def _tsv_rows(path: Path) -> list:
 def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run, monkeypatch, capsys, tmp_path):
     from sacrebleu.metrics import BLEU, CHRF
 
+    from mtrain.checkpoint.files import load_run
     from mtrain.config import DecodeConfig
     from mtrain.decode import translate_sentences
-    from mtrain.train.checkpoint_files import load_run
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "reports"

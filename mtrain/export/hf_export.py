@@ -66,7 +66,7 @@ def export_hf_run(
     Everything is checked before anything is written; the directory is written next to
     `out_dir` and renamed into place, so a failed export leaves no half-written model.
     """
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     out_dir = Path(out_dir)
     check_export_target(out_dir, force, run_dir)  # before anything loads
