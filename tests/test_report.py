@@ -388,7 +388,7 @@ def test_reports_of_other_scoring_settings_keep_their_own_names(tiny_run, monkey
     """lowercase=true (or tokenize=, chrf_word_order=) writes test.lc.* beside test.*: the
     default report, which `mtrain report` and the comparison read, is never replaced by it."""
     from mtrain.evaluate.report import scored_name
-    from mtrain.evaluate.runs import load_run_summary
+    from mtrain.run_summary import load_run_summary
 
     out = tmp_path / "run"
     shutil.copytree(tiny_run, out, ignore=shutil.ignore_patterns("eval", "average_*"))
@@ -751,7 +751,7 @@ def test_plots_keep_legend_and_ticks_readable_for_any_labels(tmp_path):
     legend, tick labels) lies inside the saved image, the legend covers neither the curves nor the
     axes' labels, and no two update ticks touch, at 100k updates too."""
     from mtrain.evaluate.curves import TRAIN_LOSS, curves_figure, update_label
-    from mtrain.evaluate.runs import RunSummary
+    from mtrain.run_summary import RunSummary
 
     label = "data.local_dir=/home/someone/corpora/" + "a_very_long_directory_name/" * 8
     summaries = [

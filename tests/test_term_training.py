@@ -31,15 +31,8 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
-from mtrain.tokenizer.term_factors import (
-    PLAIN,
-    TERM_SOURCE,
-    TERM_TARGET,
-    annotate,
-    fold_term_columns,
-    source_positions,
-    split_ids,
-)
+from mtrain.source_factors import PLAIN, TERM_SOURCE, TERM_TARGET, split_ids
+from mtrain.tokenizer.term_factors import annotate, fold_term_columns, source_positions
 from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads

@@ -32,7 +32,6 @@ from mtrain.config import DecodeConfig, to_typed
 from mtrain.data.tags import lang_tag, reserved_symbols
 from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
-from mtrain.evaluate.runs import load_run_summary
 from mtrain.export.hf_generation import generation_settings
 from mtrain.export.hf_marian import build_marian
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
@@ -40,6 +39,7 @@ from mtrain.export.hf_tokenizer import build_hf_tokenizer
 from mtrain.export.model_card import model_card
 from mtrain.export.portable import name_in_run
 from mtrain.export.target import check_export_target, write_record
+from mtrain.run_summary import load_run_summary
 from mtrain.rundir import staged
 
 

@@ -40,7 +40,7 @@ from mtrain.model.positions import LearnedPositions, RotaryPositions, Sinusoidal
 from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import DecoderState, LayerCache
 from mtrain.model.variants import decoder_layer, encoder_layer
-from mtrain.tokenizer.term_factors import FACTORS
+from mtrain.source_factors import FACTORS
 
 if TYPE_CHECKING:
     from mtrain.model.layers import DecoderLayer
