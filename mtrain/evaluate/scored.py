@@ -9,6 +9,8 @@ from typing import Any
 
 @dataclass
 class Scored:
+    """A split's hypotheses, their corpus scores and what decoding them took."""
+
     hypotheses: list[str]
     scores: dict[str, dict[str, Any]]  # per metric: name, score, signature, text (`score_corpus`)
     seconds: float  # translation time
