@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
+from mtrain.checkpoint.files import load_run
 from mtrain.decode.alignment import parse_pharaoh, piece_links, to_words
 from mtrain.model.attention import padding_bias
 from mtrain.model.precision import to_compute_dtype
-from mtrain.train.checkpoint_files import load_run
 
 BATCH = 64
 # (decode.alignment_rule, rows shifted by one step): the rules decoding offers, and the target

@@ -93,7 +93,7 @@ def benchmark_tokenizer(cache: Path):
 
 def load(args, device: torch.device):
     if args.run:
-        from mtrain.train.checkpoint_files import load_run
+        from mtrain.checkpoint.files import load_run
 
         loaded = load_run(args.run, which=args.checkpoint, device=device)
         return loaded.model, loaded.tokenizer, f"{args.run} ({loaded.checkpoint_path.name})"
@@ -117,7 +117,7 @@ def load_ctranslate2(args, model, tokenizer, compute_type: str):
 
     model_cfg = BENCH_MODEL
     if args.run:
-        from mtrain.train.checkpoint_files import load_run
+        from mtrain.checkpoint.files import load_run
 
         model_cfg = load_run(args.run, which=args.checkpoint).config.model
     precision = {"float32": "fp32", "int8": "int8"}[compute_type]

@@ -37,12 +37,12 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig
 from mtrain.decode.hypothesis import length_normalise
 from mtrain.decode.translator import translate_encoded
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens
-from mtrain.train.checkpoint_files import load_run
 
 MODES = {"greedy": 1, "beam5": 5}
 

@@ -76,13 +76,13 @@ def open_decoder(run: str, reverse_run: str | None, threads: int) -> Decoder:
     import torch
     from omegaconf import OmegaConf
 
+    from mtrain.checkpoint.files import load_run
     from mtrain.config import DecodeConfig, to_typed, with_values
     from mtrain.decode import translate_sentences
     from mtrain.decode.rerank import sequence_log_probs
     from mtrain.decode.threads import set_decode_threads
     from mtrain.evaluate.references import read_run_split
     from mtrain.rundir import RunDir
-    from mtrain.train.checkpoint_files import load_run
 
     set_decode_threads(threads)
     loaded = load_run(run, which="best", device="cpu")

@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mtrain.checkpoint.files import load_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint_files import load_checkpoint
 
 
 def main() -> None:

@@ -52,8 +52,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.evaluate.runs import load_run_summary, read_overrides
 from mtrain.evaluate.spread import spread, welch_test
+from mtrain.run_summary import load_run_summary, read_overrides
 from mtrain.rundir import RunDir
 
 BASE = "experiment=ablation_base"  # the benchmark model, instruments on

@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.alignment import Aligner, pharaoh, piece_links, resolve_alignment_source, to_words, word_indices
 from mtrain.decode.hypothesis import Hypothesis
@@ -22,7 +23,6 @@ from mtrain.decode.translator import translate_encoded, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
 from tests.warm_process import run_mtrain
 
 MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)

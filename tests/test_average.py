@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
+from mtrain.checkpoint.files import load_checkpoint, save_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.evaluate.average import average_checkpoints, average_to_file, last_checkpoints
-from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def fake_state(update: int, scale: float, dtype=torch.float32) -> dict:

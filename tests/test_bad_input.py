@@ -32,12 +32,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mtrain.batches import prepare_data
+from mtrain.checkpoint.files import load_checkpoint, load_run, save_checkpoint
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.config import DataConfig, FitConfig, ModelConfig, Positions, TokenizerConfig, to_plain
 from mtrain.config_checks import check_known_keys
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from mtrain.train.checkpoint_files import load_checkpoint, load_run, save_checkpoint
 from mtrain.train.setup import check_eval_lengths
 from tests.warm_process import run_mtrain
 

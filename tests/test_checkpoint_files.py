@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
+from mtrain.checkpoint.files import load_checkpoint, save_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def test_round_trip(tmp_path):

@@ -242,7 +242,7 @@ def test_eval_app_compares_runs(sweep, tmp_path, monkeypatch, capsys):
 def test_run_lists_and_references_as_users_type_them():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from mtrain.cli.evaluate import friendly_overrides
+    from mtrain.cli.overrides import friendly_overrides
 
     parser = OverridesParser.create()
     argv = ["runs=out/a,out/b", "ref=test.en", "ref=r1.en,r2.en", "ref=[x.en]", "baseline=0", "-m"]
@@ -291,7 +291,7 @@ def test_references_come_from_the_runs_own_copy_when_the_corpus_is_gone(tmp_path
 
     from mtrain.config import FitConfig
     from mtrain.evaluate.compare import split_references
-    from mtrain.evaluate.runs import load_run_summary
+    from mtrain.run_summary import load_run_summary
 
     run_dir = tmp_path / "run"
     cfg = OmegaConf.structured(FitConfig)

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mtrain.checkpoint.files import load_run
 from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig
 from mtrain.decode import Hypothesis, translate_sentences
@@ -32,7 +33,6 @@ from mtrain.decode.confidence import (
 from mtrain.errors import MtrainError
 from mtrain.evaluate.calibration import sentence_chrf
 from mtrain.rundir import CONFIDENCE_FILE
-from mtrain.train.checkpoint_files import load_run
 from tests.test_fit import TINY, compose_fit
 
 

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from mtrain.checkpoint.files import decode_weights, load_run
 from mtrain.cli.fit import run_fit
 from mtrain.config import ModelConfig
 from mtrain.errors import MtrainError
 from mtrain.evaluate.average import average_checkpoints
 from mtrain.model import build_model
-from mtrain.train.checkpoint_files import decode_weights, load_run
 from mtrain.train.ema import WeightAverage
 from mtrain.train.setup import setup_fit
 from tests.test_fit import TINY, check_resume_is_exact, compose_fit, mtrain

@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, Engine, EvalConfig, FitConfig, ModelConfig, to_plain
 from mtrain.decode.ensemble import EnsembleModel
 from mtrain.decode.generator import generate
@@ -24,7 +25,6 @@ from mtrain.model import build_model
 from mtrain.model.positions import position_limit
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
 from mtrain.train.checkpointer import data_fingerprints
 from tests.conftest import train_spm_tokenizer
 from tests.test_generator import source_batch, tiny_model, train_to_copy
@@ -359,8 +359,8 @@ def test_eval_average_last_with_an_ensemble_averages_run_s_checkpoints_only(runs
     member of the ensemble, and the other members decode as given."""
     import shutil
 
+    from mtrain.checkpoint.files import load_checkpoint
     from mtrain.cli.evaluate import evaluate_run
-    from mtrain.train.checkpoint_files import load_checkpoint
 
     a = tmp_path / "a"
     shutil.copytree(runs["a"], a)

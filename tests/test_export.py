@@ -146,7 +146,7 @@ def model(tokenizer):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, fit_config, tokenizer, model) -> Path:
     """A run directory as `mtrain fit` leaves it: tokenizer/, config.yaml, checkpoints/best.pt."""
-    from mtrain.train.checkpoint_files import save_checkpoint
+    from mtrain.checkpoint.files import save_checkpoint
 
     run = tmp_path_factory.mktemp("run")
     tokenizer.save(run / "tokenizer")

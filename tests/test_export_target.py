@@ -55,8 +55,8 @@ REFUSAL = (
 def run_dir(tmp_path_factory) -> Path:
     """A run directory with every kind of file `mtrain fit` leaves (an untrained tiny model), whose
     config and overrides name absolute paths (the corpus, the cache, the run)."""
+    from mtrain.checkpoint.files import save_checkpoint
     from mtrain.tokenizer import train_or_load_tokenizer
-    from mtrain.train.checkpoint_files import save_checkpoint
 
     base = tmp_path_factory.mktemp("exporting")
     corpus, run = base / "corpus", base / "run"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.checkpoint.files import load_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint_files import load_checkpoint
 from mtrain.train.step import UpdateStep
 from tests.test_fit import TINY, compose_fit, run_fit, scalars
 from tests.warm_process import WarmPopen, start_mtrain

@@ -16,12 +16,12 @@ import pytest
 import torch
 import yaml
 
+from mtrain.checkpoint.files import load_checkpoint, load_run
 from mtrain.config import with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import load_checkpoint, load_run
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import test_threads, write_head

@@ -14,10 +14,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from mtrain.checkpoint.files import load_run
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
-from mtrain.train.checkpoint_files import load_run
 from mtrain.wording import counted
 from tests.conftest import test_threads
 from tests.warm_process import run_mtrain

@@ -146,7 +146,7 @@ def model(tokenizer):
 def write_run(run: Path, model, cfg: ModelConfig, tokenizer: Tokenizer, data: DataConfig | None = None) -> Path:
     """A run directory as `mtrain fit` leaves it: tokenizer/, config.yaml, checkpoints/best.pt,
     metrics.json and an evaluation report."""
-    from mtrain.train.checkpoint_files import save_checkpoint
+    from mtrain.checkpoint.files import save_checkpoint
 
     fit = OmegaConf.structured(FitConfig(model=cfg, data=data or DataConfig()))
     tokenizer.save(run / "tokenizer")

@@ -25,13 +25,13 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed: reading HF models is optional (pip install 'mtrain[hf]')"
 )
 
+from mtrain.checkpoint.files import load_run
 from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig
 from mtrain.decode.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens
 from mtrain.model import build_model
-from mtrain.train.checkpoint_files import load_run
 from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
 from mtrain.train.init_from import inherited_config, load_parent

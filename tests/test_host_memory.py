@@ -134,7 +134,7 @@ def _present_fraction(tensor: torch.Tensor) -> float:
 
 @pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="residency is read from /proc/self/pagemap")
 def test_read_only_checkpoint_loads_leave_the_optimiser_state_on_disk(tmp_path):
-    from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
+    from mtrain.checkpoint.files import load_checkpoint, save_checkpoint
 
     path = tmp_path / "update_1.pt"
     weight = torch.arange(1000, dtype=torch.float32)

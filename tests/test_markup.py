@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import FitConfig, ModelConfig, to_plain
 from mtrain.decode.markup import (
     CDATA_CLOSE,
@@ -31,7 +32,6 @@ from mtrain.decode.markup import (
     tags_of,
 )
 from mtrain.model import build_model
-from mtrain.train.checkpoint_files import save_checkpoint
 from tests.warm_process import run_mtrain
 
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzäöüß.,!?&<>\"'", min_size=1, max_size=8)

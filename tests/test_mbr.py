@@ -14,6 +14,7 @@ import sacrebleu
 import torch
 from omegaconf import OmegaConf
 
+from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig, EvalConfig, MbrCandidates, MbrConfig, MbrUtility, Sampling, with_values
 from mtrain.decode import selection as selection_module
 from mtrain.decode.hypothesis import Hypothesis
@@ -22,7 +23,6 @@ from mtrain.decode.sampling import truncate_distribution
 from mtrain.decode.translator import translate_sentences
 from mtrain.decode.utility import bleu_matrix, chrf_matrix
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint_files import load_run
 from tests.conftest import train_spm_tokenizer
 from tests.test_ensemble import SENTENCES, write_run
 

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from mtrain.batches import EncodedCorpus
 from mtrain.batches.prepare import DirectionData, PreparedData
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import (
     CorpusConfig,
     DecodeConfig,
@@ -42,7 +43,6 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
 from tests.conftest import write_head
 
 TAGS = ["<2de>", "<2en>", "<2fr>"]

@@ -112,7 +112,7 @@ def compose_each(lines) -> None:
     import shlex
 
     from mtrain.cli.common import CONFIG_DIR
-    from mtrain.cli.evaluate import friendly_overrides
+    from mtrain.cli.overrides import friendly_overrides
     from mtrain.config import register_configs
     from mtrain.hydra_internals import compose_jobs
 

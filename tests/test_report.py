@@ -76,10 +76,10 @@ def run_cli(monkeypatch, *argv: str) -> None:
 def tiny_run(tmp_path_factory) -> Path:
     """A run directory as `mtrain fit` leaves it: tokenizer, config, three checkpoints of a
     tiny (untrained) model, and the corpus it names in `data.local_dir`."""
+    from mtrain.checkpoint.files import save_checkpoint
     from mtrain.config import FitConfig, to_plain
     from mtrain.model import build_model
     from mtrain.tokenizer import train_or_load_tokenizer
-    from mtrain.train.checkpoint_files import save_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_run")
     rng = random.Random(5)
@@ -308,9 +308,9 @@ def _tsv_rows(path: Path) -> list:
 def test_eval_run_per_sentence_writes_the_tsv_and_lists_the_worst_lines(tiny_run, monkeypatch, capsys, tmp_path):
     from sacrebleu.metrics import BLEU, CHRF
 
+    from mtrain.checkpoint.files import load_run
     from mtrain.config import DecodeConfig
     from mtrain.decode import translate_sentences
-    from mtrain.train.checkpoint_files import load_run
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "reports"
@@ -388,7 +388,7 @@ def test_reports_of_other_scoring_settings_keep_their_own_names(tiny_run, monkey
     """lowercase=true (or tokenize=, chrf_word_order=) writes test.lc.* beside test.*: the
     default report, which `mtrain report` and the comparison read, is never replaced by it."""
     from mtrain.evaluate.report import scored_name
-    from mtrain.evaluate.runs import load_run_summary
+    from mtrain.run_summary import load_run_summary
 
     out = tmp_path / "run"
     shutil.copytree(tiny_run, out, ignore=shutil.ignore_patterns("eval", "average_*"))
@@ -751,7 +751,7 @@ def test_plots_keep_legend_and_ticks_readable_for_any_labels(tmp_path):
     legend, tick labels) lies inside the saved image, the legend covers neither the curves nor the
     axes' labels, and no two update ticks touch, at 100k updates too."""
     from mtrain.evaluate.curves import TRAIN_LOSS, curves_figure, update_label
-    from mtrain.evaluate.runs import RunSummary
+    from mtrain.run_summary import RunSummary
 
     label = "data.local_dir=/home/someone/corpora/" + "a_very_long_directory_name/" * 8
     summaries = [

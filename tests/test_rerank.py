@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig, MbrCandidates, MbrConfig, RerankConfig
 from mtrain.decode.engine import as_engine
 from mtrain.decode.rerank import (
@@ -25,7 +26,6 @@ from mtrain.decode.rerank import (
     write_weights,
 )
 from mtrain.decode.selection import SelectingEngine
-from mtrain.train.checkpoint_files import load_run
 from tests.conftest import train_spm_tokenizer
 from tests.test_ensemble import SENTENCES, write_run
 from tests.test_mbr import SHORT, write_config

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.checkpoint.files import load_checkpoint
 from mtrain.cli.evaluate import score_hypotheses
 from mtrain.cli.translate import run_translate
 from mtrain.config import EvalConfig, TranslateConfig
@@ -29,7 +30,6 @@ from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.export import export_run
 from mtrain.rundir import RunDir
-from mtrain.train.checkpoint_files import load_checkpoint
 from tests.test_config_checks import assert_refused, run_check
 from tests.test_faults import start_fit, wait_for
 from tests.test_fit import TINY, compose_fit, mtrain, run_fit

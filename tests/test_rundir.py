@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, RunLock, atomic_write_text, staged
-from mtrain.train.checkpoint_files import save_checkpoint
 
 
 @pytest.fixture

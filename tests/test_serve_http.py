@@ -215,10 +215,10 @@ def long_model(tmp_path_factory, multi30k_spm_tokenizer):
     import torch
     from omegaconf import OmegaConf
 
+    from mtrain.checkpoint.files import save_checkpoint
     from mtrain.config import FitConfig, ModelConfig, ServeConfig, to_plain
     from mtrain.model import build_model
     from mtrain.serve.model import open_served_model
-    from mtrain.train.checkpoint_files import save_checkpoint
 
     tokenizer = multi30k_spm_tokenizer
     torch.manual_seed(0)

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from starlette.testclient import TestClient
 
 from mtrain.batches.guided_alignment import word_starts, words_of
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.decode.controls import line_controls
@@ -31,16 +32,8 @@ from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
-from mtrain.tokenizer.term_factors import (
-    PLAIN,
-    TERM_SOURCE,
-    TERM_TARGET,
-    annotate,
-    fold_term_columns,
-    source_positions,
-    split_ids,
-)
-from mtrain.train.checkpoint_files import save_checkpoint
+from mtrain.source_factors import PLAIN, TERM_SOURCE, TERM_TARGET, split_ids
+from mtrain.tokenizer.term_factors import annotate, fold_term_columns, source_positions
 from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
@@ -334,7 +327,7 @@ def term_run(tmp_path_factory, parent, multi30k_slice, aligned) -> Path:
 def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms_into_its_source(
     term_run, parent, tmp_path
 ):
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     loaded = load_run(term_run, "best")
     assert loaded.config.model.term_factors and loaded.config.init_from == str(parent)

@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
@@ -26,7 +27,6 @@ from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
 from tests.warm_process import run_mtrain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -108,8 +108,8 @@ def _check_and_fit(
     cfg: FitConfig, run: RunDir, run_log: RunLog | None, command_line: Sequence[str], started: float
 ) -> dict[str, Any]:
     """The checks of the run directory, of a resume's config and of init_from's parent, then `_fit`."""
+    from mtrain.checkpoint.files import load_checkpoint
     from mtrain.train.budget import budget_reason
-    from mtrain.train.checkpoint_files import load_checkpoint
     from mtrain.train.checkpoint_state import resumed_budget
     from mtrain.train.checkpointer import (
         check_resumable_config,

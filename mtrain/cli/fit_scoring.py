@@ -380,8 +380,8 @@ def score_test_split(
     language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
     metric with every direction's result under `directions`. With `deadline` (train.max_time)
     a decode that cannot end in time is skipped or stopped: DecodeOutOfTime."""
+    from mtrain.checkpoint.files import decode_weights, load_checkpoint
     from mtrain.decode.threads import decode_threads
-    from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
     best_path = run.find_checkpoint("best")
     best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read

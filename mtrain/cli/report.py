@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from mtrain.cli.common import mtrain_app
-from mtrain.cli.evaluate import friendly_overrides, hydra_quote
+from mtrain.cli.overrides import friendly_overrides, hydra_quote
 from mtrain.config import ReportConfig
 from mtrain.errors import MtrainError
 

@@ -139,7 +139,7 @@ def _app(cfg: TranslateConfig) -> None:
 
 
 def main() -> None:
-    from mtrain.cli.evaluate import friendly_overrides
+    from mtrain.cli.overrides import friendly_overrides
 
     # `ensemble=B` and `ensemble=B,C` as users type them (Hydra wants a list: ensemble=[B,C]).
     sys.argv = sys.argv[:1] + friendly_overrides(sys.argv[1:], list_keys=("ensemble",), string_keys=())

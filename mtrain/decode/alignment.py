@@ -26,8 +26,9 @@ from torch import Tensor
 from mtrain.config import DEFAULT_ALIGNMENT_LAYER, AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
 from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
+from mtrain.source_factors import is_annotated
 from mtrain.tokenizer import Tokenizer
-from mtrain.tokenizer.term_factors import fold_term_columns, is_annotated
+from mtrain.tokenizer.term_factors import fold_term_columns
 
 __all__ = ["Aligner", "AlignmentLevel", "alignment_level", "pharaoh", "resolve_alignment_source"]
 

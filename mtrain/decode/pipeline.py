@@ -42,8 +42,9 @@ from mtrain.decode.terminology import Glossary
 from mtrain.decode.translator import translate_encoded
 from mtrain.decoding_rules import Asked, TermUse, check_decoding, check_term_mode
 from mtrain.errors import MtrainError
+from mtrain.source_factors import TERM_TARGET, split_ids
 from mtrain.tokenizer import Tokenizer
-from mtrain.tokenizer.term_factors import TERM_TARGET, annotate, split_ids
+from mtrain.tokenizer.term_factors import annotate
 
 log = logging.getLogger("mtrain.decode")
 

@@ -37,9 +37,9 @@ from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text, is_export_dir
 
 if TYPE_CHECKING:
+    from mtrain.checkpoint.files import LoadedRun
     from mtrain.decode.directions import RunLanguages
     from mtrain.tokenizer import Tokenizer
-    from mtrain.train.checkpoint_files import LoadedRun
 
 FEATURES = ("forward", "reverse", "second", "length_ratio", "mbr")
 
@@ -208,7 +208,7 @@ def _tokenizer_files_and_languages(
 @functools.lru_cache(maxsize=4)
 def load_scoring_run(run: str, device: str) -> LoadedRun:
     """A reverse or second run's best checkpoint (its EMA weights when kept), loaded once per process."""
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     return load_run(run, which="best", device=device, weights="auto")
 

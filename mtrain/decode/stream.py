@@ -48,8 +48,8 @@ from mtrain.decode.textio import (
 )
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
+from mtrain.source_factors import TERM_TARGET, split_ids
 from mtrain.tokenizer import Tokenizer
-from mtrain.tokenizer.term_factors import TERM_TARGET, split_ids
 
 if TYPE_CHECKING:
     from mtrain.decode.ensemble import EnsembleModel

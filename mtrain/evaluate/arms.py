@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from mtrain.errors import MtrainError
-from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, run_config
+from mtrain.evaluate.runs import describe, differing_overrides, run_config
+from mtrain.run_summary import RunSummary
 
 SEED_KEY = "seed"
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from mtrain.checkpoint.files import load_checkpoint, save_checkpoint
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, training_checkpoint_of
-from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 
 # Training state that belongs to one point of the optimisation, not to an average of them.
 _TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")

@@ -26,8 +26,9 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate.arm_comparison import ArmComparison, arm_notes, compare_arms
 from mtrain.evaluate.arms import group_arms, has_seed_replicates
 from mtrain.evaluate.metrics import build_metric, check_lengths, check_metric_names, read_lines
-from mtrain.evaluate.runs import RunSummary, describe, differing_overrides, report_name, run_config
+from mtrain.evaluate.runs import describe, differing_overrides, report_name, run_config
 from mtrain.evaluate.tables import Table, format_cell, format_duration
+from mtrain.run_summary import RunSummary
 from mtrain.rundir import RunDir
 
 _DISPLAY = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}

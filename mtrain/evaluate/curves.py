@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from mtrain.errors import MtrainError
 from mtrain.evaluate.arms import Arm
-from mtrain.evaluate.runs import RunSummary, describe
+from mtrain.evaluate.runs import describe
+from mtrain.run_summary import RunSummary
 from mtrain.rundir import RunDir
 
 if TYPE_CHECKING:

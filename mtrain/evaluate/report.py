@@ -14,20 +14,17 @@ import datetime
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mtrain import __version__
 from mtrain.config import DataConfig
 from mtrain.evaluate.references import SplitText, file_record
+from mtrain.evaluate.scored import Scored
 from mtrain.evaluate.sentences import SentenceScore, sentences_path, write_sentences_tsv
 from mtrain.evaluate.tables import Table, markdown_text
 from mtrain.evaluate.terminology import terms_table
 from mtrain.rundir import RunDir, atomic_write_text
 from mtrain.wording import counted
-
-if TYPE_CHECKING:  # scoring imports this module
-    from mtrain.evaluate.scoring import Scored
-
 
 # sacreBLEU's defaults, as `mtrain eval` and fit's test decode score: a report scored so is
 # `<split>.json`; one scored otherwise names what differs (`scored_name`).

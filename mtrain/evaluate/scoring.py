@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -21,6 +20,7 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import check_lengths, score_corpus
 from mtrain.evaluate.references import SplitText
 from mtrain.evaluate.report import save_split_report, split_report
+from mtrain.evaluate.scored import Scored
 from mtrain.evaluate.sentences import per_sentence_record, score_sentences, sentences_path
 from mtrain.rundir import RunDir
 
@@ -34,22 +34,6 @@ if TYPE_CHECKING:
 # Sources in, one hypothesis per source out (any engine: torch, CTranslate2, ...): its text, or
 # the Hypothesis (text and model score).
 Translate = Callable[[list[str]], Sequence[Union[str, "Hypothesis"]]]
-
-
-@dataclass
-class Scored:
-    hypotheses: list[str]
-    scores: dict[str, dict[str, Any]]  # per metric: name, score, signature, text (`score_corpus`)
-    seconds: float  # translation time
-    # Per line, the model's score of its hypothesis (None for a blank source, never decoded);
-    # None when the translator gave plain text.
-    model_scores: list[float | None] | None = None
-    # Per line, MBR decoding's expected utility of its hypothesis; None when not decoded with MBR.
-    expected_utilities: list[float | None] | None = None
-
-    @property
-    def sentences_per_second(self) -> float:
-        return len(self.hypotheses) / max(self.seconds, 1e-9)
 
 
 def check_references(references: Sequence[Sequence[str]], name: str) -> None:

@@ -19,8 +19,9 @@ from mtrain.evaluate.arm_comparison import ArmComparison, arm_notes, compare_arm
 from mtrain.evaluate.arms import group_arms, has_seed_replicates
 from mtrain.evaluate.compare import Comparison, runs_table
 from mtrain.evaluate.curves import TRAIN_LOSS, VALID_BLEU, plot_curves, read_scalars
-from mtrain.evaluate.runs import RunSummary, differing_overrides, discover_runs, failure_notes
+from mtrain.evaluate.runs import differing_overrides, discover_runs, failure_notes
 from mtrain.evaluate.tables import Table
+from mtrain.run_summary import RunSummary
 
 REPORT_FILE = "report.md"
 LOSS_PLOT = "train_loss.png"

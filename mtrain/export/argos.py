@@ -74,7 +74,7 @@ def export_argos(
 ) -> tuple[Path, str | None]:
     """`mtrain export format=argos`: the run's checkpoint (`which`) as the package `out_file`;
     with `score`, also the line that says what the package's decoding scores (argos_score.py)."""
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     out_file = Path(out_file)
     if out_file.suffix != SUFFIX:

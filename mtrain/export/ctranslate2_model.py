@@ -31,7 +31,7 @@ from mtrain.rundir import staged
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mtrain.train.checkpoint_files import LoadedRun
+    from mtrain.checkpoint.files import LoadedRun
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
@@ -106,7 +106,7 @@ def export_run(
 ) -> Path:
     """`mtrain export`: the run's checkpoint (`which`: best|last|a path) into `out_dir`, with its
     `weights` (auto: the weights' average when the run kept one)."""
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     check_export_target(out_dir, force, run_dir)  # before the checkpoint loads
     loaded = load_run(run_dir, which=which, checkpoint_path=checkpoint_path, weights=weights)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mtrain.checkpoint.files import LoadedRun, load_checkpoint, load_run
 from mtrain.config import Engine
 from mtrain.data.tags import reserved_symbols
 from mtrain.decode.ct2_engine import CTranslate2Model, load_ctranslate2
@@ -36,7 +37,6 @@ from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
 from mtrain.rundir import RunDir, is_export_dir
 from mtrain.runtime import resolve_decode_precision
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import LoadedRun, load_checkpoint, load_run
 
 log = logging.getLogger("mtrain")
 

@@ -32,7 +32,6 @@ from mtrain.config import DecodeConfig, to_typed
 from mtrain.data.tags import lang_tag, reserved_symbols
 from mtrain.decode.directions import RunLanguages
 from mtrain.errors import MtrainError
-from mtrain.evaluate.runs import load_run_summary
 from mtrain.export.hf_generation import generation_settings
 from mtrain.export.hf_marian import build_marian
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
@@ -40,6 +39,7 @@ from mtrain.export.hf_tokenizer import build_hf_tokenizer
 from mtrain.export.model_card import model_card
 from mtrain.export.portable import name_in_run
 from mtrain.export.target import check_export_target, write_record
+from mtrain.run_summary import load_run_summary
 from mtrain.rundir import staged
 
 
@@ -66,7 +66,7 @@ def export_hf_run(
     Everything is checked before anything is written; the directory is written next to
     `out_dir` and renamed into place, so a failed export leaves no half-written model.
     """
-    from mtrain.train.checkpoint_files import load_run
+    from mtrain.checkpoint.files import load_run
 
     out_dir = Path(out_dir)
     check_export_target(out_dir, force, run_dir)  # before anything loads

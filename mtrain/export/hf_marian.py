@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from mtrain.checkpoint.hf_weights import layer_names
 from mtrain.config import (
     Activation,
     DecoderOrder,
@@ -46,7 +47,6 @@ from mtrain.export.hf_model import bart_family_config
 from mtrain.model.positions import marian_sinusoidal_table
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB
-from mtrain.train.hf_weights import layer_names
 
 if TYPE_CHECKING:  # an optional dependency, imported when an export runs
     from transformers import MarianMTModel, MarianTokenizer

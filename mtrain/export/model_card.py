@@ -28,8 +28,8 @@ from omegaconf import OmegaConf
 
 from mtrain import __version__
 from mtrain.config import resolved_model, to_plain
-from mtrain.evaluate.runs import RunSummary
 from mtrain.export.portable import portable
+from mtrain.run_summary import RunSummary
 
 
 def model_card(

@@ -5,7 +5,7 @@ vocabulary are never looked up (token ids come from the tokenizer) and exist so 
 output projection has a tensor-core-friendly width.
 
 A term-aware model's source embedding (`model.term_factors`) also reads the term factor that
-an annotated source id carries (mtrain.tokenizer.term_factors: id = piece + factor * vocabulary
+an annotated source id carries (mtrain.source_factors: id = piece + factor * vocabulary
 size) and adds that factor's vector, zero-initialised: a plain model's weights compute the same
 before the factors are trained.
 """

@@ -23,13 +23,13 @@ restricted output vocabulary's size with `model.output_vocab=target`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
-from torch import nn
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from mtrain.model.layers import DecoderLayer
-    from mtrain.model.transformer import Seq2SeqTransformer
 
 
 def matmul_weights(module: nn.Module) -> int:
@@ -37,16 +37,26 @@ def matmul_weights(module: nn.Module) -> int:
     return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))
 
 
-def training_flops_per_target_token(model: Seq2SeqTransformer, src_len: int, tgt_len: int) -> float:
+def training_flops_per_target_token(
+    encoder: Iterable[nn.Module],
+    decoder: Iterable[nn.Module],
+    output_proj: nn.Linear,
+    output_ids: Tensor | None,
+    src_len: int,
+    tgt_len: int,
+) -> float:
+    """The count above for a model's layer stacks and output projection (`output_ids`: the
+    restricted output vocabulary's rows, None for all). The model passes its parts, so this
+    module needs nothing of `Seq2SeqTransformer`, which calls it."""
     S, T = src_len, tgt_len
-    d = model.output_proj.in_features
+    d = output_proj.in_features
     forward = 0
-    for layer in model.encoder:
+    for layer in encoder:
         forward += S * 2 * matmul_weights(layer) + 4 * S * S * d
-    for layer in cast("list[DecoderLayer]", model.decoder):  # (a ModuleList yields Module)
+    for layer in cast("Iterable[DecoderLayer]", decoder):  # (a ModuleList yields Module)
         memory_side = matmul_weights(layer.cross_attn.k_proj) + matmul_weights(layer.cross_attn.v_proj)
         forward += T * 2 * (matmul_weights(layer) - memory_side) + S * 2 * memory_side
         forward += 4 * T * T * d + 4 * T * S * d
-    vocab = model.output_proj.out_features if model.output_ids is None else model.output_ids.numel()
+    vocab = output_proj.out_features if output_ids is None else output_ids.numel()
     forward += T * 2 * d * vocab
     return 3.0 * forward / T

@@ -40,7 +40,7 @@ from mtrain.model.positions import LearnedPositions, RotaryPositions, Sinusoidal
 from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import DecoderState, LayerCache
 from mtrain.model.variants import decoder_layer, encoder_layer
-from mtrain.tokenizer.term_factors import FACTORS
+from mtrain.source_factors import FACTORS
 
 if TYPE_CHECKING:
     from mtrain.model.layers import DecoderLayer
@@ -269,7 +269,9 @@ class Seq2SeqTransformer(nn.Module):
     # ------------------------------------------------------------------ accounting
     def flops_per_token(self, src_len: int, tgt_len: int) -> float:
         """Training FLOPs per target token for a pair of these lengths (see `mtrain.model.flops`)."""
-        return training_flops_per_target_token(self, src_len, tgt_len)
+        return training_flops_per_target_token(
+            self.encoder, self.decoder, self.output_proj, self.output_ids, src_len, tgt_len
+        )
 
     def gradient_norm_groups(self) -> dict[str, list[Tensor]]:
         """Parameter groups whose gradient norms the trainer may log. Groups can overlap

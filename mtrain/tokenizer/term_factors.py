@@ -11,10 +11,11 @@ Training takes the terms from the pair itself (mtrain.batches.term_training); de
 the glossary (`terms=`, a request's terms; mtrain.decode.pipeline), so both annotate alike:
 this module is the one place that writes an annotated source.
 
-The factor travels inside the source id, `piece + factor * source vocabulary size`, so that
-batches, padding, the encoder's masks and every decoding path carry it unchanged; the source
-embedding splits it again (mtrain.model.embeddings) and adds a factor embedding, zero at
-first, so that a plain model fine-tuned with factors starts out computing what it did.
+The factor travels inside the source id, `piece + factor * source vocabulary size`
+(mtrain.source_factors, the layout this module and the model share), so that batches, padding,
+the encoder's masks and every decoding path carry it unchanged; the source embedding splits it
+again (mtrain.model.embeddings) and adds a factor embedding, zero at first, so that a plain
+model fine-tuned with factors starts out computing what it did.
 """
 
 from __future__ import annotations
@@ -23,22 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-PLAIN, TERM_SOURCE, TERM_TARGET = 0, 1, 2
-FACTORS = 3  # the factor embedding's rows
-
-
-def factored(piece: int, factor: int, vocab_size: int) -> int:
-    """The source id of `piece` with `factor`."""
-    return piece + factor * vocab_size
-
-
-def split_ids(ids: Sequence[int], vocab_size: int) -> tuple[list[int], list[int]]:
-    """Annotated source ids -> (pieces, factors); plain ids come back as they are, factor 0."""
-    return [i % vocab_size for i in ids], [i // vocab_size for i in ids]
-
-
-def is_annotated(ids: Sequence[int], vocab_size: int) -> bool:
-    return any(i >= vocab_size for i in ids)
+from mtrain.source_factors import PLAIN, TERM_SOURCE, TERM_TARGET, factored
 
 
 def annotate(

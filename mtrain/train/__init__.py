@@ -1,1 +1,1 @@
-"""Training: loss, optimiser and schedule, checkpoints, the training loop, DDP."""
+"""Training: loss, optimiser and schedule, checkpointing (the format: mtrain.checkpoint), the training loop, DDP."""

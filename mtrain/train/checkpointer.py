@@ -26,10 +26,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mtrain.checkpoint.files import load_checkpoint, save_checkpoint
 from mtrain.config import FitConfig, resolved_model, to_plain
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_link
-from mtrain.train.checkpoint_files import load_checkpoint, save_checkpoint
 from mtrain.train.checkpoint_state import without_optimizer
 
 log = logging.getLogger("mtrain")

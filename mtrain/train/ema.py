@@ -12,7 +12,7 @@ The average is a second copy of the model on the training device, in the weights
 `lerp_` on a CPU, where it is faster): no host synchronisation. Every rank of a DDP job holds the same
 weights after each step, so every rank's average is the same. Validation, best.pt and the
 test decode use `module` (the averaged model); checkpoints store it beside the trained
-weights (`ema`), and decoding picks it unless told `weights=raw` (`checkpoint_files.load_run`).
+weights (`ema`), and decoding picks it unless told `weights=raw` (`mtrain.checkpoint.files.load_run`).
 """
 
 from __future__ import annotations

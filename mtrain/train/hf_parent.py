@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtrain.checkpoint.hf_weights import embedding, layer_names, layer_shape, padded, without_prefix
 from mtrain.config import (
     DataConfig,
     ModelConfig,
@@ -57,7 +58,6 @@ from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, is_marian_directory
 from mtrain.tokenizer.tokenizer import JOINT_MODEL
 from mtrain.train.hf_config import HfConfig, check_memory, read_config
-from mtrain.train.hf_weights import embedding, layer_names, layer_shape, padded, without_prefix
 
 MARIAN, PEGASUS = "MarianMTModel", "PegasusForConditionalGeneration"
 SUPPORTED = (MARIAN, PEGASUS)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mtrain.checkpoint.files import decode_weights, load_checkpoint, stored_config
 from mtrain.config import (
     DataConfig,
     DecodeWeights,
@@ -56,7 +57,6 @@ from mtrain.data.tags import reserved_symbols
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import decode_weights, load_checkpoint, stored_config
 from mtrain.train.checkpoint_state import has_optimizer_state
 from mtrain.train.hf_parent import check_languages, is_hf_directory, parent_record, read_hf_model, resolve_hub_id
 
