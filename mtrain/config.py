@@ -188,7 +188,7 @@ class Sampling(Choice):
 
 
 class MbrCandidates(Choice):
-    """Where MBR decoding's candidates come from (mtrain/decode/mbr.py); none: no MBR."""
+    """Where MBR decoding's candidates come from (mtrain/decode/selection/mbr.py); none: no MBR."""
 
     none = "none"
     beam = "beam"  # the beam's n-best (beam = nbest = num_candidates)
@@ -512,7 +512,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int | None = ranged(None, at_least=1)  # CPU intra-op threads of training (null: torch's default)
     # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
-    # translate and eval decode, whatever the load; mtrain/decode/threads.py): a test decode at
+    # translate and eval decode, whatever the load; mtrain/decode/engines/threads.py): a test decode at
     # train.num_threads=2 on busy cores ran 5x slower than `mtrain eval` on the same checkpoint.
     decode_num_threads: int | None = ranged(None, at_least=1)
     validate_every: int = ranged(1000, at_least=1)
@@ -643,7 +643,7 @@ class TrainConfig:
 
 
 class TermPlacement(Choice):
-    """Where a glossary term goes (mtrain/decode/placement.py): tied to its source word by the
+    """Where a glossary term goes (mtrain/decode/search/placement.py): tied to its source word by the
     cross-attention (aligned), or wherever the constrained search puts it (none)."""
 
     aligned = "aligned"
@@ -686,13 +686,13 @@ def alignment_level(value: object) -> AlignmentLevel:
 
 
 # The decoder layer word alignments read when decode.alignment_layer is null and the run trained
-# no guided head (mtrain.decode.alignment): the penultimate, measured in docs/TRANSLATE.md.
+# no guided head (mtrain.decode.translation.alignment): the penultimate, measured in docs/TRANSLATE.md.
 DEFAULT_ALIGNMENT_LAYER = -2
 
 
 @dataclass
 class MbrConfig:
-    """Minimum Bayes risk decoding (mtrain/decode/mbr.py): of `num_candidates` candidates, the one
+    """Minimum Bayes risk decoding (mtrain/decode/selection/mbr.py): of `num_candidates` candidates, the one
     of highest mean `utility` against the pseudo-references."""
 
     candidates: MbrCandidates = MbrCandidates.none  # none: MBR off
@@ -706,7 +706,7 @@ class MbrConfig:
 
 @dataclass
 class RerankConfig:
-    """n-best reranking (mtrain/decode/rerank.py): a weighted sum of features per hypothesis."""
+    """n-best reranking (mtrain/decode/selection/rerank.py): a weighted sum of features per hypothesis."""
 
     weights: str | None = None  # a JSON weights file (scripts/tune_rerank.py); null: no reranking
     reverse_run: str | None = None  # a run of the opposite direction: log p(source | hypothesis)
@@ -731,10 +731,10 @@ class DecodeConfig:
     temperature: float = ranged(1.0, above=0)
     seed: int = ranged(1, at_least=0)  # sampling's random generator (same seed, same samples)
     # true: a sentence stops once `beam` hypotheses finished (fairseq); false: only once no
-    # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
+    # live hypothesis can beat them (exact bound, slower). See mtrain/decode/search/generator.py.
     early_stopping: bool = True
     valid_beam: int = ranged(1, at_least=1)  # beam used for validation BLEU during training (1 = greedy)
-    # Word alignments of every output from cross-attention (mtrain/decode/alignment.py,
+    # Word alignments of every output from cross-attention (mtrain/decode/translation/alignment.py,
     # docs/TRANSLATE.md): false | true (= word) | word | subword.
     alignment: str = "false"
     # The decoder layer (negative: from the last) and head (null: the average of the heads)
@@ -747,7 +747,7 @@ class DecodeConfig:
     # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
     # Terms (terms=, a request's terms) placed where their source word is translated, the model's
-    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/placement.py)
+    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/search/placement.py)
     term_placement: TermPlacement = TermPlacement.aligned
     # Terms as constraints, as annotation of the source (term-aware models), or both: auto | constraints | annotation | both
     term_mode: TermMode = TermMode.auto
@@ -758,7 +758,7 @@ class DecodeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
-    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection).
+    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection.selecting).
     @property
     def uses_mbr(self) -> bool:
         return MbrCandidates(self.mbr.candidates) != MbrCandidates.none
@@ -769,7 +769,7 @@ class DecodeConfig:
 
     @property
     def selects(self) -> bool:
-        """The n-best is chosen by MBR or reranked (mtrain.decode.selection)."""
+        """The n-best is chosen by MBR or reranked (mtrain.decode.selection.selecting)."""
         return self.uses_mbr or self.uses_rerank
 
     @property
@@ -790,7 +790,7 @@ class DecodeConfig:
             raise MtrainError(
                 f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)"
             )
-        # (with MBR, beam and nbest are MBR's: mtrain.config_checks and mtrain.decode.mbr)
+        # (with MBR, beam and nbest are MBR's: mtrain.config_checks and mtrain.decode.selection.mbr)
         if not self.uses_mbr and self.sampling == Sampling.none and self.nbest > self.beam:
             raise MtrainError(
                 f"{prefix}.nbest: {self.nbest} is above {prefix}.beam={self.beam} (beam search "
@@ -961,7 +961,7 @@ class DecodingCommandConfig:
     engine: Engine = Engine.torch
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
-    # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    # CPU threads (null: 1, whatever the load; mtrain/decode/engines/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)
     # A glossary `source term<TAB>target term[<TAB>the words it replaces, |-separated]`: where a source
@@ -1001,7 +1001,7 @@ class TranslateConfig(DecodingCommandConfig):
     constraints: ConstraintOrder = ConstraintOrder.none  # unordered|ordered: lines are `source<TAB>phrase...`
     avoid: str | None = None  # a file of phrases (one per line) no output may contain
     # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
-    # (mtrain/decode/markup.py, docs/TRANSLATE.md)
+    # (mtrain/decode/requests/markup.py, docs/TRANSLATE.md)
     format: str = "text"
 
     def check(self, prefix: str) -> None:

@@ -148,7 +148,7 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
         return
     layer = decode.alignment_layer
     if layer is None and decode.alignment_head is None and guided:
-        return  # the head it trained (mtrain.decode.alignment), a layer it has
+        return  # the head it trained (mtrain.decode.translation.alignment), a layer it has
     why = "alignments" if not markup else f"format={fmt} (its tags are put back by word alignments)"
     if layer is None:
         layer = DEFAULT_ALIGNMENT_LAYER
@@ -170,7 +170,7 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
 def _check_decoding_precision(cfg: DecodingCommandConfig) -> None:
     """`precision` of translate/eval/serve: mtrain's precisions with engine=torch (CTranslate2,
     and so an `mtrain export` directory as run=, also takes its compute types, checked by
-    mtrain.decode.ct2_engine)."""
+    mtrain.decode.engines.ct2_engine)."""
     allowed = [member.value for member in Precision]
     exported = cfg.run is not None and is_export_dir(str(cfg.run))  # CTranslate2 decodes it, whatever engine says
     if cfg.engine == Engine.torch and cfg.precision not in allowed and not exported:
@@ -248,7 +248,7 @@ def _check_format(fmt: str, key: str) -> None:
 
 def _check_mbr(decode: DecodeConfig, prefix: str) -> None:
     """MBR ranks only its candidates (their counts are ranges of mtrain.config.MbrConfig); the
-    reranking files are checked when a command starts (mtrain.decode.rerank.check_rerank_files),
+    reranking files are checked when a command starts (mtrain.decode.selection.rerank.check_rerank_files),
     before any model loads."""
     mbr = decode.mbr
     if decode.uses_mbr and decode.nbest > mbr.num_candidates:

@@ -8,7 +8,7 @@ refuses what cannot be honoured together, and both sides call it:
 
 - `mtrain.config_checks`, for translate, eval and serve before a model loads, with the
   command line's names (`terms=FILE.tsv: ...`; the CLI prints one line and exits 2);
-- the request pipeline (`mtrain.decode.pipeline`), for each HTTP request of either API,
+- the request pipeline (`mtrain.decode.requests.pipeline`), for each HTTP request of either API,
   with the request's field names (`terms: ...`; the server answers 422).
 
 A refusal (`RefusedCombination`) keeps the field and the reason apart: the reason is the same

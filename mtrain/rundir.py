@@ -21,7 +21,7 @@ Every name below is spelled here and nowhere else:
 
 An `mtrain export` directory is no run directory: every export directory holds its
 `EXPORT_METADATA_FILE` (mtrain.export writes it; its "format" says which), and `is_export_dir`
-knows a CTranslate2 one by it (mtrain.decode.ct2_engine reads it), so a command given one as
+knows a CTranslate2 one by it (mtrain.decode.engines.ct2_engine reads it), so a command given one as
 run= (and the config checks) can tell it apart.
 
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go

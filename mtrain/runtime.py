@@ -98,7 +98,7 @@ def resolve_decode_precision(name: Precision | str, device: torch.device) -> Pre
       products (~1 GFLOP/s): fp32.
     - CUDA: fp32. On an H200, bf16 autocast decoded 18-23x slower than fp32 (greedy 148 vs
       3,461 sent/s, beam 5 67 vs 1,240), before weights were cast once per decode
-      (mtrain.decode.torch_engine); until `scripts/bench_decode.py --devices cuda` shows bf16
+      (mtrain.decode.engines.torch_engine); until `scripts/bench_decode.py --devices cuda` shows bf16
       at least as fast, auto keeps fp32 there.
     Scores and log-softmax stay fp32 either way.
     """

@@ -6,7 +6,7 @@
 Loads the run once (engine=torch, fp32, 1 thread unless --threads) and decodes the test set:
 
 1. plain beam search (the baseline), and with `terms=` (each source term found in a
-   sentence, `mtrain.decode.terminology`, makes its target term a constraint): term-use rate
+   sentence, `mtrain.decode.requests.terminology`, makes its target term a constraint): term-use rate
    (of the (sentence, term) pairs the glossary finds, the share whose target term the output
    holds as a whole word, case-sensitive; and as a word start, `dog` in `dogs`, which is
    what a constraint's tokens `▁dog` guarantee), how often the reference holds it, BLEU and
@@ -31,9 +31,9 @@ import sacrebleu
 import torch
 
 from mtrain.config import DecodeConfig, Engine
-from mtrain.decode.controls import TargetRequest, encode_request, phrase_encoder
-from mtrain.decode.terminology import read_glossary
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.requests.controls import TargetRequest, encode_request, phrase_encoder
+from mtrain.decode.requests.terminology import read_glossary
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.export.engine import open_engine
 
 

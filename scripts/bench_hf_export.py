@@ -38,8 +38,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtrain.config import DecodeConfig
-from mtrain.decode.hypothesis import length_normalise
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.search.hypothesis import length_normalise
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens
 from mtrain.train.checkpoint_files import load_run

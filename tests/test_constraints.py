@@ -1,4 +1,4 @@
-"""Target prefixes, lexical constraints and avoided phrases in the search (mtrain.decode.constraints)."""
+"""Target prefixes, lexical constraints and avoided phrases in the search (mtrain.decode.search.constraints)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mtrain.config import DecodeConfig
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.ensemble import EnsembleModel
-from mtrain.decode.generator import generate
+from mtrain.decode.engines.ensemble import EnsembleModel
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.generator import generate
 from tests.test_generator import BOS, EOS, PAD, VOCAB, source_batch, tiny_model, train_to_copy
 
 

@@ -1,4 +1,4 @@
-"""mtrain.decode.placement: a term starts where its source word is translated, the usual word
+"""mtrain.decode.search.placement: a term starts where its source word is translated, the usual word
 stays out, and nothing is appended after the final full stop; each rule on a worked step."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtrain.decode.constraints import ControlIds, controls_for
-from mtrain.decode.placement import PlacementVocab, placement_for, sentence_end_count
-from mtrain.decode.processors import StepView
+from mtrain.decode.search.constraints import ControlIds, controls_for
+from mtrain.decode.search.placement import PlacementVocab, placement_for, sentence_end_count
+from mtrain.decode.search.processors import StepView
 
 PIECES = ["<pad>", "<s>", "</s>", "▁the", "▁dog", "▁canine", ".", "▁barks", "s", "▁a"]
 EOS, THE, DOG, CANINE, STOP, BARKS = 2, 3, 4, 5, 6, 7

@@ -1,4 +1,4 @@
-"""One path from a request to the decoder (mtrain.decode.pipeline): the same request through
+"""One path from a request to the decoder (mtrain.decode.requests.pipeline): the same request through
 `mtrain translate`, mtrain's JSON API and the LibreTranslate API gives the same text, and the
 same refusal (mtrain.decoding_rules: one wording; the command line's one line and exit 2
 before a model loads, HTTP 422 naming the field), control by control and for every
@@ -20,10 +20,10 @@ from omegaconf import OmegaConf
 from starlette.testclient import TestClient
 
 from mtrain.config import DecodeConfig, ServeConfig, to_typed
-from mtrain.decode.controls import line_controls
-from mtrain.decode.pipeline import PipelineStats, Prepared
-from mtrain.decode.selection import describe_search
-from mtrain.decode.stream import translate_stream
+from mtrain.decode.requests.controls import line_controls
+from mtrain.decode.requests.pipeline import PipelineStats, Prepared
+from mtrain.decode.selection.selecting import describe_search
+from mtrain.decode.text.stream import translate_stream
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
 from tests.test_serve import MODEL, model, run_dir, tokenizer  # noqa: F401 (fixtures)
@@ -271,7 +271,7 @@ def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(mbr) == "MBR-chrF over 16 beam candidates, reranked by forward+reverse+length_ratio+mbr"
     assert describe_search(decode_cfg(sampling="topp", nbest=4)) == "top-p sampling (p=0.9), 4 samples"
     stats = PipelineStats()
-    from mtrain.decode.controls import TargetRequest
+    from mtrain.decode.requests.controls import TargetRequest
 
     stats.count(Prepared("Ein Hund.", TargetRequest("", ("dog", "big")), terms=("dog",)), "A big dog .")
     stats.count(Prepared("Ein Ball.", TargetRequest("", ("ball",))), "A toy.")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.serve.access import RateLimiter, read_api_keys
 from tests.conftest import needed_in_ci

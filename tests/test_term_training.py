@@ -22,10 +22,10 @@ from starlette.testclient import TestClient
 from mtrain.batches.guided_alignment import word_starts, words_of
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
-from mtrain.decode.controls import line_controls
-from mtrain.decode.pipeline import DecodeRequest, Options, RequestPipeline, check_term_mode
-from mtrain.decode.stream import translate_stream
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.controls import line_controls
+from mtrain.decode.requests.pipeline import DecodeRequest, Options, RequestPipeline, check_term_mode
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.text.stream import translate_stream
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.serve.app import build_app
@@ -101,7 +101,7 @@ def test_the_factor_embedding_starts_at_zero_so_a_plain_models_weights_compute_t
 
 
 def test_placement_ties_a_term_to_its_source_word_and_the_term_written_after_it(tokenizer):
-    from mtrain.decode.pipeline import term_sources
+    from mtrain.decode.requests.pipeline import term_sources
 
     plain = [*tokenizer.encode_src("Ein Hund läuft."), tokenizer.eos_id]
     found = {"canine": [1]}
@@ -445,7 +445,7 @@ def test_serve_annotates_the_server_glossary_and_a_requests_terms_as_translate_d
 
 # ------------------------------------------------------------------ the words a term replaces
 def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
-    from mtrain.decode.pipeline import prepare_requests
+    from mtrain.decode.requests.pipeline import prepare_requests
 
     glossary = Glossary.of(
         {"Hund": "canine", "Mann": "gentleman", "Hundeführer": "dog handler"},

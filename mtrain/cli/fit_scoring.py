@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
     import torch
 
     from mtrain.batches import PreparedData
-    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.tokenizer import Tokenizer
     from mtrain.train.budget import EndCost
     from mtrain.train.setup import Machine
@@ -69,9 +69,9 @@ def validation(
     A multilingual run validates each direction (its first `train.valid_max_sentences`
     sentences, decoded with its target language's tag) and reports their mean, which best.pt
     follows, and each direction's perplexity and BLEU (`mean_over_directions`)."""
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.decode.progress import DecodeProgress
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.directions import RunLanguages
+    from mtrain.decode.engines.threads import decode_threads
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import mean_over_directions, validation_loss
 
@@ -136,14 +136,14 @@ def end_cost_estimate(
 ) -> Callable[[], EndCost]:
     """What follows training under train.max_time, measured on this machine when called (before
     the first update): one validation as `validation` runs it (its loss, timed on a slice of the
-    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.cost,
+    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.translation.cost,
     and its scoring), the test decode with `cfg.decode` and its three metrics, and the checkpoints'
     writing (guessed from the weights' size until a save is timed). The model is left as it was
     found (training mode; decoding and the loss change no weights and draw no random numbers)."""
     from mtrain.batches.corpus import EncodedCorpus
-    from mtrain.decode.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.directions import RunLanguages
+    from mtrain.decode.engines.threads import decode_threads
+    from mtrain.decode.translation.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
     from mtrain.train.budget import EndCost, save_seconds_guess
     from mtrain.train.validation import validation_loss
 
@@ -290,7 +290,7 @@ def score_test_split(
     language's tag, into its own report (eval/test.de-en.*) and returns the mean of each
     metric with every direction's result under `directions`. With `deadline` (train.max_time)
     a decode that cannot end in time is skipped or stopped: DecodeOutOfTime."""
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.threads import decode_threads
     from mtrain.train.checkpoint_files import decode_weights, load_checkpoint
 
     best_path = run.find_checkpoint("best")
@@ -334,7 +334,7 @@ def _score_test_directions(
 ) -> dict[str, Any]:
     """`score_test_split`'s scores once the checkpoint is loaded: one direction's, or the mean
     over several with each one's."""
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
 
     best_update = checkpoint_info["update"]
     languages = RunLanguages.of(cfg.data)
@@ -397,7 +397,7 @@ def _score_test_direction(
 ) -> dict[str, Any]:
     """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
     and its scores for metrics.json."""
-    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
 

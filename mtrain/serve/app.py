@@ -11,7 +11,7 @@
     beside the server's `terms=FILE.tsv`, which every request gets)   (docs/SERVE.md)
 
 A request goes the way `mtrain translate`'s lines go, through the request pipeline
-(`mtrain.decode.pipeline`): its fields become `DecodeRequest`s and `Options`, checked by the
+(`mtrain.decode.requests.pipeline`): its fields become `DecodeRequest`s and `Options`, checked by the
 same rules (`mtrain.decoding_rules`: 422 naming the field, in the words translate's one-line
 error uses), markup taken out and terms found (`prepare_requests`), decoded in the batcher
 (`ServedModel.translate`, the pipeline's decoder step), tags put back (`finish_requests`).
@@ -51,15 +51,15 @@ from mtrain.config import (
     Sampling,
     ServeConfig,
 )
-from mtrain.decode.alignment import pharaoh
-from mtrain.decode.pipeline import (
+from mtrain.decode.requests.pipeline import (
     DecodeRequest,
     Options,
     PipelineStats,
     Prepared,
     with_options,
 )
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.translation.alignment import pharaoh
 from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher
@@ -96,7 +96,7 @@ class TranslateRequest(BaseModel):
     avoid: list[str] | None = None  # phrases no translation of the request may contain
     terms: list[list[str]] | None = None  # [source term, target term] pairs, beside the server's glossary
     alignment: bool | None = None  # word alignments in the answer; default: the server's decode.alignment
-    format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.markup)
+    format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.requests.markup)
 
 
 # What each field must be, in the words of an error message.

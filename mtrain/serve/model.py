@@ -3,7 +3,7 @@
 `open_served_model` opens the engine as `mtrain translate` does (`open_engine`: a torch
 checkpoint, an `mtrain export` directory, or a checkpoint converted for CTranslate2), and
 `ServedModel.translate` turns one batch of sentences into hypotheses by the decoder step of
-the request pipeline `mtrain translate` uses (`mtrain.decode.pipeline.RequestPipeline.decode`):
+the request pipeline `mtrain translate` uses (`mtrain.decode.requests.pipeline.RequestPipeline.decode`):
 blank sentences stay empty, over-long ones are cut to `max_input_tokens` (and the model's
 positions) with a warning; a sentence the tokenizer refuses is an MtrainError (the client's 422).
 The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker threads only
@@ -15,7 +15,7 @@ is: the run's directory name and update, never a path.
 languages the model translates into: a bilingual run's `data.tgt` (null: that one), a
 multilingual run's (data.lang_tags) target languages, one of which a request must name: null
 is refused, as guessing a language would answer in the wrong one. Each language has its
-tokenizer (its tag at the start of every source: mtrain.decode.directions), made once.
+tokenizer (its tag at the start of every source: mtrain.decode.engines.directions), made once.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from mtrain.config import (
     ServeConfig,
     alignment_level,
 )
-from mtrain.decode.controls import TargetRequest
-from mtrain.decode.directions import RunLanguages
-from mtrain.decode.engine import as_engine
-from mtrain.decode.generator import decoder_depth
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.pipeline import Prepared, RequestPipeline
+from mtrain.decode.engines.directions import RunLanguages
+from mtrain.decode.engines.engine import as_engine
+from mtrain.decode.requests.controls import TargetRequest
+from mtrain.decode.requests.pipeline import Prepared, RequestPipeline
+from mtrain.decode.search.generator import decoder_depth
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -56,7 +56,7 @@ class UnknownTargetLanguage(ValueError):
 
 @dataclass
 class ServedModel:
-    engine: Any  # a decoding engine (mtrain.decode.translator.Engine), built once
+    engine: Any  # a decoding engine (mtrain.decode.translation.translator.Engine), built once
     tokenizer: Any
     device: torch.device
     precision: str
@@ -179,7 +179,7 @@ def check_target_language(requested: str | None, allowed: Sequence[str]) -> str 
 
 def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> ServedModel:
     """Open `cfg.run`'s engine once, as `mtrain translate` does."""
-    from mtrain.decode.alignment import resolve_alignment_source
+    from mtrain.decode.translation.alignment import resolve_alignment_source
     from mtrain.export.engine import open_engine
 
     if cfg.run is None:

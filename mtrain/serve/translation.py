@@ -3,7 +3,7 @@
 
 `Served` holds the model, the server's settings and glossary (`terms=FILE.tsv`), and what the
 constraints and terms of all requests did. Its `translate` takes a request read into the
-pipeline's `DecodeRequest`s and `Options` (mtrain.decode.pipeline) through the pipeline's
+pipeline's `DecodeRequest`s and `Options` (mtrain.decode.requests.pipeline) through the pipeline's
 steps: the rules (mtrain.decoding_rules: 422 naming the field, the wording translate's
 one-line error uses), markup out and terms found, the batcher (whose worker decodes the
 sentences of concurrent requests together: `ServedModel.translate`, the pipeline's decoder
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.pipeline import (
+from mtrain.decode.requests.pipeline import (
     DecodeRequest,
     Options,
     PipelineStats,
@@ -37,7 +37,7 @@ from mtrain.decode.pipeline import (
     finish_requests,
     prepare_requests,
 )
-from mtrain.decode.terminology import Glossary, TermTargets, glossary_of, read_glossary
+from mtrain.decode.requests.terminology import Glossary, TermTargets, glossary_of, read_glossary
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.serve.batcher import Batcher, BatcherClosed

@@ -2,7 +2,7 @@
 
 Greedy decoding, beam search and sampling share this loop and the same step function
 (`CachedStep`: one `model.decode_step` per token with the KV cache); they differ only in
-the search algorithm that turns log-probabilities into choices (`search.py`,
+the search algorithm that turns log-probabilities into choices (`algorithms.py`,
 `sampling.py`). Per step, for all live hypotheses at once:
 
 1. logits from the step function -> log-softmax (fp32) -> the step processors, one list
@@ -40,13 +40,13 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DEFAULT_ALIGNMENT_LAYER, DecodeConfig, Sampling, TermPlacement
-from mtrain.decode.constraints import ControlIds, constrained_search, controls_for
-from mtrain.decode.hypothesis import Hypothesis, length_normalise
-from mtrain.decode.placement import PlacementVocab, placement_for
-from mtrain.decode.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
-from mtrain.decode.sampling import SamplingSearch
-from mtrain.decode.search import BeamSearch, Choices, GreedySearch, SearchAlgorithm
-from mtrain.decode.step_functions import CachedStep, DecodingModel, RecomputeStep
+from mtrain.decode.search.algorithms import BeamSearch, Choices, GreedySearch, SearchAlgorithm
+from mtrain.decode.search.constraints import ControlIds, constrained_search, controls_for
+from mtrain.decode.search.hypothesis import Hypothesis, length_normalise
+from mtrain.decode.search.placement import PlacementVocab, placement_for
+from mtrain.decode.search.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
+from mtrain.decode.search.sampling import SamplingSearch
+from mtrain.decode.search.step_functions import CachedStep, DecodingModel, RecomputeStep
 from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
@@ -110,21 +110,21 @@ def generate(
     `use_cache=False` recomputes the whole prefix every step (reference and benchmark).
     `attention_layer` ("last", "all" or an index; cached decoder only) fills
     `Hypothesis.attention` with that layer's cross-attention averaged over heads ("LAYER:HEAD":
-    one head's; word alignments, mtrain.decode.alignment).
+    one head's; word alignments, mtrain.decode.translation.alignment).
     `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
     multilingual run: `Tokenizer.tag_ids`).
     `controls`: per sentence, a target prefix, constraints and avoided phrases
-    (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
+    (`mtrain.decode.search.constraints`); None, or none given: decoding exactly as without them.
     `word_continuations`: the pieces that continue a word (`Tokenizer.word_continuation_ids`),
     which never follow a completed constraint (empty: a constraint may end inside a word).
     `placement_vocab`: the target pieces term placement needs (`decode.term_placement=aligned`
-    with constraints that came from terms: mtrain.decode.placement); None: no placement.
+    with constraints that came from terms: mtrain.decode.search.placement); None: no placement.
     `stop`: asked before every step; True ends the decode with DecodeStopped (a server
     request past its deadline frees the decoder within one step, not after the whole search).
     """
     device = src_tokens.device
     target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
-    # With constraints, the constrained beam chooses (mtrain.decode.constraints).
+    # With constraints, the constrained beam chooses (mtrain.decode.search.constraints).
     search: SearchAlgorithm = (
         constrained_search(cfg, target) if target is not None and target.has_constraints else build_search(cfg, device)
     )

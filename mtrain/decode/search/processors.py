@@ -5,7 +5,7 @@ does not grow with Python work per sentence. Banning a token sets its log-prob t
 
 The generator holds one list of them (`step_processors`: tokens never emitted, length
 limits, no-repeat-ngram, and a sentence's target controls: prefix, constraints, avoided
-phrases, `mtrain.decode.constraints.TargetControls`) and calls each through the hooks of
+phrases, `mtrain.decode.search.constraints.TargetControls`) and calls each through the hooks of
 `StepProcessor`, in order: `limit_lengths` and `start` once, then per step `observe` (the
 model's own log-probabilities, before any processor edits them), `process` and, once the
 search has chosen, `follow` (the rows kept, the tokens appended); `satisfied` ranks finished
@@ -32,7 +32,7 @@ class StepView:
     row_max_len: Tensor  # (rows,) each row's output limit
     limits_reached: bool  # a row may be at its limit now (known on the host: no synchronisation)
     # (rows, src_len) this step's cross-attention at the alignment layer, when a processor reads it
-    # (term placement, mtrain.decode.placement); None otherwise
+    # (term placement, mtrain.decode.search.placement); None otherwise
     attention: Tensor | None = None
 
 

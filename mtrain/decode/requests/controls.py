@@ -2,11 +2,11 @@
 
 `TargetRequest` holds a sentence's target prefix, the phrases its output must contain and
 those it must not, as typed; `encode_request` turns it into `ControlIds`, what the search
-uses (`mtrain.decode.constraints`). Where the text comes from:
+uses (`mtrain.decode.search.constraints`). Where the text comes from:
 
 - `mtrain translate`: `prefix=FILE` (one line per input line; a blank line: no prefix),
   `constraints=unordered|ordered` (input lines are fairseq's `source<TAB>phrase<TAB>...`),
-  `terms=FILE.tsv` (`mtrain.decode.terminology`), `avoid=FILE` (one phrase per line, for
+  `terms=FILE.tsv` (`mtrain.decode.requests.terminology`), `avoid=FILE` (one phrase per line, for
   every sentence);
 - `mtrain serve`: the request's `prefix`, `constraints`, `avoid` and `terms` fields, and the
   server's glossary (`terms=FILE.tsv`).
@@ -15,7 +15,7 @@ Phrases are matched as target tokens. A phrase is tokenized on its own, as a wor
 follows a space: SentencePiece gives its first piece the word-start marker `▁` (`Hund` ->
 `▁Hund`). Its pieces never cross a space (whitespace splitting, SentencePiece's default), so
 a word after a space is segmented in a sentence exactly as on its own: a constraint asks for
-the phrase as whole words (it also ends a word: `mtrain.decode.constraints`), and an avoided
+the phrase as whole words (it also ends a word: `mtrain.decode.search.constraints`), and an avoided
 phrase bans its tokens, which start a word (a word that merely contains it, `Haushund`,
 tokenizes otherwise and is not banned; nor is a word glued to a punctuation mark before it,
 `(Hund`, whose pieces lack the marker; a longer word whose pieces start with the phrase's,
@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.terminology import Glossary, read_glossary
-from mtrain.decode.textio import count_lines, read_text_lines
+from mtrain.data.bounded_lines import count_lines
+from mtrain.decode.requests.terminology import Glossary, read_glossary
+from mtrain.decode.requests.text_files import read_text_lines
+from mtrain.decode.search.constraints import ControlIds
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 
@@ -85,7 +86,7 @@ def encode_request(
     """The request as target ids (blank phrases dropped); None when it asks for nothing.
     `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`).
     `term_sources`: the source pieces of the terms among the constraints (by their text) and
-    `sentence_ends` the source's sentence-final marks, for term placement (mtrain.decode.placement)."""
+    `sentence_ends` the source's sentence-final marks, for term placement (mtrain.decode.search.placement)."""
     if request is None:
         return None
     encode = encode or tokenizer.encode_tgt
@@ -129,7 +130,7 @@ class LineControls:
     def request(self, line: str, prefix: str = "") -> tuple[str, TargetRequest]:
         """The source to translate and its request, from an input line and its prefix line;
         the glossary's terms are found later, in the text without its markup (the request
-        pipeline, mtrain.decode.pipeline)."""
+        pipeline, mtrain.decode.requests.pipeline)."""
         source, phrases = split_constraints(line) if self.tabbed_constraints else (line, ())
         return source, TargetRequest(prefix, phrases, self.avoid, self.ordered)
 
@@ -160,7 +161,7 @@ def describe_controls(
 
 def read_phrases(path: str | Path, key: str = "avoid") -> tuple[str, ...]:
     """A file of phrases, one per line (blank lines and lines starting with `#` skipped; a
-    byte-order mark and CRLF line ends as in `textio.read_text_lines`)."""
+    byte-order mark and CRLF line ends as in `text_files.read_text_lines`)."""
     lines = read_text_lines(path, key)
     return tuple(" ".join(line.split()) for line in lines if line.strip() and not line.startswith("#"))
 

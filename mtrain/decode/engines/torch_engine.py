@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from mtrain.config import DecodeConfig, Precision
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.generator import generate
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.placement import PlacementVocab
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.generator import generate
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.placement import PlacementVocab
 from mtrain.runtime import autocast
 
 if TYPE_CHECKING:
-    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.decode.engines.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)

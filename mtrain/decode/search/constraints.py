@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DecodeConfig, Sampling
-from mtrain.decode.processors import StepProcessor, StepView
-from mtrain.decode.search import BeamSearch, Choices
+from mtrain.decode.search.algorithms import BeamSearch, Choices
+from mtrain.decode.search.processors import StepProcessor, StepView
 
 NEG_INF = float("-inf")
 NO_TOKEN = -1  # padding of the phrase tensors: equal to no token, so it never matches
@@ -65,7 +65,7 @@ class ControlIds:
     ordered: bool = False  # the constraints must appear in this order
     # Per constraint (in order), the source pieces of the glossary term it came from (empty: a
     # constraint given as such), and the source's sentence-final marks: term placement's
-    # (mtrain.decode.placement)
+    # (mtrain.decode.search.placement)
     term_sources: tuple[tuple[int, ...], ...] = ()
     sentence_ends: int = 0
 
@@ -143,7 +143,7 @@ class ConstraintState:
 
 @dataclass
 class TargetControls(StepProcessor):
-    """A batch's controls in the decoding loop, a step processor (mtrain.decode.processors):
+    """A batch's controls in the decoding loop, a step processor (mtrain.decode.search.processors):
     it follows the rows as the generator reorders them.
 
     Built by `controls_for`; the generator calls its hooks with the other processors'

@@ -7,14 +7,14 @@ steps wherever it came from:
 
 1. `check`: what is asked, by the names the user gave it (`Options.names`), against the decode
    settings and the engine (`mtrain.decoding_rules`: the rules the config checks apply too);
-2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.markup`), the
+2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.requests.markup`), the
    glossary's terms found in the plain text and added to its constraints
-   (`mtrain.decode.terminology`; `decode.term_mode`: `TermUse`);
+   (`mtrain.decode.requests.terminology`; `decode.term_mode`: `TermUse`);
 3. `decode` (a batch of prepared sentences, of one request or, in the server's batcher, of
    several): sources encoded and cut to the input limit, a term-aware model's terms written
    into them (mtrain.tokenizer.term_factors), controls encoded as target ids
-   (`mtrain.decode.controls`), word alignments forced where markup needs them, decoded by the
-   engine (with MBR or reranking around it: `mtrain.decode.selection`) through the translator;
+   (`mtrain.decode.requests.controls`), word alignments forced where markup needs them, decoded by the
+   engine (with MBR or reranking around it: `mtrain.decode.selection.selecting`) through the translator;
 4. `finish`: the tags put back by the alignments, links dropped unless asked for, the
    constraints and terms that were applied and met counted (`PipelineStats`).
 
@@ -32,14 +32,14 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, TermMode, to_typed
-from mtrain.decode.alignment import word_indices
-from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
-from mtrain.decode.engine import Engine, as_engine
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
-from mtrain.decode.placement import sentence_end_count
-from mtrain.decode.terminology import Glossary
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.engines.engine import Engine, as_engine
+from mtrain.decode.requests.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
+from mtrain.decode.requests.markup import Markup, MarkupError, parse_markup, restore_markup
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.placement import sentence_end_count
+from mtrain.decode.translation.alignment import word_indices
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.decoding_rules import Asked, check_decoding
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
@@ -416,7 +416,7 @@ def term_sources(
 ) -> dict[str, tuple[int, ...]]:
     """Per target term, the positions in `ids` (a source as encoded: a tag first, eos last) of
     the pieces of its source words, and of the term written after them in a term-aware
-    model's source (term placement, mtrain.decode.placement)."""
+    model's source (term placement, mtrain.decode.search.placement)."""
     if not ids or not term_words:
         return {}
     offset = len(tokenizer.source_prefix)

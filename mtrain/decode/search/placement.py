@@ -1,11 +1,11 @@
 """Where a glossary term goes: at the step that translates its source word, in place of the
 model's own word (`decode.term_placement=aligned`), a step processor beside the constraints.
 
-Hard constraints (mtrain.decode.constraints) only make a term appear: the search puts it
+Hard constraints (mtrain.decode.search.constraints) only make a term appear: the search puts it
 wherever it costs least, which is often *beside* the model's usual translation of the same
 word ("the man ... while gentleman is scratching") or after the final full stop ("... of a
 building. lass."). This processor ties each term to its source word with the cross-attention
-the decoder computes anyway (the layer word alignments read, mtrain.decode.alignment), for
+the decoder computes anyway (the layer word alignments read, mtrain.decode.translation.alignment), for
 every live hypothesis at once:
 
 - **start where the source word is translated**: at a step whose attention peaks on one of
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mtrain.decode.constraints import ControlIds, TargetControls
-from mtrain.decode.processors import StepProcessor, StepView
+from mtrain.decode.search.constraints import ControlIds, TargetControls
+from mtrain.decode.search.processors import StepProcessor, StepView
 
 NEG_INF = float("-inf")
 SENTENCE_END_MARKS = frozenset(".!?")

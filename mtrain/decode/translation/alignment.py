@@ -24,7 +24,7 @@ from typing import Any
 from torch import Tensor
 
 from mtrain.config import DEFAULT_ALIGNMENT_LAYER, AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.term_factors import fold_term_columns, is_annotated
