@@ -19,7 +19,7 @@ from mtrain.config import DecodeConfig, Precision
 from mtrain.decode.engines.torch_engine import TorchEngine
 from mtrain.decode.search.constraints import ControlIds
 from mtrain.decode.search.hypothesis import Hypothesis
-from mtrain.decode.search.placement import PlacementVocab
+from mtrain.decode.search.steering import VocabRules
 
 if TYPE_CHECKING:
     from mtrain.decode.engines.ensemble import EnsembleModel
@@ -67,7 +67,5 @@ def as_engine(
         device,
         precision,
         use_cache,
-        banned_ids=tokenizer.tag_ids,
-        word_continuations=tokenizer.word_continuation_ids(),
-        placement_vocab=PlacementVocab.of(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))),
+        rules=VocabRules.of(tokenizer),
     )

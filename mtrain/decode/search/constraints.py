@@ -190,6 +190,10 @@ class TargetControls(StepProcessor):
     def has_constraints(self) -> bool:
         return self.constraints is not None
 
+    def own_search(self, cfg: DecodeConfig) -> ConstrainedBeamSearch | None:
+        """With constraints, the constrained beam chooses."""
+        return constrained_search(cfg, self) if self.has_constraints else None
+
     def observe(self, lprobs: Tensor, view: StepView) -> None:
         """While a prefix is forced: its token's log-probability before any processor (the
         forced token keeps its own, even where a rule would ban it)."""
