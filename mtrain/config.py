@@ -790,12 +790,8 @@ class DecodeConfig:
             raise MtrainError(
                 f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)"
             )
-        # (with MBR, beam and nbest are MBR's: mtrain.config_checks and mtrain.decode.selection.mbr)
-        if not self.uses_mbr and self.sampling == Sampling.none and self.nbest > self.beam:
-            raise MtrainError(
-                f"{prefix}.nbest: {self.nbest} is above {prefix}.beam={self.beam} (beam search "
-                f"keeps only `beam` hypotheses); raise {prefix}.beam"
-            )
+        # (nbest against the beam or MBR's candidates: mtrain.decoding_rules.check_nbest, which
+        # the config checks and serve's requests both call)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from mtrain.config import (
 )
 from mtrain.config_fields import check_section
 from mtrain.config_names import did_you_mean, did_you_mean_key, schema_keys
-from mtrain.decoding_rules import Asked, check_decoding
+from mtrain.decoding_rules import Asked, check_decoding, check_nbest
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
 
@@ -52,11 +52,11 @@ def check_config(cfg: Any) -> None:
     check_section(typed)
     if isinstance(typed, FitConfig):
         _check_fit_files(typed)
-        _check_mbr(typed.decode, "decode")
+        check_nbest(typed.decode)
         _refuse_quality_decoding_in_fit(typed.decode)
     elif isinstance(typed, DecodingCommandConfig):
         _check_decoding_precision(typed)
-        _check_mbr(typed.decode, "decode")
+        check_nbest(typed.decode)
         if isinstance(typed, TranslateConfig):
             _check_format(str(typed.format), "format")
             if typed.output is not None:
@@ -243,18 +243,6 @@ def _check_format(fmt: str, key: str) -> None:
     if fmt not in MARKUP_FORMATS:
         raise MtrainError(
             f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
-        )
-
-
-def _check_mbr(decode: DecodeConfig, prefix: str) -> None:
-    """MBR ranks only its candidates (their counts are ranges of mtrain.config.MbrConfig); the
-    reranking files are checked when a command starts (mtrain.decode.selection.rerank.check_rerank_files),
-    before any model loads."""
-    mbr = decode.mbr
-    if decode.uses_mbr and decode.nbest > mbr.num_candidates:
-        raise MtrainError(
-            f"{prefix}.nbest: {decode.nbest} is above {prefix}.mbr.num_candidates={mbr.num_candidates} "
-            f"(MBR ranks only its candidates); raise {prefix}.mbr.num_candidates"
         )
 
 

@@ -23,6 +23,7 @@ ctranslate2 = pytest.importorskip(
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain
 from mtrain.decode.engines.ct2_engine import load_ctranslate2
 from mtrain.decode.translation.translator import translate_encoded, translate_sentences
+from mtrain.decoding_rules import CONSTRAINTS_WITH_CTRANSLATE2, RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.export import check_exportable, export_ctranslate2, export_run
 from mtrain.model import build_model
@@ -656,5 +657,6 @@ def test_ctranslate2_avoids_phrases_and_refuses_constraints(exported, tokenizer,
     ):
         if control is not None:
             assert all(control.avoid[0][0] not in hyp.tokens for hyp in hyps)
-    with pytest.raises(MtrainError, match="engine=torch"):
+    with pytest.raises(RefusedCombination) as refused:  # (an MtrainError) past the checks, in the checks' words
         translate_encoded(engine, tokenizer, sources[:1], cfg, CPU, controls=[ControlIds(constraints=((5,),))])
+    assert refused.value.reason == CONSTRAINTS_WITH_CTRANSLATE2 and "engine=torch" in str(refused.value)

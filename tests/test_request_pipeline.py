@@ -263,6 +263,47 @@ def test_what_ctranslate2_cannot_honour_is_one_refusal_everywhere(
             assert answer.status_code == 422 and answer.json()["error"].endswith(CONSTRAINTS_WITH_CTRANSLATE2)
 
 
+# The n-best rule (mtrain.decoding_rules.check_nbest): the command line and a request get one
+# verdict in the same words, each naming the keys it was given by. (server decode, request fields)
+NBEST: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+    (
+        "above the beam",
+        {},
+        {"beam": 2, "nbest": 3},
+        "3 is above {p}beam=2 (beam search keeps only `beam` hypotheses); raise {p}beam",
+    ),
+    ("within the beam", {}, {"beam": 2, "nbest": 2}, None),
+    ("samples", {"sampling": "topk", "beam": 1}, {"nbest": 3}, None),
+    (
+        "above MBR's candidates",
+        {"mbr": {"candidates": "beam", "num_candidates": 4}, "beam": 4, "nbest": 1},
+        {"nbest": 5},
+        "5 is above decode.mbr.num_candidates=4 (MBR ranks only its candidates); raise decode.mbr.num_candidates",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "decode", "fields", "words"), NBEST, ids=[r[0] for r in NBEST])
+def test_nbest_beyond_what_the_decode_keeps_is_one_verdict_in_the_cli_and_the_api(
+    served, run_dir, files, capsys, name, decode, fields, words
+):
+    from mtrain.cli.common import check_before_run
+    from mtrain.serve.app import TranslateRequest, request_decoding
+    from mtrain.serve.translation import Rejected
+
+    argv = [f"run={run_dir}", f"input={files['plain']}", *decode_overrides({**decode, **fields})]
+    cfg = serve_cfg(run_dir, decode=decode)
+    request = TranslateRequest(text=SENTENCES[:1], **fields)
+    if words is None:
+        check_before_run("translate", argv)  # no SystemExit
+        assert request_decoding(request, cfg).nbest == fields["nbest"]
+        return
+    assert cli_refusal(argv, capsys) == f"mtrain: error: decode.nbest: {words.format(p='decode.')}"
+    with pytest.raises(Rejected) as refused:
+        request_decoding(request, cfg)
+    assert (refused.value.status, str(refused.value)) == (422, f"nbest: {words.format(p='')}"), name
+
+
 # ------------------------------------------------------------------ what the start and end lines say
 def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(DecodeConfig()) == "beam 5"

@@ -48,7 +48,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtrain.config import (
     DecodeConfig,
-    Sampling,
     ServeConfig,
 )
 from mtrain.decode.requests.pipeline import (
@@ -60,6 +59,7 @@ from mtrain.decode.requests.pipeline import (
 )
 from mtrain.decode.requests.terminology import Glossary
 from mtrain.decode.translation.alignment import pharaoh
+from mtrain.decoding_rules import RefusedCombination, check_nbest
 from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher
@@ -413,18 +413,15 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if cfg.decode.uses_mbr:
-        if nbest > cfg.decode.mbr.num_candidates:
-            raise Rejected(
-                422,
-                f"nbest: {nbest} is above decode.mbr.num_candidates={cfg.decode.mbr.num_candidates} (MBR ranks its candidates)",
-            )
-    elif nbest > beam and cfg.decode.sampling == Sampling.none:
-        raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
     alignment = cfg.decode.alignment
     if request.alignment is not None:
         alignment = "word" if request.alignment else "false"
-    return with_options(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
+    decode = with_options(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
+    try:
+        check_nbest(decode, "nbest", "beam")
+    except RefusedCombination as error:
+        raise Rejected(422, str(error)) from None
+    return decode
 
 
 def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False) -> dict:

@@ -54,8 +54,9 @@ import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
 from mtrain.decode.engines.directions import RunLanguages, single_direction
-from mtrain.decode.search.constraints import CONSTRAINTS_REFUSED, ControlIds
+from mtrain.decode.search.constraints import ControlIds
 from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decoding_rules import check_constraint_search
 from mtrain.errors import MtrainError
 from mtrain.rundir import EXPORT_METADATA_FILE
 from mtrain.tokenizer import Tokenizer
@@ -111,7 +112,7 @@ class CTranslate2Model:
         options = self._options(cfg, attention_layer)
         given = list(controls) if controls is not None else [None] * len(sources)
         if any(c is not None and c.constraints for c in given):
-            raise MtrainError(CONSTRAINTS_REFUSED)
+            check_constraint_search("constraints", ctranslate2=True)  # (the config checks said it first)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         groups: dict[tuple[int, int, tuple[tuple[int, ...], ...]], list[int]] = {}
         for i, (ids, control) in enumerate(zip(sources, given, strict=True)):

@@ -48,11 +48,6 @@ from mtrain.decode.search.processors import StepProcessor, StepView
 
 NEG_INF = float("-inf")
 NO_TOKEN = -1  # padding of the phrase tensors: equal to no token, so it never matches
-# What an engine without a constraint search (CTranslate2) answers when asked for constraints.
-CONSTRAINTS_REFUSED = (
-    "lexical constraints (constraints=, terms=, a request's constraints): CTranslate2 has no "
-    "constraint search, only target prefixes and avoided phrases; use engine=torch"
-)
 
 
 @dataclass(frozen=True)
