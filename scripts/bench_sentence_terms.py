@@ -27,7 +27,8 @@ import sacrebleu
 import torch
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.requests.pipeline import DecodeRequest, Options
+from mtrain.decode.requests.pipeline import Options
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.requests.terminology import Glossary
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import score_terms

@@ -21,7 +21,8 @@ from starlette.testclient import TestClient
 
 from mtrain.config import DecodeConfig, ServeConfig, to_typed
 from mtrain.decode.requests.controls import line_controls
-from mtrain.decode.requests.pipeline import PipelineStats, Prepared
+from mtrain.decode.requests.pipeline import PipelineStats
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.selection.selecting import describe_search
 from mtrain.decode.text.stream import translate_stream
 from mtrain.serve.app import build_app
@@ -312,11 +313,9 @@ def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(mbr) == "MBR-chrF over 16 beam candidates, reranked by forward+reverse+length_ratio+mbr"
     assert describe_search(decode_cfg(sampling="topp", nbest=4)) == "top-p sampling (p=0.9), 4 samples"
     stats = PipelineStats()
-    from mtrain.decode.requests.controls import TargetRequest
-
-    stats.count(Prepared("Ein Hund.", TargetRequest("", ("dog", "big")), terms=("dog",)), "A big dog .")
-    stats.count(Prepared("Ein Ball.", TargetRequest("", ("ball",))), "A toy.")
-    stats.count(Prepared("Nichts.", None), "Nothing.")
+    stats.count(DecodeRequest("Ein Hund.", "", ("dog", "big"), terms=("dog",)), "A big dog .")
+    stats.count(DecodeRequest("Ein Ball.", "", ("ball",)), "A toy.")
+    stats.count(DecodeRequest("Nichts."), "Nothing.")
     assert (
         stats.summary()
         == "constraints: 2 applied in 2 of 3 sentences, 1 met; terms: 1 found in 1 of 3 sentences, 1 met"

@@ -230,7 +230,7 @@ def served_check(body, cfg: ServeConfig, engine: str = "torch"):
     model.engine_name = engine
     served = Served(model, cfg, None, PipelineStats())
     requests, options = pipeline_request(body, served)
-    return served.check(requests, options)
+    return served.check(requests, options).requests
 
 
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
@@ -246,7 +246,7 @@ def test_constraints_are_refused_where_the_server_cannot_honour_them():
     with pytest.raises(RefusedCombination, match="need beam search"):
         served_check(request, sampling)
     prefix_only = TranslateRequest(text=["Ein Hund."], prefix=["A"], avoid=["cat"])
-    assert served_check(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
+    assert served_check(prefix_only, ServeConfig(), "ctranslate2")[0].prefix == "A"
     mbr = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates="beam", num_candidates=4)))
     with pytest.raises(RefusedCombination, match="prefix: MBR decoding and n-best reranking .* do not take prefixes"):
         served_check(prefix_only, mbr)
@@ -765,9 +765,10 @@ class StandIn:
         """Source ids: one per word, and eos (what a request's constrained search costs)."""
         return len(text.split()) + 1
 
-    def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
-        """`translate` as given, asked to stop never (its work is done at once)."""
-        return self.translated(sentences, cfg, tgt_lang, *controls)
+    def translate(self, sentences, cfg, tgt_lang=None, stop=None):
+        """`translate` as given, of the requests' plain texts (mtrain.decode.requests.request),
+        asked to stop never (its work is done at once)."""
+        return self.translated([sentence.plain for sentence in sentences], cfg, tgt_lang)
 
 
 def upper_case(sentences, cfg, tgt_lang=None):

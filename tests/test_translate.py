@@ -18,11 +18,11 @@ from PIL import Image
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.decode.requests.controls import (
     LineControls,
-    TargetRequest,
     encode_request,
     line_controls,
     split_constraints,
 )
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.requests.terminology import Glossary
 from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.decode.text.attention_plot import DPI, figure_size
@@ -655,12 +655,12 @@ def test_ctrl_c_at_the_terminal_exits_130_without_a_traceback(run_dir, tmp_path)
 def test_fairseq_constraint_lines_and_requests(tokenizer):
     assert split_constraints("Ein Hund.\tdog\t\tbig cat") == ("Ein Hund.", ("dog", "big cat"))
     controls = LineControls(tabbed_constraints=True, glossary=Glossary.of({"Hund": "dog"}), avoid=("cat",))
-    source, request = controls.request("Ein Hund.\tdog\tball", prefix="A")
-    assert source == "Ein Hund." and request == TargetRequest("A", ("dog", "ball"), ("cat",))
+    request = controls.request("Ein Hund.\tdog\tball", prefix="A", where="input:1")
+    assert request == DecodeRequest("Ein Hund.", "A", ("dog", "ball"), ("cat",), where="input:1")
     ids = encode_request(tokenizer, request)
     assert ids is not None and ids.constraints[0] == tuple(tokenizer.encode_tgt("dog"))
     assert tokenizer.tgt_pieces(ids.constraints[0])[0].startswith("\u2581")  # a word after a space
-    assert encode_request(tokenizer, TargetRequest(" ", ("",), ())) is None
+    assert encode_request(tokenizer, DecodeRequest("Ein Hund.", " ", ("",), ())) is None
 
 
 def translate_file(model, tokenizer, tmp_path, lines, controls=None, **overrides):

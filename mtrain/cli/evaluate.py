@@ -218,7 +218,7 @@ def pipeline_translator(pipeline: Any, options: Any) -> Callable[[list[str]], li
     sentence a request of `pipeline` decoded with `options`."""
     import torch
 
-    from mtrain.decode.requests.pipeline import DecodeRequest
+    from mtrain.decode.requests.request import DecodeRequest
 
     def translate(sources: list[str]) -> list[Any]:
         requests = [DecodeRequest(text, where=f"line {number}") for number, text in enumerate(sources, start=1)]

@@ -51,12 +51,11 @@ from mtrain.config import (
     ServeConfig,
 )
 from mtrain.decode.requests.pipeline import (
-    DecodeRequest,
     Options,
     PipelineStats,
-    Prepared,
     with_options,
 )
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.requests.terminology import Glossary
 from mtrain.decode.translation.alignment import pharaoh
 from mtrain.decoding_rules import RefusedCombination, check_nbest
@@ -138,12 +137,8 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[Prepared], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
-            texts = [s.source for s in sentences]
-            if all(s.request is None for s in sentences):
-                return model.translate(texts, setting.decode, setting.tgt_lang, stop=stop)
-            requests, term_words = [s.request for s in sentences], [s.term_words for s in sentences]
-            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words, stop=stop)
+        def decode(sentences: list[DecodeRequest], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
+            return model.translate(sentences, setting.decode, setting.tgt_lang, stop=stop)
 
         # Two lanes: constrained searches (Lane.constrained) never hold up plain requests.
         state["batcher"] = Batcher(

@@ -62,7 +62,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from mtrain.config import ServeConfig
 from mtrain.data.languages import language_name
-from mtrain.decode.requests.pipeline import DecodeRequest, Options, with_options
+from mtrain.decode.requests.pipeline import Options, with_options
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.errors import MtrainError
 from mtrain.serve.access import BODY_FIELDS
 from mtrain.serve.batcher import Batcher

@@ -39,8 +39,8 @@ from mtrain.config import (
 )
 from mtrain.decode.engines.directions import RunLanguages
 from mtrain.decode.engines.engine import as_engine
-from mtrain.decode.requests.controls import TargetRequest
-from mtrain.decode.requests.pipeline import Prepared, RequestPipeline
+from mtrain.decode.requests.pipeline import RequestPipeline
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.search.generator import decoder_depth
 from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.decoding_rules import RefusedCombination
@@ -80,25 +80,20 @@ class ServedModel:
 
     def translate(
         self,
-        sentences: list[str],
+        sentences: Sequence[str | DecodeRequest],
         cfg: DecodeConfig,
         tgt_lang: str | None = None,
-        requests: Sequence[TargetRequest | None] | None = None,
-        term_words: Sequence[dict[str, list[int]]] | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
-        them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
-        sentence, its prefix, constraints and avoided phrases (None: none); `term_words`: per
-        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement);
-        `stop()`: True ends the decode at its next step (DecodeStopped: the batch's requests are gone)."""
-        given = requests if requests is not None else [None] * len(sentences)
-        words = term_words if term_words is not None else [{} for _ in sentences]
-        prepared = [
-            Prepared(text, request, where="text", term_words=dict(found))
-            for text, request, found in zip(sentences, given, words, strict=True)
+        them, into `tgt_lang` (as `check_target_language` resolved it); a sentence is a request
+        as the pipeline prepared it (its prefix, constraints, avoided phrases, terms), or plain
+        text; `stop()`: True ends the decode at its next step (DecodeStopped: the batch's
+        requests are gone)."""
+        requests = [
+            DecodeRequest(sentence, where="text") if isinstance(sentence, str) else sentence for sentence in sentences
         ]
-        return self.pipeline().decode(prepared, cfg, tgt_lang, stop=stop)
+        return self.pipeline().decode(requests, cfg, tgt_lang, stop=stop)
 
     @property
     def term_aware(self) -> bool:

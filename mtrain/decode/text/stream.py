@@ -34,7 +34,6 @@ from mtrain.data.bounded_lines import bounded_lines, check_line_length
 from mtrain.decode.engines.engine import Engine
 from mtrain.decode.requests.controls import LineControls
 from mtrain.decode.requests.pipeline import (
-    DecodeRequest,
     FieldNames,
     Options,
     PipelineStats,
@@ -235,20 +234,18 @@ def translate_stream(
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
                 prefixes = prefix_lines.take(len(chunk)) if prefix_lines is not None else [""] * len(chunk)
-                requests = []
-                for offset, (line, prefix) in enumerate(zip(chunk, prefixes, strict=True)):
-                    text, target = controlled.request(line, prefix)
-                    where = f"{input_name}:{first_line + offset}"
-                    requests.append(
-                        DecodeRequest(text, target.prefix, target.constraints, target.avoid, target.ordered, where)
+                requests = [
+                    controlled.request(line, prefix, f"{input_name}:{first_line + offset}")
+                    for offset, (line, prefix) in enumerate(zip(chunk, prefixes, strict=True))
+                ]
+                translation = pipeline.begin(requests, options)
+                prepared = translation.requests
+                progress.update(sum(not sentence.plain.strip() for sentence in prepared))
+                hyps = translation.finish(
+                    pipeline.decode(
+                        prepared, options.decoding(), attention_layer=options.attention_layer, on_batch=progress.update
                     )
-                pipeline.check(requests, options)
-                prepared = pipeline.prepare(requests, options)
-                progress.update(sum(not sentence.source.strip() for sentence in prepared))
-                hyps = pipeline.decode(
-                    prepared, options.decoding(), attention_layer=options.attention_layer, on_batch=progress.update
                 )
-                pipeline.finish(prepared, hyps, options)
                 truncated += sum(sentence.cut for sentence in prepared)
                 for offset, sentence_hyps in enumerate(hyps):
                     if nbest:
