@@ -41,9 +41,10 @@ def test_every_package_and_core_module_has_a_layer():
 
 
 def test_every_part_of_decode_has_a_layer():
-    # a module left loose in mtrain/decode/ would be outside the decode contract: nothing would
-    # stop it importing any layer, nor any layer importing it
+    # a module left loose in mtrain/decode/ (or its search/) would be outside the contract: nothing
+    # would stop it importing any layer, nor any layer importing it
     assert parts_of(REPO / "mtrain" / "decode") == layered_modules(contract_of("mtrain.decode"))
+    assert parts_of(REPO / "mtrain" / "decode" / "search") == layered_modules(contract_of("mtrain.decode.search"))
 
 
 def test_imports_follow_the_pipeline():
