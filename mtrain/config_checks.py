@@ -38,7 +38,7 @@ from mtrain.config import (
 )
 from mtrain.config_fields import check_section
 from mtrain.config_names import did_you_mean, did_you_mean_key, schema_keys
-from mtrain.decoding_rules import Asked, check_decoding, check_term_mode
+from mtrain.decoding_rules import Asked, check_decoding, check_nbest, check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, is_export_dir, training_checkpoint_of
 
@@ -52,11 +52,11 @@ def check_config(cfg: Any) -> None:
     check_section(typed)
     if isinstance(typed, FitConfig):
         _check_fit_files(typed)
-        _check_mbr(typed.decode, "decode")
+        check_nbest(typed.decode)
         _refuse_quality_decoding_in_fit(typed.decode)
     elif isinstance(typed, DecodingCommandConfig):
         _check_decoding_precision(typed)
-        _check_mbr(typed.decode, "decode")
+        check_nbest(typed.decode)
         if isinstance(typed, TranslateConfig):
             _check_format(str(typed.format), "format")
             if typed.output is not None:
@@ -147,7 +147,7 @@ def check_alignment_layer_of_run(cfg: DecodingCommandConfig) -> None:
         return
     layer = decode.alignment_layer
     if layer is None and decode.alignment_head is None and guided:
-        return  # the head it trained (mtrain.decode.alignment), a layer it has
+        return  # the head it trained (mtrain.decode.translation.alignment), a layer it has
     why = "alignments" if not markup else f"format={fmt} (its tags are put back by word alignments)"
     if layer is None:
         layer = DEFAULT_ALIGNMENT_LAYER
@@ -201,7 +201,7 @@ def _trained_config(run: str) -> Any:
 def _check_decoding_precision(cfg: DecodingCommandConfig) -> None:
     """`precision` of translate/eval/serve: mtrain's precisions with engine=torch (CTranslate2,
     and so an `mtrain export` directory as run=, also takes its compute types, checked by
-    mtrain.decode.ct2_engine)."""
+    mtrain.decode.engines.ct2_engine)."""
     allowed = [member.value for member in Precision]
     exported = cfg.run is not None and is_export_dir(str(cfg.run))  # CTranslate2 decodes it, whatever engine says
     if cfg.engine == Engine.torch and cfg.precision not in allowed and not exported:
@@ -285,18 +285,6 @@ def _check_format(fmt: str, key: str) -> None:
     if fmt not in MARKUP_FORMATS:
         raise MtrainError(
             f"{key}: {fmt!r} must be one of {'|'.join(MARKUP_FORMATS)}" + did_you_mean(fmt, MARKUP_FORMATS)
-        )
-
-
-def _check_mbr(decode: DecodeConfig, prefix: str) -> None:
-    """MBR ranks only its candidates (their counts are ranges of mtrain.config.MbrConfig); the
-    reranking files are checked when a command starts (mtrain.decode.rerank.check_rerank_files),
-    before any model loads."""
-    mbr = decode.mbr
-    if decode.uses_mbr and decode.nbest > mbr.num_candidates:
-        raise MtrainError(
-            f"{prefix}.nbest: {decode.nbest} is above {prefix}.mbr.num_candidates={mbr.num_candidates} "
-            f"(MBR ranks only its candidates); raise {prefix}.mbr.num_candidates"
         )
 
 

@@ -8,7 +8,7 @@ refuses what cannot be honoured together, and both sides call it:
 
 - `mtrain.config_checks`, for translate, eval and serve before a model loads, with the
   command line's names (`terms=FILE.tsv: ...`; the CLI prints one line and exits 2);
-- the request pipeline (`mtrain.decode.pipeline`), for each HTTP request of either API,
+- the request pipeline (`mtrain.decode.requests.pipeline`), for each HTTP request of either API,
   with the request's field names (`terms: ...`; the server answers 422).
 
 `check_term_mode` is the rule between a glossary's terms and the model: written into the
@@ -45,6 +45,7 @@ CONSTRAINTS_WITH_CTRANSLATE2 = (
     "CTranslate2 has no lexical constraints (it has prefixes and avoided phrases): "
     "use engine=torch with a run directory of `mtrain fit`"
 )
+MBR_CANDIDATES_KEY = "decode.mbr.num_candidates"  # a setting of the command or the server, never of a request
 CONSTRAINTS_WITH_SAMPLING = "lexical constraints need beam search: decode them with decode.sampling=none"
 MARKUP_WITH_SUBWORD_LINKS = (
     "markup puts its tags back by word alignments; decode.alignment=subword would print other links than "
@@ -107,8 +108,7 @@ def check_decoding(decode: DecodeConfig, asked: Asked = Asked(), ctranslate2: bo
         if asked.pictures is not None:
             raise RefusedCombination(asked.pictures, SELECTION_WITH_PICTURES)
     if asked.constraints is not None:
-        if ctranslate2:
-            raise RefusedCombination(asked.constraints, CONSTRAINTS_WITH_CTRANSLATE2)
+        check_constraint_search(asked.constraints, ctranslate2)
         if decode.samples:
             raise RefusedCombination(asked.constraints, CONSTRAINTS_WITH_SAMPLING)
     if asked.markup is not None and alignment_level(decode.alignment) is AlignmentLevel.subword:
@@ -150,6 +150,34 @@ def check_term_mode(decode: DecodeConfig, glossary: bool, term_aware: bool, name
     model loads; the request pipeline of the loaded model (an ensemble, an export)."""
     if glossary and TermUse.of(decode.term_mode, term_aware).annotate and not term_aware:
         raise RefusedCombination(f"{name}={TermMode(decode.term_mode).value}", TERMS_IN_A_PLAIN_SOURCE)
+
+
+def check_constraint_search(field: str, ctranslate2: bool) -> None:
+    """RefusedCombination naming `field` (how the constraints were asked for) where the engine has
+    no constraint search: the one rule behind the config checks, each HTTP request
+    (`check_decoding`) and the CTranslate2 engine itself, should a batch with constraints reach it."""
+    if ctranslate2:
+        raise RefusedCombination(field, CONSTRAINTS_WITH_CTRANSLATE2)
+
+
+def check_nbest(decode: DecodeConfig, nbest_key: str = "decode.nbest", beam_key: str = "decode.beam") -> None:
+    """RefusedCombination naming `nbest_key` for more hypotheses per sentence than the decode
+    keeps: above MBR's candidates (which it ranks), or, with beam search, above the beam. The
+    config checks call it with the command line's keys (`decode.nbest`, `decode.beam`), serve
+    with a request's fields (`nbest`, `beam`): one verdict, the same words."""
+    if decode.uses_mbr:
+        if decode.nbest > decode.mbr.num_candidates:
+            raise RefusedCombination(
+                nbest_key,
+                f"{decode.nbest} is above {MBR_CANDIDATES_KEY}={decode.mbr.num_candidates} (MBR ranks only its "
+                f"candidates); raise {MBR_CANDIDATES_KEY}",
+            )
+    elif not decode.samples and decode.nbest > decode.beam:
+        raise RefusedCombination(
+            nbest_key,
+            f"{decode.nbest} is above {beam_key}={decode.beam} (beam search keeps only `beam` hypotheses); "
+            f"raise {beam_key}",
+        )
 
 
 def _null(value: object) -> str:

@@ -14,7 +14,7 @@ Every name below is spelled here and nowhere else:
                              multilingual run's per direction: test.de-en.json)
     tb/                      TensorBoard events
     train.log, metrics.json
-    confidence.json          the confidence score's calibration (mtrain.decode.confidence), written by fit
+    confidence.json          the confidence score's calibration (mtrain.decode.translation.confidence), written by fit
     provenance.json          what ran, one entry per session: git commit and dirty flag, versions,
                              command line, data fingerprints and caches (mtrain.provenance)
     failed.json              why a job of a `-m` sweep failed (written by mtrain.cli.common)
@@ -22,7 +22,7 @@ Every name below is spelled here and nowhere else:
 
 An `mtrain export` directory is no run directory: every export directory holds its
 `EXPORT_METADATA_FILE` (mtrain.export writes it; its "format" says which), and `is_export_dir`
-knows a CTranslate2 one by it (mtrain.decode.ct2_engine reads it), so a command given one as
+knows a CTranslate2 one by it (mtrain.decode.engines.ct2_engine reads it), so a command given one as
 run= (and the config checks) can tell it apart.
 
 Writes that must never leave a half-written file go through `atomic_write`: the bytes go
@@ -54,7 +54,7 @@ TMP_SUFFIX = ".tmp"
 # What `mtrain export` writes beside the model: where it came from, special tokens, position limit.
 EXPORT_METADATA_FILE = "mtrain_export.json"
 
-# A run's confidence calibration (mtrain.decode.confidence), beside its checkpoints.
+# A run's confidence calibration (mtrain.decode.translation.confidence), beside its checkpoints.
 CONFIDENCE_FILE = "confidence.json"
 
 

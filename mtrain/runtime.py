@@ -98,7 +98,7 @@ def resolve_decode_precision(name: Precision | str, device: torch.device) -> Pre
       products (~1 GFLOP/s): fp32.
     - CUDA with bf16 (Ampere and later): bf16. The one GPU measurement (H200, torch 2.11) had
       bf16 decoding 18-23x slower than fp32 (beam 5 67 vs 1,240 sent/s) for two reasons, both
-      removed since: autocast cast every weight at every step (mtrain.decode.torch_engine now
+      removed since: autocast cast every weight at every step (mtrain.decode.engines.torch_engine now
       casts them once), and sdpa sent each bf16 attention call to cuDNN, which builds an
       execution plan for every new shape, and a decode's shapes change at every step
       (`decoding_attention_kernels` leaves cuDNN out; fp32 never used it). Not yet measured on a

@@ -8,7 +8,7 @@ The run reads each source and its reference translation teacher-forced (forced d
 protocol of Garg et al. 2019 and Zenkel et al.: the reference's words are the alignment's
 target words), and each reference piece is aligned to the source piece its attention row
 weighs most (and/or each source piece to the reference piece attending to it most: every
-`decode.alignment_rule`), mapped to words as `decode.alignment=word` does (mtrain.decode.alignment).
+`decode.alignment_rule`), mapped to words as `decode.alignment=word` does (mtrain.decode.translation.alignment).
 "step t" is the row that predicts piece t (what decoding has when it emits the piece: what
 `decode.alignment` writes); "step t+1" the row whose input is piece t (reported for
 comparison). The gold alignments have no possible/sure distinction (eflomal's symmetrised
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from mtrain.checkpoint.files import load_run
-from mtrain.decode.alignment import parse_pharaoh, piece_links, to_words
+from mtrain.decode.translation.alignment import parse_pharaoh, piece_links, to_words
 from mtrain.model.attention import padding_bias
 from mtrain.model.precision import to_compute_dtype
 

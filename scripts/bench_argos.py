@@ -87,8 +87,8 @@ def main() -> None:
     import torch
 
     from mtrain.config import DecodeConfig
-    from mtrain.decode.ct2_engine import load_ctranslate2
-    from mtrain.decode.translator import translate_sentences
+    from mtrain.decode.engines.ct2_engine import load_ctranslate2
+    from mtrain.decode.translation.translator import translate_sentences
 
     torch.set_num_threads(1)
     sentences = read_sentences(args.input, args.sentences)

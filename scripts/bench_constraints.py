@@ -6,7 +6,7 @@
 Loads the run once (engine=torch, fp32, 1 thread unless --threads) and decodes the test set:
 
 1. plain beam search (the baseline), and with `terms=` (each source term found in a
-   sentence, `mtrain.decode.terminology`, makes its target term a constraint): term-use rate
+   sentence, `mtrain.decode.requests.terminology`, makes its target term a constraint): term-use rate
    (of the (sentence, term) pairs the glossary finds, the share whose target term the output
    holds as a whole word, case-sensitive; and as a word start, `dog` in `dogs`, which is
    what a constraint's tokens `▁dog` guarantee), how often the reference holds it, BLEU and
@@ -31,9 +31,10 @@ import sacrebleu
 import torch
 
 from mtrain.config import DecodeConfig, Engine
-from mtrain.decode.controls import TargetRequest, encode_request, phrase_encoder
-from mtrain.decode.terminology import read_glossary
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.requests.controls import encode_request, phrase_encoder
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import read_glossary
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.export.engine import open_engine
 
 
@@ -66,7 +67,7 @@ def main() -> None:
     glossary = read_glossary(args.terms)
     wanted = [glossary.constraints(s) for s in sources]
 
-    def decode(requests: list[TargetRequest | None] | None) -> tuple[list[str], float]:
+    def decode(requests: list[DecodeRequest | None] | None) -> tuple[list[str], float]:
         controls = [encode_request(tokenizer, r, encode) for r in requests] if requests is not None else None
         best = float("inf")
         for _ in range(args.repeats):
@@ -95,7 +96,9 @@ def main() -> None:
 
     figures: dict[str, object] = {"sentences": len(sources), "beam": args.beam, "threads": args.threads}
     plain, plain_speed = decode(None)
-    with_terms, terms_speed = decode([TargetRequest(constraints=tuple(terms)) if terms else None for terms in wanted])
+    with_terms, terms_speed = decode(
+        [DecodeRequest("", constraints=tuple(terms)) if terms else None for terms in wanted]
+    )
     figures["terms"] = {
         "glossary_entries": len(glossary.targets),
         "sentences_with_terms": sum(bool(t) for t in wanted),
@@ -107,7 +110,7 @@ def main() -> None:
     outputs = {"plain": plain, "terms": with_terms}
     if args.sentence_terms:
         own = [[t for t in line.split("\t") if t] for line in Path(args.sentence_terms).read_text("utf-8").splitlines()]
-        constrained, own_speed = decode([TargetRequest(constraints=tuple(t)) if t else None for t in own])
+        constrained, own_speed = decode([DecodeRequest("", constraints=tuple(t)) if t else None for t in own])
         outputs["sentence_terms"] = constrained
         figures["sentence_terms"] = {
             "sentences_with_terms": sum(bool(t) for t in own),
@@ -120,7 +123,7 @@ def main() -> None:
     halves = [ref.split() for ref in references]
     prefixes = [" ".join(words[: len(words) // 2]) for words in halves]
     rests = [" ".join(words[len(words) // 2 :]) for words in halves]
-    prefixed, prefix_speed = decode([TargetRequest(prefix=p) if p else None for p in prefixes])
+    prefixed, prefix_speed = decode([DecodeRequest("", prefix=p) if p else None for p in prefixes])
     kept = [out.startswith(p) for out, p in zip(prefixed, prefixes, strict=True)]
     continuations = [out[len(p) :].strip() for out, p in zip(prefixed, prefixes, strict=True)]
     plain_rests = [

@@ -17,7 +17,7 @@ is used. A random model never prefers EOS, so every hypothesis runs to max lengt
 (1.5 * src_len + 10): that is the costliest case per sentence and exaggerates what the
 cache saves; tokens/s stays comparable, sentences/s does not. Measure a trained run.
 With ctranslate2 installed, the same model is converted (`mtrain.export`) and decoded by
-CTranslate2 on the CPU in float32 and int8 (`--ct2`) through `mtrain.decode.ct2_engine`
+CTranslate2 on the CPU in float32 and int8 (`--ct2`) through `mtrain.decode.engines.ct2_engine`
 (mtrain's length and stopping semantics), with as many threads as torch; a last line per
 mode gives CTranslate2's speed over mtrain's fastest cached setting, and how many outputs
 CTranslate2 float32 shares with mtrain fp32.
@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mtrain.config import DecodeConfig, ModelConfig
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translation.translator import translate_encoded
 
 MODES = {"greedy": 1, "beam5": 5}
 BENCH_MODEL = ModelConfig(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, ffn_dim=1024, dropout=0.0)
@@ -109,10 +109,10 @@ def load(args, device: torch.device):
 
 def load_ctranslate2(args, model, tokenizer, compute_type: str):
     """The same weights converted to CTranslate2 (mtrain.export), decoding with mtrain's
-    semantics (mtrain.decode.ct2_engine); `compute_type` float32 or int8 (quantized on load)."""
+    semantics (mtrain.decode.engines.ct2_engine); `compute_type` float32 or int8 (quantized on load)."""
     import tempfile
 
-    from mtrain.decode.ct2_engine import load_ctranslate2 as load_exported
+    from mtrain.decode.engines.ct2_engine import load_ctranslate2 as load_exported
     from mtrain.export import export_ctranslate2
 
     model_cfg = BENCH_MODEL

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig
-from mtrain.decode.hypothesis import length_normalise
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.search.hypothesis import length_normalise
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens
 

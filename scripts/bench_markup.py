@@ -19,7 +19,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from mtrain.decode.markup import parse_markup, restore_markup
+from mtrain.decode.requests.markup import parse_markup, restore_markup
 
 
 def flat(tags: int) -> str:

@@ -9,7 +9,7 @@
 Every system decodes the run's test split (`--split`) with the code `mtrain eval` runs:
 - `beam5`: the defaults (beam 5, alpha 1), always, the baseline;
 - `--mbr KIND:N`: two systems, MBR-chrF and MBR-BLEU over the same candidates: they are drawn
-  once (`mtrain.decode.mbr.draw_candidates`, in the translator's batches and seed, so they are
+  once (`mtrain.decode.selection.mbr.draw_candidates`, in the translator's batches and seed, so they are
   those either `decode.mbr.utility` would draw) and ranked by each utility; a system's time
   is the drawing plus its own ranking;
 - `--system NAME:KEY=VALUE,...`: `translate_sentences` with those decode keys (reranking, combinations).
@@ -47,10 +47,10 @@ def decode_config(overrides: list[str]):
 def main() -> None:
     from mtrain.cli.evaluate import exported_model
     from mtrain.config import Engine, MbrCandidates, MbrConfig, MbrUtility, with_values
-    from mtrain.decode.mbr import draw_candidates, rank_by_expected_utility
-    from mtrain.decode.selection import decoded_per_sentence
-    from mtrain.decode.threads import set_decode_threads
-    from mtrain.decode.translator import as_engine, token_budget_batches, translate_sentences
+    from mtrain.decode.engines.threads import set_decode_threads
+    from mtrain.decode.selection.mbr import draw_candidates, rank_by_expected_utility
+    from mtrain.decode.selection.selecting import decoded_per_sentence
+    from mtrain.decode.translation.translator import as_engine, token_budget_batches, translate_sentences
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.runs import run_config
     from mtrain.export.engine import open_engine

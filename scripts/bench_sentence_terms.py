@@ -27,8 +27,9 @@ import sacrebleu
 import torch
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.pipeline import DecodeRequest, Options
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.pipeline import Options
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import score_terms
 from mtrain.runtime import set_threads

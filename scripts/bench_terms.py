@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.decode.terminology import read_glossary
+from mtrain.decode.requests.terminology import read_glossary
 from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.terminology import GlossaryFile, occurrences, term_instances, words
 

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from xml.parsers import expat
 
-from mtrain.decode.markup import Element, MarkupError, parse_markup, tags_of
+from mtrain.decode.requests.markup import Element, MarkupError, parse_markup, tags_of
 
 HREFS = ["https://example.org/?a=1&amp;b=2", "x>y", "#top"]
 

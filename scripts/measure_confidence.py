@@ -11,16 +11,16 @@ sentences, measured here). The combinations are fitted on the validation split (
 from it; the linear one by least squares on it), never on the test split.
 
 - `logprob`: the best hypothesis's mean token log-probability, log p(y|x) / (len(y) + 1);
-  `exp_logprob`: its exp (the uncalibrated fallback of mtrain.decode.confidence);
+  `exp_logprob`: its exp (the uncalibrated fallback of mtrain.decode.translation.confidence);
 - `nbest_share`: the best's share of the n-best's probability mass (softmax of the log-probs);
 - `agreement`: the mean chrF (fastchrf) of the best against the other n-best candidates,
   MBR's expected utility with the n-best as pseudo-references;
 - `reverse`: a reverse run's log p(x|y) per source token, teacher-forced (--reverse);
-- `calibrated logprob`: `logprob` through mtrain.decode.confidence's isotonic calibration;
+- `calibrated logprob`: `logprob` through mtrain.decode.translation.confidence's isotonic calibration;
 - `logprob+agreement`, `logprob+reverse`, `all (z-mean)`: the mean of z-scores;
   `all (linear)`: least squares of sentence chrF on every signal.
 
-It also fits the calibration of mtrain.decode.confidence on the validation split twice, on
+It also fits the calibration of mtrain.decode.translation.confidence on the validation split twice, on
 the beam decode and on a greedy one (what `mtrain fit`'s last validation decodes), and says
 how far each one's estimates lie from the test split's sentence chrF / 100 (mean absolute
 error), so that reusing the validation's greedy decode can be judged. --write-calibration
@@ -42,7 +42,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mtrain.decode.confidence import (
+from mtrain.decode.translation.confidence import (
     fit_calibration,
     mean_log_prob,
     write_calibration,
@@ -79,8 +79,8 @@ def open_decoder(run: str, reverse_run: str | None, threads: int) -> Decoder:
     from mtrain.checkpoint.files import load_run
     from mtrain.config import DecodeConfig, to_typed, with_values
     from mtrain.decode import translate_sentences
-    from mtrain.decode.rerank import sequence_log_probs
-    from mtrain.decode.threads import set_decode_threads
+    from mtrain.decode.engines.threads import set_decode_threads
+    from mtrain.decode.selection.rerank import sequence_log_probs
     from mtrain.evaluate.references import read_run_split
     from mtrain.rundir import RunDir
 

@@ -39,7 +39,7 @@ from bench_decode import data_dir, load, read_lines  # scripts/, on the path abo
 from count_operators import kind_of
 
 from mtrain.config import AttentionImpl, DecodeConfig
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.model import Seq2SeqTransformer
 from mtrain.model.attention import DotProductAttention
 

@@ -43,7 +43,7 @@ MBR = ["decode.mbr.candidates=both", "decode.mbr.num_candidates=4"]
 def make_runs(work: Path) -> dict[str, Path]:
     """deen (a run), ende (its reverse, same tokenizer), export (deen for CTranslate2), and the files."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from mtrain.decode.rerank import RerankWeights, write_weights
+    from mtrain.decode.selection.rerank import RerankWeights, write_weights
     from tests.conftest import train_spm_tokenizer
     from tests.test_ensemble import write_run
     from tests.test_mbr import write_config

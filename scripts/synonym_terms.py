@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.terminology import Glossary
 from mtrain.evaluate.terminology import term_instances
 
 # German noun -> (the glossary's English term, the words a model would use instead)

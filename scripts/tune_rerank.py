@@ -6,7 +6,7 @@
     mtrain eval run=RUN split=test decode.rerank.reverse_run=REV decode.rerank.weights=weights.json out=DIR
 
 Decodes `split` (valid unless given) with the `decode.*` settings given (the whole beam, or
-MBR's candidates), computes every feature this decode has (mtrain.decode.rerank: forward,
+MBR's candidates), computes every feature this decode has (mtrain.decode.selection.rerank: forward,
 length_ratio; reverse with decode.rerank.reverse_run, second with decode.rerank.second_run,
 mbr with decode.mbr.candidates), and searches the weights that maximise corpus BLEU of the
 reranked first-best (`tune_weights`: seeded random search, `trials` of them; the same inputs
@@ -95,10 +95,16 @@ def main(argv: list[str]) -> int:
         return 0
     from mtrain.config import DecodeConfig, RerankConfig, with_values
     from mtrain.config_checks import check_config
-    from mtrain.decode.progress import DecodeProgress
-    from mtrain.decode.rerank import FeatureScorer, check_rerank_files, features_of, tune_weights, write_weights
-    from mtrain.decode.threads import set_decode_threads
-    from mtrain.decode.translator import translate_sentences
+    from mtrain.decode.engines.threads import set_decode_threads
+    from mtrain.decode.selection.rerank import (
+        FeatureScorer,
+        check_rerank_files,
+        features_of,
+        tune_weights,
+        write_weights,
+    )
+    from mtrain.decode.text.progress import DecodeProgress
+    from mtrain.decode.translation.translator import translate_sentences
     from mtrain.errors import MtrainError
     from mtrain.evaluate.references import read_run_split
     from mtrain.export.engine import open_engine

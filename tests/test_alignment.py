@@ -15,11 +15,18 @@ from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
-from mtrain.decode.alignment import Aligner, pharaoh, piece_links, resolve_alignment_source, to_words, word_indices
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.markup import parse_markup, tags_of
-from mtrain.decode.stream import translate_stream
-from mtrain.decode.translator import translate_encoded, translate_sentences
+from mtrain.decode.requests.markup import parse_markup, tags_of
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.text.stream import translate_stream
+from mtrain.decode.translation.alignment import (
+    Aligner,
+    pharaoh,
+    piece_links,
+    resolve_alignment_source,
+    to_words,
+    word_indices,
+)
+from mtrain.decode.translation.translator import translate_encoded, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer

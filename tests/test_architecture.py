@@ -1,4 +1,5 @@
-"""The layout is the dependency graph: every import-linter contract in pyproject.toml holds."""
+"""The layout is the dependency graph: every import-linter contract in pyproject.toml holds,
+between mtrain's packages and between mtrain.decode's subpackages."""
 
 from __future__ import annotations
 
@@ -16,22 +17,34 @@ def contracts() -> list[dict]:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
-def layered_modules() -> set:
-    """The top-level modules named by the pipeline's layers contract (the one over `mtrain.*`)."""
-    (pipeline,) = [c for c in contracts() if c["type"] == "layers" and "containers" not in c]
-    return {name.strip() for layer in pipeline["layers"] for name in layer.split("|")}
+def layered_modules(contract: dict) -> set:
+    return {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+
+
+def contract_of(container: str) -> dict:
+    (contract,) = [contract for contract in contracts() if contract.get("containers") == [container]]
+    return contract
+
+
+def parts_of(package: Path, prefix: str = "") -> set:
+    """The subpackages and modules directly inside `package` (its __init__ aside)."""
+    parts = {f"{prefix}{path.name}" for path in package.iterdir() if (path / "__init__.py").exists()}
+    return parts | {
+        f"{prefix}{path.stem}" for path in package.glob("*.py") if path.stem not in ("__init__", "__main__")
+    }
 
 
 def test_every_package_and_core_module_has_a_layer():
-    top_level = {
-        f"mtrain.{path.name}"
-        for path in (REPO / "mtrain").iterdir()
-        if path.is_dir() and (path / "__init__.py").exists()
-    }
-    top_level |= {
-        f"mtrain.{path.stem}" for path in (REPO / "mtrain").glob("*.py") if path.stem not in ("__init__", "__main__")
-    }
-    assert top_level == layered_modules()  # a new package or module must take its place in the graph
+    pipeline = contracts()[0]
+    assert "containers" not in pipeline
+    assert parts_of(REPO / "mtrain", "mtrain.") == layered_modules(pipeline)  # a new one must take its place
+
+
+def test_every_part_of_decode_has_a_layer():
+    # a module left loose in mtrain/decode/ (or its search/) would be outside the contract: nothing
+    # would stop it importing any layer, nor any layer importing it
+    assert parts_of(REPO / "mtrain" / "decode") == layered_modules(contract_of("mtrain.decode"))
+    assert parts_of(REPO / "mtrain" / "decode" / "search") == layered_modules(contract_of("mtrain.decode.search"))
 
 
 def test_imports_follow_the_pipeline():

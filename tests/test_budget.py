@@ -1,6 +1,6 @@
 """The run's time budget (mtrain.train.budget): the training share of max_time, the stop when the
 wall clock runs short, the plan a resume continues, and what decoding a set costs
-(mtrain.decode.cost), without a model. The whole run against its budget: tests/test_fit.py."""
+(mtrain.decode.translation.cost), without a model. The whole run against its budget: tests/test_fit.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from mtrain.cli.fit_scoring import DecodeOutOfTime, ScoringDeadline
 from mtrain.config import DecodeConfig, TrainConfig
-from mtrain.decode.cost import StepCost, _solve, decode_seconds
-from mtrain.decode.progress import DecodeProgress
+from mtrain.decode.text.progress import DecodeProgress
+from mtrain.decode.translation.cost import StepCost, _solve, decode_seconds
 from mtrain.train.budget import EndCost, RunBudget, budget_name, budget_reason, resumed_training_budget
 from mtrain.train.progress import TrainState
 

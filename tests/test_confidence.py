@@ -1,4 +1,4 @@
-"""The confidence score (mtrain.decode.confidence) and its calibration: isotonic and monotone,
+"""The confidence score (mtrain.decode.translation.confidence) and its calibration: isotonic and monotone,
 within [0, 1], fitted from given (signal, chrF) pairs as worked out by hand, round-tripped
 through JSON, refused in one line when a file is broken; the uncalibrated fallback; and
 `mtrain fit` writing a run's confidence.json from its last validation's decodes."""
@@ -19,7 +19,7 @@ from mtrain.checkpoint.files import load_run
 from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig
 from mtrain.decode import Hypothesis, translate_sentences
-from mtrain.decode.confidence import (
+from mtrain.decode.translation.confidence import (
     UNCALIBRATED,
     Calibration,
     Confidence,

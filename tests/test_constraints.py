@@ -1,4 +1,4 @@
-"""Target prefixes, lexical constraints and avoided phrases in the search (mtrain.decode.constraints)."""
+"""Target prefixes, lexical constraints and avoided phrases in the search (mtrain.decode.search.constraints)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from mtrain.config import DecodeConfig
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.ensemble import EnsembleModel
-from mtrain.decode.generator import generate
+from mtrain.decode.engines.ensemble import EnsembleModel
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.generator import generate
+from mtrain.decode.search.steering import VocabRules, batch_processors
 from tests.test_generator import BOS, EOS, PAD, VOCAB, source_batch, tiny_model, train_to_copy
 
 
@@ -25,8 +26,11 @@ def models():
     return train_to_copy(tiny_model(seed=21), steps=80), train_to_copy(tiny_model(seed=22), steps=60, seed=1)
 
 
-def decode(model, src, mask, controls=None, **cfg):
-    return generate(model, src, mask, DecodeConfig(**cfg), BOS, EOS, PAD, controls=controls)
+def decode(model, src, mask, controls=None, word_continuations=(), **cfg):
+    """`generate` with the batch's controls as the engine passes them: step processors."""
+    config = DecodeConfig(**cfg)
+    processors = batch_processors(config, VocabRules(word_continuations=tuple(word_continuations)), controls, src, EOS)
+    return generate(model, src, mask, config, BOS, EOS, PAD, processors=processors)
 
 
 def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
@@ -156,17 +160,7 @@ def test_a_constraint_is_never_continued_by_a_word_continuation(models):
     phrases = random_phrases(13, 4, 1)
     continuations = list(range(4, VOCAB, 2))  # half the pieces "continue a word"
     controls = [ControlIds(constraints=(p,)) for p in phrases]
-    results = generate(
-        models[0],
-        src,
-        mask,
-        DecodeConfig(beam=5, nbest=5),
-        BOS,
-        EOS,
-        PAD,
-        controls=controls,
-        word_continuations=continuations,
-    )
+    results = decode(models[0], src, mask, controls, word_continuations=continuations, beam=5, nbest=5)
     for hyps, phrase in zip(results, phrases, strict=True):
         for hyp in hyps:
             ends = [i + len(phrase) for i in range(len(hyp.tokens)) if tuple(hyp.tokens[i : i + len(phrase)]) == phrase]
@@ -178,9 +172,7 @@ def test_a_constraint_may_continue_into_another_that_extends_it(models):
     src, mask = source_batch([7, 9], seed=14)
     short, long = (20,), (20, 21)
     controls = [ControlIds(constraints=(short, long))] * 2
-    results = generate(
-        models[0], src, mask, DecodeConfig(beam=5, nbest=3), BOS, EOS, PAD, controls=controls, word_continuations=[21]
-    )
+    results = decode(models[0], src, mask, controls, word_continuations=[21], beam=5, nbest=3)
     for hyps in results:
         for hyp in hyps:
             assert contains(hyp.tokens, long)

@@ -1,8 +1,8 @@
-"""Progress of a long decode (mtrain.decode.progress): a line every interval, with the rate and the time left."""
+"""Progress of a long decode (mtrain.decode.text.progress): a line every interval, with the rate and the time left."""
 
 from __future__ import annotations
 
-from mtrain.decode.progress import DecodeProgress
+from mtrain.decode.text.progress import DecodeProgress
 from mtrain.durations import format_duration
 
 

@@ -1,4 +1,4 @@
-"""Ensemble decoding (mtrain.decode.ensemble) and its opener (mtrain.export.engine, ensemble=):
+"""Ensemble decoding (mtrain.decode.engines.ensemble) and its opener (mtrain.export.engine, ensemble=):
 the mean of the members' log-probabilities, one KV cache per member, tokenizers checked."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, Engine, EvalConfig, FitConfig, ModelConfig, to_plain
-from mtrain.decode.ensemble import EnsembleModel
-from mtrain.decode.generator import generate
-from mtrain.decode.torch_engine import TorchEngine
-from mtrain.decode.translator import translate_sentences
+from mtrain.decode.engines.ensemble import EnsembleModel
+from mtrain.decode.engines.torch_engine import TorchEngine
+from mtrain.decode.search.generator import generate
+from mtrain.decode.translation.translator import translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.export import engine as engine_module
 from mtrain.export.engine import open_engine

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtrain.decode.terminology import read_glossary
+from mtrain.decode.requests.terminology import read_glossary
 from mtrain.evaluate.terminology import score_terms
 from tests.test_report import tiny_run  # noqa: F401 (the fixture: a run of a tiny untrained model)
 from tests.warm_process import run_mtrain

@@ -21,8 +21,9 @@ ctranslate2 = pytest.importorskip(
 )
 
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, to_plain
-from mtrain.decode.ct2_engine import load_ctranslate2
-from mtrain.decode.translator import translate_encoded, translate_sentences
+from mtrain.decode.engines.ct2_engine import load_ctranslate2
+from mtrain.decode.translation.translator import translate_encoded, translate_sentences
+from mtrain.decoding_rules import CONSTRAINTS_WITH_CTRANSLATE2, RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.export import check_exportable, export_ctranslate2, export_run
 from mtrain.model import build_model
@@ -607,7 +608,7 @@ def test_argos_package_installs_and_translates_offline_like_mtrain_s_ctranslate2
 
 def test_argos_refusals(run_dir, tmp_path):
     from mtrain.config import CorpusConfig, DataConfig
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
     from mtrain.export.argos import package_direction
 
     done = run_mtrain("export", f"run={run_dir}", "format=argos", f"out={tmp_path / 'de_en.zip'}", timeout=120)
@@ -627,7 +628,7 @@ def test_argos_refusals(run_dir, tmp_path):
 def test_both_engines_honour_a_prefix_and_agree(exported, model, tokenizer, sources, beam):
     """Each output starts with its prefix (some sentences have none), and CTranslate2's
     hypotheses are mtrain's, scores (prefix included) too."""
-    from mtrain.decode.constraints import ControlIds
+    from mtrain.decode.search.constraints import ControlIds
 
     cfg = DecodeConfig(beam=beam)  # (n-best lists of outputs cut at the length limit may differ)
     engine = load_ctranslate2(exported, CPU, num_threads=1)
@@ -642,7 +643,7 @@ def test_both_engines_honour_a_prefix_and_agree(exported, model, tokenizer, sour
 
 
 def test_ctranslate2_avoids_phrases_and_refuses_constraints(exported, tokenizer, sources):
-    from mtrain.decode.constraints import ControlIds
+    from mtrain.decode.search.constraints import ControlIds
 
     cfg = DecodeConfig(beam=4, nbest=4)
     engine = load_ctranslate2(exported, CPU, num_threads=1)
@@ -656,5 +657,6 @@ def test_ctranslate2_avoids_phrases_and_refuses_constraints(exported, tokenizer,
     ):
         if control is not None:
             assert all(control.avoid[0][0] not in hyp.tokens for hyp in hyps)
-    with pytest.raises(MtrainError, match="engine=torch"):
+    with pytest.raises(RefusedCombination) as refused:  # (an MtrainError) past the checks, in the checks' words
         translate_encoded(engine, tokenizer, sources[:1], cfg, CPU, controls=[ControlIds(constraints=((5,),))])
+    assert refused.value.reason == CONSTRAINTS_WITH_CTRANSLATE2 and "engine=torch" in str(refused.value)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import mtrain.decode.generator as generator_module
+import mtrain.decode.search.generator as generator_module
 from mtrain.config import DecodeConfig, ModelConfig
-from mtrain.decode.generator import generate
-from mtrain.decode.search import BeamSearch
+from mtrain.decode.search.algorithms import BeamSearch
+from mtrain.decode.search.generator import generate
 from mtrain.model import build_model
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
@@ -272,7 +272,7 @@ def test_the_search_loop_synchronises_with_the_host_twice_per_step(beam, copy_mo
 
 def test_stop_is_asked_before_every_step_and_ends_the_decode_where_it_says_so():
     """Issue 58: a server request past its deadline went on decoding for minutes after its 504."""
-    from mtrain.decode.generator import DecodeStopped
+    from mtrain.decode.search.generator import DecodeStopped
 
     model = tiny_model()  # random: every hypothesis runs to its max length (41 tokens, and EOS)
     src, mask = source_batch([9, 5])

@@ -126,7 +126,7 @@ def test_every_help_names_every_format_and_api_the_command_has():
     HTTP path of the server and LibreTranslate's API. The lists come from the code."""
     from mtrain.cli.main import usage
     from mtrain.config import ExportFormat
-    from mtrain.decode.markup import FORMATS
+    from mtrain.decode.requests.markup import FORMATS
 
     export_line = next(line for line in usage().splitlines() if line.split()[:1] == ["export"])
     export = prose(command_help("export"))

@@ -18,7 +18,7 @@ transformers = pytest.importorskip(
 )
 
 from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig, to_plain
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens

@@ -27,7 +27,7 @@ transformers = pytest.importorskip(
 
 from mtrain.checkpoint.files import load_run
 from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export import export_hf_run
 from mtrain.export.hf_generation import max_new_tokens

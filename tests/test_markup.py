@@ -1,4 +1,4 @@
-"""Inline markup: tags out and back in by word alignments (mtrain.decode.markup), as a property
+"""Inline markup: tags out and back in by word alignments (mtrain.decode.requests.markup), as a property
 over random tag structures (every kind of node) and random alignments, the cases a user meets,
 its cost at 100,000 tags, and `mtrain translate format=xml|html` with a tiny model."""
 
@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import FitConfig, ModelConfig, to_plain
-from mtrain.decode.markup import (
+from mtrain.decode.requests.markup import (
     CDATA_CLOSE,
     CDATA_OPEN,
     Markup,

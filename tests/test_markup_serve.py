@@ -1,5 +1,5 @@
 """Inline markup on the real server (`mtrain serve` in a subprocess): a sentence holding a
-line break is refused with 422 naming it (mtrain.decode.markup's contract: one line is one
+line break is refused with 422 naming it (mtrain.decode.requests.markup's contract: one line is one
 sentence), never translated with its tags mixed up; the LibreTranslate API splits its text
 into lines itself, so there each line is translated with its own tags."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from mtrain.decode.markup import parse_markup, tags_of
+from mtrain.decode.requests.markup import parse_markup, tags_of
 from tests.test_serve import DECODE, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
 
 SENTENCE = "Hallo Welt\nEin <b>Hund</b> läuft ."

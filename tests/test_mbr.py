@@ -1,4 +1,4 @@
-"""MBR decoding (mtrain.decode.mbr), its utility matrix (mtrain.decode.utility) and epsilon
+"""MBR decoding (mtrain.decode.selection.mbr), its utility matrix (mtrain.decode.selection.utility) and epsilon
 sampling: the matrix equals sacreBLEU's sentence scores, the choice a brute-force one, one
 candidate comes back as it is, a seed repeats its output; eval's TSV and serve's answer carry
 the expected utility; without MBR decoding takes the engine's path alone."""
@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig, EvalConfig, MbrCandidates, MbrConfig, MbrUtility, Sampling, with_values
-from mtrain.decode import selection as selection_module
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.mbr import expected_utilities, rank_by_expected_utility
-from mtrain.decode.sampling import truncate_distribution
-from mtrain.decode.translator import translate_sentences
-from mtrain.decode.utility import bleu_matrix, chrf_matrix
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.sampling import truncate_distribution
+from mtrain.decode.selection import selecting as selection_module
+from mtrain.decode.selection.mbr import expected_utilities, rank_by_expected_utility
+from mtrain.decode.selection.utility import bleu_matrix, chrf_matrix
+from mtrain.decode.translation.translator import translate_sentences
 from mtrain.rundir import RunDir
 from tests.conftest import train_spm_tokenizer
 from tests.test_ensemble import SENTENCES, write_run

@@ -37,8 +37,8 @@ from mtrain.config import (
     to_plain,
 )
 from mtrain.data.sources import ParallelText
-from mtrain.decode.directions import RunLanguages
-from mtrain.decode.translator import translate_sentences
+from mtrain.decode.engines.directions import RunLanguages
+from mtrain.decode.translation.translator import translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
@@ -448,8 +448,8 @@ def test_the_ctranslate2_export_gets_the_tag_pieces_and_decodes_as_torch(
     run_dir, model, tokenizer, languages, tmp_path
 ):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: the CTranslate2 export is optional")
-    from mtrain.decode.ct2_engine import load_ctranslate2
-    from mtrain.decode.translator import translate_encoded
+    from mtrain.decode.engines.ct2_engine import load_ctranslate2
+    from mtrain.decode.translation.translator import translate_encoded
     from mtrain.export import export_ctranslate2, export_run
 
     exported = load_ctranslate2(export_run(run_dir, tmp_path / "ct2"), torch.device("cpu"), "fp32", 1)

@@ -1,4 +1,4 @@
-"""mtrain.decode.placement: a term starts where its source word is translated, the usual word
+"""mtrain.decode.search.placement: a term starts where its source word is translated, the usual word
 stays out, and nothing is appended after the final full stop; each rule on a worked step."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtrain.decode.constraints import ControlIds, controls_for
-from mtrain.decode.placement import PlacementVocab, placement_for, sentence_end_count
-from mtrain.decode.processors import StepView
+from mtrain.decode.search.constraints import ControlIds, controls_for
+from mtrain.decode.search.placement import PlacementVocab, placement_for, sentence_end_count
+from mtrain.decode.search.processors import StepView
 
 PIECES = ["<pad>", "<s>", "</s>", "▁the", "▁dog", "▁canine", ".", "▁barks", "s", "▁a"]
 EOS, THE, DOG, CANINE, STOP, BARKS = 2, 3, 4, 5, 6, 7
@@ -19,7 +19,7 @@ def placed(sentence_ends: int = 1):
     """One sentence, beam 1, `canine` a term whose source word is source piece 1 (of 4)."""
     control = ControlIds(constraints=((CANINE,),), term_sources=((1,),), sentence_ends=sentence_ends)
     target = controls_for([control], torch.device("cpu"), EOS)
-    placement = placement_for(target, [control], 4, VOCAB)
+    placement = placement_for(target, [control], 4, VOCAB, -1)
     target.start(1)
     placement.start(1)
     return target, placement
@@ -85,13 +85,13 @@ def test_no_full_stop_while_a_term_is_missing_when_the_source_has_one():
 def test_constraints_that_are_no_terms_get_no_placement():
     control = ControlIds(constraints=((CANINE,),))
     target = controls_for([control], torch.device("cpu"), EOS)
-    assert placement_for(target, [control], 4, VOCAB) is None
+    assert placement_for(target, [control], 4, VOCAB, -1) is None
 
 
 def test_a_forced_prefix_is_left_alone():
     control = ControlIds(prefix=(THE,), constraints=((CANINE,),), term_sources=((1,),), sentence_ends=1)
     target = controls_for([control], torch.device("cpu"), EOS)
-    placement = placement_for(target, [control], 4, VOCAB)
+    placement = placement_for(target, [control], 4, VOCAB, -1)
     target.start(1)
     placement.start(1)
     forced = step(target, placement, best=DOG, peak=1)

@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 
 from mtrain.batches import prepare_data
 from mtrain.config import DataConfig, ModelConfig, TokenizerConfig, TranslateConfig
-from mtrain.decode.stream import translate_stream
-from mtrain.decode.textio import count_lines
+from mtrain.decode.text.stream import translate_stream
+from mtrain.decode.text.textio import count_lines
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import train_or_load_tokenizer

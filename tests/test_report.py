@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mtrain.decode.threads import DEFAULT_DECODE_THREADS
+from mtrain.decode.engines.threads import DEFAULT_DECODE_THREADS
 from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision

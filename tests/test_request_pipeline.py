@@ -1,4 +1,4 @@
-"""One path from a request to the decoder (mtrain.decode.pipeline): the same request through
+"""One path from a request to the decoder (mtrain.decode.requests.pipeline): the same request through
 `mtrain translate`, mtrain's JSON API and the LibreTranslate API gives the same text, and the
 same refusal (mtrain.decoding_rules: one wording; the command line's one line and exit 2
 before a model loads, HTTP 422 naming the field), control by control and for every
@@ -20,10 +20,11 @@ from omegaconf import OmegaConf
 from starlette.testclient import TestClient
 
 from mtrain.config import DecodeConfig, ServeConfig, to_typed
-from mtrain.decode.controls import line_controls
-from mtrain.decode.pipeline import PipelineStats, Prepared
-from mtrain.decode.selection import describe_search
-from mtrain.decode.stream import translate_stream
+from mtrain.decode.requests.controls import line_controls
+from mtrain.decode.requests.pipeline import PipelineStats
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.selection.selecting import describe_search
+from mtrain.decode.text.stream import translate_stream
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
 from tests.test_serve import MODEL, model, run_dir, tokenizer  # noqa: F401 (fixtures)
@@ -302,6 +303,47 @@ def test_terms_as_annotation_of_a_plain_model_is_one_refusal_everywhere(
             assert [api.post("/translate", json=b).status_code for b in (body, libre_body)] == [200, 200]
 
 
+# The n-best rule (mtrain.decoding_rules.check_nbest): the command line and a request get one
+# verdict in the same words, each naming the keys it was given by. (server decode, request fields)
+NBEST: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+    (
+        "above the beam",
+        {},
+        {"beam": 2, "nbest": 3},
+        "3 is above {p}beam=2 (beam search keeps only `beam` hypotheses); raise {p}beam",
+    ),
+    ("within the beam", {}, {"beam": 2, "nbest": 2}, None),
+    ("samples", {"sampling": "topk", "beam": 1}, {"nbest": 3}, None),
+    (
+        "above MBR's candidates",
+        {"mbr": {"candidates": "beam", "num_candidates": 4}, "beam": 4, "nbest": 1},
+        {"nbest": 5},
+        "5 is above decode.mbr.num_candidates=4 (MBR ranks only its candidates); raise decode.mbr.num_candidates",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "decode", "fields", "words"), NBEST, ids=[r[0] for r in NBEST])
+def test_nbest_beyond_what_the_decode_keeps_is_one_verdict_in_the_cli_and_the_api(
+    served, run_dir, files, capsys, name, decode, fields, words
+):
+    from mtrain.cli.common import check_before_run
+    from mtrain.serve.app import TranslateRequest, request_decoding
+    from mtrain.serve.translation import Rejected
+
+    argv = [f"run={run_dir}", f"input={files['plain']}", *decode_overrides({**decode, **fields})]
+    cfg = serve_cfg(run_dir, decode=decode)
+    request = TranslateRequest(text=SENTENCES[:1], **fields)
+    if words is None:
+        check_before_run("translate", argv)  # no SystemExit
+        assert request_decoding(request, cfg).nbest == fields["nbest"]
+        return
+    assert cli_refusal(argv, capsys) == f"mtrain: error: decode.nbest: {words.format(p='decode.')}"
+    with pytest.raises(Rejected) as refused:
+        request_decoding(request, cfg)
+    assert (refused.value.status, str(refused.value)) == (422, f"nbest: {words.format(p='')}"), name
+
+
 # ------------------------------------------------------------------ what the start and end lines say
 def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(DecodeConfig()) == "beam 5"
@@ -310,11 +352,9 @@ def test_the_start_line_names_the_selection_and_the_end_what_the_controls_did():
     assert describe_search(mbr) == "MBR-chrF over 16 beam candidates, reranked by forward+reverse+length_ratio+mbr"
     assert describe_search(decode_cfg(sampling="topp", nbest=4)) == "top-p sampling (p=0.9), 4 samples"
     stats = PipelineStats()
-    from mtrain.decode.controls import TargetRequest
-
-    stats.count(Prepared("Ein Hund.", TargetRequest("", ("dog", "big")), terms=("dog",)), "A big dog .")
-    stats.count(Prepared("Ein Ball.", TargetRequest("", ("ball",))), "A toy.")
-    stats.count(Prepared("Nichts.", None), "Nothing.")
+    stats.count(DecodeRequest("Ein Hund.", "", ("dog", "big"), terms=("dog",)), "A big dog .")
+    stats.count(DecodeRequest("Ein Ball.", "", ("ball",)), "A toy.")
+    stats.count(DecodeRequest("Nichts."), "Nothing.")
     assert (
         stats.summary()
         == "constraints: 2 applied in 2 of 3 sentences, 1 met; terms: 1 found in 1 of 3 sentences, 1 met"

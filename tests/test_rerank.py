@@ -1,4 +1,4 @@
-"""n-best reranking (mtrain.decode.rerank, mtrain.decode.selection) and the refusals of MBR
+"""n-best reranking (mtrain.decode.selection.rerank, mtrain.decode.selection.selecting) and the refusals of MBR
 and reranking settings: the forward score alone keeps the beam's order, the reverse feature is
 the reverse model's teacher-forced log-probability, tuning repeats itself, and every bad
 setting is one line and exit status 2 from the `mtrain` command, before a model loads."""
@@ -16,8 +16,8 @@ import torch
 
 from mtrain.checkpoint.files import load_run
 from mtrain.config import DecodeConfig, MbrCandidates, MbrConfig, RerankConfig
-from mtrain.decode.engine import as_engine
-from mtrain.decode.rerank import (
+from mtrain.decode.engines.engine import as_engine
+from mtrain.decode.selection.rerank import (
     TOKEN_LOG_PROB_FLOOR,
     FeatureScorer,
     RerankWeights,
@@ -25,7 +25,7 @@ from mtrain.decode.rerank import (
     tune_weights,
     write_weights,
 )
-from mtrain.decode.selection import SelectingEngine
+from mtrain.decode.selection.selecting import SelectingEngine
 from tests.conftest import train_spm_tokenizer
 from tests.test_ensemble import SENTENCES, write_run
 from tests.test_mbr import SHORT, write_config

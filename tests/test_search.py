@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from mtrain.config import DecodeConfig, ModelConfig
-from mtrain.decode.generator import generate
-from mtrain.decode.hypothesis import length_normalise
-from mtrain.decode.processors import NoRepeatNgram, apply_length_limits, ban_tokens
-from mtrain.decode.sampling import SamplingSearch, truncate_distribution
-from mtrain.decode.search import BeamSearch, GreedySearch
+from mtrain.decode.search.algorithms import BeamSearch, GreedySearch
+from mtrain.decode.search.generator import generate
+from mtrain.decode.search.hypothesis import length_normalise
+from mtrain.decode.search.processors import NoRepeatNgram, apply_length_limits, ban_tokens
+from mtrain.decode.search.sampling import SamplingSearch, truncate_distribution
 from mtrain.model import build_model
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3

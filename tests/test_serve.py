@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, MbrConfig, ModelConfig, ServeConfig, to_plain
-from mtrain.decode.translator import translate_sentences
+from mtrain.decode.translation.translator import translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
@@ -222,7 +222,7 @@ def test_prefixes_constraints_and_avoided_phrases_per_request(server, model, tok
 def served_check(body, cfg: ServeConfig, engine: str = "torch"):
     """The request pipeline's requests for `body` on a server of `cfg` and `engine`, checked
     by the rules (mtrain.decoding_rules) as the server checks them."""
-    from mtrain.decode.pipeline import PipelineStats
+    from mtrain.decode.requests.pipeline import PipelineStats
     from mtrain.serve.app import pipeline_request
     from mtrain.serve.translation import Served
 
@@ -230,7 +230,7 @@ def served_check(body, cfg: ServeConfig, engine: str = "torch"):
     model.engine_name = engine
     served = Served(model, cfg, None, PipelineStats())
     requests, options = pipeline_request(body, served)
-    return served.check(requests, options)
+    return served.check(requests, options).requests
 
 
 def test_constraints_are_refused_where_the_server_cannot_honour_them():
@@ -246,7 +246,7 @@ def test_constraints_are_refused_where_the_server_cannot_honour_them():
     with pytest.raises(RefusedCombination, match="need beam search"):
         served_check(request, sampling)
     prefix_only = TranslateRequest(text=["Ein Hund."], prefix=["A"], avoid=["cat"])
-    assert served_check(prefix_only, ServeConfig(), "ctranslate2")[0].request.prefix == "A"
+    assert served_check(prefix_only, ServeConfig(), "ctranslate2")[0].prefix == "A"
     mbr = ServeConfig(decode=DecodeConfig(mbr=MbrConfig(candidates="beam", num_candidates=4)))
     with pytest.raises(RefusedCombination, match="prefix: MBR decoding and n-best reranking .* do not take prefixes"):
         served_check(prefix_only, mbr)
@@ -255,8 +255,8 @@ def test_constraints_are_refused_where_the_server_cannot_honour_them():
 
 
 def test_alignments_and_markup_per_request(server, model, tokenizer):
-    from mtrain.decode.alignment import pharaoh
-    from mtrain.decode.markup import parse_markup, restore_markup, tags_of
+    from mtrain.decode.requests.markup import parse_markup, restore_markup, tags_of
+    from mtrain.decode.translation.alignment import pharaoh
 
     response = server.post({"text": SENTENCES[:2], "alignment": True, "nbest": 2})
     assert response.status_code == 200, response.text
@@ -647,7 +647,7 @@ def test_no_route_and_a_wrong_method_are_json_too(server):
 @pytest.mark.slow
 def test_an_export_directory_is_served_and_sigterm_finishes_the_request_in_flight(run_dir, tmp_path):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'mtrain[ct2]')")
-    from mtrain.decode.ct2_engine import load_ctranslate2
+    from mtrain.decode.engines.ct2_engine import load_ctranslate2
     from mtrain.export import export_run
 
     export = export_run(run_dir, tmp_path / "ct2")
@@ -765,14 +765,15 @@ class StandIn:
         """Source ids: one per word, and eos (what a request's constrained search costs)."""
         return len(text.split()) + 1
 
-    def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
-        """`translate` as given, asked to stop never (its work is done at once)."""
-        return self.translated(sentences, cfg, tgt_lang, *controls)
+    def translate(self, sentences, cfg, tgt_lang=None, stop=None):
+        """`translate` as given, of the requests' plain texts (mtrain.decode.requests.request),
+        asked to stop never (its work is done at once)."""
+        return self.translated([sentence.plain for sentence in sentences], cfg, tgt_lang)
 
 
 def upper_case(sentences, cfg, tgt_lang=None):
     """A stand-in's translation: the sentence in capitals."""
-    from mtrain.decode.hypothesis import Hypothesis
+    from mtrain.decode.search.hypothesis import Hypothesis
 
     return [[Hypothesis(tokens=[], score=0.0, text=s.upper())] for s in sentences]
 
@@ -820,7 +821,7 @@ def app_client(translate, **limits):
 
 
 def test_a_slow_translation_is_a_504_and_a_failing_one_a_500_without_traceback():
-    from mtrain.decode.hypothesis import Hypothesis
+    from mtrain.decode.search.hypothesis import Hypothesis
 
     def slow(sentences, cfg, tgt_lang=None):
         time.sleep(1.0)

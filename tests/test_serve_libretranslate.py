@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.serve.access import RateLimiter, read_api_keys
 from tests.conftest import needed_in_ci
@@ -133,12 +133,13 @@ class StandIn:
         """Source ids: one per word, and eos (what a request's constrained search costs)."""
         return len(text.split()) + 1
 
-    def translate(self, sentences, cfg, tgt_lang=None, *controls, stop=None):
+    def translate(self, sentences, cfg, tgt_lang=None, stop=None):
+        texts = [sentence.plain for sentence in sentences]  # (the requests' texts, mtrain.decode.requests.request)
         return [
             [Hypothesis(tokens=[], score=-rank, text=s.upper() + "!" * rank) for rank in range(cfg.nbest)]
             if s.strip()
             else [Hypothesis(tokens=[], score=0.0, text="")]
-            for s in sentences
+            for s in texts
         ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtrain.decode.terminology import Glossary, read_glossary
+from mtrain.decode.requests.terminology import Glossary, read_glossary
 from mtrain.evaluate.terminology import score_terms, weighted_edit_rate, words
 
 CANINE = Glossary.of({"Hund": "canine"}, replaced={"Hund": ["dog"]})

@@ -23,10 +23,11 @@ from mtrain.batches.guided_alignment import word_starts, words_of
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
-from mtrain.decode.controls import line_controls
-from mtrain.decode.pipeline import DecodeRequest, Options, RequestPipeline
-from mtrain.decode.stream import translate_stream
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.controls import line_controls
+from mtrain.decode.requests.pipeline import Options, RequestPipeline
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.text.stream import translate_stream
 from mtrain.decoding_rules import check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
@@ -95,7 +96,7 @@ def test_the_factor_embedding_starts_at_zero_so_a_plain_models_weights_compute_t
 
 
 def test_placement_ties_a_term_to_its_source_word_and_the_term_written_after_it(tokenizer):
-    from mtrain.decode.pipeline import term_sources
+    from mtrain.decode.requests.pipeline import term_sources
 
     plain = [*tokenizer.encode_src("Ein Hund läuft."), tokenizer.eos_id]
     found = {"canine": [1]}
@@ -345,8 +346,7 @@ def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms
             glossary=glossary,
         )
         requests = [DecodeRequest("Ein Hund läuft.", where="x:1")]
-        pipeline.check(requests, options)
-        sentences = pipeline.prepare(requests, options)
+        sentences = pipeline.begin(requests, options).requests
         pipeline.decode(sentences, options.decoding())
         pieces, factors = split_ids(sentences[0].ids, vocab)
         assert (TERM_TARGET in factors) is annotated, mode
@@ -354,7 +354,7 @@ def test_a_fine_tune_turns_a_plain_run_term_aware_and_translate_writes_the_terms
             term = [p for p, f in zip(pieces, factors, strict=True) if f == TERM_TARGET]
             assert tokenizer.decode_tgt(term) == "canine"
             assert tokenizer.decode_tgt([p for p, f in zip(pieces, factors, strict=True) if f == TERM_SOURCE]) == "Hund"
-        assert (sentences[0].request is not None and "canine" in sentences[0].request.constraints) is constrained
+        assert ("canine" in sentences[0].constraints) is constrained
     # the plain parent reads no terms: asking for annotation is one line
     with pytest.raises(MtrainError, match="decode.term_mode=annotation: this model reads no terms in its source"):
         check_term_mode(DecodeConfig(term_mode="annotation"), glossary=True, term_aware=False)
@@ -439,7 +439,7 @@ def test_serve_annotates_the_server_glossary_and_a_requests_terms_as_translate_d
 
 # ------------------------------------------------------------------ the words a term replaces
 def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
-    from mtrain.decode.pipeline import prepare_requests
+    from mtrain.decode.requests.pipeline import prepare_requests
 
     glossary = Glossary.of(
         {"Hund": "canine", "Mann": "gentleman", "Hundeführer": "dog handler"},
@@ -455,10 +455,10 @@ def test_the_words_a_term_replaces_are_avoided_where_the_term_applies():
     requests = [DecodeRequest("Ein Mann mit Hund.", avoid=("the",)), DecodeRequest("Eine Frau.")]
     on = Options(decode=DecodeConfig(), glossary=glossary)
     first, second = prepare_requests(requests, on)
-    assert first.request is not None and first.request.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
-    assert set(first.request.constraints) == {"gentleman", "canine"} and second.request is None
+    assert first.avoid == ("the", "man", "Man", "dog", "Dog", "dogs", "Dogs")
+    assert set(first.constraints) == {"gentleman", "canine"} and not second.controlled
     # a request's own terms keep the server glossary's replaced words for the others
     merged = glossary.with_terms([("Hund", "hound")])
     assert merged.replaced_in("Ein Mann mit Hund.") == {"gentleman": ["man", "Man"], "hound": []}
     (off, _) = prepare_requests(requests, Options(decode=DecodeConfig(term_avoid_replaced=False), glossary=glossary))
-    assert off.request is not None and off.request.avoid == ("the",)
+    assert off.avoid == ("the",)

@@ -1,10 +1,10 @@
-"""The terminology file: how source terms are found (mtrain.decode.terminology)."""
+"""The terminology file: how source terms are found (mtrain.decode.requests.terminology)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mtrain.decode.terminology import Glossary, read_glossary
+from mtrain.decode.requests.terminology import Glossary, read_glossary
 from mtrain.errors import MtrainError
 
 

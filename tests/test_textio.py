@@ -1,4 +1,4 @@
-"""The files `mtrain translate` reads beside its model (mtrain.decode.textio): a UTF-8 byte-order
+"""The files `mtrain translate` reads beside its model (mtrain.decode.text.textio, mtrain.decode.requests.text_files): a UTF-8 byte-order
 mark and CRLF line ends, as Windows editors write them, mean what they say in the input, the
 prefixes, the terms and the avoided phrases; what would change an entry is refused naming the
 file. Through the real command where the issue asked (a BOM'd or CRLF terms file applies its
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mtrain.decode.controls import read_phrases
-from mtrain.decode.terminology import read_glossary
-from mtrain.decode.textio import read_text_lines
+from mtrain.decode.requests.controls import read_phrases
+from mtrain.decode.requests.terminology import read_glossary
+from mtrain.decode.requests.text_files import read_text_lines
 from mtrain.errors import MtrainError
 from tests.test_markup import DECODE, run_dir  # noqa: F401 (the fixture)
 from tests.warm_process import run_mtrain

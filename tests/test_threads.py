@@ -1,4 +1,4 @@
-"""Decoding threads (mtrain.decode.threads): a fixed default, never read from the machine's
+"""Decoding threads (mtrain.decode.engines.threads): a fixed default, never read from the machine's
 load, unless num_threads is given."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from mtrain.decode.threads import DEFAULT_DECODE_THREADS, decode_threads, describe_threads, set_decode_threads
+from mtrain.decode.engines.threads import DEFAULT_DECODE_THREADS, decode_threads, describe_threads, set_decode_threads
 
 
 @pytest.mark.parametrize("load", [0.0, 7.4])

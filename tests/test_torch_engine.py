@@ -11,9 +11,9 @@ from torch import nn
 from torch.profiler import profile
 
 from mtrain.config import DecodeConfig, ModelConfig
-from mtrain.decode import torch_engine
-from mtrain.decode.generator import generate
-from mtrain.decode.torch_engine import TorchEngine, with_linear_weights_in
+from mtrain.decode.engines import torch_engine
+from mtrain.decode.engines.torch_engine import TorchEngine, with_linear_weights_in
+from mtrain.decode.search.generator import generate
 from mtrain.model import build_model
 
 PAD, BOS, EOS = 1, 2, 3

@@ -17,13 +17,19 @@ from PIL import Image
 
 from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
-from mtrain.decode.attention_plot import DPI, figure_size
-from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.stream import translate_stream, typed_lines
-from mtrain.decode.terminology import Glossary
-from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
-from mtrain.decode.translator import token_budget_batches, translate_sentences
+from mtrain.decode.requests.controls import (
+    LineControls,
+    encode_request,
+    line_controls,
+    split_constraints,
+)
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.text.attention_plot import DPI, figure_size
+from mtrain.decode.text.stream import translate_stream, typed_lines
+from mtrain.decode.text.textio import InputRepairs, decode_line, read_chunks
+from mtrain.decode.translation.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
@@ -107,8 +113,8 @@ def test_translate_sentences_keeps_order_and_matches_one_by_one(model, tokenizer
 def test_stop_ends_a_decode_between_batches_of_any_engine_and_at_every_step_of_mtrain_s(model, tokenizer):
     """`stop` (the server's deadline, issue 58): an engine that cannot ask at every step
     (CTranslate2's) is stopped before its next batch; mtrain's own asks at every step."""
-    from mtrain.decode.generator import DecodeStopped
-    from mtrain.decode.translator import translate_encoded
+    from mtrain.decode.search.generator import DecodeStopped
+    from mtrain.decode.translation.translator import translate_encoded
 
     sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] for s in SENTENCES]
     cfg = DecodeConfig(beam=2, max_len_a=0.5, max_len_b=3, max_tokens=40)  # several batches
@@ -479,7 +485,7 @@ def test_translate_config_composes_and_rejects_typos():
 
 
 def test_output_appears_only_once_complete(tmp_path):
-    from mtrain.decode.textio import write_output
+    from mtrain.decode.text.textio import write_output
 
     out = tmp_path / "out.txt"
     out.write_text("an earlier translation\n", encoding="utf-8")
@@ -500,7 +506,7 @@ def test_an_export_directory_holds_one_model_so_checkpoint_is_refused(tmp_path):
     """An `mtrain export` directory is decoded by CTranslate2 whatever engine= says
     (tests/test_export.py); choosing one of a run's checkpoints there is refused, naming the key."""
     from mtrain.cli.translate import run_translate
-    from mtrain.decode.ct2_engine import METADATA_FILE
+    from mtrain.decode.engines.ct2_engine import METADATA_FILE
 
     export = tmp_path / "m30k_ct2"
     export.mkdir()
@@ -572,7 +578,7 @@ STARTUP_S = 120  # python, torch and the model on 2 busy cores; each later line 
 
 
 def test_is_interactive_follows_the_key_then_the_terminal():
-    from mtrain.decode.stream import is_interactive
+    from mtrain.decode.text.stream import is_interactive
 
     assert not sys.stdin or not sys.stdin.isatty()  # pytest's stdin: not a terminal
     assert is_interactive(job()) is False
@@ -649,12 +655,12 @@ def test_ctrl_c_at_the_terminal_exits_130_without_a_traceback(run_dir, tmp_path)
 def test_fairseq_constraint_lines_and_requests(tokenizer):
     assert split_constraints("Ein Hund.\tdog\t\tbig cat") == ("Ein Hund.", ("dog", "big cat"))
     controls = LineControls(tabbed_constraints=True, glossary=Glossary.of({"Hund": "dog"}), avoid=("cat",))
-    source, request = controls.request("Ein Hund.\tdog\tball", prefix="A")
-    assert source == "Ein Hund." and request == TargetRequest("A", ("dog", "ball"), ("cat",))
+    request = controls.request("Ein Hund.\tdog\tball", prefix="A", where="input:1")
+    assert request == DecodeRequest("Ein Hund.", "A", ("dog", "ball"), ("cat",), where="input:1")
     ids = encode_request(tokenizer, request)
     assert ids is not None and ids.constraints[0] == tuple(tokenizer.encode_tgt("dog"))
     assert tokenizer.tgt_pieces(ids.constraints[0])[0].startswith("\u2581")  # a word after a space
-    assert encode_request(tokenizer, TargetRequest(" ", ("",), ())) is None
+    assert encode_request(tokenizer, DecodeRequest("Ein Hund.", " ", ("",), ())) is None
 
 
 def translate_file(model, tokenizer, tmp_path, lines, controls=None, **overrides):

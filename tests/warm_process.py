@@ -72,7 +72,7 @@ WARM_MODULES = (
     "mtrain.cli.prepare",
     "mtrain.cli.report",
     "mtrain.cli.translate",
-    "mtrain.decode.stream",
+    "mtrain.decode.text.stream",
     "mtrain.evaluate.scoring",
     "mtrain.train.trainer",
 )

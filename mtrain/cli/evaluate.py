@@ -36,7 +36,7 @@ from mtrain.rundir import RunDir, is_export_dir
 from mtrain.wording import counted
 
 if TYPE_CHECKING:
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
     from mtrain.evaluate.terminology import GlossaryFile
 
 log = logging.getLogger("mtrain")
@@ -63,11 +63,11 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     `average_last`; with `ensemble`, that and the members together), score it, write
     `eval/<split>.{json,md,hyp}` (or into `out`; scored with other than sacreBLEU's defaults:
     `eval/<split>.lc.*` and the like, `scored_report_name`); the report."""
-    from mtrain.decode.alignment import AlignmentLevel, alignment_level, resolve_alignment_source
-    from mtrain.decode.pipeline import FieldNames, Options, RequestPipeline, with_options
-    from mtrain.decode.rerank import check_rerank_files
-    from mtrain.decode.selection import describe_search
-    from mtrain.decode.threads import describe_threads, set_decode_threads
+    from mtrain.decode.engines.threads import describe_threads, set_decode_threads
+    from mtrain.decode.requests.pipeline import FieldNames, Options, RequestPipeline, with_options
+    from mtrain.decode.selection.rerank import check_rerank_files
+    from mtrain.decode.selection.selecting import describe_search
+    from mtrain.decode.translation.alignment import AlignmentLevel, alignment_level, resolve_alignment_source
     from mtrain.evaluate.average import average_to_file, default_average_path, last_checkpoints
     from mtrain.evaluate.metrics import check_metric_names
     from mtrain.evaluate.references import SplitText, read_reference_files, read_run_split
@@ -160,7 +160,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         engine.engine == Engine.ctranslate2,
         used=alignment_level(cfg.decode.alignment) is not AlignmentLevel.none,
     )
-    # The request pipeline, as translate and serve decode (mtrain.decode.pipeline): the whole split one request.
+    # The request pipeline, as translate and serve decode (mtrain.decode.requests.pipeline): the whole split one request.
     pipeline = RequestPipeline(
         engine.model,
         engine.tokenizer_for(tgt_lang),
@@ -218,7 +218,7 @@ def pipeline_translator(pipeline: Any, options: Any) -> Callable[[list[str]], li
     sentence a request of `pipeline` decoded with `options`."""
     import torch
 
-    from mtrain.decode.pipeline import DecodeRequest
+    from mtrain.decode.requests.request import DecodeRequest
 
     def translate(sources: list[str]) -> list[Any]:
         requests = [DecodeRequest(text, where=f"line {number}") for number, text in enumerate(sources, start=1)]
@@ -230,7 +230,7 @@ def pipeline_translator(pipeline: Any, options: Any) -> Callable[[list[str]], li
 
 def collecting_alignments(translate: Any, alignments: list[str]) -> Any:
     """`translate` that also appends each best hypothesis' Pharaoh links to `alignments`."""
-    from mtrain.decode.alignment import pharaoh
+    from mtrain.decode.translation.alignment import pharaoh
 
     def translate_and_collect(sources: list[str]) -> Any:
         hypotheses = translate(sources)
@@ -288,7 +288,7 @@ def _scoring_settings(cfg: EvalConfig) -> str:
 
 
 def _languages(data_cfg: Any) -> RunLanguages:
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
 
     return RunLanguages.of(data_cfg)
 
@@ -322,7 +322,7 @@ def score_hypotheses(cfg: EvalConfig, log: Callable[[str], None] = print) -> dic
     into the per-sentence TSV). `per_sentence` writes `<hyp file name>.sentences.tsv` beside
     the hypotheses, or into `out=`, and prints the worst lines.
     """
-    from mtrain.decode.textio import check_spares_what_it_reads
+    from mtrain.decode.text.textio import check_spares_what_it_reads
     from mtrain.evaluate.metrics import aligned_lines, check_lengths, check_metric_names, read_lines, score_corpus
     from mtrain.evaluate.references import SplitText, file_record, read_run_split
     from mtrain.evaluate.report import metrics_table
@@ -428,7 +428,7 @@ def score_hypothesis_file(cfg: EvalConfig, metrics: list[str], log: Callable[[st
 
 def read_glossary_file(cfg: EvalConfig) -> GlossaryFile | None:
     """`terms=`'s glossary (None without one), read before any work."""
-    from mtrain.decode.terminology import read_glossary
+    from mtrain.decode.requests.terminology import read_glossary
     from mtrain.evaluate.terminology import GlossaryFile
 
     if cfg.terms is None:

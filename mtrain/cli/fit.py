@@ -356,7 +356,7 @@ def _threads_line(cfg: FitConfig) -> str:
     train.decode_num_threads (1 by default, as `mtrain eval`) for validation and the test."""
     import torch
 
-    from mtrain.decode.threads import DEFAULT_DECODE_THREADS, describe_threads
+    from mtrain.decode.engines.threads import DEFAULT_DECODE_THREADS, describe_threads
 
     training = describe_threads(torch.get_num_threads(), "train.num_threads", cfg.train.num_threads is not None)
     decoding = describe_threads(

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a run starts (`mtrain fit --he
     import torch
 
     from mtrain.batches import PreparedData
-    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.tokenizer import Tokenizer
     from mtrain.train.budget import EndCost
     from mtrain.train.setup import Machine
@@ -80,7 +80,7 @@ class ValidationDecodes:
         split: str,
     ) -> None:
         """One direction's decode: `best` the Hypothesis per source, `hypotheses` their text."""
-        from mtrain.decode.confidence import mean_log_prob
+        from mtrain.decode.translation.confidence import mean_log_prob
 
         self.signals += [
             mean_log_prob(h.log_prob, len(h.tokens)) if source.strip() else None
@@ -96,10 +96,10 @@ class ValidationDecodes:
 
 
 def write_confidence(run: RunDir, decodes: ValidationDecodes) -> None:
-    """The run's confidence calibration (`confidence.json`, mtrain.decode.confidence), fitted on
+    """The run's confidence calibration (`confidence.json`, mtrain.decode.translation.confidence), fitted on
     the last validation's decodes: their mean token log-probability against their sentence chrF.
     A run that decoded no validation set (train.valid_bleu=false) gets none, or keeps the one it has."""
-    from mtrain.decode.confidence import write_calibration
+    from mtrain.decode.translation.confidence import write_calibration
     from mtrain.evaluate.calibration import calibrate
 
     path = run.confidence_file
@@ -149,9 +149,9 @@ def validation(
 
     `decodes`, when given, holds the last validation's hypotheses afterwards (the BLEU decode's:
     none without train.valid_bleu)."""
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.decode.progress import DecodeProgress
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.directions import RunLanguages
+    from mtrain.decode.engines.threads import decode_threads
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.evaluate.scoring import sentence_translator, translate_and_score
     from mtrain.train.validation import mean_over_directions, validation_loss
 
@@ -226,14 +226,14 @@ def end_cost_estimate(
 ) -> Callable[[], EndCost]:
     """What follows training under train.max_time, measured on this machine when called (before
     the first update): one validation as `validation` runs it (its loss, timed on a slice of the
-    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.cost,
+    split and scaled by tokens; its BLEU decode, from a few timed decoding steps, mtrain.decode.translation.cost,
     and its scoring), the test decode with `cfg.decode` and its three metrics, and the checkpoints'
     writing (guessed from the weights' size until a save is timed). The model is left as it was
     found (training mode; decoding and the loss change no weights and draw no random numbers)."""
     from mtrain.batches.corpus import EncodedCorpus
-    from mtrain.decode.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
-    from mtrain.decode.directions import RunLanguages
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.directions import RunLanguages
+    from mtrain.decode.engines.threads import decode_threads
+    from mtrain.decode.translation.cost import PROBE_SENTENCES, decode_seconds, measure_step_cost
     from mtrain.train.budget import EndCost, save_seconds_guess
     from mtrain.train.validation import validation_loss
 
@@ -381,7 +381,7 @@ def score_test_split(
     metric with every direction's result under `directions`. With `deadline` (train.max_time)
     a decode that cannot end in time is skipped or stopped: DecodeOutOfTime."""
     from mtrain.checkpoint.files import decode_weights, load_checkpoint
-    from mtrain.decode.threads import decode_threads
+    from mtrain.decode.engines.threads import decode_threads
 
     best_path = run.find_checkpoint("best")
     best = load_checkpoint(best_path, mmap=True)  # the optimiser's moments in it are never read
@@ -424,7 +424,7 @@ def _score_test_directions(
 ) -> dict[str, Any]:
     """`score_test_split`'s scores once the checkpoint is loaded: one direction's, or the mean
     over several with each one's."""
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
 
     best_update = checkpoint_info["update"]
     languages = RunLanguages.of(cfg.data)
@@ -487,7 +487,7 @@ def _score_test_direction(
 ) -> dict[str, Any]:
     """One direction's test report (eval/test.json; a multilingual run's eval/test.<src>-<tgt>.json)
     and its scores for metrics.json."""
-    from mtrain.decode.progress import DecodeProgress
+    from mtrain.decode.text.progress import DecodeProgress
     from mtrain.evaluate.references import read_run_split
     from mtrain.evaluate.scoring import score_split, sentence_translator
 

@@ -37,10 +37,10 @@ def run_serve(cfg: ServeConfig) -> None:
     """Open the run's engine and serve it until a stop signal."""
     import uvicorn
 
-    from mtrain.decode.controls import LineControls, describe_controls
-    from mtrain.decode.rerank import check_rerank_files
-    from mtrain.decode.selection import describe_search
-    from mtrain.decode.threads import describe_threads, set_decode_threads
+    from mtrain.decode.engines.threads import describe_threads, set_decode_threads
+    from mtrain.decode.requests.controls import LineControls, describe_controls
+    from mtrain.decode.selection.rerank import check_rerank_files
+    from mtrain.decode.selection.selecting import describe_search
     from mtrain.decoding_rules import check_term_mode
     from mtrain.runtime import resolve_device
     from mtrain.serve.app import build_app

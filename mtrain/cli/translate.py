@@ -12,7 +12,7 @@
     mtrain translate run=MULTILINGUAL_RUN tgt_lang=fr input=test.de   # a run with data.lang_tags: into French
 
 Writes nothing but the translations to stdout (logs and the progress bar go to stderr) and
-creates no Hydra output directory. The work is in `mtrain.decode.stream`. Ctrl-C stops it
+creates no Hydra output directory. The work is in `mtrain.decode.text.stream`. Ctrl-C stops it
 with exit status 130 and one line on stderr, as a shell's commands stop.
 """
 
@@ -34,13 +34,13 @@ log = logging.getLogger("mtrain.translate")
 def run_translate(cfg: TranslateConfig) -> None:
     """Load the run's model and tokenizer and translate as `cfg` (a TranslateConfig) says."""
     from mtrain.data.provenance import provenance_path
-    from mtrain.decode.alignment import resolve_alignment_source
-    from mtrain.decode.controls import check_prefix_lines, describe_controls, line_controls
-    from mtrain.decode.rerank import check_rerank_files
-    from mtrain.decode.selection import describe_search
-    from mtrain.decode.stream import translate_stream
-    from mtrain.decode.textio import check_paths, check_spares_what_it_reads, check_streams
-    from mtrain.decode.threads import describe_threads, set_decode_threads
+    from mtrain.decode.engines.threads import describe_threads, set_decode_threads
+    from mtrain.decode.requests.controls import check_prefix_lines, describe_controls, line_controls
+    from mtrain.decode.selection.rerank import check_rerank_files
+    from mtrain.decode.selection.selecting import describe_search
+    from mtrain.decode.text.stream import translate_stream
+    from mtrain.decode.text.textio import check_paths, check_spares_what_it_reads, check_streams
+    from mtrain.decode.translation.alignment import resolve_alignment_source
     from mtrain.export.engine import open_engine
     from mtrain.runtime import resolve_device
 
@@ -73,7 +73,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         ensemble=cfg.ensemble,
         announce=log.info,
     )
-    # A multilingual run: the target language's tag starts every source (mtrain.decode.directions).
+    # A multilingual run: the target language's tag starts every source (mtrain.decode.engines.directions).
     tokenizer = engine.tokenizer_for(cfg.tgt_lang)
     resolve_alignment_source(  # (format=xml|html aligns too)
         cfg.decode,

@@ -51,7 +51,7 @@ class DecodingCommandConfig:
     engine: Engine = Engine.torch
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
-    # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
+    # CPU threads (null: 1, whatever the load; mtrain/decode/engines/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)
     # A glossary `source term<TAB>target term[<TAB>the words it replaces, |-separated]`: where a source
@@ -91,7 +91,7 @@ class TranslateConfig(DecodingCommandConfig):
     constraints: ConstraintOrder = ConstraintOrder.none  # unordered|ordered: lines are `source<TAB>phrase...`
     avoid: str | None = None  # a file of phrases (one per line) no output may contain
     # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
-    # (mtrain/decode/markup.py, docs/TRANSLATE.md)
+    # (mtrain/decode/requests/markup.py, docs/TRANSLATE.md)
     format: str = "text"
 
     def check(self, prefix: str) -> None:

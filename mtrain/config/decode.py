@@ -19,7 +19,7 @@ class Sampling(Choice):
 
 
 class MbrCandidates(Choice):
-    """Where MBR decoding's candidates come from (mtrain/decode/mbr.py); none: no MBR."""
+    """Where MBR decoding's candidates come from (mtrain/decode/selection/mbr.py); none: no MBR."""
 
     none = "none"
     beam = "beam"  # the beam's n-best (beam = nbest = num_candidates)
@@ -42,7 +42,7 @@ class DecodeWeights(Choice):
 
 
 class TermPlacement(Choice):
-    """Where a glossary term goes (mtrain/decode/placement.py): tied to its source word by the
+    """Where a glossary term goes (mtrain/decode/search/placement.py): tied to its source word by the
     cross-attention (aligned), or wherever the constrained search puts it (none)."""
 
     aligned = "aligned"
@@ -85,13 +85,13 @@ def alignment_level(value: object) -> AlignmentLevel:
 
 
 # The decoder layer word alignments read when decode.alignment_layer is null and the run trained
-# no guided head (mtrain.decode.alignment): the penultimate, measured in docs/TRANSLATE.md.
+# no guided head (mtrain.decode.translation.alignment): the penultimate, measured in docs/TRANSLATE.md.
 DEFAULT_ALIGNMENT_LAYER = -2
 
 
 @dataclass
 class MbrConfig:
-    """Minimum Bayes risk decoding (mtrain/decode/mbr.py): of `num_candidates` candidates, the one
+    """Minimum Bayes risk decoding (mtrain/decode/selection/mbr.py): of `num_candidates` candidates, the one
     of highest mean `utility` against the pseudo-references."""
 
     candidates: MbrCandidates = MbrCandidates.none  # none: MBR off
@@ -105,7 +105,7 @@ class MbrConfig:
 
 @dataclass
 class RerankConfig:
-    """n-best reranking (mtrain/decode/rerank.py): a weighted sum of features per hypothesis."""
+    """n-best reranking (mtrain/decode/selection/rerank.py): a weighted sum of features per hypothesis."""
 
     weights: str | None = None  # a JSON weights file (scripts/tune_rerank.py); null: no reranking
     reverse_run: str | None = None  # a run of the opposite direction: log p(source | hypothesis)
@@ -130,10 +130,10 @@ class DecodeConfig:
     temperature: float = ranged(1.0, above=0)
     seed: int = ranged(1, at_least=0)  # sampling's random generator (same seed, same samples)
     # true: a sentence stops once `beam` hypotheses finished (fairseq); false: only once no
-    # live hypothesis can beat them (exact bound, slower). See mtrain/decode/generator.py.
+    # live hypothesis can beat them (exact bound, slower). See mtrain/decode/search/generator.py.
     early_stopping: bool = True
     valid_beam: int = ranged(1, at_least=1)  # beam used for validation BLEU during training (1 = greedy)
-    # Word alignments of every output from cross-attention (mtrain/decode/alignment.py,
+    # Word alignments of every output from cross-attention (mtrain/decode/translation/alignment.py,
     # docs/TRANSLATE.md): false | true (= word) | word | subword.
     alignment: str = "false"
     # The decoder layer (negative: from the last) and head (null: the average of the heads)
@@ -146,7 +146,7 @@ class DecodeConfig:
     # target: every output piece to the source piece it attends to most; union: both
     alignment_rule: AlignmentRule = AlignmentRule.source
     # Terms (terms=, a request's terms) placed where their source word is translated, the model's
-    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/placement.py)
+    # usual word for it kept out, none after the final full stop: aligned | none (mtrain/decode/search/placement.py)
     term_placement: TermPlacement = TermPlacement.aligned
     # Terms as constraints, as annotation of the source (term-aware models), or both: auto | constraints | annotation | both
     term_mode: TermMode = TermMode.auto
@@ -157,7 +157,7 @@ class DecodeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
 
-    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection).
+    # What a decode with these settings does, asked once here (mtrain.decoding_rules, mtrain.decode.selection.selecting).
     @property
     def uses_mbr(self) -> bool:
         return MbrCandidates(self.mbr.candidates) != MbrCandidates.none
@@ -168,7 +168,7 @@ class DecodeConfig:
 
     @property
     def selects(self) -> bool:
-        """The n-best is chosen by MBR or reranked (mtrain.decode.selection)."""
+        """The n-best is chosen by MBR or reranked (mtrain.decode.selection.selecting)."""
         return self.uses_mbr or self.uses_rerank
 
     @property
@@ -189,9 +189,5 @@ class DecodeConfig:
             raise MtrainError(
                 f"{prefix}.max_len_a/max_len_b: both 0 allow no output token (max length = a * source + b)"
             )
-        # (with MBR, beam and nbest are MBR's: mtrain.config_checks and mtrain.decode.mbr)
-        if not self.uses_mbr and self.sampling == Sampling.none and self.nbest > self.beam:
-            raise MtrainError(
-                f"{prefix}.nbest: {self.nbest} is above {prefix}.beam={self.beam} (beam search "
-                f"keeps only `beam` hypotheses); raise {prefix}.beam"
-            )
+        # (nbest against the beam or MBR's candidates: mtrain.decoding_rules.check_nbest, which
+        # the config checks and serve's requests both call)

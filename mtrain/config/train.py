@@ -80,7 +80,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int | None = ranged(None, at_least=1)  # CPU intra-op threads of training (null: torch's default)
     # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
-    # translate and eval decode, whatever the load; mtrain/decode/threads.py): a test decode at
+    # translate and eval decode, whatever the load; mtrain/decode/engines/threads.py): a test decode at
     # train.num_threads=2 on busy cores ran 5x slower than `mtrain eval` on the same checkpoint.
     decode_num_threads: int | None = ranged(None, at_least=1)
     validate_every: int = ranged(1000, at_least=1)

@@ -6,7 +6,7 @@ scoring.py     the one evaluation path: translate and score a split (score_split
 scored.py      Scored: a split translated and scored, what scoring returns and report writes
 report.py      a scored split's report: eval/<split>.{json,md,hyp}
 sentences.py   per-sentence BLEU, chrF and model scores: <split>.sentences.tsv, the worst lines
-calibration.py a run's confidence calibration (mtrain.decode.confidence) from decoded sentences
+calibration.py a run's confidence calibration (mtrain.decode.translation.confidence) from decoded sentences
 runs.py        run discovery in a sweep directory or a list of runs (one run's record: mtrain.run_summary)
 compare.py     the runs table and sacreBLEU's paired bootstrap against a baseline
 arms.py        runs of one configuration across seeds, grouped as arms

@@ -1,7 +1,7 @@
 """A run's confidence calibration from decoded sentences: their signal against their sentence chrF.
 
 `mtrain fit` calls `calibrate` on its last validation's decodes and writes the result as the
-run's `confidence.json` (mtrain.decode.confidence, which applies it); scripts/
+run's `confidence.json` (mtrain.decode.translation.confidence, which applies it); scripts/
 measure_confidence.py fits one for an existing run. The target is sacreBLEU's sentence chrF
 (default chrF2, character 6-grams), divided by 100.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mtrain.decode.confidence import Calibration, fit_calibration
+from mtrain.decode.translation.confidence import Calibration, fit_calibration
 from mtrain.evaluate.metrics import build_metric
 
 

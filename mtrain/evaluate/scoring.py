@@ -27,7 +27,7 @@ from mtrain.rundir import RunDir
 if TYPE_CHECKING:
     import torch
 
-    from mtrain.decode.hypothesis import Hypothesis
+    from mtrain.decode.search.hypothesis import Hypothesis
     from mtrain.evaluate.terminology import GlossaryFile
     from mtrain.tokenizer import Tokenizer
 
@@ -88,7 +88,7 @@ def sentence_translator(
     """The best hypothesis per source sentence (with `.text` and `.score`), decoded with
     `decode_cfg` (a `Translate`); `on_batch(num_sentences)` after each batch (progress).
 
-    `model`: mtrain's model or any decoding engine (mtrain.decode.translator.Engine)."""
+    `model`: mtrain's model or any decoding engine (mtrain.decode.translation.translator.Engine)."""
     import torch
 
     from mtrain.decode import Hypothesis, translate_sentences

@@ -36,7 +36,7 @@ class SentenceScore:
     source: str  # "" when unknown (hyp= ref=)
     hypothesis: str
     references: list[str]  # one per reference stream
-    expected_utility: float | None = None  # MBR decoding's (mtrain.decode.mbr); None: not decoded with MBR
+    expected_utility: float | None = None  # MBR decoding's (mtrain.decode.selection.mbr); None: not decoded with MBR
 
 
 def sentences_path(out_dir: Path, name: str) -> Path:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from mtrain.evaluate.tables import Table
 
 if TYPE_CHECKING:  # (mtrain.decode's package imports torch; a report needs none)
-    from mtrain.decode.terminology import Glossary
+    from mtrain.decode.requests.terminology import Glossary
 
 WORD = re.compile(r"\w+|[^\w\s]")
 TERM_WEIGHT = 2  # the cost of editing a reference word inside a term (Alam et al. 2021)

@@ -5,7 +5,7 @@ Files: `ctranslate2_spec.py` (mtrain's model switches mapped onto a CTranslate2
 vocabulary, SentencePiece model, metadata), `engine.py` (`open_engine`: a run's decoding engine for
 `mtrain translate` and `mtrain eval`, torch or CTranslate2: its export directory, or its
 checkpoint converted on the fly). Decoding with the exported
-model is `mtrain.decode.ct2_engine`, which reads the directory without importing this package. `ctranslate2` is an optional dependency (`pip install mtrain[ct2]`),
+model is `mtrain.decode.engines.ct2_engine`, which reads the directory without importing this package. `ctranslate2` is an optional dependency (`pip install mtrain[ct2]`),
 imported only when an export or a CTranslate2 decode runs.
 
 `format=hf`: `hf_model.py` (mtrain's switches mapped onto transformers' Pegasus, or refused),
@@ -19,7 +19,7 @@ replace), `portable.py` (no path of the exporting machine in what is written), a
 `mtrain.rundir.staged` (built beside `out`, renamed into place).
 """
 
-from mtrain.decode.ct2_engine import METADATA_FILE
+from mtrain.decode.engines.ct2_engine import METADATA_FILE
 from mtrain.export.ctranslate2_model import export_ctranslate2, export_run
 from mtrain.export.ctranslate2_spec import check_exportable
 from mtrain.export.hf_export import export_hf_run

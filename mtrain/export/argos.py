@@ -47,8 +47,8 @@ from typing import Any
 
 from mtrain.data.languages import language_name
 from mtrain.data.tags import source_tags
-from mtrain.decode.ct2_engine import METADATA_FILE
-from mtrain.decode.directions import RunLanguages
+from mtrain.decode.engines.ct2_engine import METADATA_FILE
+from mtrain.decode.engines.directions import RunLanguages
 from mtrain.errors import MtrainError
 from mtrain.export.argos_score import package_score_line
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata

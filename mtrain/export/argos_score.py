@@ -47,8 +47,8 @@ def scoring_command(run_dir: Path, compute: str | None = None) -> str:
 def package_score_line(model_dir: Path, run_dir: Path, direction: str, max_positions: int) -> str:
     """One line: the BLEU of Argos's settings with the CTranslate2 model in `model_dir` (an
     `mtrain export` directory) on the run's test split, and the run's own; or how to get it."""
-    from mtrain.decode.ct2_engine import load_ctranslate2
-    from mtrain.decode.translator import translate_sentences
+    from mtrain.decode.engines.ct2_engine import load_ctranslate2
+    from mtrain.decode.translation.translator import translate_sentences
     from mtrain.evaluate.metrics import read_lines, score_corpus
 
     split = _test_split(RunDir(run_dir), direction)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtrain.config import ModelConfig, to_plain
-from mtrain.decode.ct2_engine import import_ctranslate2
+from mtrain.decode.engines.ct2_engine import import_ctranslate2
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_spec import build_spec, check_exportable
 from mtrain.export.portable import RELATIVE_TO_EXPORT, portable, relative_paths, relative_to
@@ -138,7 +138,7 @@ def run_metadata(loaded: LoadedRun, out_dir: Path | None = None) -> dict[str, An
         "update": loaded.update,
         "weights": loaded.weights,  # raw (trained) or ema (train.ema_decay's average)
         "language_pair": f"{loaded.config.data.src}-{loaded.config.data.tgt}",
-        # what it translates, and its tags (mtrain.decode.directions reads it back)
+        # what it translates, and its tags (mtrain.decode.engines.directions reads it back)
         "data": data,
         "model": to_plain(loaded.config.model),
         "mtrain_version": __version__,

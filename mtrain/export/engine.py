@@ -2,17 +2,17 @@
 `mtrain translate` and `mtrain eval` alike.
 
 engine=torch: the run's checkpoint loaded into mtrain's model, or, with `ensemble=`, that
-checkpoint and the members' decoding together (`mtrain.decode.ensemble`; every member's
+checkpoint and the members' decoding together (`mtrain.decode.engines.ensemble`; every member's
 tokenizer is checked against run='s before any model loads). engine=ctranslate2: the run's
 checkpoint converted on the fly. An `mtrain export` directory as run= is loaded by CTranslate2
 whichever engine was asked (the one engine that reads it; a switch from engine=torch, the
-default, is announced). The CTranslate2 engine itself (`mtrain.decode.ct2_engine`) only loads
+default, is announced). The CTranslate2 engine itself (`mtrain.decode.engines.ct2_engine`) only loads
 directories that `mtrain export` wrote; converting a checkpoint is this package's job, which
 is why the opener lives here, above decoding and below the commands.
 
 The engine's tokenizer bans every tag symbol of the run from the output; `RunEngine.languages`
 says which languages the run translates into, and `RunEngine.tokenizer_for(tgt_lang)` is the
-tokenizer of one of them (its tag at the start of every source: mtrain.decode.directions).
+tokenizer of one of them (its tag at the start of every source: mtrain.decode.engines.directions).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import torch
 from mtrain.checkpoint.files import LoadedRun, load_checkpoint, load_run
 from mtrain.config import Engine
 from mtrain.data.tags import reserved_symbols
-from mtrain.decode.ct2_engine import CTranslate2Model, load_ctranslate2
-from mtrain.decode.directions import RunLanguages
-from mtrain.decode.ensemble import EnsembleModel
+from mtrain.decode.engines.ct2_engine import CTranslate2Model, load_ctranslate2
+from mtrain.decode.engines.directions import RunLanguages
+from mtrain.decode.engines.ensemble import EnsembleModel
 from mtrain.errors import MtrainError
 from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
 from mtrain.rundir import RunDir, is_export_dir
@@ -86,7 +86,7 @@ def open_engine(
     `run` may also be a directory written by `mtrain export`: CTranslate2 decodes it, whatever
     `engine` says (`announce`d when engine=torch was asked, the default).
     `precision`: mtrain's precision names (auto resolved for `device`); CTranslate2 also takes
-    its compute types (int8, ...; mtrain.decode.ct2_engine).
+    its compute types (int8, ...; mtrain.decode.engines.ct2_engine).
     `ensemble`: more members decoding with run='s checkpoint (engine=torch), each a run
     directory (its best checkpoint, as `checkpoint=best` finds it) or a checkpoint file.
     """

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from mtrain import __version__
 from mtrain.config import DecodeConfig, to_typed
 from mtrain.data.tags import lang_tag, reserved_symbols
-from mtrain.decode.directions import RunLanguages
+from mtrain.decode.engines.directions import RunLanguages
 from mtrain.errors import MtrainError
 from mtrain.export.hf_generation import generation_settings
 from mtrain.export.hf_marian import build_marian

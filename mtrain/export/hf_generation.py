@@ -1,6 +1,6 @@
 """mtrain's decoding settings as a transformers `GenerationConfig` (generation_config.json).
 
-transformers' beam search follows the rules of mtrain's (mtrain.decode.generator), so with
+transformers' beam search follows the rules of mtrain's (mtrain.decode.search.generator), so with
 these settings `model.generate` returns mtrain's translations (docs/EXPORT.md has the counts):
 
     mtrain                                   transformers

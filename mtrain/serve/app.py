@@ -11,7 +11,7 @@
     beside the server's `terms=FILE.tsv`, which every request gets)   (docs/SERVE.md)
 
 A request goes the way `mtrain translate`'s lines go, through the request pipeline
-(`mtrain.decode.pipeline`): its fields become `DecodeRequest`s and `Options`, checked by the
+(`mtrain.decode.requests.pipeline`): its fields become `DecodeRequest`s and `Options`, checked by the
 same rules (`mtrain.decoding_rules`: 422 naming the field, in the words translate's one-line
 error uses), markup taken out and terms found (`prepare_requests`), decoded in the batcher
 (`ServedModel.translate`, the pipeline's decoder step), tags put back (`finish_requests`).
@@ -48,18 +48,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtrain.config import (
     DecodeConfig,
-    Sampling,
     ServeConfig,
 )
-from mtrain.decode.alignment import pharaoh
-from mtrain.decode.pipeline import (
-    DecodeRequest,
+from mtrain.decode.requests.pipeline import (
     Options,
     PipelineStats,
-    Prepared,
     with_options,
 )
-from mtrain.decode.terminology import Glossary
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.translation.alignment import pharaoh
+from mtrain.decoding_rules import RefusedCombination, check_nbest
 from mtrain.errors import MtrainError
 from mtrain.serve.access import add_access_control
 from mtrain.serve.batcher import Batcher
@@ -96,7 +95,7 @@ class TranslateRequest(BaseModel):
     avoid: list[str] | None = None  # phrases no translation of the request may contain
     terms: list[list[str]] | None = None  # [source term, target term] pairs, beside the server's glossary
     alignment: bool | None = None  # word alignments in the answer; default: the server's decode.alignment
-    format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.markup)
+    format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.requests.markup)
 
 
 # What each field must be, in the words of an error message.
@@ -138,12 +137,8 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        def decode(sentences: list[Prepared], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
-            texts = [s.source for s in sentences]
-            if all(s.request is None for s in sentences):
-                return model.translate(texts, setting.decode, setting.tgt_lang, stop=stop)
-            requests, term_words = [s.request for s in sentences], [s.term_words for s in sentences]
-            return model.translate(texts, setting.decode, setting.tgt_lang, requests, term_words, stop=stop)
+        def decode(sentences: list[DecodeRequest], setting: Setting, stop: Callable[[], bool]) -> list[Any]:
+            return model.translate(sentences, setting.decode, setting.tgt_lang, stop=stop)
 
         # Two lanes: constrained searches (Lane.constrained) never hold up plain requests.
         state["batcher"] = Batcher(
@@ -413,18 +408,15 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     for key, value in (("beam", beam), ("nbest", nbest)):
         if not 1 <= value <= cfg.max_beam:
             raise Rejected(422, f"{key}: {value} is outside 1..{cfg.max_beam} (max_beam={cfg.max_beam})")
-    if cfg.decode.uses_mbr:
-        if nbest > cfg.decode.mbr.num_candidates:
-            raise Rejected(
-                422,
-                f"nbest: {nbest} is above decode.mbr.num_candidates={cfg.decode.mbr.num_candidates} (MBR ranks its candidates)",
-            )
-    elif nbest > beam and cfg.decode.sampling == Sampling.none:
-        raise Rejected(422, f"nbest: {nbest} is above beam={beam} (beam search keeps only `beam` hypotheses)")
     alignment = cfg.decode.alignment
     if request.alignment is not None:
         alignment = "word" if request.alignment else "false"
-    return with_options(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
+    decode = with_options(cfg.decode, beam=beam, nbest=nbest, alignment=alignment)
+    try:
+        check_nbest(decode, "nbest", "beam")
+    except RefusedCombination as error:
+        raise Rejected(422, str(error)) from None
+    return decode
 
 
 def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False) -> dict:

@@ -21,7 +21,7 @@ language or format, over a limit), 403 (API keys, serve.access) and 429 (the rat
 a number that is no number (alternatives: Infinity, NaN or 1e400) is 422, where LibreTranslate
 fails (500).
 The request takes the path of mtrain's own (`translation.Served`: the request pipeline of
-mtrain.decode.pipeline), so the same sentence gets the same translation through either API
+mtrain.decode.requests.pipeline), so the same sentence gets the same translation through either API
 and through `mtrain translate`. Where mtrain differs:
 - mtrain's controls, as two more fields: `terms` (a glossary beside the server's `terms=`:
   [source term, target term] pairs in JSON, or lines `source term<TAB>target term` as in a
@@ -37,7 +37,7 @@ and through `mtrain translate`. Where mtrain differs:
   "auto" for it and answers `detectedLanguage` with that language; a model with several
   source languages refuses it (400: name the source).
 - format=html: each line's tags are taken out, the text translated and the tags put back
-  around the aligned words (mtrain.decode.markup, as mtrain's own `format`); a line's markup
+  around the aligned words (mtrain.decode.requests.markup, as mtrain's own `format`); a line's markup
   must be complete within the line (400 naming the line otherwise).
 - alternatives: N asks the beam for N+1 hypotheses per line (beam raised to N+1 when below);
   N+1 may not exceed max_beam. An alternative joins each line's next hypothesis; repeats and
@@ -62,7 +62,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from mtrain.config import ServeConfig
 from mtrain.data.languages import language_name
-from mtrain.decode.pipeline import DecodeRequest, Options, with_options
+from mtrain.decode.requests.pipeline import Options, with_options
+from mtrain.decode.requests.request import DecodeRequest
 from mtrain.errors import MtrainError
 from mtrain.serve.access import BODY_FIELDS
 from mtrain.serve.batcher import Batcher
@@ -86,7 +87,7 @@ class LibreRequest:
     source: str
     target: str
     alternatives: int
-    html: bool = False  # format=html: inline tags out and back (mtrain.decode.markup)
+    html: bool = False  # format=html: inline tags out and back (mtrain.decode.requests.markup)
     terms: tuple[tuple[str, str], ...] = ()  # mtrain's `terms`: beside the server's glossary
     avoid: tuple[str, ...] = ()  # mtrain's `avoid`: phrases no translation may contain
 

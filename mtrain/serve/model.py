@@ -3,7 +3,7 @@
 `open_served_model` opens the engine as `mtrain translate` does (`open_engine`: a torch
 checkpoint, an `mtrain export` directory, or a checkpoint converted for CTranslate2), and
 `ServedModel.translate` turns one batch of sentences into hypotheses by the decoder step of
-the request pipeline `mtrain translate` uses (`mtrain.decode.pipeline.RequestPipeline.decode`):
+the request pipeline `mtrain translate` uses (`mtrain.decode.requests.pipeline.RequestPipeline.decode`):
 blank sentences stay empty, over-long ones are cut to `max_input_tokens` (and the model's
 positions) with a warning; a sentence the tokenizer refuses is an MtrainError (the client's 422).
 The steps around it (the rules, markup, terms, tags back) run in the request's handler. It runs on the batcher's worker threads only
@@ -15,7 +15,7 @@ is: the run's directory name and update, never a path.
 languages the model translates into: a bilingual run's `data.tgt` (null: that one), a
 multilingual run's (data.lang_tags) target languages, one of which a request must name: null
 is refused, as guessing a language would answer in the wrong one. Each language has its
-tokenizer (its tag at the start of every source: mtrain.decode.directions), made once.
+tokenizer (its tag at the start of every source: mtrain.decode.engines.directions), made once.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from mtrain.config import (
     ServeConfig,
     alignment_level,
 )
-from mtrain.decode.controls import TargetRequest
-from mtrain.decode.directions import RunLanguages
-from mtrain.decode.engine import as_engine
-from mtrain.decode.generator import decoder_depth
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.pipeline import Prepared, RequestPipeline
+from mtrain.decode.engines.directions import RunLanguages
+from mtrain.decode.engines.engine import as_engine
+from mtrain.decode.requests.pipeline import RequestPipeline
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.search.generator import decoder_depth
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
@@ -56,7 +56,7 @@ class UnknownTargetLanguage(ValueError):
 
 @dataclass
 class ServedModel:
-    engine: Any  # a decoding engine (mtrain.decode.translator.Engine), built once
+    engine: Any  # a decoding engine (mtrain.decode.translation.translator.Engine), built once
     tokenizer: Any
     device: torch.device
     precision: str
@@ -80,25 +80,20 @@ class ServedModel:
 
     def translate(
         self,
-        sentences: list[str],
+        sentences: Sequence[str | DecodeRequest],
         cfg: DecodeConfig,
         tgt_lang: str | None = None,
-        requests: Sequence[TargetRequest | None] | None = None,
-        term_words: Sequence[dict[str, list[int]]] | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per sentence up to `cfg.nbest` hypotheses (with `.text`), as `mtrain translate` decodes
-        them, into `tgt_lang` (as `check_target_language` resolved it); `requests`: per
-        sentence, its prefix, constraints and avoided phrases (None: none); `term_words`: per
-        sentence, the source words of its glossary terms (`Prepared.term_words`: term placement);
-        `stop()`: True ends the decode at its next step (DecodeStopped: the batch's requests are gone)."""
-        given = requests if requests is not None else [None] * len(sentences)
-        words = term_words if term_words is not None else [{} for _ in sentences]
-        prepared = [
-            Prepared(text, request, where="text", term_words=dict(found))
-            for text, request, found in zip(sentences, given, words, strict=True)
+        them, into `tgt_lang` (as `check_target_language` resolved it); a sentence is a request
+        as the pipeline prepared it (its prefix, constraints, avoided phrases, terms), or plain
+        text; `stop()`: True ends the decode at its next step (DecodeStopped: the batch's
+        requests are gone)."""
+        requests = [
+            DecodeRequest(sentence, where="text") if isinstance(sentence, str) else sentence for sentence in sentences
         ]
-        return self.pipeline().decode(prepared, cfg, tgt_lang, stop=stop)
+        return self.pipeline().decode(requests, cfg, tgt_lang, stop=stop)
 
     @property
     def term_aware(self) -> bool:
@@ -179,7 +174,7 @@ def check_target_language(requested: str | None, allowed: Sequence[str]) -> str 
 
 def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> ServedModel:
     """Open `cfg.run`'s engine once, as `mtrain translate` does."""
-    from mtrain.decode.alignment import resolve_alignment_source
+    from mtrain.decode.translation.alignment import resolve_alignment_source
     from mtrain.export.engine import open_engine
 
     if cfg.run is None:

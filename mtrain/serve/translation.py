@@ -3,7 +3,7 @@
 
 `Served` holds the model, the server's settings and glossary (`terms=FILE.tsv`), and what the
 constraints and terms of all requests did. Its `translate` takes a request read into the
-pipeline's `DecodeRequest`s and `Options` (mtrain.decode.pipeline) through the pipeline's
+pipeline's `DecodeRequest`s and `Options` (mtrain.decode.requests.pipeline) through the pipeline's
 steps: the rules (mtrain.decoding_rules: 422 naming the field, the wording translate's
 one-line error uses), markup out and terms found, the batcher (whose worker decodes the
 sentences of concurrent requests together: `ServedModel.translate`, the pipeline's decoder
@@ -28,16 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtrain.config import DecodeConfig, ServeConfig
-from mtrain.decode.pipeline import (
-    DecodeRequest,
-    Options,
-    PipelineStats,
-    Prepared,
-    check_requests,
-    finish_requests,
-    prepare_requests,
-)
-from mtrain.decode.terminology import Glossary, TermTargets, glossary_of, read_glossary
+from mtrain.decode.requests.pipeline import Options, PipelineStats, Translation, begin_translation
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary, TermTargets, glossary_of, read_glossary
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.serve.batcher import Batcher, BatcherClosed
@@ -128,23 +121,28 @@ class Served:
     def glossary_with(self, pairs: list[tuple[str, str]] | None) -> Glossary | None:
         return glossary_of(self.glossary, pairs, self.cfg.terms_ignore_case)
 
-    def check(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
-        """The request's sentences prepared for the batcher; RefusedCombination for what the
-        rules refuse, MtrainError for malformed markup (each names the field)."""
-        term_aware = self.model.term_aware
-        check_requests(requests, options, ctranslate2=self.model.engine_name == "ctranslate2", term_aware=term_aware)
+    def check(self, requests: Sequence[DecodeRequest], options: Options) -> Translation:
+        """The request begun (mtrain.decode.requests.pipeline.begin_translation), its sentences
+        prepared for the batcher; RefusedCombination for what the rules refuse (the decoder's
+        layers too), MtrainError for malformed markup (each names the field)."""
         asked = f"format={options.format}" if options.format != "text" else "alignment"
-        check_alignment_layer(options.decoding(), self.model.decoder_layers, asked)
-        return prepare_requests(requests, options, term_aware)
+        return begin_translation(
+            requests,
+            options,
+            ctranslate2=self.model.engine_name == "ctranslate2",
+            term_aware=self.model.term_aware,
+            stats=self.stats,
+            check=lambda decode: check_alignment_layer(decode, self.model.decoder_layers, asked),
+        )
 
-    def check_work(self, prepared: Sequence[Prepared]) -> int:
+    def check_work(self, prepared: Sequence[DecodeRequest]) -> int:
         """The constrained search's work the request asks for (source tokens x constraints,
         summed over its sentences; 0: no constraints); Rejected 413 naming the limit over
         `max_sentence_constraints` or `max_constrained_work`; MtrainError for a sentence the
         tokenizer refuses."""
         work = 0
         for sentence in prepared:
-            constraints = len(sentence.request.constraints) if sentence.request is not None else 0
+            constraints = len(sentence.constraints)
             if constraints == 0:
                 continue
             if constraints > self.cfg.max_sentence_constraints:
@@ -154,7 +152,7 @@ class Served:
                     f"included), the limit is {self.cfg.max_sentence_constraints}; send fewer terms or constraints, "
                     "or split the sentence",
                 )
-            work += self.model.source_length(sentence.source, sentence.where) * constraints
+            work += self.model.source_length(sentence.plain, sentence.where) * constraints
         if work > self.cfg.max_constrained_work:
             raise Rejected(
                 413,
@@ -176,21 +174,20 @@ class Served:
         decodes them; Rejected: 422 for what the rules refuse, `invalid` (LibreTranslate: 400)
         for malformed markup or a sentence the model cannot take, as `translated` says."""
         try:
-            prepared = self.check(requests, options)
-            lane = Lane.constrained if self.check_work(prepared) else Lane.plain
+            translation = self.check(requests, options)
+            lane = Lane.constrained if self.check_work(translation.requests) else Lane.plain
         except RefusedCombination as error:
             raise Rejected(422, str(error)) from None
         except MtrainError as error:
             raise Rejected(invalid, str(error)) from None
         setting = Setting(options.decoding(), options.tgt_lang)
-        hypotheses = await translated(batcher, prepared, setting, self.cfg.request_timeout_s, invalid, lane)
-        finish_requests(prepared, hypotheses, options, self.stats)
-        return answer(hypotheses, options.decode.nbest, alignments=options.decode.aligns)
+        hypotheses = await translated(batcher, translation.requests, setting, self.cfg.request_timeout_s, invalid, lane)
+        return answer(translation.finish(hypotheses), options.decode.nbest, alignments=options.decode.aligns)
 
 
 async def translated(
     batcher: Batcher,
-    sentences: Sequence[Prepared],
+    sentences: Sequence[DecodeRequest],
     setting: Setting,
     timeout_s: float,
     invalid: int = 422,

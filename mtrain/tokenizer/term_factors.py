@@ -8,7 +8,7 @@ says which pieces are which:
     0    1     2          0   ...        factor: PLAIN, TERM_SOURCE, TERM_TARGET
 
 Training takes the terms from the pair itself (mtrain.batches.term_training); decoding from
-the glossary (`terms=`, a request's terms; mtrain.decode.pipeline), so both annotate alike:
+the glossary (`terms=`, a request's terms; mtrain.decode.requests.pipeline), so both annotate alike:
 this module is the one place that writes an annotated source.
 
 The factor travels inside the source id, `piece + factor * source vocabulary size`

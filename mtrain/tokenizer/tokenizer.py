@@ -55,7 +55,7 @@ class Tokenizer:
     one place translate, eval, serve and fit's validation encode a source."""
 
     # Ids that start every source `encode_src` returns, and the ids of every tag symbol of the
-    # run, which decoding never emits (mtrain.decode.directions); () for a plain tokenizer.
+    # run, which decoding never emits (mtrain.decode.engines.directions); () for a plain tokenizer.
     source_prefix: tuple[int, ...] = ()
     tag_ids: tuple[int, ...] = ()
 

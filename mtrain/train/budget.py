@@ -10,7 +10,7 @@ Under max_time the training share is planned: what is left of the budget once th
 before the first update and the cost of what comes after the last one (`EndCost`: a
 validation, its checkpoints, the test decode) are set aside, less what periodic validations
 and saves take per second of training. The end cost is measured on this machine just before
-the first update (mtrain fit times a few decoding steps: mtrain.decode.cost), measured again
+the first update (mtrain fit times a few decoding steps: mtrain.decode.translation.cost), measured again
 during training (other jobs may have started on the machine since: `measure_due`), and
 corrected by every validation's measured time; the plan is made again after each validation
 and each measurement, and kept in the training state (`TrainState.train_budget_seconds`),

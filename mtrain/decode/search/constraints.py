@@ -43,16 +43,11 @@ import torch
 from torch import Tensor
 
 from mtrain.config import DecodeConfig, Sampling
-from mtrain.decode.processors import StepProcessor, StepView
-from mtrain.decode.search import BeamSearch, Choices
+from mtrain.decode.search.algorithms import BeamSearch, Choices
+from mtrain.decode.search.processors import StepProcessor, StepView
 
 NEG_INF = float("-inf")
 NO_TOKEN = -1  # padding of the phrase tensors: equal to no token, so it never matches
-# What an engine without a constraint search (CTranslate2) answers when asked for constraints.
-CONSTRAINTS_REFUSED = (
-    "lexical constraints (constraints=, terms=, a request's constraints): CTranslate2 has no "
-    "constraint search, only target prefixes and avoided phrases; use engine=torch"
-)
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,7 @@ class ControlIds:
     ordered: bool = False  # the constraints must appear in this order
     # Per constraint (in order), the source pieces of the glossary term it came from (empty: a
     # constraint given as such), and the source's sentence-final marks: term placement's
-    # (mtrain.decode.placement)
+    # (mtrain.decode.search.placement)
     term_sources: tuple[tuple[int, ...], ...] = ()
     sentence_ends: int = 0
 
@@ -143,7 +138,7 @@ class ConstraintState:
 
 @dataclass
 class TargetControls(StepProcessor):
-    """A batch's controls in the decoding loop, a step processor (mtrain.decode.processors):
+    """A batch's controls in the decoding loop, a step processor (mtrain.decode.search.processors):
     it follows the rows as the generator reorders them.
 
     Built by `controls_for`; the generator calls its hooks with the other processors'
@@ -189,6 +184,10 @@ class TargetControls(StepProcessor):
     @property
     def has_constraints(self) -> bool:
         return self.constraints is not None
+
+    def own_search(self, cfg: DecodeConfig) -> ConstrainedBeamSearch | None:
+        """With constraints, the constrained beam chooses."""
+        return constrained_search(cfg, self) if self.has_constraints else None
 
     def observe(self, lprobs: Tensor, view: StepView) -> None:
         """While a prefix is forced: its token's log-probability before any processor (the

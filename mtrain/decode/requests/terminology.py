@@ -3,7 +3,7 @@ a constraint of that sentence's translation.
 
 The file has one term per line, `source term<TAB>target term` (UTF-8; blank lines and lines
 starting with `#` are skipped; a byte-order mark and CRLF line ends are read as Windows
-editors mean them: `mtrain.decode.textio.read_text_lines`). An optional third field lists the
+editors mean them: `mtrain.decode.requests.text_files.read_text_lines`). An optional third field lists the
 words the target term replaces (`Hund<TAB>canine<TAB>dog|dogs`): decoding avoids them in the
 translation of a sentence that holds the term (`decode.term_avoid_replaced`, default true; each
 word also capitalised; a word the term itself holds or starts with is not avoided), and `mtrain
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtrain.decode.textio import read_text_lines
+from mtrain.decode.requests.text_files import read_text_lines
 from mtrain.errors import MtrainError
 
 

@@ -1,11 +1,11 @@
 """Where a glossary term goes: at the step that translates its source word, in place of the
 model's own word (`decode.term_placement=aligned`), a step processor beside the constraints.
 
-Hard constraints (mtrain.decode.constraints) only make a term appear: the search puts it
+Hard constraints (mtrain.decode.search.constraints) only make a term appear: the search puts it
 wherever it costs least, which is often *beside* the model's usual translation of the same
 word ("the man ... while gentleman is scratching") or after the final full stop ("... of a
 building. lass."). This processor ties each term to its source word with the cross-attention
-the decoder computes anyway (the layer word alignments read, mtrain.decode.alignment), for
+the decoder computes anyway (the layer word alignments read, mtrain.decode.translation.alignment), for
 every live hypothesis at once:
 
 - **start where the source word is translated**: at a step whose attention peaks on one of
@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mtrain.decode.constraints import ControlIds, TargetControls
-from mtrain.decode.processors import StepProcessor, StepView
+from mtrain.config import DEFAULT_ALIGNMENT_LAYER, DecodeConfig
+from mtrain.decode.search.constraints import ControlIds, TargetControls
+from mtrain.decode.search.processors import StepProcessor, StepView
 
 NEG_INF = float("-inf")
 SENTENCE_END_MARKS = frozenset(".!?")
@@ -91,6 +92,7 @@ class TermPlacement(StepProcessor):
     sources: Tensor
     sentence_ends: Tensor
     vocab: PlacementVocab
+    attention_layer: int | str | None = None  # the alignment layer (`placement_attention_layer`)
     usual: Tensor | None = field(init=False, default=None)  # (rows, constraints) the displaced word, -1: none
     pending: Tensor | None = field(init=False, default=None)  # (rows, constraints) this step's candidate usual word
     declined: Tensor | None = field(init=False, default=None)  # (rows, constraints) wrote its own word where offered
@@ -185,6 +187,7 @@ def placement_for(
     controls: Sequence[ControlIds],
     src_len: int,
     vocab: PlacementVocab,
+    attention_layer: int | str,
 ) -> TermPlacement | None:
     """The placement of a batch whose constraints `target` holds, from each sentence's
     `ControlIds.term_sources` and `sentence_ends`; None when no constraint came from a term."""
@@ -202,4 +205,14 @@ def placement_for(
     if not mask.any():
         return None
     device = target.prefix.device
-    return TermPlacement(target, mask.to(device), ends.to(device), vocab)
+    return TermPlacement(target, mask.to(device), ends.to(device), vocab, attention_layer)
+
+
+def placement_attention_layer(cfg: DecodeConfig, depth: int | None) -> int | str:
+    """The attention term placement reads: the alignment layer (`decode.alignment_layer`, a
+    guided run's head once resolved; else the default, the last of a one-layer decoder), its
+    head or the heads' average."""
+    layer = int(cfg.alignment_layer) if cfg.alignment_layer is not None else DEFAULT_ALIGNMENT_LAYER
+    if cfg.alignment_layer is None and depth is not None and depth < -DEFAULT_ALIGNMENT_LAYER:
+        layer = -1
+    return layer if cfg.alignment_head is None else f"{layer}:{int(cfg.alignment_head)}"

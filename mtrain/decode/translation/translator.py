@@ -10,10 +10,11 @@ and bf16, four runs on the shared machine), with the same outputs (scripts/bench
 An empty (or blank) sentence is not decoded: it gets an empty hypothesis. The trainer's
 validation BLEU, `mtrain eval` and `mtrain translate` all come through here.
 
-An engine (`Engine`, `engine.py`) decodes one batch: `TorchEngine` (mtrain's own model,
-`generate`; `torch_engine.py`) or CTranslate2 (`ct2_engine.py`, `engine=ctranslate2`); with
-MBR or reranking, a `SelectingEngine` around it (`selection.py`). Requests (markup, controls,
-terms) reach this module through the request pipeline (`pipeline.py`).
+An engine (`Engine`, `engines/engine.py`) decodes one batch: `TorchEngine` (mtrain's own
+model, `generate`; `engines/torch_engine.py`) or CTranslate2 (`engines/ct2_engine.py`,
+`engine=ctranslate2`); with MBR or reranking, a `SelectingEngine` around it
+(`selection/selecting.py`). Requests (markup, controls, terms) reach this module through the
+request pipeline (`requests/pipeline.py`, the layer above).
 """
 
 from __future__ import annotations
@@ -24,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, to_typed
-from mtrain.decode.alignment import Aligner
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.engine import Engine, as_engine
-from mtrain.decode.generator import DecodeStopped
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.selection import decoded_per_sentence, selecting
-from mtrain.decode.torch_engine import TorchEngine
+from mtrain.decode.engines.engine import Engine, as_engine
+from mtrain.decode.engines.torch_engine import TorchEngine
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.generator import DecodeStopped
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.selection.selecting import decoded_per_sentence, selecting
+from mtrain.decode.translation.alignment import Aligner
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.decode.engines.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
 
 __all__ = ["Engine", "as_engine", "token_budget_batches", "translate_encoded", "translate_sentences"]
@@ -79,15 +80,15 @@ def translate_encoded(
     an `Engine` (e.g. CTranslate2's, which brings its own device and compute type).
     Returns, per source, up to `cfg.nbest` hypotheses with `.text` filled, best first.
     `attention_layer` (None, "last", "all" or an index) fills `Hypothesis.attention`;
-    `cfg.alignment` fills `Hypothesis.alignment` (mtrain.decode.alignment).
+    `cfg.alignment` fills `Hypothesis.alignment` (mtrain.decode.translation.alignment).
     `on_batch(num_sentences)` is called after each batch (progress bars).
     `controls`: per source, its target prefix, constraints and avoided phrases (target ids,
-    `mtrain.decode.constraints`); None: none. An empty input with a prefix gets the prefix.
-    `stop()`: True ends the decode with DecodeStopped (mtrain.decode.generator), asked before
+    `mtrain.decode.search.constraints`); None: none. An empty input with a prefix gets the prefix.
+    `stop()`: True ends the decode with DecodeStopped (mtrain.decode.search.generator), asked before
     every batch and, by mtrain's own engine, at every step of its search.
     """
     cfg = to_typed(cfg)  # (a composed node, from a test or script, as the dataclass whose predicates it reads)
-    # MBR decoding and reranking (mtrain.decode.selection), when asked: a decorator of the engine.
+    # MBR decoding and reranking (mtrain.decode.selection.selecting), when asked: a decorator of the engine.
     engine = selecting(as_engine(model, tokenizer, device, precision, use_cache), tokenizer, cfg, device)
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
     if aligner is not None:

@@ -8,7 +8,7 @@ The features of a hypothesis y of a source x (`FEATURES`; which ones a decode co
   Yee et al. 2019, fairseq's examples/noisychannel), scored teacher-forced and batched;
 - `second`: a second forward run's log p(y | x) per output token, teacher-forced;
 - `length_ratio`: output tokens / source tokens (eos and tags not counted);
-- `mbr`: the expected utility / 100 when MBR decoding made the candidates (mtrain.decode.mbr).
+- `mbr`: the expected utility / 100 when MBR decoding made the candidates (mtrain.decode.selection.mbr).
 
 The reverse and second runs must share the decoding run's tokenizer (the same pieces, the
 source and target sides swapped for the reverse run) and its languages (swapped):
@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from mtrain.config import DecodeConfig, to_typed
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir, atomic_write_text, is_export_dir
 
 if TYPE_CHECKING:
     from mtrain.checkpoint.files import LoadedRun
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.directions import RunLanguages
     from mtrain.tokenizer import Tokenizer
 
 FEATURES = ("forward", "reverse", "second", "length_ratio", "mbr")
@@ -176,8 +176,8 @@ def _tokenizer_files_and_languages(
     """A run's (or an export directory's) tokenizer model files by name, and its languages."""
     from omegaconf import OmegaConf
 
-    from mtrain.decode.ct2_engine import METADATA_FILE, export_languages
-    from mtrain.decode.directions import RunLanguages
+    from mtrain.decode.engines.ct2_engine import METADATA_FILE, export_languages
+    from mtrain.decode.engines.directions import RunLanguages
     from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB
     from mtrain.tokenizer.tokenizer import JOINT_MODEL, SRC_MODEL, TGT_MODEL
 
@@ -267,7 +267,7 @@ class FeatureScorer:
         self.second = load_scoring_run(str(cfg.rerank.second_run), str(self.device)) if cfg.rerank.second_run else None
         self.reverse_prefix: tuple[int, ...] = ()
         if self.reverse is not None:
-            from mtrain.decode.directions import RunLanguages
+            from mtrain.decode.engines.directions import RunLanguages
 
             languages = RunLanguages.of(self.reverse.config.data)
             if languages.lang_tags:  # its one target language's tag (`check_rerank_files` refuses several)

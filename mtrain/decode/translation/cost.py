@@ -7,7 +7,7 @@ steps of the model at two batch sizes, with every sentence held to exactly that 
 (min_len = max_len), which gives a cost per step of a batch and a cost per step of each
 sentence in it (its beam's rows); `decode_seconds` adds them up over the batches the set will
 be decoded in (the batcher's own grouping), each sentence running to its reference's length,
-about what a trained model emits. Finished sentences leave a batch (mtrain.decode.generator),
+about what a trained model emits. Finished sentences leave a batch (mtrain.decode.search.generator),
 so a batch costs its longest sentence's steps once and every sentence's steps each.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling, with_values
-from mtrain.decode.translator import token_budget_batches, translate_encoded
+from mtrain.decode.translation.translator import token_budget_batches, translate_encoded
 
 # Sentences of the larger of the two timed batches (of the smaller: a sixteenth). Enough that the
 # per-sentence cost shows above the per-batch one; few enough that measuring takes a fraction of

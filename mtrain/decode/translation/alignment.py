@@ -24,7 +24,7 @@ from typing import Any
 from torch import Tensor
 
 from mtrain.config import DEFAULT_ALIGNMENT_LAYER, AlignmentLevel, AlignmentRule, DecodeConfig, alignment_level
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.source_factors import is_annotated
 from mtrain.tokenizer import Tokenizer

@@ -3,10 +3,11 @@
 Each works in place on `lprobs` (rows, vocab), vectorised over rows, so its cost per step
 does not grow with Python work per sentence. Banning a token sets its log-prob to -inf.
 
-The generator holds one list of them (`step_processors`: tokens never emitted, length
-limits, no-repeat-ngram, and a sentence's target controls: prefix, constraints, avoided
-phrases, `mtrain.decode.constraints.TargetControls`) and calls each through the hooks of
-`StepProcessor`, in order: `limit_lengths` and `start` once, then per step `observe` (the
+The generator holds one list of them (its own, which every decode has: tokens never emitted,
+length limits, no-repeat-ngram; then those it is given: a batch's controls, built once per
+batch by `mtrain.decode.search.steering.batch_processors`: the vocabulary's banned tags, the
+target prefix, constraints and avoided phrases of `mtrain.decode.search.constraints.TargetControls`,
+term placement) and calls each through the hooks of `StepProcessor`, in order: `limit_lengths` and `start` once, then per step `observe` (the
 model's own log-probabilities, before any processor edits them), `process` and, once the
 search has chosen, `follow` (the rows kept, the tokens appended); `satisfied` ranks finished
 hypotheses. No hook reads a tensor on the host: the loop's host synchronisations stay its own.
@@ -16,9 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from mtrain.config import DecodeConfig
+    from mtrain.decode.search.algorithms import SearchAlgorithm
 
 NEG_INF = float("-inf")
 
@@ -32,12 +38,21 @@ class StepView:
     row_max_len: Tensor  # (rows,) each row's output limit
     limits_reached: bool  # a row may be at its limit now (known on the host: no synchronisation)
     # (rows, src_len) this step's cross-attention at the alignment layer, when a processor reads it
-    # (term placement, mtrain.decode.placement); None otherwise
+    # (term placement, mtrain.decode.search.placement); None otherwise
     attention: Tensor | None = None
 
 
 class StepProcessor:
     """A rule of the decoding loop; every hook but `process` does nothing unless overridden."""
+
+    # The cross-attention the rule reads in `StepView.attention` ("LAYER", "LAYER:HEAD" or an
+    # index, as `generate`'s attention_layer): the loop asks the step function for it. None: none.
+    attention_layer: int | str | None = None
+
+    def own_search(self, cfg: DecodeConfig) -> SearchAlgorithm | None:
+        """The search algorithm the rule must choose with (the constrained beam of lexical
+        constraints); None: whichever `cfg` asks for."""
+        return None
 
     def limit_lengths(self, max_len: Tensor) -> Tensor:
         """Each sentence's output limit (batch,), made room for what the rule adds."""

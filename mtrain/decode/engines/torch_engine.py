@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from mtrain.config import DecodeConfig, Precision
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.generator import generate
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.placement import PlacementVocab
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.generator import decoder_depth, generate
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.steering import VocabRules, batch_processors
 from mtrain.runtime import autocast, decoding_attention_kernels
 
 if TYPE_CHECKING:
-    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.decode.engines.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -61,14 +61,11 @@ class TorchEngine:
         device: torch.device | str,
         precision: Precision | str = Precision.fp32,
         use_cache: bool = True,
-        banned_ids: Sequence[int] = (),
-        word_continuations: Sequence[int] = (),
-        placement_vocab: PlacementVocab | None = None,
+        rules: VocabRules | None = None,
     ) -> None:
         """`precision`: a resolved one (mtrain.runtime.resolve_decode_precision), not auto.
-        `banned_ids`: tokens never emitted besides pad and bos (a multilingual run's tags).
-        `word_continuations`: pieces that continue a word (`Tokenizer.word_continuation_ids`):
-        none follows a completed constraint, so constraints end at a word's end."""
+        `rules`: what the target vocabulary tells the step processors of every batch (a
+        multilingual run's tags, word continuations, term placement's pieces: `VocabRules.of`)."""
         self.device = torch.device(device)
         self.precision = Precision(precision)
         if self.precision is Precision.auto:
@@ -76,9 +73,8 @@ class TorchEngine:
         self.model = with_linear_weights_in(model, self.precision.dtype) if self.precision.is_low else model
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.use_cache = use_cache
-        self.banned_ids = tuple(banned_ids)
-        self.word_continuations = tuple(word_continuations)
-        self.placement_vocab = placement_vocab
+        self.rules = rules if rules is not None else VocabRules()  # (None: no tags, no placement)
+        self.depth = decoder_depth(self.model)
 
     def translate_batch(
         self,
@@ -95,6 +91,7 @@ class TorchEngine:
         for row, ids in enumerate(sources):
             src_tokens[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
         src_tokens = src_tokens.to(self.device)
+        processors = batch_processors(cfg, self.rules, controls, src_tokens, self.eos_id, self.depth)
         was_training = self.model.training
         self.model.eval()  # no dropout while decoding (the trainer decodes mid-training)
         try:
@@ -107,12 +104,9 @@ class TorchEngine:
                     bos_id=self.bos_id,
                     eos_id=self.eos_id,
                     pad_id=self.pad_id,
+                    processors=processors,
                     use_cache=self.use_cache,
                     attention_layer=attention_layer,
-                    banned_ids=self.banned_ids,
-                    controls=controls,
-                    word_continuations=self.word_continuations,
-                    placement_vocab=self.placement_vocab,
                     stop=stop,
                 )
         finally:

@@ -38,7 +38,7 @@ UNCALIBRATED = "uncalibrated: exp of the mean token log-probability"
 
 
 class ScoredHypothesis(Protocol):
-    """What a score is made from: mtrain.decode.hypothesis.Hypothesis has both."""
+    """What a score is made from: mtrain.decode.search.hypothesis.Hypothesis has both."""
 
     log_prob: float  # EOS included
     tokens: list[int]  # without bos/eos

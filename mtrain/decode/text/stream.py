@@ -2,7 +2,7 @@
 
 Reads the input in chunks (so a stream is translated as it arrives and memory stays
 bounded), turns each line into a request (its prefix line, its tab-separated constraints),
-translates a chunk through the request pipeline (`mtrain.decode.pipeline`: markup, terms,
+translates a chunk through the request pipeline (`mtrain.decode.requests.pipeline`: markup, terms,
 controls; blank lines stay blank, over-long ones are truncated with a warning naming the
 line), and writes plain hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
 per sentence. A progress bar goes to stderr when the output is a file (or a terminal),
@@ -31,12 +31,18 @@ from tqdm import tqdm
 
 from mtrain.config import TranslateConfig
 from mtrain.data.bounded_lines import bounded_lines, check_line_length
-from mtrain.decode.attention_plot import plot_attention
-from mtrain.decode.controls import LineControls
-from mtrain.decode.engine import Engine
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.pipeline import DecodeRequest, FieldNames, Options, PipelineStats, RequestPipeline, with_options
-from mtrain.decode.textio import (
+from mtrain.decode.engines.engine import Engine
+from mtrain.decode.requests.controls import LineControls
+from mtrain.decode.requests.pipeline import (
+    FieldNames,
+    Options,
+    PipelineStats,
+    RequestPipeline,
+    with_options,
+)
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.text.attention_plot import plot_attention
+from mtrain.decode.text.textio import (
     InputRepairs,
     count_lines,
     decode_line,
@@ -52,7 +58,7 @@ from mtrain.source_factors import TERM_TARGET, split_ids
 from mtrain.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.decode.engines.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
 
 log = logging.getLogger("mtrain.translate")
@@ -184,7 +190,7 @@ def translate_stream(
     ctranslate2: bool = False,
 ) -> StreamReport:
     """Translate `cfg.input` (stdin when null) into `cfg.output` (stdout when null) through the
-    request pipeline (mtrain.decode.pipeline). `line_controls`: how each line's constraints are
+    request pipeline (mtrain.decode.requests.pipeline). `line_controls`: how each line's constraints are
     found (`cfg.constraints`, `terms`, `avoid`; read by the caller before the model loads);
     `cfg.prefix` is read here. `ctranslate2`: the engine is CTranslate2's (what it cannot
     honour is refused, as the config checks refuse it)."""
@@ -228,20 +234,18 @@ def translate_stream(
             first_line = 1
             for chunk in read_chunks(lines, 1 if interactive else CHUNK_LINES, stats):
                 prefixes = prefix_lines.take(len(chunk)) if prefix_lines is not None else [""] * len(chunk)
-                requests = []
-                for offset, (line, prefix) in enumerate(zip(chunk, prefixes, strict=True)):
-                    text, target = controlled.request(line, prefix)
-                    where = f"{input_name}:{first_line + offset}"
-                    requests.append(
-                        DecodeRequest(text, target.prefix, target.constraints, target.avoid, target.ordered, where)
+                requests = [
+                    controlled.request(line, prefix, f"{input_name}:{first_line + offset}")
+                    for offset, (line, prefix) in enumerate(zip(chunk, prefixes, strict=True))
+                ]
+                translation = pipeline.begin(requests, options)
+                prepared = translation.requests
+                progress.update(sum(not sentence.plain.strip() for sentence in prepared))
+                hyps = translation.finish(
+                    pipeline.decode(
+                        prepared, options.decoding(), attention_layer=options.attention_layer, on_batch=progress.update
                     )
-                pipeline.check(requests, options)
-                prepared = pipeline.prepare(requests, options)
-                progress.update(sum(not sentence.source.strip() for sentence in prepared))
-                hyps = pipeline.decode(
-                    prepared, options.decoding(), attention_layer=options.attention_layer, on_batch=progress.update
                 )
-                pipeline.finish(prepared, hyps, options)
                 truncated += sum(sentence.cut for sentence in prepared)
                 for offset, sentence_hyps in enumerate(hyps):
                     if nbest:

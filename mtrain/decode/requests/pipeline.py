@@ -1,45 +1,51 @@
 """One path from a request to the decoder, for `mtrain translate`, `mtrain eval` and both HTTP APIs.
 
-A request is sentences (`DecodeRequest`: the text, its prefix, constraints and avoided
-phrases) and what is asked of all of them (`Options`: the decode settings, `format`, the
+A request is sentences (`DecodeRequest`, mtrain.decode.requests.request: the text, its prefix,
+constraints and avoided phrases; one object per sentence from the input to its result) and
+what is asked of all of them (`Options`: the decode settings, `format`, the
 target language, a glossary, attention pictures). `RequestPipeline` takes it through the same
 steps wherever it came from:
 
 1. `check`: what is asked, by the names the user gave it (`Options.names`), against the decode
    settings and the engine (`mtrain.decoding_rules`: the rules the config checks apply too);
-2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.markup`), the
+2. `prepare`: inline markup taken out (`format=xml|html`, `mtrain.decode.requests.markup`), the
    glossary's terms found in the plain text and added to its constraints
-   (`mtrain.decode.terminology`; `decode.term_mode`: `mtrain.decoding_rules.TermUse`);
+   (`mtrain.decode.requests.terminology`; `decode.term_mode`: `mtrain.decoding_rules.TermUse`);
 3. `decode` (a batch of prepared sentences, of one request or, in the server's batcher, of
    several): sources encoded and cut to the input limit, a term-aware model's terms written
    into them (mtrain.tokenizer.term_factors), controls encoded as target ids
-   (`mtrain.decode.controls`), word alignments forced where markup needs them, decoded by the
-   engine (with MBR or reranking around it: `mtrain.decode.selection`) through the translator;
+   (`mtrain.decode.requests.controls`), word alignments forced where markup needs them, decoded by the
+   engine (with MBR or reranking around it: `mtrain.decode.selection.selecting`) through the translator;
 4. `finish`: the tags put back by the alignments, links dropped unless asked for, the
    constraints and terms that were applied and met counted (`PipelineStats`).
 
-`translate` runs the four on one request. The callers only read their input (a file's lines,
-a JSON body, LibreTranslate's fields) into requests and write the results out.
+`begin_translation` is the one place these are sequenced: it checks and prepares a request's
+sentences into a `Translation`, which its caller decodes (`RequestPipeline.decode`, in-process
+for translate and eval; the server's batcher for both HTTP APIs, which knows nothing of HTTP)
+and hands to `Translation.finish`. `RequestPipeline.translate` is the in-process whole. The
+callers only read their input (a file's lines, a JSON body, LibreTranslate's fields) into
+requests and write the results out.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from mtrain.config import DecodeConfig, Precision, to_typed
-from mtrain.decode.alignment import word_indices
-from mtrain.decode.controls import PhraseEncoder, TargetRequest, encode_request, phrase_encoder
-from mtrain.decode.engine import Engine, as_engine
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.markup import Markup, MarkupError, parse_markup, restore_markup
-from mtrain.decode.placement import sentence_end_count
-from mtrain.decode.terminology import Glossary
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.engines.engine import Engine, as_engine
+from mtrain.decode.requests.controls import PhraseEncoder, encode_request, phrase_encoder
+from mtrain.decode.requests.markup import MarkupError, parse_markup, restore_markup
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.placement import sentence_end_count
+from mtrain.decode.translation.alignment import word_indices
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.decoding_rules import Asked, TermUse, check_decoding, check_term_mode
 from mtrain.errors import MtrainError
 from mtrain.source_factors import TERM_TARGET, split_ids
@@ -47,18 +53,6 @@ from mtrain.tokenizer import Tokenizer
 from mtrain.tokenizer.term_factors import annotate
 
 log = logging.getLogger("mtrain.decode")
-
-
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One sentence and what its translation must start with, contain and avoid, as text."""
-
-    text: str
-    prefix: str = ""
-    constraints: tuple[str, ...] = ()
-    avoid: tuple[str, ...] = ()
-    ordered: bool = False  # the constraints must appear in this order
-    where: str = ""  # how messages name it: `input.de:3`, `text[2]`
 
 
 @dataclass(frozen=True)
@@ -94,20 +88,6 @@ class Options:
 
 
 @dataclass
-class Prepared:
-    """A sentence ready for the decoder: the text without its tags and the controls to encode."""
-
-    source: str
-    request: TargetRequest | None
-    markup: Markup | None = None
-    terms: tuple[str, ...] = ()  # the glossary's target terms among request.constraints
-    where: str = ""
-    ids: list[int] | None = None  # the source ids decoded (eos last; None: blank), once decoded
-    cut: bool = False  # the source was cut to the input limit
-    term_words: dict[str, list[int]] = field(default_factory=dict)  # target term -> its source words (placement)
-
-
-@dataclass
 class PipelineStats:
     """What the controls did: constraints (from the input or a request) and glossary terms,
     how many were applied, in how many sentences, and how many the best translation holds."""
@@ -135,14 +115,13 @@ class PipelineStats:
             )
         return "; ".join(parts) or None
 
-    def count(self, sentence: Prepared, translation: str) -> None:
+    def count(self, sentence: DecodeRequest, translation: str) -> None:
         """One sentence and its best translation (without tags): a phrase is met where the
         translation holds it as written (spaces inside it matching any whitespace)."""
         self.sentences += 1
         words = " " + " ".join(translation.split()) + " "
         terms = set(sentence.terms)
-        asked = sentence.request.constraints if sentence.request is not None else ()
-        given = [phrase for phrase in asked if phrase not in terms]
+        given = [phrase for phrase in sentence.constraints if phrase not in terms]
         if given:
             self.constrained_sentences += 1
             self.constraints_applied += len(given)
@@ -189,10 +168,12 @@ def check_requests(
     check_term_mode(options.decode, options.glossary is not None, term_aware)
 
 
-def prepare_requests(requests: Sequence[DecodeRequest], options: Options, term_aware: bool = False) -> list[Prepared]:
-    """2. Each request's plain text and controls: markup taken out, the glossary's terms found
-    in the plain text (constraints unless `decode.term_mode` writes them into the source of a
-    `term_aware` model only); MtrainError naming `where` for malformed markup."""
+def prepare_requests(
+    requests: Sequence[DecodeRequest], options: Options, term_aware: bool = False
+) -> list[DecodeRequest]:
+    """2. Each request with its plain text and controls: markup taken out, the glossary's terms
+    found in the plain text (constraints unless `decode.term_mode` writes them into the source
+    of a `term_aware` model only); MtrainError naming `where` for malformed markup."""
     constrain_terms = TermUse.of(options.decode.term_mode, term_aware).constrain
     prepared = []
     for request in requests:
@@ -215,16 +196,22 @@ def prepare_requests(requests: Sequence[DecodeRequest], options: Options, term_a
             if options.decode.term_avoid_replaced:  # the glossary's third field: words a term replaces
                 replaced = options.glossary.replaced_in(source)
                 avoid = tuple(dict.fromkeys([*avoid, *(word for words in replaced.values() for word in words)]))
-        target = TargetRequest(request.prefix, constraints, avoid, request.ordered)
-        controlled = bool(target.prefix.strip() or target.constraints or target.avoid)
         prepared.append(
-            Prepared(source, target if controlled else None, markup, terms, request.where, term_words=term_words)
+            replace(
+                request,
+                constraints=constraints,
+                avoid=avoid,
+                source=source,
+                markup=markup,
+                terms=terms,
+                term_words=term_words,
+            )
         )
     return prepared
 
 
 def finish_requests(
-    sentences: Sequence[Prepared],
+    sentences: Sequence[DecodeRequest],
     hypotheses: list[list[Hypothesis]],
     options: Options,
     stats: PipelineStats | None = None,
@@ -241,6 +228,38 @@ def finish_requests(
                 hyp.text = restore_markup(sentence.markup, hyp.text, hyp.alignment or [])
                 if not keep_links:
                     hyp.alignment = None
+
+
+@dataclass
+class Translation:
+    """One request's sentences between `begin_translation` (checked, prepared) and `finish`:
+    the caller decodes `requests` (each with what `prepare` found) with `options.decoding()`."""
+
+    requests: list[DecodeRequest]
+    options: Options
+    stats: PipelineStats | None = None
+
+    def finish(self, hypotheses: list[list[Hypothesis]]) -> list[list[Hypothesis]]:
+        """4. The decoded `hypotheses` (per request) finished in place (`finish_requests`), and returned."""
+        finish_requests(self.requests, hypotheses, self.options, self.stats)
+        return hypotheses
+
+
+def begin_translation(
+    requests: Sequence[DecodeRequest],
+    options: Options,
+    ctranslate2: bool,
+    term_aware: bool = False,
+    stats: PipelineStats | None = None,
+    check: Callable[[DecodeConfig], None] | None = None,
+) -> Translation:
+    """1. `check_requests` (and the caller's own `check` of the settings decoded with: serve's
+    decoder layers), then 2. `prepare_requests`: the request ready to decode; `stats` counts
+    what its controls did when it finishes."""
+    check_requests(requests, options, ctranslate2, term_aware)
+    if check is not None:
+        check(options.decoding())
+    return Translation(prepare_requests(requests, options, term_aware), options, stats)
 
 
 class RequestPipeline:
@@ -277,43 +296,41 @@ class RequestPipeline:
     def tokenizer_for(self, tgt_lang: str | None) -> Tokenizer:
         return self.tokenizers.get(tgt_lang, self.tokenizer) if tgt_lang is not None else self.tokenizer
 
-    def check(self, requests: Sequence[DecodeRequest], options: Options) -> None:
-        check_requests(requests, options, self.ctranslate2, self.term_aware)
-
-    def prepare(self, requests: Sequence[DecodeRequest], options: Options) -> list[Prepared]:
-        return prepare_requests(requests, options, self.term_aware)
+    def begin(self, requests: Sequence[DecodeRequest], options: Options) -> Translation:
+        """`begin_translation` on this engine, its stats counting."""
+        return begin_translation(requests, options, self.ctranslate2, self.term_aware, self.stats)
 
     def decode(
         self,
-        sentences: Sequence[Prepared],
+        sentences: Sequence[DecodeRequest],
         decode: DecodeConfig,
         tgt_lang: str | None = None,
         attention_layer: int | str | None = None,
         on_batch: Callable[[int], object] | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
-        """3. Per prepared sentence, up to `decode.nbest` hypotheses (with `.text`), decoded
+        """3. Per prepared request, up to `decode.nbest` hypotheses (with `.text`), decoded
         with `decode` as given (`Options.decoding()`: alignments for markup); each sentence's
         `ids` and `cut` filled. `stop()`: True ends the decode (DecodeStopped; the server's
         deadline), asked at every step."""
         tokenizer = self.tokenizer_for(tgt_lang)
         annotate = self.term_aware and TermUse.of(decode.term_mode, True).annotate
         for sentence in sentences:
-            sentence.ids, sentence.cut = self.encode(sentence.source, tokenizer, sentence.where)
+            sentence.ids, sentence.cut = self.encode(sentence.plain, tokenizer, sentence.where)
             if annotate and sentence.ids and sentence.term_words:
                 sentence.ids = self.annotated(sentence.ids, sentence.term_words, tokenizer)
         controls = None
-        if any(sentence.request is not None for sentence in sentences):
+        if any(sentence.controlled for sentence in sentences):
             encode = self._phrase_encoders.get(id(tokenizer))
             if encode is None:
                 encode = self._phrase_encoders[id(tokenizer)] = phrase_encoder(tokenizer, self.model)
             controls = [
                 encode_request(
                     tokenizer,
-                    sentence.request,
+                    sentence if sentence.controlled else None,
                     encode,
                     term_sources(tokenizer, sentence.ids, sentence.term_words),
-                    sentence_end_count(sentence.source),
+                    sentence_end_count(sentence.plain),
                 )
                 for sentence in sentences
             ]
@@ -370,9 +387,6 @@ class RequestPipeline:
             return ids
         return annotated
 
-    def finish(self, sentences: Sequence[Prepared], hypotheses: list[list[Hypothesis]], options: Options) -> None:
-        finish_requests(sentences, hypotheses, options, self.stats)
-
     def translate(
         self,
         requests: Sequence[DecodeRequest],
@@ -380,11 +394,11 @@ class RequestPipeline:
         on_batch: Callable[[int], object] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per request, up to `options.decode.nbest` hypotheses: checked, prepared, decoded, finished."""
-        self.check(requests, options)
-        prepared = self.prepare(requests, options)
-        hypotheses = self.decode(prepared, options.decoding(), options.tgt_lang, options.attention_layer, on_batch)
-        self.finish(prepared, hypotheses, options)
-        return hypotheses
+        translation = self.begin(requests, options)
+        decoded = self.decode(
+            translation.requests, options.decoding(), options.tgt_lang, options.attention_layer, on_batch
+        )
+        return translation.finish(decoded)
 
 
 def term_sources(
@@ -392,7 +406,7 @@ def term_sources(
 ) -> dict[str, tuple[int, ...]]:
     """Per target term, the positions in `ids` (a source as encoded: a tag first, eos last) of
     the pieces of its source words, and of the term written after them in a term-aware
-    model's source (term placement, mtrain.decode.placement)."""
+    model's source (term placement, mtrain.decode.search.placement)."""
     if not ids or not term_words:
         return {}
     offset = len(tokenizer.source_prefix)

@@ -2,7 +2,7 @@
 
 Beam search returns the most probable output; MBR (Kumar & Byrne 2004; Eikema & Aziz 2020;
 Freitag et al. 2022, 2023) returns the candidate of highest *expected utility*: its mean
-sentence score (chrF or BLEU, `mtrain.decode.utility`) against M pseudo-references, which
+sentence score (chrF or BLEU, `mtrain.decode.selection.utility`) against M pseudo-references, which
 stand in for the unknown reference as samples of the model's distribution. Per sentence:
 
 1. candidates (`decode.mbr.candidates`): the beam's n-best (beam = nbest = N), N samples
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, with_values
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.utility import utility_matrix
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.selection.utility import utility_matrix
 
 if TYPE_CHECKING:
-    from mtrain.decode.engine import Engine
+    from mtrain.decode.engines.engine import Engine
     from mtrain.tokenizer import Tokenizer
 
 

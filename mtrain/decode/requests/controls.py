@@ -1,12 +1,13 @@
 """What a user asks of one sentence's output, as text, and its target token ids.
 
-`TargetRequest` holds a sentence's target prefix, the phrases its output must contain and
-those it must not, as typed; `encode_request` turns it into `ControlIds`, what the search
-uses (`mtrain.decode.constraints`). Where the text comes from:
+A sentence's request (`DecodeRequest`, mtrain.decode.requests.request) holds its target
+prefix, the phrases its output must contain and those it must not, as typed; `encode_request`
+turns them into `ControlIds`, what the engine and the search take per sentence
+(`mtrain.decode.search.constraints`). Where the text comes from:
 
 - `mtrain translate`: `prefix=FILE` (one line per input line; a blank line: no prefix),
   `constraints=unordered|ordered` (input lines are fairseq's `source<TAB>phrase<TAB>...`),
-  `terms=FILE.tsv` (`mtrain.decode.terminology`), `avoid=FILE` (one phrase per line, for
+  `terms=FILE.tsv` (`mtrain.decode.requests.terminology`), `avoid=FILE` (one phrase per line, for
   every sentence);
 - `mtrain serve`: the request's `prefix`, `constraints`, `avoid` and `terms` fields, and the
   server's glossary (`terms=FILE.tsv`).
@@ -15,7 +16,7 @@ Phrases are matched as target tokens. A phrase is tokenized on its own, as a wor
 follows a space: SentencePiece gives its first piece the word-start marker `▁` (`Hund` ->
 `▁Hund`). Its pieces never cross a space (whitespace splitting, SentencePiece's default), so
 a word after a space is segmented in a sentence exactly as on its own: a constraint asks for
-the phrase as whole words (it also ends a word: `mtrain.decode.constraints`), and an avoided
+the phrase as whole words (it also ends a word: `mtrain.decode.search.constraints`), and an avoided
 phrase bans its tokens, which start a word (a word that merely contains it, `Haushund`,
 tokenizes otherwise and is not banned; nor is a word glued to a punctuation mark before it,
 `(Hund`, whose pieces lack the marker; a longer word whose pieces start with the phrase's,
@@ -32,22 +33,13 @@ from typing import Any
 
 import torch
 
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.terminology import Glossary, read_glossary
-from mtrain.decode.textio import count_lines, read_text_lines
+from mtrain.data.bounded_lines import count_lines
+from mtrain.decode.requests.request import DecodeRequest
+from mtrain.decode.requests.terminology import Glossary, read_glossary
+from mtrain.decode.requests.text_files import read_text_lines
+from mtrain.decode.search.constraints import ControlIds
 from mtrain.errors import MtrainError
 from mtrain.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class TargetRequest:
-    """One sentence's prefix, required phrases and avoided phrases, as text."""
-
-    prefix: str = ""
-    constraints: tuple[str, ...] = ()
-    avoid: tuple[str, ...] = ()
-    ordered: bool = False  # the constraints must appear in this order
-
 
 PhraseEncoder = Callable[[str], list[int]]
 
@@ -77,15 +69,16 @@ def emittable_ids(model: Any) -> list[int] | None:
 
 def encode_request(
     tokenizer: Tokenizer,
-    request: TargetRequest | None,
+    request: DecodeRequest | None,
     encode: PhraseEncoder | None = None,
     term_sources: dict[str, tuple[int, ...]] | None = None,
     sentence_ends: int = 0,
 ) -> ControlIds | None:
-    """The request as target ids (blank phrases dropped); None when it asks for nothing.
+    """The request's prefix, constraints and avoided phrases as target ids (blank phrases
+    dropped); None when it asks for nothing.
     `encode`: a `phrase_encoder` for the model that decodes (default: `tokenizer.encode_tgt`).
     `term_sources`: the source pieces of the terms among the constraints (by their text) and
-    `sentence_ends` the source's sentence-final marks, for term placement (mtrain.decode.placement)."""
+    `sentence_ends` the source's sentence-final marks, for term placement (mtrain.decode.search.placement)."""
     if request is None:
         return None
     encode = encode or tokenizer.encode_tgt
@@ -126,12 +119,11 @@ class LineControls:
     def any(self) -> bool:
         return self.tabbed_constraints or self.glossary is not None or bool(self.avoid)
 
-    def request(self, line: str, prefix: str = "") -> tuple[str, TargetRequest]:
-        """The source to translate and its request, from an input line and its prefix line;
-        the glossary's terms are found later, in the text without its markup (the request
-        pipeline, mtrain.decode.pipeline)."""
+    def request(self, line: str, prefix: str = "", where: str = "") -> DecodeRequest:
+        """An input line's request, with its prefix line; the glossary's terms are found later,
+        in the text without its markup (the request pipeline, mtrain.decode.requests.pipeline)."""
         source, phrases = split_constraints(line) if self.tabbed_constraints else (line, ())
-        return source, TargetRequest(prefix, phrases, self.avoid, self.ordered)
+        return DecodeRequest(source, prefix, phrases, self.avoid, self.ordered, where)
 
 
 def describe_controls(
@@ -160,7 +152,7 @@ def describe_controls(
 
 def read_phrases(path: str | Path, key: str = "avoid") -> tuple[str, ...]:
     """A file of phrases, one per line (blank lines and lines starting with `#` skipped; a
-    byte-order mark and CRLF line ends as in `textio.read_text_lines`)."""
+    byte-order mark and CRLF line ends as in `text_files.read_text_lines`)."""
     lines = read_text_lines(path, key)
     return tuple(" ".join(line.split()) for line in lines if line.strip() and not line.startswith("#"))
 

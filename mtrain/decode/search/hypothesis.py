@@ -20,15 +20,15 @@ class Hypothesis:
     log_prob: float = 0.0  # sum of the token log-probabilities, EOS included
     text: str = ""  # detokenized `tokens`, filled by the translator
     # MBR decoding: the mean utility (chrF or BLEU, 0-100) against the pseudo-references
-    # (mtrain.decode.mbr), a confidence score; None without MBR.
+    # (mtrain.decode.selection.mbr), a confidence score; None without MBR.
     expected_utility: float | None = None
-    # n-best reranking: the weighted sum of the features (mtrain.decode.rerank); None without.
+    # n-best reranking: the weighted sum of the features (mtrain.decode.selection.rerank); None without.
     rerank_score: float | None = None
     # Cross-attention averaged over heads (or one head's), one row per output token incl. EOS:
     # (len(tokens) + 1, src_len), or (len(tokens) + 1, layers, src_len) for all layers.
     # Only when asked for (attention pictures, word alignments).
     attention: torch.Tensor | None = field(default=None, repr=False)
-    # (source, target) word or piece links (`decode.alignment`; mtrain.decode.alignment).
+    # (source, target) word or piece links (`decode.alignment`; mtrain.decode.translation.alignment).
     alignment: list[tuple[int, int]] | None = None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtrain.decode.search import Choices
+from mtrain.decode.search.algorithms import Choices
 
 
 def truncate_distribution(logits: Tensor, top_k: int = 0, top_p: float = 1.0, epsilon: float = 0.0) -> Tensor:

@@ -2,7 +2,7 @@
 
 `CTranslate2Model` wraps a `ctranslate2.Translator` loaded from a directory written by
 `mtrain export` (`load_ctranslate2`; a run's checkpoint is converted on the fly by
-`mtrain.export.engine`), and is a decoding engine (`mtrain.decode.translator.Engine`): it
+`mtrain.export.engine`), and is a decoding engine (`mtrain.decode.translation.translator.Engine`): it
 translates a batch of encoded sources into the same `Hypothesis` objects as the torch
 engine; `translate_encoded` batches for both. This module reads the directory format
 (`METADATA_FILE`) that `mtrain.export` writes, and never imports the exporter.
@@ -24,7 +24,7 @@ How each `DecodeConfig` key maps, and where CTranslate2 differs:
   hypothesis wins *at the limit* may differ (mtrain ranks them by the EOS log-prob).
 - min_len: `min_decoding_length` (EOS banned before min_len output tokens, as in mtrain).
 - pad and bos are never produced (`suppress_sequences`), as in mtrain; nor are the tag symbols
-  of a multilingual run (`tokenizer.tag_ids`, mtrain.decode.directions). A tag is a token like
+  of a multilingual run (`tokenizer.tag_ids`, mtrain.decode.engines.directions). A tag is a token like
   any other: the source arrives as pieces, `<2fr>` first.
   CTranslate2 bans tokens *before* its log-softmax (the other tokens share their tiny mass),
   mtrain after; scores differ by ~1e-5 per step, which can swap near-ties.
@@ -53,9 +53,10 @@ from typing import Any
 import torch
 
 from mtrain.config import DecodeConfig, Precision, Sampling
-from mtrain.decode.constraints import CONSTRAINTS_REFUSED, ControlIds
-from mtrain.decode.directions import RunLanguages, single_direction
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.engines.directions import RunLanguages, single_direction
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decoding_rules import check_constraint_search
 from mtrain.errors import MtrainError
 from mtrain.rundir import EXPORT_METADATA_FILE
 from mtrain.tokenizer import Tokenizer
@@ -111,7 +112,7 @@ class CTranslate2Model:
         options = self._options(cfg, attention_layer)
         given = list(controls) if controls is not None else [None] * len(sources)
         if any(c is not None and c.constraints for c in given):
-            raise MtrainError(CONSTRAINTS_REFUSED)
+            check_constraint_search("constraints", ctranslate2=True)  # (the config checks said it first)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         groups: dict[tuple[int, int, tuple[tuple[int, ...], ...]], list[int]] = {}
         for i, (ids, control) in enumerate(zip(sources, given, strict=True)):
@@ -149,7 +150,7 @@ class CTranslate2Model:
         return results
 
     def max_output_length(self, src_len: int, cfg: DecodeConfig) -> int:
-        """mtrain's limit (`mtrain.decode.generator`): a*src_len+b in float32, truncated,
+        """mtrain's limit (`mtrain.decode.search.generator`): a*src_len+b in float32, truncated,
         within the position table (bos + max_len tokens must fit)."""
         limit = int((torch.tensor(float(src_len)) * cfg.max_len_a + cfg.max_len_b).long())
         return max(0, min(limit, self.max_positions - 1))

@@ -2,7 +2,7 @@
 
 Greedy decoding, beam search and sampling share this loop and the same step function
 (`CachedStep`: one `model.decode_step` per token with the KV cache); they differ only in
-the search algorithm that turns log-probabilities into choices (`search.py`,
+the search algorithm that turns log-probabilities into choices (`algorithms.py`,
 `sampling.py`). Per step, for all live hypotheses at once:
 
 1. logits from the step function -> log-softmax (fp32) -> the step processors, one list
@@ -39,14 +39,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtrain.config import DEFAULT_ALIGNMENT_LAYER, DecodeConfig, Sampling, TermPlacement
-from mtrain.decode.constraints import ControlIds, constrained_search, controls_for
-from mtrain.decode.hypothesis import Hypothesis, length_normalise
-from mtrain.decode.placement import PlacementVocab, placement_for
-from mtrain.decode.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
-from mtrain.decode.sampling import SamplingSearch
-from mtrain.decode.search import BeamSearch, Choices, GreedySearch, SearchAlgorithm
-from mtrain.decode.step_functions import CachedStep, DecodingModel, RecomputeStep
+from mtrain.config import DecodeConfig, Sampling
+from mtrain.decode.search.algorithms import BeamSearch, Choices, GreedySearch, SearchAlgorithm
+from mtrain.decode.search.hypothesis import Hypothesis, length_normalise
+from mtrain.decode.search.processors import LengthLimits, NeverEmitted, NoRepeatNgram, StepProcessor, StepView
+from mtrain.decode.search.sampling import SamplingSearch
+from mtrain.decode.search.step_functions import CachedStep, DecodingModel, RecomputeStep
 from mtrain.model.positions import position_limit
 
 NEG_INF = float("-inf")
@@ -96,12 +94,9 @@ def generate(
     bos_id: int,
     eos_id: int,
     pad_id: int,
+    processors: Sequence[StepProcessor] = (),
     use_cache: bool = True,
     attention_layer: int | str | None = None,
-    banned_ids: Sequence[int] = (),
-    controls: Sequence[ControlIds | None] | None = None,
-    word_continuations: Sequence[int] = (),
-    placement_vocab: PlacementVocab | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a source batch; per sentence, up to `cfg.nbest` hypotheses, best first.
@@ -110,24 +105,18 @@ def generate(
     `use_cache=False` recomputes the whole prefix every step (reference and benchmark).
     `attention_layer` ("last", "all" or an index; cached decoder only) fills
     `Hypothesis.attention` with that layer's cross-attention averaged over heads ("LAYER:HEAD":
-    one head's; word alignments, mtrain.decode.alignment).
-    `banned_ids`: more tokens never emitted besides pad and bos (the tag symbols of a
-    multilingual run: `Tokenizer.tag_ids`).
-    `controls`: per sentence, a target prefix, constraints and avoided phrases
-    (`mtrain.decode.constraints`); None, or none given: decoding exactly as without them.
-    `word_continuations`: the pieces that continue a word (`Tokenizer.word_continuation_ids`),
-    which never follow a completed constraint (empty: a constraint may end inside a word).
-    `placement_vocab`: the target pieces term placement needs (`decode.term_placement=aligned`
-    with constraints that came from terms: mtrain.decode.placement); None: no placement.
+    one head's; word alignments, mtrain.decode.translation.alignment).
+    `processors`: the step processors beyond those every decode has (pad and bos never emitted,
+    the length limits, `cfg.no_repeat_ngram`), called after them in this order: a batch's
+    controls, as `mtrain.decode.search.steering.batch_processors` builds them (a multilingual
+    run's tags banned, a target prefix, constraints, avoided phrases, term placement). One may
+    choose the search (`StepProcessor.own_search`: the constrained beam) and read a layer's
+    cross-attention (`StepProcessor.attention_layer`: term placement). None: decoding as is.
     `stop`: asked before every step; True ends the decode with DecodeStopped (a server
     request past its deadline frees the decoder within one step, not after the whole search).
     """
     device = src_tokens.device
-    target = controls_for(controls, device, eos_id, word_continuations) if controls is not None else None
-    # With constraints, the constrained beam chooses (mtrain.decode.constraints).
-    search: SearchAlgorithm = (
-        constrained_search(cfg, target) if target is not None and target.has_constraints else build_search(cfg, device)
-    )
+    search = _search(cfg, processors, device)
     width = search.width
     batch = src_tokens.size(0)
     if batch == 0:
@@ -136,20 +125,11 @@ def generate(
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
     max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
-    never_emitted = torch.tensor([pad_id, bos_id, *banned_ids], dtype=torch.long, device=device)
-    processors: list[StepProcessor] = [NeverEmitted(never_emitted), LengthLimits(cfg.min_len, eos_id)]
+    never_emitted = torch.tensor([pad_id, bos_id], dtype=torch.long, device=device)
+    every_decode: list[StepProcessor] = [NeverEmitted(never_emitted), LengthLimits(cfg.min_len, eos_id)]
     if cfg.no_repeat_ngram > 0:
-        processors.append(NoRepeatNgram(cfg.no_repeat_ngram))
-    if target is not None:
-        processors.append(target)
-    placement = None
-    placing = placement_vocab is not None and TermPlacement(cfg.term_placement) is TermPlacement.aligned
-    if placing and target is not None and target.has_constraints:
-        assert placement_vocab is not None  # (placing)
-        given = [c or ControlIds() for c in controls or ()]
-        placement = placement_for(target, given, src_tokens.size(1), placement_vocab)
-    if placement is not None:
-        processors.append(placement)
+        every_decode.append(NoRepeatNgram(cfg.no_repeat_ngram))
+    processors = [*every_decode, *processors]
     for processor in processors:
         max_len = processor.limit_lengths(max_len)
         processor.start(width)
@@ -163,15 +143,15 @@ def generate(
     # function keeps what depends only on the source (cross-attention keys/values) per sentence.
     expand = torch.arange(batch, device=device).repeat_interleave(width)
     step_class = CachedStep if use_cache else RecomputeStep
-    # Placement reads each step's attention at the alignment layer: from what the hypotheses
-    # collect when they do (one layer of "all"), else asked for it alone.
-    step_layer, placement_layer = attention_layer, None
-    if placement is not None:
-        spec = placement_attention_layer(cfg, decoder_depth(model))
+    # A processor that reads each step's attention (term placement, at the alignment layer)
+    # gets it from what the hypotheses collect when they do (one layer of "all"), else asks for it alone.
+    read = _read_attention(processors)
+    step_layer, read_layer = attention_layer, None
+    if read is not None:
         if attention_layer is None:
-            step_layer = spec
+            step_layer = read
         elif attention_layer == "all":
-            placement_layer = int(spec.split(":")[0]) if isinstance(spec, str) else spec
+            read_layer = int(read.split(":")[0]) if isinstance(read, str) else read
     step_fn = step_class(model, src_tokens, memory, src_padding_mask, width, step_layer)
 
     sentence = torch.arange(batch, device=device)  # (n,) which input sentence each active one is
@@ -192,9 +172,9 @@ def generate(
         n = sentence.size(0)
         logits, attention = step_fn(prefix)
         step_attention = None
-        if placement is not None and attention is not None:  # (rows, src_len)
-            step_attention = attention[:, placement_layer] if placement_layer is not None else attention
-        if attention_layer is None:  # (the step's attention was placement's alone)
+        if read is not None and attention is not None:  # (rows, src_len)
+            step_attention = attention[:, read_layer] if read_layer is not None else attention
+        if attention_layer is None:  # (the step's attention was the processors' alone)
             attention = None
         if attention is not None:
             attention = attention.float().unsqueeze(1)  # (rows, 1, [layers,] src_len)
@@ -270,14 +250,22 @@ def generate(
     return _collect(finished, batch, cfg.nbest, src_lengths)
 
 
-def placement_attention_layer(cfg: DecodeConfig, depth: int | None) -> int | str:
-    """The attention term placement reads: the alignment layer (`decode.alignment_layer`, a
-    guided run's head once resolved; else the default, the last of a one-layer decoder), its
-    head or the heads' average."""
-    layer = int(cfg.alignment_layer) if cfg.alignment_layer is not None else DEFAULT_ALIGNMENT_LAYER
-    if cfg.alignment_layer is None and depth is not None and depth < -DEFAULT_ALIGNMENT_LAYER:
-        layer = -1
-    return layer if cfg.alignment_head is None else f"{layer}:{int(cfg.alignment_head)}"
+def _search(cfg: DecodeConfig, processors: Sequence[StepProcessor], device: torch.device) -> SearchAlgorithm:
+    """The search a processor must choose with (with constraints, the constrained beam:
+    mtrain.decode.search.constraints), else the one `cfg` asks for."""
+    for processor in processors:
+        own = processor.own_search(cfg)
+        if own is not None:
+            return own
+    return build_search(cfg, device)
+
+
+def _read_attention(processors: Sequence[StepProcessor]) -> int | str | None:
+    """The cross-attention the processors read (the step function gives one layer's)."""
+    layers = {processor.attention_layer for processor in processors} - {None}
+    if len(layers) > 1:
+        raise ValueError(f"step processors read the attention of different layers: {sorted(map(str, layers))}")
+    return layers.pop() if layers else None
 
 
 def decoder_depth(model: DecodingModel) -> int | None:

@@ -4,8 +4,8 @@
 between the engines and the translator: `selecting(engine, ...)` wraps it when
 `decode.mbr.candidates` or `decode.rerank.weights` is set and returns the engine itself
 otherwise (outputs are then exactly those of plain beam search or sampling). MBR
-(mtrain.decode.mbr) replaces the engine's n-best with its candidates ranked by expected
-utility; reranking (mtrain.decode.rerank) reorders the n-best it is given (with MBR: the
+(mtrain.decode.selection.mbr) replaces the engine's n-best with its candidates ranked by expected
+utility; reranking (mtrain.decode.selection.rerank) reorders the n-best it is given (with MBR: the
 candidates, the expected utility a feature; without: the whole beam, whatever
 `decode.nbest` keeps). `decode.nbest` of the result are kept. Its hypotheses carry `.text`
 already (MBR compares texts), which the translator then leaves as it is: each is
@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from mtrain.config import DecodeConfig, MbrCandidates, MbrUtility, Sampling, to_typed, with_values
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.engine import Engine
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.mbr import hypotheses_per_sentence, mbr_decode
-from mtrain.decode.rerank import FeatureScorer, features_of, read_weights, rerank, weight_vector
+from mtrain.decode.engines.engine import Engine
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.selection.mbr import hypotheses_per_sentence, mbr_decode
+from mtrain.decode.selection.rerank import FeatureScorer, features_of, read_weights, rerank, weight_vector
 from mtrain.decoding_rules import SELECTION_WITH_CONTROLS, SELECTION_WITH_PICTURES
 from mtrain.errors import MtrainError
 

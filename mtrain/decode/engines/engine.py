@@ -1,10 +1,11 @@
 """The lowest contract of decoding: an `Engine` decodes one batch of encoded sources.
 
-Every other part of `mtrain/decode/` above the generator is written against this protocol:
+Every layer of `mtrain/decode/` above the search is written against this protocol:
 `TorchEngine` (mtrain's model through `generate`, `torch_engine.py`) and `CTranslate2Model`
-(`ct2_engine.py`) implement it; `SelectingEngine` (`selection.py`: MBR and reranking) wraps
-one and is one; the translator (`translator.py`) batches sentences for any of them. This
-module imports none of those above it, so no import climbs back down to it in a circle.
+(`ct2_engine.py`) implement it; `SelectingEngine` (`selection/selecting.py`: MBR and
+reranking) wraps one and is one; the translator (`translation/translator.py`) batches
+sentences for any of them. The decode contract (pyproject.toml) keeps every layer above
+this one out of its imports.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from mtrain.config import DecodeConfig, Precision
-from mtrain.decode.constraints import ControlIds
-from mtrain.decode.hypothesis import Hypothesis
-from mtrain.decode.placement import PlacementVocab
-from mtrain.decode.torch_engine import TorchEngine
+from mtrain.decode.engines.torch_engine import TorchEngine
+from mtrain.decode.search.constraints import ControlIds
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.search.steering import VocabRules
 
 if TYPE_CHECKING:
-    from mtrain.decode.ensemble import EnsembleModel
+    from mtrain.decode.engines.ensemble import EnsembleModel
     from mtrain.model import Seq2SeqTransformer
     from mtrain.tokenizer import Tokenizer
 
@@ -55,7 +56,7 @@ def as_engine(
 ) -> Engine:
     """`model` itself if it is an engine, else mtrain's model wrapped in a `TorchEngine`
     (which, for bf16/fp16, casts the weights once: build it once per decode, not per batch)
-    that never emits the tokenizer's tags (`Tokenizer.tag_ids`, mtrain.decode.directions)."""
+    that never emits the tokenizer's tags (`Tokenizer.tag_ids`, mtrain.decode.engines.directions)."""
     if isinstance(model, Engine):
         return model
     return TorchEngine(
@@ -66,7 +67,5 @@ def as_engine(
         device,
         precision,
         use_cache,
-        banned_ids=tokenizer.tag_ids,
-        word_continuations=tokenizer.word_continuation_ids(),
-        placement_vocab=PlacementVocab.of(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))),
+        rules=VocabRules.of(tokenizer),
     )

@@ -1,5 +1,6 @@
-"""Raw text in and out of `mtrain translate`: lines, undecodable bytes, n-best TSV, and the
-small text files the command reads beside its input (terms, avoided phrases).
+"""Raw text in and out of `mtrain translate`: lines, undecodable bytes, n-best TSV (the small
+text files the command reads beside its input, terms and avoided phrases, are read by
+`mtrain.decode.requests.text_files`, which the request layer below this one uses too).
 
 Input is read as bytes and split on b"\\n" only (a U+2028 inside a sentence does not make
 two lines), so the output has exactly one line per input line; a `\\r` before the `\\n` (CRLF)
@@ -23,8 +24,8 @@ from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
 from mtrain.data.bounded_lines import count_lines as count_file_lines
-from mtrain.decode.alignment import pharaoh
-from mtrain.decode.hypothesis import Hypothesis
+from mtrain.decode.search.hypothesis import Hypothesis
+from mtrain.decode.translation.alignment import pharaoh
 from mtrain.errors import MtrainError
 from mtrain.rundir import atomic_write, enclosing_run
 
@@ -129,33 +130,6 @@ def read_chunks(stream: Iterable[bytes], chunk_lines: int, stats: InputRepairs) 
             chunk = []
     if chunk:
         yield chunk
-
-
-def read_text_lines(path: str | Path, key: str) -> list[str]:
-    """The lines of a small UTF-8 text file the command reads (`key=path`: terms, avoid) exactly
-    as written: a line may end in `\\n`, `\\r\\n` or `\\r` (Python's universal newlines) and a
-    byte-order mark at a line's start is dropped (as in the input), so a file saved on Windows
-    means what it says. MtrainError naming `key=path` when the file cannot be read, is not
-    UTF-8, or holds a U+FEFF inside a line, where dropping or keeping it would change an entry."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise MtrainError(f"{key}={path}: cannot read it ({error})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        number = data[: error.start].count(b"\n") + 1
-        raise MtrainError(f"{key}={path} line {number}: cannot read it: not UTF-8; save it as UTF-8") from None
-    lines = [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
-    if lines[-1] == "":
-        lines.pop()  # the end of the last line, not an empty line after it
-    for number, line in enumerate(lines, start=1):
-        if "\ufeff" in line:
-            raise MtrainError(
-                f"{key}={path} line {number}: a byte-order mark (U+FEFF) inside the line, column "
-                f"{line.index(chr(0xFEFF)) + 1}; remove it (it would be part of an entry)"
-            )
-    return lines
 
 
 def count_lines(path: str | None) -> int | None:
