@@ -144,7 +144,7 @@ def job_token_counts(batches: list[Batch], dist: DistributedContext) -> tuple[in
     """The target and source tokens of the update over all ranks. Under DDP every rank knows
     them without a collective: each batch carries the counts of its position on every rank
     (`BatchSource`, as the sampler deals all ranks from one list)."""
-    if not dist.enabled:
+    if dist.world_size <= 1:  # alone, or a group of one (torchrun with one process): the job is this rank
         return sum(batch.num_tgt_tokens for batch in batches), sum(batch.num_src_tokens for batch in batches)
     job_tgt = [batch.job_num_tgt_tokens for batch in batches]
     job_src = [batch.job_num_src_tokens for batch in batches]
