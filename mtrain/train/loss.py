@@ -270,14 +270,14 @@ class TranslationLoss(nn.Module):
     def forward(
         self,
         src_tokens: Tensor,
-        src_padding_mask: Tensor,
+        src_padding_mask: Tensor | None,
         tgt_input: Tensor,
         tgt_output: Tensor,
         num_tgt_tokens: int | None = None,
         alignment: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(summed loss, summed NLL) of a teacher-forced batch; with guided alignment, the
-        loss includes the guided head's weighted `alignment_loss` against `alignment`."""
+        """(summed loss, summed NLL) of a teacher-forced batch (`src_padding_mask` None: no
+        source padding); with guided alignment, the loss includes the guided head's weighted `alignment_loss` against `alignment`."""
         if self.guided is not None and alignment is not None:
             hidden, attention = self.model.decoder_states_and_attention(
                 src_tokens, src_padding_mask, tgt_input, self.guided.layer
