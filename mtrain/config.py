@@ -510,6 +510,9 @@ class TrainConfig:
     patience: int | None = ranged(None, at_least=1)  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # CUDA: fp32 matrix products (fp32 runs, and what bf16 autocast leaves in fp32) on TF32 tensor
+    # cores, as validation and the test decode too; false: full fp32 products (mtrain.runtime.set_tf32).
+    tf32: bool = True
     num_threads: int | None = ranged(None, at_least=1)  # CPU intra-op threads of training (null: torch's default)
     # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
     # translate and eval decode, whatever the load; mtrain/decode/threads.py): a test decode at
@@ -961,6 +964,7 @@ class DecodingCommandConfig:
     engine: Engine = Engine.torch
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
+    tf32: bool = True  # CUDA, engine=torch: fp32 matrix products on TF32 tensor cores (false: full fp32)
     # CPU threads (null: 1, whatever the load; mtrain/decode/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)

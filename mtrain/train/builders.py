@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mtrain.batches.guided_alignment import GuidedAlignments
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import Seq2SeqTransformer
+from mtrain.runtime import describe_device
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
 from mtrain.train.compilation import compile_network, shape_buckets
@@ -52,8 +53,8 @@ class TrainingParts:
         """The line a fit starts with: the model's size, where and how it trains, the batch budget."""
         params = sum(p.numel() for p in self.model.parameters())
         return (
-            f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
-            f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
+            f"model: {params / 1e6:.2f}M parameters | device {describe_device(self.device, train_cfg.tf32)} | "
+            f"precision {self.precision} | {ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
             f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
             f"{ranks}) | {self.batches.describe()}"
             + (
