@@ -19,7 +19,7 @@ from mtrain.model import Seq2SeqTransformer
 from mtrain.runtime import describe_device
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
-from mtrain.train.compilation import compile_network, shape_buckets
+from mtrain.train.compilation import compile_network, shape_buckets, static_shapes
 from mtrain.train.distributed import DistributedContext
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
@@ -83,16 +83,16 @@ def batch_pad_multiple(
 def build_network(
     model: Seq2SeqTransformer, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
 ) -> torch.nn.Module:
-    """The model and its loss as one module, in DDP under torchrun, compiled if asked. Under
-    CUDA graphs the loss projects every target position (pad rows weighted 0), so that no
-    shape depends on the batch's token count."""
+    """The model and its loss as one module, in DDP under torchrun, compiled if asked. Compiled
+    per shape (and under CUDA graphs) the loss projects every target position (pad rows weighted
+    0), so that no shape depends on the batch's token count."""
     guided_head = None
     if train_cfg.guided_alignment is not None:
         guided_head = GuidedHead(
             train_cfg.guided_alignment_layer, train_cfg.guided_alignment_head, train_cfg.guided_alignment_weight
         )
     network: torch.nn.Module = TranslationLoss(
-        model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs, guided=guided_head
+        model, pad_id, train_cfg.label_smoothing, static_rows=static_shapes(train_cfg), guided=guided_head
     )
     if dist.enabled:
         network = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)

@@ -29,11 +29,12 @@ _CPU_CHUNK_ELEMENTS = 1 << 21
 _GPU_CHUNK_ELEMENTS = 1 << 25
 
 
-def _chunk_count(rows: int, vocab: int, like: Tensor) -> int:
-    """How many row chunks keep one chunk's logits within the device's budget. Compiled code
-    takes one chunk: a count computed from the batch's size would make torch.compile
-    specialise on every token count (a recompile per batch)."""
-    if torch.compiler.is_compiling():
+def _chunk_count(rows: int | torch.SymInt, vocab: int, like: Tensor) -> int:
+    """How many row chunks keep one chunk's logits within the device's budget. Code compiled
+    for dynamic shapes takes one chunk: a count computed from a symbolic size would make
+    torch.compile specialise on every token count (a recompile per batch). Compiled per shape
+    (mtrain.train.compilation), the rows are a constant of the graph and so is the count."""
+    if isinstance(rows, torch.SymInt):
         return 1
     budget = _GPU_CHUNK_ELEMENTS if like.is_cuda else _CPU_CHUNK_ELEMENTS
     return max(1, -(-rows * vocab // budget))
