@@ -15,6 +15,7 @@ source padding (`Batch.src_padding_mask_or_none`); with padding they take the ef
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +83,7 @@ def format_backends(calls: list[AttentionCall]) -> list[str]:
 
 def _capture(
     name: str, module: DotProductAttention, captured: list[tuple[str, DotProductAttention, tuple[object, ...]]]
-) -> object:
+) -> Callable[[nn.Module, tuple[object, ...], object], None]:
     def hook(_module: nn.Module, args: tuple[object, ...], _output: object) -> None:
         captured.append((name, module, tuple(a.detach() if isinstance(a, Tensor) else a for a in args)))
 
