@@ -538,7 +538,8 @@ class TrainConfig:
     resume: bool = False
     # With resume: continue from this checkpoint of the run (e.g. update_200) instead of last.
     resume_from: str | None = None
-    # torch.compile the model and its loss (dynamic shapes: one graph for every batch shape).
+    # torch.compile the model and its loss: one static graph per batch shape with shape buckets
+    # (the default when compiling), else one dynamic graph for every shape (mtrain/train/compilation.py).
     # For GPUs: on a CPU the eager step is faster (0.80x of eager in fp32; docs/PERFORMANCE.md).
     compile: bool = False
     # Also capture the compiled forward and backward in CUDA graphs (torch.compile's
