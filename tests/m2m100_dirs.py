@@ -112,7 +112,9 @@ def build_m2m100_dir(directory: Path, spm_model: Path, *, seed: int = 0, d_model
     )
     tokenizer.save_pretrained(directory)
     shutil.rmtree(work)
-    _random_model(directory, len(tokenizer), seed, d_model, layers, heads, ffn_dim)
+    # (transformers 5's len(tokenizer) counts vocab.json alone; the model has rows for all three)
+    rows = len(vocab) + len(tokenizer.lang_code_to_id) + tokenizer.num_madeup_words
+    _random_model(directory, rows, seed, d_model, layers, heads, ffn_dim)
     return directory
 
 
