@@ -60,7 +60,16 @@ def train_fairseq_spm(directory: Path, data_dir: Path, vocab_size: int = 400, li
     return directory / SPM_FILE
 
 
-def _random_model(directory: Path, vocab_size: int, seed: int, d_model: int, layers: int, heads: int, ffn_dim: int):
+def _random_model(
+    directory: Path,
+    vocab_size: int,
+    seed: int,
+    d_model: int,
+    layers: int,
+    heads: int,
+    ffn_dim: int,
+    eos_bias: float = 4.0,
+):
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
     config = M2M100Config(
@@ -88,6 +97,11 @@ def _random_model(directory: Path, vocab_size: int, seed: int, d_model: int, lay
             if "layer_norm" not in name:
                 parameter.normal_(0.0, 0.3)
         model.model.shared.weight[1].zero_()  # the padding row, as nn.Embedding(padding_idx) keeps it
+        # M2M100 has no final_logits_bias to make </s> likely (Marian's fixtures raise it there): the
+        # decoder's last norm gets a bias along </s>'s row, +eos_bias on its logit, so that
+        # translations differ in length and many end before mtrain's length limit.
+        eos_row = model.model.shared.weight[2]
+        model.model.decoder.layer_norm.bias.copy_(eos_bias * eos_row / eos_row.dot(eos_row))
     model.save_pretrained(directory)
 
 
