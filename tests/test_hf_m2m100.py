@@ -19,7 +19,7 @@ transformers = pytest.importorskip(
 )
 
 from mtrain.config import DataConfig, DecodeConfig
-from mtrain.decode.translator import translate_encoded
+from mtrain.decode.translation.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export.hf_generation import max_new_tokens
 from mtrain.model import build_model
