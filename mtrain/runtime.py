@@ -149,6 +149,30 @@ def decoding_attention_kernels(device: torch.device) -> contextlib.AbstractConte
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def set_tf32(device: torch.device, enabled: bool) -> None:
+    """TF32 for fp32 matrix products on CUDA (`train.tf32`, `tf32=` of the decoding commands):
+    tensor cores at ~8x full fp32's rate (H100: 494 against 67 TFLOP/s dense), with fp32's range
+    and a 10-bit mantissa, the precision bf16 autocast already trades for more. It reaches the
+    fp32 runs and what autocast leaves in fp32. On a CPU nothing is set.
+
+    torch 2.13 has two ways to say it. Its new per-backend `fp32_precision` flags, set for
+    cuBLAS alone, make `torch.get_float32_matmul_precision()` raise (mixed legacy and new
+    settings), and inductor's autotuning cache reads it; `set_float32_matmul_precision`
+    ("high": TF32) sets cuBLAS and oneDNN consistently, so both ways read back the same.
+    """
+    if device.type != "cuda":
+        return
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled  # (cuDNN's convolutions: none in this model, set for consistency)
+
+
+def describe_device(device: torch.device, tf32: bool) -> str:
+    """The device as the lines naming it say it: on CUDA with how fp32 products run (`set_tf32`)."""
+    if device.type != "cuda":
+        return str(device)
+    return f"{device} (fp32 products in {'TF32' if tf32 else 'full fp32, tf32=false'})"
+
+
 def set_threads(num_threads: int | None) -> None:
     if num_threads:
         torch.set_num_threads(num_threads)

@@ -2,6 +2,13 @@
 autocast, dropout 0.1 (mtrain's cheap mask, or torch's F.dropout) vs 0.
 
     OMP_NUM_THREADS=2 .venv/bin/python scripts/bench_attention.py [--rounds 2] [--tokens 3000]
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_attention.py --encoder-attention --threads 1
+
+`--encoder-attention` times one encoder self-attention (projections, attention, output
+projection; forward+backward) instead, on the same batch with its source padding masked (an
+additive bias, as before issue 61) and on a batch of the same shape without padding, masked
+with an all-zero bias (as before) or given no mask (`Batch.src_padding_mask_or_none`: what
+lets SDPA take the flash kernel on CUDA), for sdpa and math attention in fp32 and bf16.
 
 The model is the CPU benchmark's: 3+3 layers, d_model 256, 4 heads, FFN 1024, an 8k joint
 vocabulary, tied embeddings. Batches are synthetic but shaped like Multi30k's: sentences of
@@ -28,6 +35,7 @@ import torch.nn.functional as F
 import mtrain.model.dropout as dropout_module
 from mtrain.config import ModelConfig
 from mtrain.model import build_model
+from mtrain.model.attention import SelfAttention, padding_bias
 
 VOCAB, PAD = 8000, 1
 OWN_DROPOUT = (dropout_module._Dropout, dropout_module._DropoutAdd)
@@ -95,14 +103,67 @@ class Setting:
         return f"{self.dropout} ({'F.dropout' if self.torch_dropout else 'mtrain'})"
 
 
+class EncoderAttention:
+    """One encoder self-attention, timed forward+backward with one way of masking."""
+
+    MASKS = ("padded batch, bias", "no padding, zero bias", "no padding, no mask")
+
+    def __init__(self, impl: str, precision: str, mask: str):
+        self.impl, self.precision, self.mask = impl, precision, mask
+        torch.manual_seed(0)
+        self.attention = SelfAttention(256, 4, 0.1, impl, None).train()  # type: ignore[arg-type]
+        self.best = self.best_cpu = float("inf")
+
+    def step(self, x: torch.Tensor, src_padding_mask: torch.Tensor) -> None:
+        if self.mask == self.MASKS[0]:
+            bias = padding_bias(src_padding_mask)
+        elif self.mask == self.MASKS[1]:
+            bias = padding_bias(torch.zeros_like(src_padding_mask))
+        else:
+            bias = None
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.precision == "bf16" else nullcontext()
+        x = x.detach().requires_grad_(True)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        with autocast:
+            output = self.attention(x, bias=bias)
+        output.float().sum().backward()
+        self.best = min(self.best, time.perf_counter() - start)
+        self.best_cpu = min(self.best_cpu, time.process_time() - start_cpu)
+        self.attention.zero_grad(set_to_none=True)
+
+
+def encoder_attention(args: argparse.Namespace, batch: tuple[torch.Tensor, ...]) -> None:
+    src_padding_mask = batch[1]
+    x = torch.randn(*src_padding_mask.shape, 256, generator=torch.Generator().manual_seed(1))
+    settings = [
+        EncoderAttention(impl, precision, mask)
+        for impl, precision, mask in itertools.product(("sdpa", "math"), ("fp32", "bf16"), EncoderAttention.MASKS)
+    ]
+    for _ in range(args.rounds + 1):
+        for setting in settings:
+            setting.step(x, src_padding_mask)
+    print(
+        f"encoder self-attention, {x.shape[0]} sentences x {x.shape[1]} positions, d_model 256, 4 heads, "
+        f"dropout 0.1; {args.threads} threads; best of {args.rounds} rounds after a warm-up"
+    )
+    print("| attention | precision | batch, mask | ms fwd+bwd | CPU ms |")
+    print("|---|---|---|---:|---:|")
+    for s in settings:
+        print(f"| {s.impl} | {s.precision} | {s.mask} | {s.best * 1000:.2f} | {s.best_cpu * 1000:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after one warm-up")
     parser.add_argument("--tokens", type=int, default=3000, help="target tokens per batch")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encoder-attention", action="store_true", help="time one encoder self-attention")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch = make_batch(args.tokens, torch.Generator().manual_seed(0))
+    if args.encoder_attention:
+        encoder_attention(args, batch)
+        return
     target_tokens = int((batch[3] != PAD).sum())
     settings = [
         Setting(impl, precision, dropout, False)

@@ -18,7 +18,8 @@ compile is reported and the next mode runs); a mode's rows are printed as they a
     python scripts/bench_compile.py --model transformer_big --max-tokens 16384 --json big.json
     python scripts/bench_compile.py --smoke                          # tiny, on a CPU: the script works
 
-`--smoke` runs tiny models on a CPU with dynamo's `eager` backend; its `graphs` mode takes the
+`--smoke` runs tiny models on a CPU with dynamo's `eager` backend (`--backend inductor`: the
+real code generation, for CPU figures of compile time and compiled speed); its `graphs` mode takes the
 graph-captured step's path (static loss rows, step marks) but captures nothing: a CPU has no
 CUDA graphs (mtrain refuses train.cuda_graphs there; the smoke builds past that check).
 """
@@ -138,7 +139,7 @@ def measure(args: argparse.Namespace, mode: str, max_tokens: int, data, device: 
 def child(args: argparse.Namespace, device: torch.device) -> int:
     """One mode, every size, in this process: a ROW line per size as it is measured."""
     data = synthetic_data(SimpleNamespace(vocab=args.vocab, sentences=args.pairs))
-    with compile_backend("eager" if args.smoke else "inductor"):
+    with compile_backend(args.backend):
         for max_tokens in args.sizes:
             try:
                 row = measure(args, args.child, max_tokens, data, device)
@@ -207,12 +208,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", default=None, help="comma-separated batch sizes (default 4096,16384,65536)")
     parser.add_argument("--pairs", type=int, default=None, help="synthetic pairs per epoch (default 12,000)")
     parser.add_argument("--shape-buckets", type=int, default=8)
+    parser.add_argument(
+        "--backend", default=None, help="torch.compile's backend (default: eager with --smoke, else inductor)"
+    )
     parser.add_argument("--budget", type=float, default=170.0, help="seconds for all modes: a mode gets what is left")
     parser.add_argument("--mode-timeout", type=float, default=90.0, help="seconds a mode may take (eager: half)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one mode in this process
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.backend = args.backend or ("eager" if args.smoke else "inductor")
     default_sizes = "512,1024,2048" if args.smoke else "4096,16384,65536"
     args.sizes = [int(size) for size in (args.max_tokens or default_sizes).split(",")]
     args.pairs = args.pairs or (600 if args.smoke else 12_000)

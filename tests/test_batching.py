@@ -41,6 +41,19 @@ def test_collate_teacher_forcing_padding_and_masks():
     assert batch.src_tokens.dtype == torch.int64 and batch.src_padding_mask.dtype == torch.bool
 
 
+def test_padding_mask_is_none_only_for_a_batch_without_source_padding():
+    corpus = EncodedCorpus.from_sequences(
+        src=[[10, 11, EOS], [12, EOS], [13, 14, EOS]], tgt=[[20, 21], [22, 23, 24], [25]]
+    )
+    padded = collate(corpus, [0, 1], PAD, BOS, EOS)
+    assert padded.src_padding_mask_or_none is padded.src_padding_mask
+    unpadded = collate(corpus, [0, 2], PAD, BOS, EOS)  # both sources 3 tokens; targets still padded
+    assert not unpadded.src_padding_mask.any() and unpadded.src_padding_mask_or_none is None
+    assert collate(corpus, [0, 2], PAD, BOS, EOS, pad_to_multiple=4).src_padding_mask_or_none is not None
+    dummy = collate(corpus, [0, 2, -1], PAD, BOS, EOS, bucket_widths=np.array([4]))  # a bucket's dummy row
+    assert dummy.src_padding_mask_or_none is dummy.src_padding_mask
+
+
 def test_collate_matches_a_plain_python_reference():
     corpus = random_corpus(200, seed=1)
     indices = np.array([5, 17, 3, 199, 42, 0])

@@ -269,7 +269,7 @@ REFUSALS = {
         ),
         [],
         "config.json's architecture T5ForConditionalGeneration is not supported; init_from reads MarianMTModel, "
-        "PegasusForConditionalGeneration",
+        "M2M100ForConditionalGeneration, PegasusForConditionalGeneration",
     ),
     "no-weights": (lambda d: (d / "model.safetensors").unlink(), [], "has a config.json but no weights"),
     "no-tokenizer": (lambda d: (d / "vocab.json").unlink(), [], "has no Marian tokenizer files"),

@@ -197,3 +197,19 @@ def test_static_rows_project_the_padding_and_count_nothing_of_it(eps, restricted
     for selected, static in zip(*results, strict=True):
         assert torch.allclose(selected, static, rtol=1e-5, atol=1e-6)
     assert (results[1][2][3, 1:] == 0).all()  # the pad rows get no gradient
+
+
+@pytest.mark.parametrize("static_rows", [True, False])
+def test_compiled_per_shape_the_loss_keeps_its_chunks(static_rows):
+    """Compiled per batch shape (shape buckets: static rows, every target position weighted) the
+    row count is a constant of each graph, and so is the chunk count: the logits stay chunked
+    (5,000 rows x 1,000 pieces in the CPU's 2M-element chunks: 3; 4,000 rows: 2). The non-pad
+    rows' count changes every batch: compiled, that takes one chunk (no graph per token count)."""
+    torch._dynamo.reset()
+    count = torch.compile(
+        lambda hidden: hidden.new_full((), loss_module._chunk_count(hidden.shape[0], 1000, hidden, static_rows)),
+        backend="eager",
+        dynamic=not static_rows,
+    )
+    assert [int(count(torch.zeros(rows, 4))) for rows in (5000, 4000)] == ([3, 2] if static_rows else [1, 1])
+    assert loss_module._chunk_count(5000, 1000, torch.zeros(1), static_rows) == 3  # eager: always chunked

@@ -50,3 +50,15 @@ def test_rotary_keeps_bf16_activations_in_bf16():
     out = rotary(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), reference_rope(x.float(), 0), rtol=2e-2, atol=2e-2)
+
+
+def test_position_offset_starts_the_sinusoids_at_that_row_and_needs_a_sinusoidal_table():
+    """M2M100's positions start at pad_id + 1 (`model.position_offset`): position p reads row p + offset."""
+    from mtrain.config import ModelConfig
+    from mtrain.errors import MtrainError
+    from mtrain.model.positions import SinusoidalPositions, sinusoidal_table
+
+    shifted = SinusoidalPositions(8, 16, first_row=2)
+    assert torch.equal(shifted(3, offset=1), sinusoidal_table(20, 8)[3:6])
+    with pytest.raises(MtrainError, match=r"model.position_offset=2 shifts a sinusoidal table; model.positions=rope"):
+        ModelConfig(positions="rope", position_offset=2).check("model")  # type: ignore[arg-type]

@@ -99,3 +99,42 @@ def test_a_precision_knows_its_dtype_its_autocast_and_its_ctranslate2_compute_ty
         assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(MtrainError, match="fp16 needs a CUDA device"):
         runtime.resolve_precision("fp16", cpu)
+
+
+@pytest.fixture
+def restored_tf32_flags():
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def test_set_tf32_sets_the_cuda_products_precision_both_apis_read_back(restored_tf32_flags):
+    runtime.set_tf32(torch.device("cuda"), True)  # (setting flags needs no GPU)
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32" and torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+    runtime.set_tf32(torch.device("cuda:0"), False)
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee" and not torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+    runtime.set_tf32(torch.device("cpu"), True)  # a CPU run leaves them alone
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+
+
+def test_the_device_lines_say_how_fp32_products_run():
+    assert runtime.describe_device(torch.device("cpu"), True) == "cpu"
+    assert runtime.describe_device(torch.device("cuda:0"), True) == "cuda:0 (fp32 products in TF32)"
+    assert runtime.describe_device(torch.device("cuda:0"), False) == "cuda:0 (fp32 products in full fp32, tf32=false)"
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_train_tf32_reaches_the_setter(monkeypatch, tf32):
+    from mtrain.config import FitConfig
+    from mtrain.train import setup
+
+    calls = []
+    monkeypatch.setattr(setup, "set_tf32", lambda device, enabled: calls.append((device.type, enabled)))
+    monkeypatch.setattr(setup, "set_threads", lambda threads: None)
+    cfg = FitConfig()
+    cfg.train.device, cfg.train.tf32 = "cpu", tf32
+    setup.resolve_machine(cfg)
+    assert calls == [("cpu", tf32)]

@@ -53,6 +53,13 @@ class Batch:
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def src_padding_mask_or_none(self) -> torch.Tensor | None:
+        """src_padding_mask, or None when no source is padded (the host's token count says so,
+        no device read): the model's attention then runs without a mask, which is what lets
+        SDPA take its flash kernel on CUDA (mtrain.model.attention)."""
+        return None if self.num_src_tokens == self.src_tokens.numel() else self.src_padding_mask
+
     def _map(self, function: Any) -> Batch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return Batch(**{k: function(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()})

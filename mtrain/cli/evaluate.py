@@ -74,7 +74,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
     from mtrain.evaluate.runs import run_config
     from mtrain.evaluate.scoring import score_split
     from mtrain.export.engine import open_engine
-    from mtrain.runtime import resolve_device
+    from mtrain.runtime import describe_device, resolve_device, set_tf32
 
     metrics = check_metric_names(cfg.metrics)
     assert cfg.run is not None  # (main: run= chose this mode)
@@ -91,6 +91,7 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
             "one model; average a run's checkpoints (run=RUN_DIR average_last=N), or export the average"
         )
     device = resolve_device(cfg.device)
+    set_tf32(device, cfg.tf32)
     averaged_from: list[str] | None = None
     split: SplitText | None = None
     checkpoint: str | Path
@@ -140,7 +141,8 @@ def evaluate_run(cfg: EvalConfig, log: Callable[[str], None] = print) -> dict[st
         split = SplitText(split.sources, given.references, [split.files[0]] + given.files)
     log(
         f"decoding {counted(len(split.sources), 'sentence')} of {cfg.split} with "
-        f"{engine.description if cfg.ensemble or exported else checkpoint} ({describe_search(cfg.decode)}, {device}, "
+        f"{engine.description if cfg.ensemble or exported else checkpoint} ({describe_search(cfg.decode)}, "
+        f"{describe_device(device, cfg.tf32)}, "
         f"{engine.precision}, engine={engine.engine}, {describe_threads(threads, chosen=cfg.num_threads is not None)})"
     )
     if cfg.ensemble:  # run='s checkpoint (above) first, then the other members

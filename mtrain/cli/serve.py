@@ -42,7 +42,7 @@ def run_serve(cfg: ServeConfig) -> None:
     from mtrain.decode.selection.rerank import check_rerank_files
     from mtrain.decode.selection.selecting import describe_search
     from mtrain.decoding_rules import check_term_mode
-    from mtrain.runtime import resolve_device
+    from mtrain.runtime import describe_device, resolve_device, set_tf32
     from mtrain.serve.app import build_app
     from mtrain.serve.guards import check_browser_rules
     from mtrain.serve.model import open_served_model
@@ -60,7 +60,9 @@ def run_serve(cfg: ServeConfig) -> None:
     listener = listen(cfg.host, cfg.port)
     try:
         threads = set_decode_threads(cfg.num_threads)
-        model = open_served_model(cfg, resolve_device(cfg.device), threads)
+        device = resolve_device(cfg.device)
+        set_tf32(device, cfg.tf32)
+        model = open_served_model(cfg, device, threads)
         # Any request may bring terms: refused now, as translate refuses it, not at every request.
         check_term_mode(cfg.decode, glossary=True, term_aware=model.term_aware)
         server = uvicorn.Server(uvicorn_config(build_app(model, cfg, glossary), cfg))
@@ -70,7 +72,7 @@ def run_serve(cfg: ServeConfig) -> None:
             "serving %s (engine=%s on %s, %s, %s%s) on http://%s:%d",
             model.description,
             model.engine_name,
-            model.device,
+            describe_device(model.device, cfg.tf32),
             describe_search(cfg.decode),
             describe_threads(threads, chosen=cfg.num_threads is not None),
             f", {controls} for every request" if controls else "",

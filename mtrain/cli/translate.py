@@ -42,7 +42,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     from mtrain.decode.text.textio import check_paths, check_spares_what_it_reads, check_streams
     from mtrain.decode.translation.alignment import resolve_alignment_source
     from mtrain.export.engine import open_engine
-    from mtrain.runtime import resolve_device
+    from mtrain.runtime import describe_device, resolve_device, set_tf32
 
     if cfg.run is None:  # (with ensemble= the config check has said how an ensemble is written)
         raise MtrainError("run=RUN_DIR is missing: give the directory `mtrain fit` wrote (outputs/DATE/TIME)")
@@ -61,6 +61,7 @@ def run_translate(cfg: TranslateConfig) -> None:
         check_prefix_lines(cfg.prefix, cfg.input)
     threads = set_decode_threads(cfg.num_threads)  # said once, below, when the model is open
     device = resolve_device(cfg.device)
+    set_tf32(device, cfg.tf32)
     # run= may also be a directory written by `mtrain export` (decoded by CTranslate2, announced).
     engine = open_engine(
         cfg.run,
@@ -85,7 +86,7 @@ def run_translate(cfg: TranslateConfig) -> None:
     log.info(
         "translating with %s on %s, engine=%s, %s, %s%s%s",
         engine.description,
-        device,
+        describe_device(device, cfg.tf32),
         engine.engine,
         describe_search(cfg.decode),
         describe_threads(threads, chosen=cfg.num_threads is not None),

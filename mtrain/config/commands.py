@@ -51,6 +51,7 @@ class DecodingCommandConfig:
     engine: Engine = Engine.torch
     device: str = "auto"
     precision: str = "auto"  # torch: auto | fp32 | bf16 | fp16; ctranslate2: also its compute types (int8, ...)
+    tf32: bool = True  # CUDA, engine=torch: fp32 matrix products on TF32 tensor cores (false: full fp32)
     # CPU threads (null: 1, whatever the load; mtrain/decode/engines/threads.py)
     num_threads: int | None = ranged(None, at_least=1)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # (serve: the default of every request)

@@ -78,6 +78,9 @@ class TrainConfig:
     patience: int | None = ranged(None, at_least=1)  # validations without a val-BLEU gain before stopping
     precision: Precision = Precision.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # CUDA: fp32 matrix products (fp32 runs, and what bf16 autocast leaves in fp32) on TF32 tensor
+    # cores, as validation and the test decode too; false: full fp32 products (mtrain.runtime.set_tf32).
+    tf32: bool = True
     num_threads: int | None = ranged(None, at_least=1)  # CPU intra-op threads of training (null: torch's default)
     # CPU threads of validation (its loss and its decode) and of the test decode (null: 1, as
     # translate and eval decode, whatever the load; mtrain/decode/engines/threads.py): a test decode at
@@ -107,7 +110,8 @@ class TrainConfig:
     resume: bool = False
     # With resume: continue from this checkpoint of the run (e.g. update_200) instead of last.
     resume_from: str | None = None
-    # torch.compile the model and its loss (dynamic shapes: one graph for every batch shape).
+    # torch.compile the model and its loss: one static graph per batch shape with shape buckets
+    # (the default when compiling), else one dynamic graph for every shape (mtrain/train/compilation.py).
     # For GPUs: on a CPU the eager step is faster (0.80x of eager in fp32; docs/PERFORMANCE.md).
     compile: bool = False
     # Also capture the compiled forward and backward in CUDA graphs (torch.compile's

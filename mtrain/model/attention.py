@@ -10,15 +10,20 @@ the queries and keys (`mtrain.model.instruments`). It runs one of two ways (`mod
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, a fused kernel;
 - `math`: matmul, additive mask, softmax, matmul, written out below.
 `auto` takes sdpa on CUDA and math on CPU, where it trains faster for the short sentences
-of small corpora (the measurements are in `_use_sdpa`).
+of small corpora (the measurements are in `uses_sdpa`).
 
 Masks are additive biases, 0 where attention is allowed and -inf where it is not, so the
-backward pass of masking is free; causal masking is a flag.
+backward pass of masking is free; causal masking is a flag. A batch without source padding
+has no mask at all (`padding_bias(None)`), and the decoder's self-attention never has one
+(causal alone: a real target position only sees earlier, real positions; padded positions are
+unlabelled, so what they see is never trained on): SDPA without a mask may take the flash kernel
+on CUDA, which refuses any mask (`mtrain.model.attention_backends` reports which kernel runs).
 """
 
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +36,15 @@ from mtrain.model.precision import to_compute_dtype
 from mtrain.model.state import LayerCache
 
 
-def padding_bias(padding_mask: Tensor) -> Tensor:
-    """(batch, 1, 1, len) additive bias from a (batch, len) mask that is True at padding."""
+@overload
+def padding_bias(padding_mask: Tensor) -> Tensor: ...
+@overload
+def padding_bias(padding_mask: None) -> None: ...
+def padding_bias(padding_mask: Tensor | None) -> Tensor | None:
+    """(batch, 1, 1, len) additive bias from a (batch, len) mask that is True at padding;
+    None (no padding) gives None: attention without a mask."""
+    if padding_mask is None:
+        return None
     bias = torch.zeros(padding_mask.shape, dtype=torch.float32, device=padding_mask.device)
     return bias.masked_fill_(padding_mask, float("-inf"))[:, None, None, :]
 
@@ -125,7 +137,7 @@ class DotProductAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         dropout_p = self.attention_dropout if self.training else 0.0
-        return attend(q, k, v, bias, causal, dropout_p, _use_sdpa(self.impl, q), need_weights)
+        return attend(q, k, v, bias, causal, dropout_p, uses_sdpa(self.impl, q), need_weights)
 
 
 class SelfAttention(nn.Module):
@@ -207,13 +219,13 @@ class CrossAttention(nn.Module):
         return split_heads(keys, self.heads), split_heads(values, self.heads)
 
     def forward(
-        self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor, need_weights: bool = False
+        self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """x (rows, tgt_len, d_model) -> output (rows, tgt_len, d_model) and, when asked,
         the attention probabilities of every head (rows, heads, tgt_len, src_len).
 
-        keys/values (sentences, heads, src_len, head_dim) and bias (sentences, 1, 1, src_len)
-        have one row per sentence; x has `rows = sentences x hypotheses` rows, sentence-major
+        keys/values (sentences, heads, src_len, head_dim) and bias (sentences, 1, 1, src_len;
+        None: no source padding) have one row per sentence; x has `rows = sentences x hypotheses` rows, sentence-major
         (1 hypothesis except in beam search). A sentence's hypotheses share its keys/values:
         their queries are attended as more query positions of that sentence, so the
         keys/values are never copied per hypothesis.
@@ -230,7 +242,7 @@ class CrossAttention(nn.Module):
         return output, per_row.reshape(rows, heads, tgt_len, src_len)
 
 
-def _use_sdpa(impl: AttentionImpl, x: Tensor) -> bool:
+def uses_sdpa(impl: AttentionImpl, x: Tensor) -> bool:
     """`auto` means sdpa on CUDA (fused flash/memory-efficient kernels) and math on CPU.
 
     Measured with scripts/bench_attention.py on the benchmark CPU (AMD EPYC, AVX512-BF16,

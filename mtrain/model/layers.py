@@ -43,8 +43,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_impl, rotary)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
 
-    def forward(self, x: Tensor, src_bias: Tensor) -> Tensor:
-        """x (batch, src_len, d_model); src_bias (batch, 1, 1, src_len) masks padding."""
+    def forward(self, x: Tensor, src_bias: Tensor | None) -> Tensor:
+        """x (batch, src_len, d_model); src_bias (batch, 1, 1, src_len) masks padding (None: none)."""
         p, training = self.dropout_p, self.training
         x = dropout_add(x, self.self_attn(self.self_attn_norm(x), bias=src_bias), p, training)
         x = dropout_add(x, self.ffn(self.ffn_norm(x)), p, training)
@@ -75,7 +75,7 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         cross_keys: Tensor,
         cross_values: Tensor,
-        src_bias: Tensor,
+        src_bias: Tensor | None,
         cache: LayerCache | None = None,
         offset: int = 0,
         need_weights: bool = False,

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
     if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
-        return SinusoidalPositions(cfg.d_model, cfg.max_positions, Positions(cfg.positions))
+        return SinusoidalPositions(cfg.d_model, cfg.max_positions, Positions(cfg.positions), cfg.position_offset)
     if cfg.positions == Positions.learned:
         return LearnedPositions(cfg.d_model, cfg.max_positions)
     return None  # rope acts inside attention; none adds nothing
@@ -118,11 +118,12 @@ class Seq2SeqTransformer(nn.Module):
             self._refresh_output_ids()
 
     # ------------------------------------------------------------------ training
-    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
-        """Teacher-forced logits (batch, tgt_len, padded vocab) for tgt_input = [bos] y."""
+    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor | None, tgt_input: Tensor) -> Tensor:
+        """Teacher-forced logits (batch, tgt_len, padded vocab) for tgt_input = [bos] y;
+        src_padding_mask None: no source padding (attention then runs without a mask)."""
         return self._logits(self.decoder_states(src_tokens, src_padding_mask, tgt_input))
 
-    def decoder_states(self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor) -> Tensor:
+    def decoder_states(self, src_tokens: Tensor, src_padding_mask: Tensor | None, tgt_input: Tensor) -> Tensor:
         """Teacher-forced final decoder states (batch, tgt_len, d_model), after the final norm:
         what the output projection multiplies (training takes them to the fused loss of
         `mtrain.train.loss`, which projects only the non-pad rows)."""
@@ -138,7 +139,7 @@ class Seq2SeqTransformer(nn.Module):
         return self._final_decoder_norm(x)
 
     def decoder_states_and_attention(
-        self, src_tokens: Tensor, src_padding_mask: Tensor, tgt_input: Tensor, layer: int
+        self, src_tokens: Tensor, src_padding_mask: Tensor | None, tgt_input: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
         """`decoder_states` and the cross-attention probabilities of decoder layer `layer`,
         every head: (batch, heads, tgt_len, src_len), before dropout (guided alignment)."""
@@ -185,8 +186,8 @@ class Seq2SeqTransformer(nn.Module):
         self.output_ids = torch.nonzero(self.output_allowed).squeeze(1)
         return self.output_ids.numel()
 
-    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor) -> Tensor:
-        """memory (batch, src_len, d_model); src_padding_mask is True at padding."""
+    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None) -> Tensor:
+        """memory (batch, src_len, d_model); src_padding_mask is True at padding (None: none)."""
         src_bias = padding_bias(src_padding_mask)
         x = self.src_embed(src_tokens)
         for layer in self.encoder:

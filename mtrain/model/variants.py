@@ -60,7 +60,7 @@ class VariantEncoderLayer(EncoderLayer):
         super().__init__(cfg, rotary)
         self.residual = residual_for(cfg)
 
-    def forward(self, x: Tensor, src_bias: Tensor) -> Tensor:
+    def forward(self, x: Tensor, src_bias: Tensor | None) -> Tensor:
         p, training = self.dropout_p, self.training
         x = self.residual(x, partial(self.self_attn, bias=src_bias), self.self_attn_norm, p, training)
         return self.residual(x, self.ffn, self.ffn_norm, p, training)
@@ -80,7 +80,7 @@ class VariantDecoderLayer(DecoderLayer):
         x: Tensor,
         cross_keys: Tensor,
         cross_values: Tensor,
-        src_bias: Tensor,
+        src_bias: Tensor | None,
         cache: LayerCache | None = None,
         offset: int = 0,
         need_weights: bool = False,

@@ -15,9 +15,10 @@ import torch
 from mtrain.batches.guided_alignment import GuidedAlignments
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import Seq2SeqTransformer
+from mtrain.runtime import describe_device
 from mtrain.tokenizer import SpecialIds
 from mtrain.train.batch_source import BatchSource, TrainingCorpora
-from mtrain.train.compilation import compile_network, shape_buckets
+from mtrain.train.compilation import compile_network, shape_buckets, static_shapes
 from mtrain.train.distributed import DistributedContext, data_parallel
 from mtrain.train.ema import WeightAverage
 from mtrain.train.faults import NonFiniteGuard, OutOfMemoryGuard
@@ -51,8 +52,8 @@ class TrainingParts:
         """The line a fit starts with: the model's size, where and how it trains, the batch budget."""
         params = sum(p.numel() for p in self.model.parameters())
         return (
-            f"model: {params / 1e6:.2f}M parameters | device {self.device} | precision {self.precision} | "
-            f"{ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
+            f"model: {params / 1e6:.2f}M parameters | device {describe_device(self.device, train_cfg.tf32)} | "
+            f"precision {self.precision} | {ranks} rank(s) | batch budget {train_cfg.max_tokens * train_cfg.update_freq * ranks} "
             f"tokens/update (max_tokens {train_cfg.max_tokens} x update_freq {train_cfg.update_freq} x ranks "
             f"{ranks}) | {self.batches.describe()}"
             + (
@@ -81,16 +82,16 @@ def batch_pad_multiple(
 def build_network(
     model: Seq2SeqTransformer, train_cfg: TrainConfig, pad_id: int, dist: DistributedContext, device: torch.device
 ) -> torch.nn.Module:
-    """The model and its loss as one module, in DDP under torchrun, compiled if asked. Under
-    CUDA graphs the loss projects every target position (pad rows weighted 0), so that no
-    shape depends on the batch's token count."""
+    """The model and its loss as one module, in DDP under torchrun, compiled if asked. Compiled
+    per shape (and under CUDA graphs) the loss projects every target position (pad rows weighted
+    0), so that no shape depends on the batch's token count."""
     guided_head = None
     if train_cfg.guided_alignment is not None:
         guided_head = GuidedHead(
             train_cfg.guided_alignment_layer, train_cfg.guided_alignment_head, train_cfg.guided_alignment_weight
         )
     network: torch.nn.Module = TranslationLoss(
-        model, pad_id, train_cfg.label_smoothing, static_rows=train_cfg.cuda_graphs, guided=guided_head
+        model, pad_id, train_cfg.label_smoothing, static_rows=static_shapes(train_cfg), guided=guided_head
     )
     if dist.enabled:
         network = data_parallel(network, device)

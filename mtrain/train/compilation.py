@@ -1,14 +1,21 @@
 """The compiled update: `train.compile`, `train.cuda_graphs`, and how often torch.compile compiled.
 
-`compile_network` wraps the network the step calls (model + loss) in `torch.compile` with
-dynamic shapes, so that one graph serves every batch shape; with `train.cuda_graphs` in the
-"reduce-overhead" mode, which records a CUDA graph of the compiled forward and backward per
-batch shape and replays it: one launch instead of ~700 kernels (docs/PERFORMANCE.md, GPU).
-Shape buckets (`train.shape_buckets`, mtrain.batches.buckets) keep those shapes few.
+`compile_network` wraps the network the step calls (model + loss) in `torch.compile`; with
+`train.cuda_graphs` in the "reduce-overhead" mode, which records a CUDA graph of the compiled
+forward and backward per batch shape and replays it: one launch instead of ~700 kernels
+(docs/PERFORMANCE.md, GPU).
 
-Dynamo compiles again when a guard fails (a size it specialised on, such as a dimension of
-1 or two sizes that happened to be equal); `compiled_graphs` counts what it built, and
-`GraphLog` logs each new one the trainer's updates built with the batch shape that caused it.
+Shape buckets (`train.shape_buckets`, mtrain.batches.buckets; on by default when compiling)
+make every batch one of a few shapes known in advance, and then each shape is compiled
+statically (`dynamic=False`): one graph per bucket, its kernels specialised to its sizes, the
+loss's chunk count fixed per bucket (mtrain.train.loss), and the loss weighting the pad rows
+instead of selecting the others by a token count that changes every batch (`static_shapes`).
+Dynamo's recompile limit (8 graphs of one function) is raised to keep a graph for every bucket.
+Without buckets the shapes are unbounded, and one dynamic graph serves them all.
+
+Dynamo compiles again when a guard fails (a new shape, or a batch without source padding,
+whose attention runs unmasked: mtrain.model.attention); `compiled_graphs` counts what it built,
+and `GraphLog` logs each new one the trainer's updates built with the batch shape that caused it.
 """
 
 from __future__ import annotations
@@ -44,12 +51,29 @@ def shape_buckets(train_cfg: TrainConfig) -> int:
     return 8 if compiling(train_cfg) else 0
 
 
+def static_shapes(train_cfg: TrainConfig) -> bool:
+    """Whether the network is compiled per batch shape (compiling, with shape buckets): then no
+    input may vary from batch to batch within a shape, so the loss projects every target
+    position and weights the pad rows 0 (`TranslationLoss(static_rows=True)`)."""
+    return compiling(train_cfg) and shape_buckets(train_cfg) > 0
+
+
+# Graphs kept per compiled function: a bucket's batches bring its shape with and without source
+# padding, and a mixture of corpora brings new row counts each epoch. Beyond, dynamo falls back
+# to eager for new shapes (and warns).
+GRAPHS_PER_BUCKET = 4
+
+
 def compile_network(network: torch.nn.Module, train_cfg: TrainConfig) -> torch.nn.Module:
-    """`network` compiled as the config asks (or as it is)."""
+    """`network` compiled as the config asks (or as it is): per shape with shape buckets, else dynamic."""
     if not compiling(train_cfg):
         return network
     mode = "reduce-overhead" if train_cfg.cuda_graphs else None
-    return torch.compile(network, dynamic=True, mode=mode)  # type: ignore[return-value]
+    static = static_shapes(train_cfg)
+    if static:
+        limit = GRAPHS_PER_BUCKET * shape_buckets(train_cfg)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    return torch.compile(network, dynamic=not static, mode=mode)  # type: ignore[return-value]
 
 
 def begin_graph_step() -> None:

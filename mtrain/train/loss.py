@@ -29,11 +29,13 @@ _CPU_CHUNK_ELEMENTS = 1 << 21
 _GPU_CHUNK_ELEMENTS = 1 << 25
 
 
-def _chunk_count(rows: int, vocab: int, like: Tensor) -> int:
-    """How many row chunks keep one chunk's logits within the device's budget. Compiled code
-    takes one chunk: a count computed from the batch's size would make torch.compile
-    specialise on every token count (a recompile per batch)."""
-    if torch.compiler.is_compiling():
+def _chunk_count(rows: int, vocab: int, like: Tensor, static_rows: bool) -> int:
+    """How many row chunks keep one chunk's logits within the device's budget. Compiled, the
+    rows are the non-pad targets, whose count changes every batch: a chunk count computed from
+    it would make torch.compile specialise on every token count (a recompile per batch), so that
+    takes one chunk. With `static_rows` (every target position, weighted: compiled per batch
+    shape, mtrain.train.compilation) the rows are a constant of each graph, and so is the count."""
+    if torch.compiler.is_compiling() and not static_rows:
         return 1
     budget = _GPU_CHUNK_ELEMENTS if like.is_cuda else _CPU_CHUNK_ELEMENTS
     return max(1, -(-rows * vocab // budget))
@@ -95,7 +97,7 @@ class _FusedOutputLoss(torch.autograd.Function):
             torch.zeros(softmax_weight.shape, device=weight.device, dtype=torch.float32) if needs_grad else None
         )
         log_normalisers, grad_hiddens = [], []
-        chunks = _chunk_count(rows, vocab, h)
+        chunks = _chunk_count(rows, vocab, h, static_rows=row_weights is not None)
         for h_chunk, counted_chunk in zip(h.tensor_split(chunks), counted.tensor_split(chunks), strict=True):
             logits = torch.mm(h_chunk, softmax_weight.t()).float()
             if softmax_bias is not None:
@@ -270,14 +272,14 @@ class TranslationLoss(nn.Module):
     def forward(
         self,
         src_tokens: Tensor,
-        src_padding_mask: Tensor,
+        src_padding_mask: Tensor | None,
         tgt_input: Tensor,
         tgt_output: Tensor,
         num_tgt_tokens: int | None = None,
         alignment: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(summed loss, summed NLL) of a teacher-forced batch; with guided alignment, the
-        loss includes the guided head's weighted `alignment_loss` against `alignment`."""
+        """(summed loss, summed NLL) of a teacher-forced batch (`src_padding_mask` None: no
+        source padding); with guided alignment, the loss includes the guided head's weighted `alignment_loss` against `alignment`."""
         if self.guided is not None and alignment is not None:
             hidden, attention = self.model.decoder_states_and_attention(
                 src_tokens, src_padding_mask, tgt_input, self.guided.layer

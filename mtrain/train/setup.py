@@ -32,7 +32,7 @@ from mtrain.durations import parse_duration
 from mtrain.errors import MtrainError
 from mtrain.model import Seq2SeqTransformer, build_model
 from mtrain.rundir import RunDir
-from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_threads
+from mtrain.runtime import decode_precision_of_training, resolve_device, resolve_precision, set_tf32, set_threads
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.batch_source import training_corpora
 from mtrain.train.budget import EndCost, RunBudget
@@ -84,6 +84,7 @@ def resolve_machine(cfg: FitConfig, dist: DistributedContext | None = None) -> M
     device = resolve_device(cfg.train.device, dist.local_rank)
     precision = resolve_precision(cfg.train.precision, device)
     check_cuda_graphs(cfg.train, device)
+    set_tf32(device, cfg.train.tf32)
     set_threads(cfg.train.num_threads)
     return Machine(device, precision, decode_precision_of_training(precision, device), dist)
 

@@ -113,7 +113,7 @@ class UpdateStep:
         with autocast(self.parts.device, self.parts.precision):
             losses: tuple[torch.Tensor, torch.Tensor] = self.parts.network(
                 batch.src_tokens,
-                batch.src_padding_mask,
+                batch.src_padding_mask_or_none,  # None: no mask, flash-eligible attention
                 batch.tgt_input,
                 batch.tgt_output,
                 None if graphs else batch.num_tgt_tokens,

@@ -63,6 +63,10 @@ class ControlIds:
     # (mtrain.decode.search.placement)
     term_sources: tuple[tuple[int, ...], ...] = ()
     sentence_ends: int = 0
+    # The prefix's first `unscored` tokens are forced with log-probability 0, not the model's:
+    # tokens the model does not choose (M2M100's target-language token, as transformers'
+    # forced_bos_token_id scores it), so they weigh on no hypothesis' length-normalised score.
+    unscored: int = 0
 
     def __post_init__(self) -> None:
         if any(not phrase for phrase in (*self.constraints, *self.avoid)):
@@ -148,6 +152,7 @@ class TargetControls(StepProcessor):
 
     prefix: Tensor  # (batch, longest prefix) NO_TOKEN-padded
     prefix_lengths: Tensor  # (batch,)
+    unscored_lengths: Tensor  # (batch,) how many prefix tokens are forced with log-probability 0
     constraints: Phrases | None
     avoid: Phrases | None
     ordered: Tensor  # (batch,) bool
@@ -230,7 +235,8 @@ class TargetControls(StepProcessor):
             lengths = self.prefix_lengths.index_select(0, self.row_sentence)
             forcing = (lengths > step) & (row_max_len > step)  # (rows,)
             forced = self.prefix[:, step].index_select(0, self.row_sentence).clamp(min=0).unsqueeze(1)
-            kept = self.forced_lprobs
+            unscored = self.unscored_lengths.index_select(0, self.row_sentence) > step  # (rows,)
+            kept = self.forced_lprobs.masked_fill(unscored.unsqueeze(1), 0.0)
             lprobs.masked_fill_(forcing.unsqueeze(1), NEG_INF)
             lprobs.scatter_(1, forced, torch.where(forcing.unsqueeze(1), kept, lprobs.gather(1, forced)))
 
@@ -383,11 +389,13 @@ def controls_for(
     if all(c.empty for c in given):
         return None
     prefix, prefix_lengths = _padded([c.prefix for c in given], device)
+    unscored = torch.tensor([min(c.unscored, len(c.prefix)) for c in given], dtype=torch.long, device=device)
     constraints = [list(dict.fromkeys(c.constraints)) for c in given]  # a phrase given twice: once
     avoid = [c.avoid for c in given]
     return TargetControls(
         prefix=prefix if int(prefix_lengths.max()) > 0 else prefix[:, :0],
         prefix_lengths=prefix_lengths,
+        unscored_lengths=unscored,
         constraints=Phrases.of(constraints, device) if any(constraints) else None,
         avoid=Phrases.of(avoid, device) if any(avoid) else None,
         ordered=torch.tensor([c.ordered for c in given], dtype=torch.bool, device=device),

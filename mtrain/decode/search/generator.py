@@ -125,7 +125,9 @@ def generate(
 
     src_lengths = (~src_padding_mask).sum(dim=1)  # (batch,)
     max_len = (cfg.max_len_a * src_lengths.float() + cfg.max_len_b).long()
-    never_emitted = torch.tensor([pad_id, bos_id], dtype=torch.long, device=device)
+    # (M2M100/NLLB start from </s>: bos is eos there, and emitted)
+    starts = [bos_id] if bos_id != eos_id else []
+    never_emitted = torch.tensor([pad_id, *starts], dtype=torch.long, device=device)
     every_decode: list[StepProcessor] = [NeverEmitted(never_emitted), LengthLimits(cfg.min_len, eos_id)]
     if cfg.no_repeat_ngram > 0:
         every_decode.append(NoRepeatNgram(cfg.no_repeat_ngram))

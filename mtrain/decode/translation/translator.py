@@ -20,6 +20,7 @@ request pipeline (`requests/pipeline.py`, the layer above).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,6 +89,8 @@ def translate_encoded(
     every batch and, by mtrain's own engine, at every step of its search.
     """
     cfg = to_typed(cfg)  # (a composed node, from a test or script, as the dataclass whose predicates it reads)
+    if tokenizer.target_prefix:  # M2M100/NLLB: the target language's token first (forced_bos_token_id)
+        controls = with_target_prefix(controls, len(sources), tokenizer.target_prefix)
     # MBR decoding and reranking (mtrain.decode.selection.selecting), when asked: a decorator of the engine.
     engine = selecting(as_engine(model, tokenizer, device, precision, use_cache), tokenizer, cfg, device)
     aligner = Aligner.of(cfg, tokenizer, attention_layer)
@@ -143,3 +146,18 @@ def translate_sentences(
     `on_batch(num_sentences)` is called after each batch (progress)."""
     sources = [tokenizer.encode_src(s) + [tokenizer.eos_id] if s.strip() else None for s in sentences]
     return translate_encoded(model, tokenizer, sources, cfg, device, precision, on_batch=on_batch)
+
+
+def with_target_prefix(
+    controls: Sequence[ControlIds | None] | None, count: int, target_prefix: Sequence[int]
+) -> list[ControlIds | None]:
+    """`controls` with `target_prefix` before each sentence's own prefix: the tokens a model
+    emits first whatever the sentence (an M2M100/NLLB model's target-language token)."""
+    given = list(controls) if controls is not None else [None] * count
+    forced = tuple(int(i) for i in target_prefix)
+    return [
+        replace(control, prefix=forced + control.prefix, unscored=len(forced))
+        if control is not None
+        else ControlIds(prefix=forced, unscored=len(forced))
+        for control in given
+    ]
