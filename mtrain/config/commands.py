@@ -94,6 +94,9 @@ class TranslateConfig(DecodingCommandConfig):
     # text, or inline markup whose tags are taken out and put back by word alignments: xml | html
     # (mtrain/decode/requests/markup.py, docs/TRANSLATE.md)
     format: str = "text"
+    # A column after each translation: its confidence score in [0, 1], empty for a blank line
+    # (mtrain/decode/translation/confidence.py; docs/TRANSLATE.md, "Confidence scores")
+    confidence: bool = False
 
     def check(self, prefix: str) -> None:
         super().check(prefix)

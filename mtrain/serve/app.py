@@ -5,7 +5,8 @@
                       "alignment": true, "format": "text|xml|html"}
                   -> {"translations": ["...", ...], "scores": [...]}   (+ "nbest" when nbest > 1,
                      + "alignments": ["0-0 1-2", ...] with alignment, "expected_utilities" with
-                     MBR decoding, "rerank_scores" with reranking)
+                     MBR decoding, "rerank_scores" with reranking, "confidences": [0.71, null, ...]
+                     with "confidence": true)
     optional, per sentence of text: "prefix": ["A man", null], "constraints": [["dog"], []];
     for all of them: "avoid": ["phrase", ...], "terms": [["Hund", "dog"], ...] (a glossary
     beside the server's `terms=FILE.tsv`, which every request gets)   (docs/SERVE.md)
@@ -74,6 +75,7 @@ from mtrain.serve.translation import (
     Setting,
     check_controls_agree,
     lone_surrogate,
+    served_confidence,
     server_glossary,
     setting_key,
 )
@@ -96,6 +98,7 @@ class TranslateRequest(BaseModel):
     terms: list[list[str]] | None = None  # [source term, target term] pairs, beside the server's glossary
     alignment: bool | None = None  # word alignments in the answer; default: the server's decode.alignment
     format: str = "text"  # text | xml | html: inline tags taken out and put back (mtrain.decode.requests.markup)
+    confidence: bool = False  # each translation's confidence score in [0, 1] (null: a blank sentence)
 
 
 # What each field must be, in the words of an error message.
@@ -110,6 +113,7 @@ FIELDS = {
     "terms": "a list of [source term, target term] pairs",
     "alignment": "true, false or null",
     "format": "text, xml or html",
+    "confidence": "true or false",
 }
 # What an item of a list field must be.
 PHRASE = "a phrase (a string)"
@@ -133,7 +137,8 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
     (started and drained by the app's lifespan). `glossary`: the server's `terms=` (None: read
     here when cfg.terms names one)."""
     state: dict[str, Any] = {"batcher": None, "started": time.time()}
-    served = Served(model, cfg, glossary or server_glossary(cfg), PipelineStats())
+    served = Served(model, cfg, glossary or server_glossary(cfg), PipelineStats(), served_confidence(cfg))
+    log.info("confidence scores (to requests asking for them): %s", served.confidence.source)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -382,7 +387,13 @@ def pipeline_request(
         for index, (text, prefix, phrases) in enumerate(zip(request.text, prefixes, constraints, strict=True))
     ]
     pairs = [(source, target) for source, target in request.terms or []]
-    options = Options(request_decoding(request, cfg), request.format, tgt_lang, served.glossary_with(pairs))
+    options = Options(
+        request_decoding(request, cfg),
+        request.format,
+        tgt_lang,
+        served.glossary_with(pairs),
+        confidence=served.confidence if request.confidence else None,
+    )
     return requests, options
 
 
@@ -419,9 +430,10 @@ def request_decoding(request: TranslateRequest, cfg: ServeConfig) -> DecodeConfi
     return decode
 
 
-def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False) -> dict:
-    """translations and scores (and alignments: Pharaoh `i-j` strings) of the best
-    hypotheses; with nbest > 1, every hypothesis under "nbest"."""
+def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = False, confidences: bool = False) -> dict:
+    """translations and scores (and alignments: Pharaoh `i-j` strings; confidences: the
+    confidence scores, null for a blank sentence) of the best hypotheses; with nbest > 1,
+    every hypothesis under "nbest" (each with its "confidence" where asked)."""
     body: dict[str, Any] = {
         "translations": [hyps[0].text for hyps in hypotheses],
         "scores": [hyps[0].score for hyps in hypotheses],
@@ -431,6 +443,9 @@ def response_body(hypotheses: list[list[Any]], nbest: int, alignments: bool = Fa
     # MBR decoding's expected utility (a confidence score) and reranking's score, when decoded with them.
     plural = {"expected_utility": "expected_utilities", "rerank_score": "rerank_scores"}
     extras = [key for key in plural if any(getattr(hyps[0], key) is not None for hyps in hypotheses)]
+    if confidences:  # asked for: the key is there even when every sentence is blank
+        plural["confidence"] = "confidences"
+        extras.append("confidence")
     for key in extras:
         body[plural[key]] = [getattr(hyps[0], key) for hyps in hypotheses]
     if nbest > 1:

@@ -39,6 +39,12 @@ and through `mtrain translate`. Where mtrain differs:
 - format=html: each line's tags are taken out, the text translated and the tags put back
   around the aligned words (mtrain.decode.requests.markup, as mtrain's own `format`); a line's markup
   must be complete within the line (400 naming the line otherwise).
+- mtrain's confidence score, on request: `"confidence": true` (or `confidence=true` in a
+  form) adds `"translationConfidence"`, a number in [0, 1] per text (a list for a list q)
+  estimating its quality (mtrain.decode.translation.confidence; the number mtrain's API
+  gives the same sentence): a text of several lines gets its lines' scores averaged, weighted
+  by their tokens; a blank text null. (LibreTranslate's `detectedLanguage.confidence` is a
+  percentage of another thing: hence the distinct name.) Clients that do not ask never see it.
 - alternatives: N asks the beam for N+1 hypotheses per line (beam raised to N+1 when below);
   N+1 may not exceed max_beam. An alternative joins each line's next hypothesis; repeats and
   copies of the translation are dropped, as LibreTranslate drops them.
@@ -90,6 +96,7 @@ class LibreRequest:
     html: bool = False  # format=html: inline tags out and back (mtrain.decode.requests.markup)
     terms: tuple[tuple[str, str], ...] = ()  # mtrain's `terms`: beside the server's glossary
     avoid: tuple[str, ...] = ()  # mtrain's `avoid`: phrases no translation may contain
+    confidence: bool = False  # mtrain's `confidence`: translationConfidence in the answer
 
 
 def body_fields(content_type: str, body: bytes) -> dict[str, Any] | None:
@@ -199,7 +206,18 @@ def parse_request(fields: dict[str, Any], model: ServedModel, cfg: ServeConfig) 
         html=text_format == "html",
         terms=terms,
         avoid=avoid,
+        confidence=flag("confidence", fields.get("confidence")),
     )
+
+
+def flag(key: str, value: Any) -> bool:
+    """A yes/no field: JSON's true/false, or a form's true/false/1/0 (absent or empty: no)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    words = {"true": True, "1": True, "false": False, "0": False, "": False}
+    if isinstance(value, str) and value.strip().lower() in words:
+        return words[value.strip().lower()]
+    raise invalid(f"Invalid request: {key} must be true or false")
 
 
 def term_pairs(value: Any, cfg: ServeConfig) -> tuple[tuple[str, str], ...]:
@@ -302,6 +320,24 @@ def join_translations(lines: list[list[str]], hypotheses: list[list[Any]], alter
     return results
 
 
+def text_confidences(lines: list[list[str]], hypotheses: list[list[Any]]) -> list[float | None]:
+    """Per text, the confidence of its translation: its lines' scores (`Hypothesis.confidence`,
+    set by the pipeline) averaged with their output tokens (EOS counted) as weights, as the
+    mean token log-probability they estimate pools its tokens; None when every line is blank."""
+    results, position = [], 0
+    for text_lines in lines:
+        scored = [
+            hyps[0] for hyps in hypotheses[position : position + len(text_lines)] if hyps[0].confidence is not None
+        ]
+        position += len(text_lines)
+        weights = [len(hyp.tokens) + 1 for hyp in scored]
+        total = sum(weights)
+        results.append(
+            sum(w * hyp.confidence for w, hyp in zip(weights, scored, strict=True)) / total if total else None
+        )
+    return results
+
+
 def request_schema(model: ServedModel, cfg: ServeConfig) -> dict[str, Any]:
     """The OpenAPI body of LibreTranslate's POST translate (the route reads its own body): for
     clients and the API fuzz run (tests/test_serve.py), JSON and a form alike."""
@@ -322,6 +358,7 @@ def request_schema(model: ServedModel, cfg: ServeConfig) -> dict[str, Any]:
                 ]
             },
             "avoid": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "confidence": {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["true", "false", "1", "0"]}]},
         },
         "required": ["q", "source", "target"],
     }
@@ -353,11 +390,14 @@ def libretranslate_router(served: Served, batcher: Callable[[], Batcher]) -> API
         check_sizes(lines, cfg)
         requests, options = pipeline_request(libre, lines, served)
         try:
-            results = await served.translate(
+            results, confidences = await served.translate(
                 batcher(),
                 requests,
                 options,
-                lambda hypotheses, _nbest, alignments: join_translations(lines, hypotheses, libre.alternatives),
+                lambda hypotheses, _nbest, **_: (
+                    join_translations(lines, hypotheses, libre.alternatives),
+                    text_confidences(lines, hypotheses),
+                ),
                 invalid=400,
             )
         except Rejected as error:
@@ -365,6 +405,8 @@ def libretranslate_router(served: Served, batcher: Callable[[], Batcher]) -> API
         body: dict[str, Any] = {"translatedText": [r[0] for r in results] if libre.batch else results[0][0]}
         if libre.alternatives > 0:
             body["alternatives"] = [r[1:] for r in results] if libre.batch else results[0][1:]
+        if libre.confidence:
+            body["translationConfidence"] = confidences if libre.batch else confidences[0]
         if fields.get("source") == "auto":
             detected = {"confidence": 100.0, "language": libre.source}
             body["detectedLanguage"] = [detected] * len(results) if libre.batch else detected
@@ -387,7 +429,13 @@ def pipeline_request(
         decode = with_options(decode, alignment="word")
     numbered = enumerate((line for text_lines in lines for line in text_lines), start=1)
     requests = [DecodeRequest(line, avoid=libre.avoid, where=f"q: line {number}") for number, line in numbered]
-    options = Options(decode, "html" if libre.html else "text", libre.target, served.glossary_with(list(libre.terms)))
+    options = Options(
+        decode,
+        "html" if libre.html else "text",
+        libre.target,
+        served.glossary_with(list(libre.terms)),
+        confidence=served.confidence if libre.confidence else None,
+    )
     return requests, options
 
 

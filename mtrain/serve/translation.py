@@ -1,8 +1,9 @@
 """What both HTTP APIs translate with (mtrain's JSON API, `app.py`; LibreTranslate's,
 `libretranslate.py`): one path from their requests to the batcher and back.
 
-`Served` holds the model, the server's settings and glossary (`terms=FILE.tsv`), and what the
-constraints and terms of all requests did. Its `translate` takes a request read into the
+`Served` holds the model, the server's settings and glossary (`terms=FILE.tsv`), the run's
+confidence scores (given where a request asks), and what the constraints and terms of all
+requests did. Its `translate` takes a request read into the
 pipeline's `DecodeRequest`s and `Options` (mtrain.decode.requests.pipeline) through the pipeline's
 steps: the rules (mtrain.decoding_rules: 422 naming the field, the wording translate's
 one-line error uses), markup out and terms found, the batcher (whose worker decodes the
@@ -31,6 +32,7 @@ from mtrain.config import DecodeConfig, ServeConfig
 from mtrain.decode.requests.pipeline import Options, PipelineStats, Translation, begin_translation
 from mtrain.decode.requests.request import DecodeRequest
 from mtrain.decode.requests.terminology import Glossary, TermTargets, glossary_of, read_glossary
+from mtrain.decode.translation.confidence import Confidence, run_confidence
 from mtrain.decoding_rules import RefusedCombination
 from mtrain.errors import MtrainError
 from mtrain.serve.batcher import Batcher, BatcherClosed
@@ -108,15 +110,24 @@ def server_glossary(cfg: ServeConfig) -> Glossary | None:
     return read_glossary(cfg.terms, cfg.terms_ignore_case) if cfg.terms is not None else None
 
 
+def served_confidence(cfg: ServeConfig) -> Confidence:
+    """The confidence scores a request may ask for, read once: run='s calibration
+    (`confidence.json`), else uncalibrated (an older run, an export, an ensemble: the
+    calibration never saw an ensemble's log-probabilities)."""
+    return run_confidence(cfg.run) if cfg.run is not None and not cfg.ensemble else Confidence()
+
+
 @dataclasses.dataclass
 class Served:
     """What both APIs translate with: the model, the server's settings and glossary, and what
-    the constraints and terms of all requests did."""
+    the constraints and terms of all requests did; `confidence`: what a request that asks for
+    confidence scores gets them from."""
 
     model: ServedModel
     cfg: ServeConfig
     glossary: Glossary | None
     stats: PipelineStats
+    confidence: Confidence = dataclasses.field(default_factory=Confidence)
 
     def glossary_with(self, pairs: list[tuple[str, str]] | None) -> Glossary | None:
         return glossary_of(self.glossary, pairs, self.cfg.terms_ignore_case)
@@ -170,7 +181,7 @@ class Served:
         answer: Callable[..., Any],
         invalid: int = 422,
     ) -> Any:
-        """`answer(hypotheses, nbest, alignments=...)` for the requests, as the pipeline
+        """`answer(hypotheses, nbest, alignments=..., confidences=...)` for the requests, as the pipeline
         decodes them; Rejected: 422 for what the rules refuse, `invalid` (LibreTranslate: 400)
         for malformed markup or a sentence the model cannot take, as `translated` says."""
         try:
@@ -182,7 +193,12 @@ class Served:
             raise Rejected(invalid, str(error)) from None
         setting = Setting(options.decoding(), options.tgt_lang)
         hypotheses = await translated(batcher, translation.requests, setting, self.cfg.request_timeout_s, invalid, lane)
-        return answer(translation.finish(hypotheses), options.decode.nbest, alignments=options.decode.aligns)
+        return answer(
+            translation.finish(hypotheses),
+            options.decode.nbest,
+            alignments=options.decode.aligns,
+            confidences=options.confidence is not None,
+        )
 
 
 async def translated(

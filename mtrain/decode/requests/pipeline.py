@@ -17,7 +17,9 @@ steps wherever it came from:
    (`mtrain.decode.requests.controls`), word alignments forced where markup needs them, decoded by the
    engine (with MBR or reranking around it: `mtrain.decode.selection.selecting`) through the translator;
 4. `finish`: the tags put back by the alignments, links dropped unless asked for, the
-   constraints and terms that were applied and met counted (`PipelineStats`).
+   constraints and terms that were applied and met counted (`PipelineStats`), and, where
+   `Options.confidence` asks for it, each hypothesis' confidence score
+   (`mtrain.decode.translation.confidence`; a blank source's: None).
 
 `begin_translation` is the one place these are sequenced: it checks and prepares a request's
 sentences into a `Translation`, which its caller decodes (`RequestPipeline.decode`, in-process
@@ -45,6 +47,7 @@ from mtrain.decode.requests.terminology import Glossary
 from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.decode.search.placement import sentence_end_count
 from mtrain.decode.translation.alignment import word_indices
+from mtrain.decode.translation.confidence import Confidence
 from mtrain.decode.translation.translator import translate_encoded
 from mtrain.decoding_rules import Asked, TermUse, check_decoding, check_term_mode
 from mtrain.errors import MtrainError
@@ -79,6 +82,7 @@ class Options:
     glossary: Glossary | None = None  # terms found in a sentence become constraints of it
     attention_layer: int | str | None = None  # cross-attention kept for pictures (translate)
     names: FieldNames = FieldNames()
+    confidence: Confidence | None = None  # the run's: each hypothesis gets its score (None: not asked)
 
     def decoding(self) -> DecodeConfig:
         """The settings decoded with: word alignments added where markup needs them."""
@@ -218,9 +222,14 @@ def finish_requests(
 ) -> None:
     """4. In place: the stats counted (on the translations without their tags), each
     hypothesis' text with its sentence's tags put back, its links dropped unless
-    `options.decode` asked for them."""
+    `options.decode` asked for them; with `options.confidence`, its confidence score (a
+    sentence not decoded, blank or its prefix alone, has none: its log-probability is 0)."""
     keep_links = options.decode.aligns
+    confidence = options.confidence
     for sentence, hyps in zip(sentences, hypotheses, strict=True):
+        if confidence is not None and sentence.ids is not None:
+            for hyp in hyps:
+                hyp.confidence = confidence.of(hyp)
         if stats is not None:
             stats.count(sentence, hyps[0].text if hyps else "")
         if sentence.markup is not None:

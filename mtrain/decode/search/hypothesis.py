@@ -24,6 +24,9 @@ class Hypothesis:
     expected_utility: float | None = None
     # n-best reranking: the weighted sum of the features (mtrain.decode.selection.rerank); None without.
     rerank_score: float | None = None
+    # The translation's confidence in [0, 1] (mtrain.decode.translation.confidence), set when the
+    # request finishes (`Options.confidence`); None when not asked for, or for a blank source.
+    confidence: float | None = None
     # Cross-attention averaged over heads (or one head's), one row per output token incl. EOS:
     # (len(tokens) + 1, src_len), or (len(tokens) + 1, layers, src_len) for all layers.
     # Only when asked for (attention pictures, word alignments).

@@ -4,7 +4,9 @@ Reads the input in chunks (so a stream is translated as it arrives and memory st
 bounded), turns each line into a request (its prefix line, its tab-separated constraints),
 translates a chunk through the request pipeline (`mtrain.decode.requests.pipeline`: markup, terms,
 controls; blank lines stay blank, over-long ones are truncated with a warning naming the
-line), and writes plain hypotheses or n-best TSV rows (`nbest > 1`). Optionally saves a cross-attention picture
+line), and writes plain hypotheses or n-best TSV rows (`nbest > 1`), each with its
+confidence score in a column after the text when `confidence=true` (said once at the start:
+the run's calibration, or uncalibrated). Optionally saves a cross-attention picture
 per sentence. A progress bar goes to stderr when the output is a file (or a terminal),
 never when the output is a pipe.
 
@@ -52,6 +54,7 @@ from mtrain.decode.text.textio import (
     read_chunks,
     write_output,
 )
+from mtrain.decode.translation.confidence import Confidence, run_confidence
 from mtrain.errors import MtrainError
 from mtrain.model.positions import position_limit
 from mtrain.source_factors import TERM_TARGET, split_ids
@@ -206,6 +209,7 @@ def translate_stream(
         glossary=controlled.glossary,
         attention_layer=attention_layer_of(cfg),
         names=command_line_names(cfg),
+        confidence=confidence_of(cfg),
     )
     input_name = cfg.input if cfg.input is not None else "stdin"
     attention_dir = Path(cfg.attention) if cfg.attention is not None else None
@@ -249,9 +253,9 @@ def translate_stream(
                 truncated += sum(sentence.cut for sentence in prepared)
                 for offset, sentence_hyps in enumerate(hyps):
                     if nbest:
-                        sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps)) + "\n")
+                        sink.write("\n".join(nbest_rows(first_line + offset - 1, sentence_hyps, cfg.confidence)) + "\n")
                     else:
-                        sink.write(output_line(sentence_hyps[0]) + "\n")
+                        sink.write(output_line(sentence_hyps[0], cfg.confidence) + "\n")
                 sink.flush()
                 if attention_dir is not None:
                     _draw(attention_dir, tokenizer, [p.ids for p in prepared], hyps, first_line, cfg.attention_layer)
@@ -276,6 +280,17 @@ def translate_stream(
             stats.first_undecodable_line,
         )
     return StreamReport(stats.lines, truncated, stats.undecodable_bytes, stats.undecodable_lines, pipeline.stats)
+
+
+def confidence_of(cfg: TranslateConfig) -> Confidence | None:
+    """The confidence scores `cfg.confidence` asks for (None: none), said in one line: run='s
+    calibration (`confidence.json`), or uncalibrated where it has none (an older run, an
+    export) or decodes with an ensemble, whose log-probabilities the calibration never saw."""
+    if not cfg.confidence:
+        return None
+    confidence = run_confidence(cfg.run) if cfg.run is not None and not cfg.ensemble else Confidence()
+    log.info("confidence scores: %s", confidence.source)
+    return confidence
 
 
 def command_line_names(cfg: TranslateConfig) -> FieldNames:

@@ -184,15 +184,20 @@ def one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def nbest_rows(index: int, hyps: list[Hypothesis]) -> list[str]:
+def nbest_rows(index: int, hyps: list[Hypothesis], confidence: bool = False) -> list[str]:
     """n-best TSV rows `index<TAB>score<TAB>hypothesis`; index is the 0-based input line.
-    With alignments (`decode.alignment`), a fourth column holds the hypothesis' links."""
-    return [f"{index}\t{hyp.score:.4f}\t{output_line(hyp)}" for hyp in hyps]
+    The hypothesis' columns are `output_line`'s (its confidence, its links)."""
+    return [f"{index}\t{hyp.score:.4f}\t{output_line(hyp, confidence)}" for hyp in hyps]
 
 
-def output_line(hyp: Hypothesis) -> str:
-    """The hypothesis' text on one line, and `<TAB>` and its Pharaoh links when it has any
-    (`decode.alignment`: Marian's and fairseq's users cut them off with `cut -f1`)."""
-    if hyp.alignment is None:
-        return one_line(hyp.text)
-    return f"{one_line(hyp.text)}\t{pharaoh(hyp.alignment)}"
+def output_line(hyp: Hypothesis, confidence: bool = False) -> str:
+    """The hypothesis' text on one line; with `confidence` (translate's `confidence=true`),
+    `<TAB>` and its confidence score (4 decimals; empty for a blank source: none); then `<TAB>`
+    and its Pharaoh links when it has any (`decode.alignment`: Marian's and fairseq's users cut
+    them off with `cut -f1`)."""
+    columns = [one_line(hyp.text)]
+    if confidence:
+        columns.append("" if hyp.confidence is None else f"{hyp.confidence:.4f}")
+    if hyp.alignment is not None:
+        columns.append(pharaoh(hyp.alignment))
+    return "\t".join(columns)
