@@ -11,11 +11,7 @@ from mtrain.decode.ensemble import EnsembleModel
 from mtrain.decode.generator import generate
 from tests.test_generator import BOS, EOS, PAD, VOCAB, source_batch, tiny_model, train_to_copy
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 @pytest.fixture(scope="module")

@@ -32,14 +32,10 @@ from tests.test_search import exhaustive_best
 from tests.test_search import tiny_model as search_model
 from tests.warm_process import run_mtrain
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,8 @@ from mtrain.durations import parse_duration
 from mtrain.model import build_model
 from mtrain.train.schedule import LearningRateSchedule
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 # The sweeps (ablation_base is what they share: the standard model, no sweep).
 ABLATIONS = [name for name in PRESETS if name.startswith("ablation_") and name != "ablation_base"]
@@ -42,12 +44,6 @@ ABLATIONS = [name for name in PRESETS if name.startswith("ablation_") and name !
 # Small enough for milliseconds per forward/backward; the swept switches are untouched.
 TINY_MODEL = {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 2, "ffn_dim": 64, "dropout": 0.0}
 VOCAB, PAD = 40, 1
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors gain nothing from a second thread, and the cores may be busy.
-    torch.set_num_threads(1)
 
 
 @functools.cache

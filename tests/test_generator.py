@@ -11,14 +11,10 @@ from mtrain.decode.generator import generate
 from mtrain.decode.search import BeamSearch
 from mtrain.model import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 VOCAB = 40
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
 
 
 def tiny_model(seed: int = 0, **overrides):

@@ -25,18 +25,14 @@ from mtrain.export.hf_generation import max_new_tokens
 from mtrain.export.hf_model import check_hf_exportable
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
+from tests.word_lists import GERMAN_WORDS
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 MODEL = dict(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0, max_positions=128)
 CPU = torch.device("cpu")
 TEST_SPLIT = "test_2016_flickr"
-WORDS = ["ein", "mann", "eine", "frau", "kind", "hund", "katze", "ball", "park", "strasse", "rot", "blau", "gross"]
-WORDS += ["klein", "spielt", "läuft", "sitzt", "auf", "in", "mit"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+WORDS = GERMAN_WORDS
 
 
 def train_spm(

@@ -51,12 +51,7 @@ SPLITS = {"train": 300, "val": 6, "test_2016_flickr": 5}
 MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, dropout=0.0, max_positions=128)
 DECODE = dict(beam=2, max_len_a=0.0, max_len_b=6)
 SENTENCES = ["Ein Hund läuft.", "Zwei Männer stehen vor einem Gebäude.", "", "Un chien court."]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +96,12 @@ def multilingual_config(corpus: Path, directions=DIRECTIONS, lang_tags: bool = T
 
 
 @pytest.fixture(scope="module")
+def model_shape() -> dict:
+    """The shared `model` fixture (tests/conftest.py) at this module's size, over its tokenizer."""
+    return MODEL
+
+
+@pytest.fixture(scope="module")
 def fit_config(corpus):
     return multilingual_config(corpus)
 
@@ -108,18 +109,6 @@ def fit_config(corpus):
 @pytest.fixture(scope="module")
 def languages(fit_config) -> RunLanguages:
     return RunLanguages.of(fit_config.data)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    return build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    ).eval()
 
 
 def write_run(directory: Path, cfg, tokenizer: Tokenizer, model, directions) -> Path:

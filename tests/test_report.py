@@ -22,43 +22,9 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision
 from tests.warm_process import run_mtrain, run_python
+from tests.word_lists import DE_EN_WORDS
 
-WORDS = [
-    "ein",
-    "mann",
-    "eine",
-    "frau",
-    "ein",
-    "kind",
-    "hund",
-    "katze",
-    "ball",
-    "park",
-    "strasse",
-    "rot",
-    "blau",
-    "gross",
-    "klein",
-    "spielt",
-    "läuft",
-    "sitzt",
-    "auf",
-    "in",
-    "mit",
-    "two",
-    "men",
-    "a",
-    "woman",
-    "child",
-    "dog",
-    "cat",
-    "plays",
-    "runs",
-    "sits",
-    "on",
-    "in",
-    "with",
-]
+WORDS = DE_EN_WORDS
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -15,15 +15,10 @@ from mtrain.decode.sampling import SamplingSearch, truncate_distribution
 from mtrain.decode.search import BeamSearch, GreedySearch
 from mtrain.model import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 NEG_INF = float("-inf")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: thread hand-offs cost more than they save (conftest's default is 2).
-    torch.set_num_threads(1)
-    return
 
 
 def tiny_model(vocab: int, seed: int = 0, sharpness: float = 3.0):

@@ -21,17 +21,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
-from mtrain.config import DecodeConfig, FitConfig, MbrConfig, ModelConfig, ServeConfig, to_plain
+from mtrain.config import DecodeConfig, MbrConfig, ServeConfig
 from mtrain.decode.translator import translate_sentences
 from mtrain.errors import MtrainError
-from mtrain.model import build_model
-from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
 from tests.warm_process import run_mtrain, start_mtrain
 
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 # device=cpu: the references are decoded on the CPU here, on a machine with a GPU too.
 DECODE = [
     "decode.beam=2",
@@ -51,39 +47,6 @@ SENTENCES = [
     "Ein Mädchen in einem rosa Kleid klettert eine Treppe hinauf.",
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
-
-
-@pytest.fixture(scope="module")
-def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
-    return multi30k_spm_tokenizer  # tests/conftest.py: one per worker, shared with the other decoding tests
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    return build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    ).eval()
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer, model) -> Path:
-    """A run directory as `mtrain fit` leaves it (de -> en): tokenizer/ and checkpoints/best.pt."""
-    directory = tmp_path_factory.mktemp("run")
-    tokenizer.save(directory / "tokenizer")
-    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
-    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
-    return directory
 
 
 class Server:

@@ -5,7 +5,7 @@ writes a glossary's terms into the source (decode.term_mode) through translate a
 and the refusals: a misfit file, a model that reads no terms, an export that could not carry them.
 """
 
-# ruff: noqa: F811 (the fixtures imported from tests.test_serve are parameters here)
+# ruff: noqa: F811 (the fixture `parent` imported from tests.test_finetune is a parameter here)
 from __future__ import annotations
 
 import dataclasses
@@ -44,10 +44,10 @@ from mtrain.train.checkpoint_files import save_checkpoint
 from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
+from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
 from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
 from tests.test_fit import compose_fit, mtrain, run_fit
 from tests.test_run_safety import one_error_line
-from tests.test_serve import MODEL, tokenizer  # noqa: F401 (fixture)
 from tests.test_translate import job
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "align_eflomal.py"

@@ -13,13 +13,9 @@ from mtrain.decode.generator import generate
 from mtrain.decode.torch_engine import TorchEngine, with_linear_weights_in
 from mtrain.model import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 PAD, BOS, EOS = 1, 2, 3
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-    return
 
 
 def tiny_model():

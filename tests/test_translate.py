@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
+from mtrain.config import DecodeConfig, ModelConfig, TranslateConfig
 from mtrain.decode.attention_plot import DPI, figure_size
 from mtrain.decode.controls import LineControls, TargetRequest, encode_request, line_controls, split_constraints
 from mtrain.decode.hypothesis import Hypothesis
@@ -25,45 +25,12 @@ from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpoint_files import save_checkpoint
+from tests.decoding_run import TINY_MODEL
 from tests.warm_process import run_mtrain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
-
-
-@pytest.fixture(scope="module")
-def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
-    return multi30k_spm_tokenizer  # tests/conftest.py: one per worker, shared with the other decoding tests
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    return build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    ).eval()
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer, model) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer/ and checkpoints/best.pt."""
-    directory = tmp_path_factory.mktemp("run")
-    tokenizer.save(directory / "tokenizer")
-    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
-    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
-    return directory
+MODEL = TINY_MODEL  # the shared `model` fixture's (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 def job(**overrides) -> TranslateConfig:
