@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mtrain.config import DecodeConfig, Engine, EvalConfig, FitConfig, ModelConfig, to_plain
+from mtrain.config import DecodeConfig, Engine, EvalConfig, ModelConfig
 from mtrain.decode.ensemble import EnsembleModel
 from mtrain.decode.generator import generate
 from mtrain.decode.torch_engine import TorchEngine
@@ -23,10 +23,10 @@ from mtrain.export.engine import open_engine
 from mtrain.model import build_model
 from mtrain.model.positions import position_limit
 from mtrain.rundir import RunDir
-from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
-from mtrain.train.checkpointer import data_fingerprints
 from tests.conftest import train_spm_tokenizer
+from tests.decoding_run import TEST_SENTENCES as SENTENCES
+from tests.decoding_run import write_test_run
 from tests.test_generator import source_batch, tiny_model, train_to_copy
 from tests.test_search import exhaustive_best
 from tests.test_search import tiny_model as search_model
@@ -219,37 +219,6 @@ def test_low_precision_engine_casts_every_member_once_and_leaves_them_alone(trai
 
 
 # ------------------------------------------------------------------ run directories and checkpoint files
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
-
-
-def write_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int, **model) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer/, checkpoints/best.pt (with the
-    tokenizer's fingerprint), data/test.{src,ref}."""
-    model_cfg = ModelConfig(**{**MODEL, **model})
-    torch.manual_seed(seed)
-    network = build_model(
-        model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
-    )
-    run = RunDir(directory)
-    tokenizer.save(run.tokenizer_dir)
-    config = to_plain(OmegaConf.structured(FitConfig(model=model_cfg)))
-    save_checkpoint(
-        run.checkpoint("best"),
-        {
-            "model": network.state_dict(),
-            "config": config,
-            "update": update,
-            "data_fingerprints": data_fingerprints("corpus", tokenizer.fingerprint),
-        },
-    )
-    src, ref = run.split_files("test")
-    src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-    ref.write_text("Two young men.\nA dog.\nA man rides a bike.\n", encoding="utf-8")
-    return directory
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
     """Runs a and b (one tokenizer; b a rope model with 1 decoder layer), and c (another tokenizer)."""
@@ -258,9 +227,9 @@ def runs(tmp_path_factory, data_dir):
     other = train_spm_tokenizer(root / "spm_other", data_dir, 5000)
     assert shared.fingerprint != other.fingerprint
     return {
-        "a": write_run(root / "a", shared, seed=0, update=7),
-        "b": write_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
-        "c": write_run(root / "c", other, seed=2, update=5),
+        "a": write_test_run(root / "a", shared, seed=0, update=7),
+        "b": write_test_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
+        "c": write_test_run(root / "c", other, seed=2, update=5),
     }
 
 
