@@ -14,7 +14,7 @@ from mtrain.config import TrainConfig
 from mtrain.errors import MtrainError
 from mtrain.train.compilation import compile_network, shape_buckets
 from mtrain.train.setup import resolve_machine, setup_fit
-from tests.test_fit import compose_fit
+from tests.fit_runs import compose_fit
 from tests.test_trainer import _trainer
 
 

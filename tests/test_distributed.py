@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_fit import TINY
+from tests.fit_runs import TINY
 from tests.warm_process import run_python
 
 COMMON = [

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
 from mtrain.train.step import UpdateStep
-from tests.test_fit import TINY, compose_fit, run_fit, scalars
+from tests.fit_runs import TINY, compose_fit, scalars
 from tests.warm_process import WarmPopen, start_mtrain
 
 # No test decode unless a test asks for one (data.splits.test=... later on its command line wins):

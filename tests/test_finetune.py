@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from mtrain.cli.fit import run_fit
 from mtrain.config import with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.errors import MtrainError
@@ -25,7 +26,7 @@ from mtrain.train.checkpoint_files import load_checkpoint, load_run
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import test_threads, write_head
-from tests.test_fit import compose_fit, mtrain, run_fit, scalars
+from tests.fit_runs import compose_fit, mtrain, scalars
 from tests.test_run_safety import one_error_line, snapshot
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn_dim=64", "tokenizer.vocab_size=400"]

@@ -25,6 +25,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed: reading HF models is optional (pip install 'mtrain[hf]')"
 )
 
+from mtrain.cli.fit import run_fit
 from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig
 from mtrain.decode.translator import translate_encoded
 from mtrain.errors import MtrainError
@@ -36,8 +37,8 @@ from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
 from mtrain.train.init_from import inherited_config, load_parent
 from tests.conftest import test_threads
+from tests.fit_runs import compose_fit, mtrain
 from tests.marian_dirs import build_marian_dir
-from tests.test_fit import compose_fit, mtrain, run_fit
 from tests.test_run_safety import one_error_line
 
 # MarianTokenizer recommends sacremoses, whose normaliser its encoding never calls.

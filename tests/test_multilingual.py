@@ -647,7 +647,7 @@ def trained_run(tmp_path_factory, corpus):
     """`mtrain fit` of the four directions (a tiny model, 6 updates, validated twice); its config,
     metrics and directory."""
     from mtrain.cli.fit import run_fit
-    from tests.test_fit import compose_fit
+    from tests.fit_runs import compose_fit
 
     work = tmp_path_factory.mktemp("multilingual_fit")
     corpora = ",".join(f"{{name:multi30k,src:{src},tgt:{tgt}}}" for src, tgt in DIRECTIONS)
@@ -690,7 +690,7 @@ def test_a_multilingual_fit_validates_tests_and_decodes_each_direction(trained_r
     valid = metrics["valid"]
     assert valid["bleu"] == pytest.approx(sum(valid[f"{name}/bleu"] for name in names) / 4)
     assert valid["best_bleu"] >= valid["bleu"] and valid["best_update"] in (3, 6)
-    from tests.test_fit import scalars
+    from tests.fit_runs import scalars
 
     for name in names:  # TensorBoard: each direction's curve beside the mean's (the last validation: update 6)
         assert scalars(run, f"valid/{name}/bleu")[6] == pytest.approx(valid[f"{name}/bleu"])

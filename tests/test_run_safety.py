@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from mtrain.cli.evaluate import score_hypotheses
+from mtrain.cli.fit import run_fit
 from mtrain.cli.translate import run_translate
 from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
@@ -30,9 +31,9 @@ from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.export import export_run
 from mtrain.rundir import RunDir
 from mtrain.train.checkpoint_files import load_checkpoint
+from tests.fit_runs import TINY, compose_fit, mtrain
 from tests.test_config_checks import assert_refused, run_check
 from tests.test_faults import start_fit, wait_for
-from tests.test_fit import TINY, compose_fit, mtrain, run_fit
 
 # No test decode (data.splits.test=null): these runs check locks, resumes and refusals.
 FAST = [
@@ -362,7 +363,7 @@ def test_kill_during_a_checkpoint_write_keeps_last_intact(tmp_path, multi30k_sli
 
 
 def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_slice):
-    from tests.test_fit import scalars
+    from tests.fit_runs import scalars
 
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
     run_fit(

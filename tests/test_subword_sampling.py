@@ -13,7 +13,7 @@ from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, SubwordSamplingConfig, TokenizerConfig
 from mtrain.errors import MtrainError
 from mtrain.train.checkpoint_files import load_run
-from tests.test_fit import TINY, check_resume_is_exact, compose_fit
+from tests.fit_runs import TINY, check_resume_is_exact, compose_fit
 from tests.test_prepare import same_arrays, silent
 
 TOKENIZER = TokenizerConfig(vocab_size=600)

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from starlette.testclient import TestClient
 
 from mtrain.batches.guided_alignment import word_starts, words_of
+from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.decode.controls import line_controls
@@ -45,8 +46,8 @@ from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
 from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
+from tests.fit_runs import compose_fit, mtrain
 from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
-from tests.test_fit import compose_fit, mtrain, run_fit
 from tests.test_run_safety import one_error_line
 from tests.test_translate import job
 

@@ -23,7 +23,7 @@ from mtrain.train.distributed import DistributedContext
 from mtrain.train.progress import TrainState, ValidationRhythm, training_progress
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
-from tests.test_fit import compose_fit
+from tests.fit_runs import compose_fit
 
 IDS = SpecialIds(unk=0, pad=1, bos=2, eos=3)
 VOCAB = 40
