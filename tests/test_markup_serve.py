@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from mtrain.decode.markup import parse_markup, tags_of
-from tests.test_serve import DECODE, Server
+from tests.servers import DECODE, Server
 
 SENTENCE = "Hallo Welt\nEin <b>Hund</b> läuft ."
 

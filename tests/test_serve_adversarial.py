@@ -24,7 +24,7 @@ from mtrain.serve.guards import (
     host_patterns,
     proxies,
 )
-from tests.test_serve import DECODE, ENV, Server
+from tests.servers import DECODE, ENV, Server
 from tests.warm_process import run_mtrain
 
 TRANSLATE = {"text": ["Ein Hund."]}

@@ -15,7 +15,7 @@ from mtrain.decode.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.serve.access import RateLimiter, read_api_keys
 from tests.conftest import needed_in_ci
-from tests.test_serve import DECODE, SENTENCES, Server
+from tests.servers import DECODE, SENTENCES, Server
 
 KEYS = "# who may translate\nkey-one\n\n  key-two  \nkey-three\n"
 PER_MINUTE = 40

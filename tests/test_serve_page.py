@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import needed_in_ci
-from tests.test_serve import DECODE, SENTENCES, Server
+from tests.servers import DECODE, SENTENCES, Server
 
 BROWSER = ("chromium", "chromedriver")
 
