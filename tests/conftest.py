@@ -12,7 +12,7 @@ import sentencepiece as spm
 import torch
 
 from mtrain.tokenizer import Tokenizer
-from tests.decoding_run import TINY_MODEL, untrained_model, write_run_dir
+from tests.decoding_run import TINY_MODEL, untrained_model, write_run_dir, write_tiny_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,6 +77,13 @@ def model(tokenizer, model_shape):
 def run_dir(tmp_path_factory, tokenizer, model, model_shape) -> Path:
     """A run directory as `mtrain fit` leaves it (de -> en): tokenizer/ and checkpoints/best.pt."""
     return write_run_dir(tmp_path_factory.mktemp("run"), tokenizer, model, model_shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A run with three checkpoints of a tiny untrained model and its corpus, for `mtrain eval run=`
+    and its reports (tests/decoding_run.py's write_tiny_run)."""
+    return write_tiny_run(tmp_path_factory.mktemp("tiny_run"))
 
 
 @pytest.fixture

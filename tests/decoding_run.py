@@ -5,6 +5,7 @@ test module (`tokenizer`, `model`, `run_dir`) are in tests/conftest.py."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
@@ -13,9 +14,10 @@ from omegaconf import OmegaConf
 from mtrain.config import FitConfig, ModelConfig, to_plain
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
-from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
 from mtrain.train.checkpoint_files import save_checkpoint
 from mtrain.train.checkpointer import data_fingerprints
+from tests.word_lists import DE_EN_WORDS
 
 # Untrained and tiny: what decoding does with the tokens, not what it translates, is under test.
 TINY_MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
@@ -77,4 +79,39 @@ def write_test_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int
 def write_config(run: Path, src: str, tgt: str) -> Path:
     """config.yaml as `mtrain fit` writes it, with the run's languages."""
     RunDir(run).config_file.write_text(OmegaConf.to_yaml({"data": {"src": src, "tgt": tgt}}), encoding="utf-8")
+    return run
+
+
+def write_tiny_run(root: Path) -> Path:
+    """root/run as `mtrain fit` leaves it: tokenizer, config, three checkpoints (updates 10, 20,
+    30; best.pt is 20's) of a tiny untrained model, and root/corpus, the corpus it names in
+    `data.local_dir` (synthetic German-English word salad)."""
+    rng = random.Random(5)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split, count in (("train", 300), ("val", 12), ("test", 16)):
+        lines = [" ".join(rng.choice(DE_EN_WORDS) for _ in range(rng.randint(3, 9))) for _ in range(count)]
+        for lang in ("de", "en"):
+            (corpus / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    cfg = OmegaConf.structured(FitConfig)
+    cfg.data.local_dir = str(corpus)
+    cfg.data.cache_dir = str(root / "cache")
+    cfg.data.splits.test = "test"
+    cfg.tokenizer.vocab_size = 48
+    cfg.model.merge_with({"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2, "ffn_dim": 32})
+    tokenizer = train_or_load_tokenizer(cfg.tokenizer, cfg.data, log=lambda *_: None)
+
+    run = root / "run"
+    tokenizer.save(run / "tokenizer")
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    torch.manual_seed(0)
+    for update in (10, 20, 30):
+        model = build_model(
+            cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
+        )
+        state = {"model": model.state_dict(), "update": update, "config": to_plain(cfg), "mtrain_version": "0.1.0"}
+        save_checkpoint(run / "checkpoints" / f"update_{update}.pt", state)
+        if update == 20:
+            save_checkpoint(run / "checkpoints" / "best.pt", state)
     return run
