@@ -27,9 +27,7 @@ from mtrain.train.checkpoint_files import save_checkpoint
 from tests.conftest import train_spm_tokenizer
 from tests.decoding_run import TEST_SENTENCES as SENTENCES
 from tests.decoding_run import write_test_run
-from tests.test_generator import source_batch, tiny_model, train_to_copy
-from tests.test_search import exhaustive_best
-from tests.test_search import tiny_model as search_model
+from tests.tiny_models import exhaustive_best, search_model, source_batch, tiny_model, train_to_copy
 from tests.warm_process import run_mtrain
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
