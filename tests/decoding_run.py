@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from mtrain.config import FitConfig, ModelConfig, to_plain
+from mtrain.config import FitConfig, ModelConfig, TranslateConfig, to_plain
 from mtrain.model import build_model
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer, train_or_load_tokenizer
@@ -23,6 +23,8 @@ from tests.word_lists import DE_EN_WORDS
 TINY_MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
 # Short outputs keep untrained models fast: max length 0.5 * source + 3 tokens.
 SHORT = dict(max_len_a=0.5, max_len_b=3)
+# `mtrain translate`'s command-line overrides for an untrained tiny model: short outputs, 1 thread.
+TRANSLATE_DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "device=cpu"]
 # The source side of a `write_test_run` run's test split.
 TEST_SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
 
@@ -115,3 +117,12 @@ def write_tiny_run(root: Path) -> Path:
         if update == 20:
             save_checkpoint(run / "checkpoints" / "best.pt", state)
     return run
+
+
+def job(**overrides) -> TranslateConfig:
+    """translate's config, decoding short (beam 2, at most half the source + 3 tokens), with
+    `overrides` (`decode` a dict of DecodeConfig's fields)."""
+    decode = overrides.pop("decode", {})
+    cfg = OmegaConf.structured(TranslateConfig)
+    cfg.decode = OmegaConf.merge(cfg.decode, {"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
+    return OmegaConf.merge(cfg, overrides)

@@ -1,19 +1,24 @@
 """What the tests of `mtrain fit` share: the tiny model and budget, composing fit's config as the
-command does, running `mtrain` as a command, reading a run's TensorBoard scalars, and the check
-that a resumed run continues exactly."""
+command does, running `mtrain` as a command (to its end, or started to be signalled), the check
+before a run and its one-line refusal, reading a run's TensorBoard scalars and files, and the
+check that a resumed run continues exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mtrain.cli.common import CONFIG_DIR
+from mtrain.cli.common import CONFIG_DIR, check_before_run
 from mtrain.cli.fit import run_fit
 from tests.conftest import test_threads
-from tests.warm_process import run_mtrain
+from tests.warm_process import WarmPopen, run_mtrain, start_mtrain
 
 # A model and budget small enough for seconds of CPU time per run.
 # fp32 training, as `precision=auto` picks on AVX2-only CPUs: on CPUs with bf16 products (AMX,
@@ -73,3 +78,60 @@ def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
     for update in range(7, 13):
         assert resumed[update] == expected[update], update
     return straight, interrupted, summary
+
+
+def one_error_line(result) -> str:
+    """The one `mtrain: error:` line of a refused command (and no traceback)."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return errors[0]
+
+
+def start_fit(overrides, new_interpreter: bool = False) -> WarmPopen | subprocess.Popen:
+    """`mtrain fit` started, to be signalled; forked from the warm process (tests.warm_process)
+    unless the test needs a `new_interpreter`: one whose start-up it kills, or whose stdout it
+    reads while it runs. Read the output of a forked one by communicate(), at its end."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not new_interpreter:
+        return start_mtrain("fit", *overrides, env=env, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mtrain", "fit", *overrides],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, process: WarmPopen | subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until `path` exists, while `process` runs (its stderr in the failure otherwise)."""
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def run_check(app: str, argv: list[str], capsys) -> tuple[int, list[str]]:
+    """(exit status, stderr lines) of the check before `mtrain <app> <argv>`; 0 when it passes."""
+    try:
+        check_before_run(app, argv)
+        status = 0
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err.splitlines()
+
+
+def assert_refused(status: int, lines: list[str], start: str, part: str = "") -> None:
+    """A refusal before the run: exit status 2 and one `mtrain: error:` line starting with `start`."""
+    assert status == 2, lines
+    assert len(lines) == 1 and lines[0].startswith(f"mtrain: error: {start}") and part in lines[0], lines
+
+
+def snapshot(run_dir: Path) -> dict:
+    """{relative path: sha256} of every file under `run_dir`."""
+    return {
+        str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file()
+    }

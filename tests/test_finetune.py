@@ -26,8 +26,7 @@ from mtrain.train.checkpoint_files import load_checkpoint, load_run
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import test_threads, write_head
-from tests.fit_runs import compose_fit, mtrain, scalars
-from tests.test_run_safety import one_error_line, snapshot
+from tests.fit_runs import compose_fit, mtrain, one_error_line, scalars, snapshot
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn_dim=64", "tokenizer.vocab_size=400"]
 QUICK = [

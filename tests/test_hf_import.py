@@ -37,9 +37,8 @@ from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
 from mtrain.train.init_from import inherited_config, load_parent
 from tests.conftest import test_threads
-from tests.fit_runs import compose_fit, mtrain
+from tests.fit_runs import compose_fit, mtrain, one_error_line
 from tests.marian_dirs import build_marian_dir
-from tests.test_run_safety import one_error_line
 
 # MarianTokenizer recommends sacremoses, whose normaliser its encoding never calls.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")

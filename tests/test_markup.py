@@ -27,6 +27,7 @@ from mtrain.decode.markup import (
     strip_markup,
     tags_of,
 )
+from tests.decoding_run import TRANSLATE_DECODE as DECODE
 from tests.warm_process import run_mtrain
 
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzäöüß.,!?&<>\"'", min_size=1, max_size=8)
@@ -317,7 +318,6 @@ def test_what_cannot_be_read_is_refused_where_it_is(line, fmt, message):
 
 
 # ------------------------------------------------------------------ through `mtrain translate`
-DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "device=cpu"]
 # The issue's cases, one line each: deep nesting, CDATA, a PI with a quoted `>`, html's `<!x>` and `</>`.
 COMMAND_LINES = {
     "xml": [

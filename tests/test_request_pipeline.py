@@ -26,7 +26,7 @@ from mtrain.decode.stream import translate_stream
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
 from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
-from tests.test_translate import job
+from tests.decoding_run import job
 
 SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Eine Frau spielt Gitarre."]
 MARKUP = ["Zwei <b>junge</b> Männer stehen vor einem Gebäude.", 'Ein <a href="x">Hund</a>.<br/>']

@@ -46,10 +46,9 @@ from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
 from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
-from tests.fit_runs import compose_fit, mtrain
+from tests.decoding_run import job
+from tests.fit_runs import compose_fit, mtrain, one_error_line
 from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
-from tests.test_run_safety import one_error_line
-from tests.test_translate import job
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "align_eflomal.py"
 CPU = torch.device("cpu")

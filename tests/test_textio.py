@@ -16,7 +16,7 @@ from mtrain.decode.controls import read_phrases
 from mtrain.decode.terminology import read_glossary
 from mtrain.decode.textio import read_text_lines
 from mtrain.errors import MtrainError
-from tests.test_markup import DECODE
+from tests.decoding_run import TRANSLATE_DECODE as DECODE
 from tests.warm_process import run_mtrain
 
 BOM = b"\xef\xbb\xbf"

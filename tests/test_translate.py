@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
 from mtrain.config import DecodeConfig, ModelConfig, TranslateConfig
@@ -25,19 +24,12 @@ from mtrain.decode.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from tests.decoding_run import TINY_MODEL
+from tests.decoding_run import TINY_MODEL, job
 from tests.warm_process import run_mtrain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = TINY_MODEL  # the shared `model` fixture's (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
-
-
-def job(**overrides) -> TranslateConfig:
-    decode = overrides.pop("decode", {})
-    cfg = OmegaConf.structured(TranslateConfig)
-    cfg.decode = OmegaConf.merge(cfg.decode, {"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
-    return OmegaConf.merge(cfg, overrides)
 
 
 SENTENCES = [
