@@ -86,6 +86,14 @@ def tiny_run(tmp_path_factory) -> Path:
     return write_tiny_run(tmp_path_factory.mktemp("tiny_run"))
 
 
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory, multi30k_slice) -> Path:
+    """A parent run to fine-tune (tests/fit_runs.py's fit_parent): 2 updates on 300 Multi30k pairs."""
+    from tests.fit_runs import fit_parent  # here: fit_runs imports this module
+
+    return fit_parent(tmp_path_factory.mktemp("parent"), multi30k_slice)
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for a test module of tiny models, where threads cost more than they save

@@ -5,6 +5,8 @@ check that a resumed run continues exactly."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import os
 import subprocess
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtrain.cli.common import CONFIG_DIR, check_before_run
@@ -42,6 +45,19 @@ TINY = [
     "decode.max_len_a=1.2",
 ]
 
+
+# The model of the fine-tuning tests' parent run, and the settings of a few quick updates.
+PARENT_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn_dim=64", "tokenizer.vocab_size=400"]
+QUICK = [
+    "train.max_tokens=1024",
+    "train.lr=3e-3",
+    "train.warmup_updates=2",
+    f"train.num_threads={test_threads()}",
+    "train.valid_bleu=false",
+    "train.log_every=1",
+    "train.loss_every=1",
+    "data.splits.test=null",
+]
 
 # The margin over train.max_time the budget test allows: the process's exit after its last log
 # line (about a second), and the error of an estimate measured while other tests share the cores.
@@ -135,3 +151,35 @@ def snapshot(run_dir: Path) -> dict:
         for path in sorted(run_dir.rglob("*"))
         if path.is_file()
     }
+
+
+@functools.cache
+def _composed(preset: str) -> DictConfig:
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="fit", overrides=[f"experiment={preset}"], return_hydra_config=True)
+
+
+def composed(preset: str) -> tuple[DictConfig, dict]:
+    """(the FitConfig of `mtrain fit experiment=<preset>`, its hydra.sweeper.params)."""
+    cfg = copy.deepcopy(_composed(preset))
+    params = dict(cfg.hydra.sweeper.params or {})
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, params
+
+
+def fit_parent(base: Path, multi30k_slice: Path) -> Path:
+    """base/run: 2 updates on 300 Multi30k pairs, with an EMA and model.output_vocab=target."""
+    overrides = [
+        f"data.local_dir={multi30k_slice}",
+        f"data.cache_dir={base / 'cache'}",
+        *PARENT_MODEL,
+        *QUICK,
+        "data.train_limit=300",
+        "train.max_updates=2",
+        "train.validate_every=2",
+        "train.ema_decay=0.9",
+        "model.output_vocab=target",
+    ]
+    run_fit(compose_fit(overrides), base / "run")
+    return base / "run"

@@ -225,7 +225,7 @@ def test_one_update_then_export_loads_in_transformers_with_equal_log_probs(maria
 
 
 def test_mtrains_own_pegasus_export_reads_back_bit_exactly(tmp_path, multi30k_spm_tokenizer):
-    from tests.test_hf_export import random_model, write_run
+    from tests.hf_runs import random_model, write_run
 
     cfg = ModelConfig(layers=1, d_model=32, heads=2, ffn_dim=64, dropout=0.0, max_positions=64, output_bias=True)
     model = random_model(multi30k_spm_tokenizer, cfg)

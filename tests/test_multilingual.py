@@ -630,7 +630,7 @@ def test_the_test_decode_scores_each_direction_and_their_mean(tmp_path, fit_conf
 
 
 def test_the_preset_trains_the_four_directions_as_the_best_bilingual_preset_trains_one():
-    from tests.test_experiments import composed
+    from tests.fit_runs import composed
 
     multilingual, _ = composed("multi30k_multilingual")
     bilingual, _ = composed("multi30k_cpu_best")

@@ -5,7 +5,6 @@ writes a glossary's terms into the source (decode.term_mode) through translate a
 and the refusals: a misfit file, a model that reads no terms, an export that could not carry them.
 """
 
-# ruff: noqa: F811 (the fixture `parent` imported from tests.test_finetune is a parameter here)
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +46,8 @@ from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
 from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
 from tests.decoding_run import job
-from tests.fit_runs import compose_fit, mtrain, one_error_line
-from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
+from tests.fit_runs import PARENT_MODEL as TINY_MODEL
+from tests.fit_runs import QUICK, compose_fit, mtrain, one_error_line
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "align_eflomal.py"
 CPU = torch.device("cpu")
