@@ -45,14 +45,13 @@ def make_runs(work: Path) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mtrain.decode.selection.rerank import RerankWeights, write_weights
     from tests.conftest import train_spm_tokenizer
-    from tests.test_ensemble import write_run
-    from tests.test_mbr import write_config
+    from tests.decoding_run import write_config, write_test_run
 
     data = Path(os.environ.get("MTRAIN_DATA_DIR", "/work/shared/data"))
     tokenizer = train_spm_tokenizer(work / "spm", data, 0)
     runs = {
-        "deen": write_config(write_run(work / "deen", tokenizer, seed=0, update=3), "de", "en"),
-        "ende": write_config(write_run(work / "ende", tokenizer, seed=1, update=3), "en", "de"),
+        "deen": write_config(write_test_run(work / "deen", tokenizer, seed=0, update=3), "de", "en"),
+        "ende": write_config(write_test_run(work / "ende", tokenizer, seed=1, update=3), "en", "de"),
     }
     write_weights(work / "weights.json", RerankWeights(["forward", "reverse", "length_ratio"], [1.0, 0.5, 0.3]))
     write_weights(

@@ -12,6 +12,7 @@ import sentencepiece as spm
 import torch
 
 from mtrain.tokenizer import Tokenizer
+from tests.decoding_run import TINY_MODEL, untrained_model, write_run_dir, write_tiny_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +52,53 @@ def multi30k_spm_tokenizer(tmp_path_factory, data_dir) -> Tokenizer:
     """A real joint SentencePiece model trained on 400 Multi30k pairs (a second or so),
     shared by the decoding tests (test_translate, test_serve, test_alignment) of a worker."""
     return train_spm_tokenizer(tmp_path_factory.mktemp("spm") / "spm", data_dir, first_line=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
+    """The decoding tests' tokenizer: the worker's Multi30k SentencePiece model. A test module
+    that needs another (its own pieces, language tags) defines its own `tokenizer`."""
+    return multi30k_spm_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_shape() -> dict:
+    """The `model` fixture's ModelConfig fields; a test module overrides it for another size."""
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer, model_shape):
+    """A tiny untrained model (seed 0, eval mode) over the module's `tokenizer`."""
+    return untrained_model(tokenizer, model_shape)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tokenizer, model, model_shape) -> Path:
+    """A run directory as `mtrain fit` leaves it (de -> en): tokenizer/ and checkpoints/best.pt."""
+    return write_run_dir(tmp_path_factory.mktemp("run"), tokenizer, model, model_shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A run with three checkpoints of a tiny untrained model and its corpus, for `mtrain eval run=`
+    and its reports (tests/decoding_run.py's write_tiny_run)."""
+    return write_tiny_run(tmp_path_factory.mktemp("tiny_run"))
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory, multi30k_slice) -> Path:
+    """A parent run to fine-tune (tests/fit_runs.py's fit_parent): 2 updates on 300 Multi30k pairs."""
+    from tests.fit_runs import fit_parent  # here: fit_runs imports this module
+
+    return fit_parent(tmp_path_factory.mktemp("parent"), multi30k_slice)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for a test module of tiny models, where threads cost more than they save
+    (`pytestmark = pytest.mark.usefixtures("one_thread")`; after `_few_threads` below)."""
+    torch.set_num_threads(1)
 
 
 def train_spm_tokenizer(directory: Path, data_dir: Path, first_line: int) -> Tokenizer:
@@ -145,14 +193,14 @@ SLOWEST_FILES = (
     "test_hf_export.py",
     "test_serve.py",
     "test_export.py",
-    "test_report.py",
+    "test_evaluate_report.py",
     "test_compilation.py",
     "test_tokenizer.py",
     "test_host_memory.py",
     "test_bench_compile.py",
     "test_finetune.py",
     "test_ema.py",
-    "test_prepare.py",
+    "test_batches_prepare.py",
     "test_ensemble.py",
     "test_properties.py",
     "test_experiments.py",

@@ -49,7 +49,7 @@ def _probe(rank: int, port: int, overrides: list[str], run_dir: str, agree_every
     from mtrain.train.batch_source import BatchSource
     from mtrain.train.step import UpdateStep
     from mtrain.train.trainer import Trainer
-    from tests.test_fit import compose_fit
+    from tests.fit_runs import compose_fit
 
     agreement.AGREE_EVERY_S = agree_every_s
     rows: list[dict[str, Any]] = []
@@ -137,7 +137,7 @@ def _dying(rank: int, port: int, overrides: list[str], run_dir: str, dying_rank:
     from mtrain.cli.fit import run_fit
     from mtrain.errors import MtrainError
     from mtrain.train.trainer import Trainer
-    from tests.test_fit import compose_fit
+    from tests.fit_runs import compose_fit
 
     death = Path(run_dir) / "death"
     run_update = Trainer.run_update

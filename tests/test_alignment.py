@@ -29,39 +29,12 @@ from mtrain.decode.translation.alignment import (
 from mtrain.decode.translation.translator import translate_encoded, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from mtrain.tokenizer import Tokenizer
+from tests.decoding_run import TINY_MODEL
 from tests.warm_process import run_mtrain
 
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
+MODEL = TINY_MODEL  # the shared `model` fixture's (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
-    return multi30k_spm_tokenizer  # tests/conftest.py: one per worker, shared with the other decoding tests
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    cfg = ModelConfig(**MODEL)
-    return build_model(
-        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=True
-    ).eval()
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer, model) -> Path:
-    directory = tmp_path_factory.mktemp("run")
-    tokenizer.save(directory / "tokenizer")
-    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
-    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
-    return directory
 
 
 # ------------------------------------------------------------------ pieces and words

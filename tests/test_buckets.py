@@ -17,7 +17,7 @@ from mtrain.batches.corpus import EncodedCorpus
 from mtrain.config import ModelConfig
 from mtrain.model import build_model
 from mtrain.train.loss import TranslationLoss
-from tests.test_trainer import _trainer
+from tests.synthetic_training import synthetic_trainer
 
 PAD, BOS, EOS = 1, 2, 3
 
@@ -142,7 +142,7 @@ def test_bucket_padding_and_dummy_rows_change_neither_loss_nor_gradients(static_
 def test_a_fixed_seed_run_trains_the_same_whichever_way_its_batches_are_padded():
     """The same batches (shape buckets' pairs, dummy rows included) padded to their buckets or
     to their own lengths: the same losses within fp32 noise, update after update."""
-    bucketed, plain = _trainer(["train.shape_buckets=4"]), _trainer(["train.shape_buckets=4"])
+    bucketed, plain = synthetic_trainer(["train.shape_buckets=4"]), synthetic_trainer(["train.shape_buckets=4"])
     plain.parts.batches.bucket_widths = None  # collate pads to the batch's own lengths
     for _ in range(5):
         a, b = bucketed.run_update(), plain.run_update()

@@ -14,8 +14,8 @@ from mtrain.config import TrainConfig
 from mtrain.errors import MtrainError
 from mtrain.train.compilation import GRAPHS_PER_BUCKET, compile_network, shape_buckets
 from mtrain.train.setup import resolve_machine, setup_fit
-from tests.test_fit import compose_fit
-from tests.test_trainer import _trainer
+from tests.fit_runs import compose_fit
+from tests.synthetic_training import synthetic_trainer
 
 
 def test_cuda_graphs_are_refused_on_a_cpu_in_one_line():
@@ -55,7 +55,10 @@ def test_the_graph_captured_step_trains_as_the_plain_one(monkeypatch):
     marks = []
     monkeypatch.setattr(torch, "compile", lambda network, **options: network)
     monkeypatch.setattr("mtrain.train.step.begin_graph_step", lambda: marks.append(1))
-    plain, graphs = _trainer(["train.shape_buckets=4"]), _trainer(["train.shape_buckets=4", "train.cuda_graphs=true"])
+    plain, graphs = (
+        synthetic_trainer(["train.shape_buckets=4"]),
+        synthetic_trainer(["train.shape_buckets=4", "train.cuda_graphs=true"]),
+    )
     assert graphs.parts.cuda_graphs and graphs.parts.network.static_rows and not plain.parts.network.static_rows
     for _ in range(3):
         assert float(plain.run_update()["loss_sum"]) == pytest.approx(float(graphs.run_update()["loss_sum"]), rel=1e-5)

@@ -33,7 +33,7 @@ from mtrain.decode.translation.confidence import (
 from mtrain.errors import MtrainError
 from mtrain.evaluate.calibration import sentence_chrf
 from mtrain.rundir import CONFIDENCE_FILE
-from tests.test_fit import TINY, compose_fit
+from tests.fit_runs import TINY, compose_fit
 
 
 def test_pool_adjacent_violators_pools_each_decrease_into_its_weighted_mean():

@@ -31,6 +31,7 @@ from mtrain.config import (
     to_plain,
     with_resolved_model,
 )
+from tests.fit_runs import assert_refused, run_check
 from tests.warm_process import run_mtrain
 
 # (overrides, the key the one error line must start with)
@@ -130,21 +131,6 @@ BAD_OVERRIDES = [
     (["data.src=de,fr"], "data.src: 'de,fr' is several values: add -m to sweep over them (data.src takes one)", ""),
     (["foo"], "foo: not an override of the form key=value", ""),
 ]
-
-
-def run_check(app: str, argv: list[str], capsys) -> tuple[int, list[str]]:
-    """(exit status, stderr lines) of the check before `mtrain <app> <argv>`; 0 when it passes."""
-    try:
-        check_before_run(app, argv)
-        status = 0
-    except SystemExit as stop:
-        status = stop.code
-    return status, capsys.readouterr().err.splitlines()
-
-
-def assert_refused(status: int, lines: list[str], start: str, part: str = "") -> None:
-    assert status == 2, lines
-    assert len(lines) == 1 and lines[0].startswith(f"mtrain: error: {start}") and part in lines[0], lines
 
 
 @pytest.fixture(autouse=True)

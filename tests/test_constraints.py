@@ -10,13 +10,9 @@ from mtrain.decode.engines.ensemble import EnsembleModel
 from mtrain.decode.search.constraints import ControlIds
 from mtrain.decode.search.generator import generate
 from mtrain.decode.search.steering import VocabRules, batch_processors
-from tests.test_generator import BOS, EOS, PAD, VOCAB, source_batch, tiny_model, train_to_copy
+from tests.tiny_models import BOS, EOS, PAD, VOCAB, source_batch, tiny_model, train_to_copy
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +133,7 @@ def test_prefix_constraints_and_avoid_together_with_sentences_without(models):
 def test_controls_add_no_host_synchronisation(beam, models, monkeypatch):
     """Constraints, avoided phrases and prefixes are tensor work: the loop still reads the
     host twice per step (tests/test_generator.py's count)."""
-    from tests.test_generator import record_host_syncs
+    from tests.tiny_models import record_host_syncs
 
     model = models[0]
     src, mask = source_batch([9, 5, 7, 3, 6], seed=2)

@@ -13,7 +13,7 @@ import torch
 from mtrain.train.budget import EndCost
 from mtrain.train.distributed import DistributedContext
 from tests.ddp_probe import run_two_ranks, run_with_a_death
-from tests.test_fit import TINY, scalars
+from tests.fit_runs import TINY, scalars
 from tests.warm_process import run_python
 
 COMMON = [

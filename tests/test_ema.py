@@ -16,7 +16,7 @@ from mtrain.evaluate.average import average_checkpoints
 from mtrain.model import build_model
 from mtrain.train.ema import WeightAverage
 from mtrain.train.setup import setup_fit
-from tests.test_fit import TINY, check_resume_is_exact, compose_fit, mtrain
+from tests.fit_runs import TINY, check_resume_is_exact, compose_fit, mtrain
 
 
 def tiny_model() -> torch.nn.Module:

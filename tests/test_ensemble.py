@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mtrain.checkpoint.files import save_checkpoint
-from mtrain.config import DecodeConfig, Engine, EvalConfig, FitConfig, ModelConfig, to_plain
+from mtrain.config import DecodeConfig, Engine, EvalConfig, ModelConfig
 from mtrain.decode.engines.ensemble import EnsembleModel
 from mtrain.decode.engines.torch_engine import TorchEngine
 from mtrain.decode.search.generator import generate
@@ -24,22 +24,16 @@ from mtrain.export.engine import open_engine
 from mtrain.model import build_model
 from mtrain.model.positions import position_limit
 from mtrain.rundir import RunDir
-from mtrain.tokenizer import Tokenizer
-from mtrain.train.checkpointer import data_fingerprints
 from tests.conftest import train_spm_tokenizer
-from tests.test_generator import source_batch, tiny_model, train_to_copy
-from tests.test_search import exhaustive_best
-from tests.test_search import tiny_model as search_model
+from tests.decoding_run import TEST_SENTENCES as SENTENCES
+from tests.decoding_run import write_test_run
+from tests.tiny_models import exhaustive_best, search_model, source_batch, tiny_model, train_to_copy
 from tests.warm_process import run_mtrain
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
 
 
 @pytest.fixture(scope="module")
@@ -223,37 +217,6 @@ def test_low_precision_engine_casts_every_member_once_and_leaves_them_alone(trai
 
 
 # ------------------------------------------------------------------ run directories and checkpoint files
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Ein Mann fährt Fahrrad."]
-
-
-def write_run(directory: Path, tokenizer: Tokenizer, seed: int, update: int, **model) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer/, checkpoints/best.pt (with the
-    tokenizer's fingerprint), data/test.{src,ref}."""
-    model_cfg = ModelConfig(**{**MODEL, **model})
-    torch.manual_seed(seed)
-    network = build_model(
-        model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
-    )
-    run = RunDir(directory)
-    tokenizer.save(run.tokenizer_dir)
-    config = to_plain(OmegaConf.structured(FitConfig(model=model_cfg)))
-    save_checkpoint(
-        run.checkpoint("best"),
-        {
-            "model": network.state_dict(),
-            "config": config,
-            "update": update,
-            "data_fingerprints": data_fingerprints("corpus", tokenizer.fingerprint),
-        },
-    )
-    src, ref = run.split_files("test")
-    src.parent.mkdir(parents=True, exist_ok=True)
-    src.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-    ref.write_text("Two young men.\nA dog.\nA man rides a bike.\n", encoding="utf-8")
-    return directory
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
     """Runs a and b (one tokenizer; b a rope model with 1 decoder layer), and c (another tokenizer)."""
@@ -262,9 +225,9 @@ def runs(tmp_path_factory, data_dir):
     other = train_spm_tokenizer(root / "spm_other", data_dir, 5000)
     assert shared.fingerprint != other.fingerprint
     return {
-        "a": write_run(root / "a", shared, seed=0, update=7),
-        "b": write_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
-        "c": write_run(root / "c", other, seed=2, update=5),
+        "a": write_test_run(root / "a", shared, seed=0, update=7),
+        "b": write_test_run(root / "b", shared, seed=1, update=9, positions="rope", decoder_layers=1),
+        "c": write_test_run(root / "c", other, seed=2, update=5),
     }
 
 

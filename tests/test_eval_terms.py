@@ -10,7 +10,6 @@ import pytest
 
 from mtrain.decode.requests.terminology import read_glossary
 from mtrain.evaluate.terminology import score_terms
-from tests.test_report import tiny_run  # noqa: F401 (the fixture: a run of a tiny untrained model)
 from tests.warm_process import run_mtrain
 
 
@@ -62,7 +61,7 @@ def test_eval_hyp_terms_needs_the_sources_and_src_is_hyps(scored_file):
     assert "Traceback" not in malformed.stderr + misaligned.stderr + without_sources.stderr
 
 
-def test_eval_run_decodes_with_the_glossary_and_reports_the_term_metrics(tiny_run, tmp_path):  # noqa: F811
+def test_eval_run_decodes_with_the_glossary_and_reports_the_term_metrics(tiny_run, tmp_path):
     terms = tmp_path / "terms.tsv"
     terms.write_text("hund\tcanine\tdog\nkatze\tfeline\tcat\n", encoding="utf-8")
     out = tmp_path / "out"

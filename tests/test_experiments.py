@@ -11,7 +11,6 @@ keys and wrong types).
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import os
 import re
@@ -23,10 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from mtrain.cli.common import CONFIG_DIR
 from mtrain.config import ModelConfig, check_model_config
@@ -34,6 +32,9 @@ from mtrain.config_checks import check_config
 from mtrain.durations import parse_duration
 from mtrain.model import build_model
 from mtrain.train.schedule import LearningRateSchedule
+from tests.fit_runs import composed
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 PRESETS = sorted(path.stem for path in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 # The sweeps (ablation_base is what they share: the standard model, no sweep).
@@ -42,27 +43,6 @@ ABLATIONS = [name for name in PRESETS if name.startswith("ablation_") and name !
 # Small enough for milliseconds per forward/backward; the swept switches are untouched.
 TINY_MODEL = {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "heads": 2, "ffn_dim": 64, "dropout": 0.0}
 VOCAB, PAD = 40, 1
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors gain nothing from a second thread, and the cores may be busy.
-    torch.set_num_threads(1)
-
-
-@functools.cache
-def _composed(preset: str) -> DictConfig:
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="fit", overrides=[f"experiment={preset}"], return_hydra_config=True)
-
-
-def composed(preset: str) -> tuple[DictConfig, dict]:
-    """(the FitConfig of `mtrain fit experiment=<preset>`, its hydra.sweeper.params)."""
-    cfg = copy.deepcopy(_composed(preset))
-    params = dict(cfg.hydra.sweeper.params or {})
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, params
 
 
 def sweep_variants(params: dict) -> list[list[Override]]:

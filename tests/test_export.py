@@ -28,51 +28,13 @@ from mtrain.errors import MtrainError
 from mtrain.export import check_exportable, export_ctranslate2, export_run
 from mtrain.model import build_model
 from tests.warm_process import run_mtrain
+from tests.word_lists import DE_EN_WORDS
 
-WORDS = [
-    "ein",
-    "mann",
-    "eine",
-    "frau",
-    "ein",
-    "kind",
-    "hund",
-    "katze",
-    "ball",
-    "park",
-    "strasse",
-    "rot",
-    "blau",
-    "gross",
-    "klein",
-    "spielt",
-    "läuft",
-    "sitzt",
-    "auf",
-    "in",
-    "mit",
-    "two",
-    "men",
-    "a",
-    "woman",
-    "child",
-    "dog",
-    "cat",
-    "plays",
-    "runs",
-    "sits",
-    "on",
-    "in",
-    "with",
-]
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
+WORDS = DE_EN_WORDS
 MODEL = dict(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0, max_positions=64)
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,11 +13,12 @@ import pytest
 import torch
 
 from mtrain.checkpoint.files import load_checkpoint
+from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
 from mtrain.rundir import RunDir
 from mtrain.train.step import UpdateStep
-from tests.test_fit import TINY, compose_fit, run_fit, scalars
-from tests.warm_process import WarmPopen, start_mtrain
+from tests.fit_runs import TINY, compose_fit, scalars, start_fit, wait_for
+from tests.warm_process import WarmPopen
 
 # No test decode unless a test asks for one (data.splits.test=... later on its command line wins):
 # these runs check what training does, and decoding an untrained model runs to its length limit.
@@ -31,30 +30,6 @@ FAST = [
     "train.loss_every=1",
     "data.splits.test=null",
 ]
-
-
-def start_fit(overrides, new_interpreter: bool = False) -> WarmPopen | subprocess.Popen:
-    """`mtrain fit` started, to be signalled; forked from the warm process (tests.warm_process)
-    unless the test needs a `new_interpreter`: one whose start-up it kills, or whose stdout it
-    reads while it runs. Read the output of a forked one by communicate(), at its end."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if not new_interpreter:
-        return start_mtrain("fit", *overrides, env=env, text=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "mtrain", "fit", *overrides],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(path: Path, process: WarmPopen | subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_sigterm_writes_a_checkpoint_at_an_update_boundary(tmp_path, multi30k_slice):

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from mtrain.checkpoint.files import load_checkpoint, load_run
+from mtrain.cli.fit import run_fit
 from mtrain.config import with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.errors import MtrainError
@@ -24,21 +25,8 @@ from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.init_from import FREE_MODEL_KEYS, explicit_keys, inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
-from tests.conftest import test_threads, write_head
-from tests.test_fit import compose_fit, mtrain, run_fit, scalars
-from tests.test_run_safety import one_error_line, snapshot
-
-TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ffn_dim=64", "tokenizer.vocab_size=400"]
-QUICK = [
-    "train.max_tokens=1024",
-    "train.lr=3e-3",
-    "train.warmup_updates=2",
-    f"train.num_threads={test_threads()}",
-    "train.valid_bleu=false",
-    "train.log_every=1",
-    "train.loss_every=1",
-    "data.splits.test=null",
-]
+from tests.conftest import write_head
+from tests.fit_runs import QUICK, compose_fit, mtrain, one_error_line, scalars, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -50,25 +38,6 @@ def ted(tmp_path_factory, data_dir) -> Path:
         for name, split, count in (("valid_detok_lc", "train", 200), ("tst2013", "val", 30)):
             write_head(data_dir / "iwslt14_de_en" / f"{name}.{lang}.gz", out / f"{split}.{lang}", count)
     return out
-
-
-@pytest.fixture(scope="module")
-def parent(tmp_path_factory, multi30k_slice) -> Path:
-    """2 updates on 300 Multi30k pairs, with an EMA and model.output_vocab=target."""
-    base = tmp_path_factory.mktemp("parent")
-    overrides = [
-        f"data.local_dir={multi30k_slice}",
-        f"data.cache_dir={base / 'cache'}",
-        *TINY_MODEL,
-        *QUICK,
-        "data.train_limit=300",
-        "train.max_updates=2",
-        "train.validate_every=2",
-        "train.ema_decay=0.9",
-        "model.output_vocab=target",
-    ]
-    run_fit(compose_fit(overrides), base / "run")
-    return base / "run"
 
 
 def child_overrides(parent: Path, ted: Path, cache: Path, *more: str) -> list:

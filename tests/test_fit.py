@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtrain.checkpoint.files import load_run
 from mtrain.cli.common import CONFIG_DIR
@@ -20,48 +17,7 @@ from mtrain.cli.fit import run_fit
 from mtrain.errors import MtrainError
 from mtrain.wording import counted
 from tests.conftest import test_threads
-from tests.warm_process import run_mtrain
-
-REPO = Path(__file__).resolve().parents[1]
-
-# A model and budget small enough for seconds of CPU time per run.
-# fp32 training, as `precision=auto` picks on AVX2-only CPUs: on CPUs with bf16 products (AMX,
-# AVX512-BF16) autocast makes a 64-wide model's updates ~2.5x slower (oneDNN builds a primitive
-# per new shape), and these tests check the pipeline, not the precision. The bf16 path has its
-# own tests (test_loss, test_generator, test_torch_engine, test_host_memory, test_gpu_check).
-TINY = [
-    "model.encoder_layers=2",
-    "model.decoder_layers=2",
-    "model.d_model=64",
-    "model.heads=2",
-    "model.ffn_dim=128",
-    "tokenizer.vocab_size=600",
-    "train.max_tokens=1024",
-    "train.lr=3e-3",
-    "train.warmup_updates=20",
-    f"train.num_threads={test_threads()}",
-    "train.precision=fp32",
-    "decode.beam=2",
-    "decode.max_len_b=5",
-    "decode.max_len_a=1.2",
-]
-
-
-def compose_fit(overrides):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="fit", overrides=overrides)
-
-
-def mtrain(*args, cwd=None, env=None, timeout=300, new_interpreter=False):
-    """`mtrain *args` as a command (tests.warm_process): (returncode, stdout, stderr) as text."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return run_mtrain(*args, cwd=cwd, env=full_env, text=True, timeout=timeout, new_interpreter=new_interpreter)
-
-
-def scalars(run_dir: Path, tag: str) -> dict:
-    accumulator = EventAccumulator(str(run_dir / "tb"))
-    accumulator.Reload()
-    return {event.step: event.value for event in accumulator.Scalars(tag)}
+from tests.fit_runs import BUDGET_MARGIN_S, TINY, check_resume_is_exact, compose_fit, mtrain, scalars
 
 
 @pytest.mark.slow
@@ -131,11 +87,6 @@ def test_fit_end_to_end_writes_every_artifact(tmp_path, multi30k_slice):
     assert losses[60] < losses[10]
 
 
-# The margin over train.max_time the budget test allows: the process's exit after its last log
-# line (about a second), and the error of an estimate measured while other tests share the cores.
-BUDGET_MARGIN_S = 8
-
-
 @pytest.mark.slow
 def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included(tmp_path, multi30k_slice):
     """The command, from its start to its exit, takes train.max_time plus a margin: the time before
@@ -182,21 +133,6 @@ def test_max_time_is_the_wall_time_of_the_whole_run_validation_and_test_included
     assert "valid | decoded " in train_log and "test | decoded " in train_log
     assert re.search(r"test \| decoded \d+/100 sentences \| [\d.]+ sentences/s \| ~\d+ s left", train_log)
     assert "wall time of the run: " in train_log
-
-
-def check_resume_is_exact(common: list, tmp_path: Path) -> tuple:
-    """Train 12 updates straight, and 6 then resumed to 12: the losses of updates 7-12 must be
-    equal (a loss point every update). Returns both run directories and the straight run's metrics."""
-    common = [*common, "train.loss_every=1"]
-    straight = tmp_path / "straight"
-    summary = run_fit(compose_fit(common + ["train.max_updates=12"]), straight)
-    interrupted = tmp_path / "interrupted"
-    run_fit(compose_fit(common + ["train.max_updates=6"]), interrupted)
-    run_fit(compose_fit(common + ["train.max_updates=12", "train.resume=true"]), interrupted)
-    expected, resumed = scalars(straight, "train/loss"), scalars(interrupted, "train/loss")
-    for update in range(7, 13):
-        assert resumed[update] == expected[update], update
-    return straight, interrupted, summary
 
 
 def test_resume_continues_exactly(tmp_path, multi30k_slice):

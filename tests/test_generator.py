@@ -6,78 +6,18 @@ import pytest
 import torch
 
 import mtrain.decode.search.generator as generator_module
-from mtrain.config import DecodeConfig, ModelConfig
+from mtrain.config import DecodeConfig
 from mtrain.decode.search.algorithms import BeamSearch
 from mtrain.decode.search.generator import generate
-from mtrain.model import build_model
+from tests.tiny_models import BOS, EOS, PAD, VOCAB, record_host_syncs, source_batch, tiny_model, train_to_copy
 
-UNK, PAD, BOS, EOS = 0, 1, 2, 3
-VOCAB = 40
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
-
-
-def tiny_model(seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        **{
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "d_model": 32,
-            "heads": 4,
-            "ffn_dim": 64,
-            "dropout": 0.0,
-            "max_positions": 128,
-            **overrides,
-        }
-    )
-    model = build_model(cfg, VOCAB, VOCAB, PAD, joint_vocab=True).eval()
-    with torch.no_grad():
-        model.output_proj.weight.mul_(3.0)  # peakier than at init, so EOS comes at varied steps
-    return model
-
-
-def train_to_copy(model, steps: int = 120, seed: int = 0):
-    """A few Adam steps on a copy task: enough for EOS to come at varied, sensible steps
-    (a random model runs every hypothesis to max length, which tests little)."""
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(steps):
-        lengths = torch.randint(2, 9, (32,), generator=generator).tolist()
-        src = torch.full((32, max(lengths) + 1), PAD)
-        tgt_input, labels = src.clone(), src.clone()
-        for row, n in enumerate(lengths):
-            tokens = torch.randint(4, VOCAB, (n,), generator=generator)
-            src[row, : n + 1] = torch.cat([tokens, torch.tensor([EOS])])
-            tgt_input[row, : n + 1] = torch.cat([torch.tensor([BOS]), tokens])
-            labels[row, : n + 1] = src[row, : n + 1]
-        logits = model(src, src.eq(PAD), tgt_input)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=PAD)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 @pytest.fixture(scope="module")
 def copy_model():
     torch.set_num_threads(1)
     return train_to_copy(tiny_model(seed=11))
-
-
-def source_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random sources of these lengths (eos included), right-padded."""
-    generator = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths)), PAD)
-    for row, length in enumerate(lengths):
-        src[row, : length - 1] = torch.randint(4, VOCAB, (length - 1,), generator=generator)
-        src[row, length - 1] = EOS
-    return src, src.eq(PAD)
 
 
 def decode(model, src, mask, use_cache=True, **cfg):
@@ -235,25 +175,6 @@ def test_bf16_autocast_decodes():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hyps = decode(model, src, mask, beam=3)
     assert all(len(s) == 1 and s[0].score <= 0 for s in hyps)
-
-
-HOST_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__")
-
-
-def record_host_syncs(monkeypatch, model) -> list[str]:
-    """A list that records, in order, each host synchronisation (HOST_SYNCS) and each of
-    `model`'s decoding steps ("step") from here on."""
-    events: list[str] = []
-    for name in HOST_SYNCS:
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(
-            torch.Tensor,
-            name,
-            lambda self, *a, _original=original, _name=name, **k: events.append(_name) or _original(self, *a, **k),
-        )
-    decode_step = model.decode_step
-    monkeypatch.setattr(model, "decode_step", lambda *a, **k: events.append("step") or decode_step(*a, **k))
-    return events
 
 
 @pytest.mark.parametrize("beam", [1, 4])

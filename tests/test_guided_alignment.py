@@ -20,15 +20,12 @@ from mtrain.model import build_model
 from mtrain.train.loss import GuidedHead, TranslationLoss, alignment_loss
 from tests.warm_process import run_mtrain
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 REPO = Path(__file__).resolve().parents[1]
 EOS = 3
 # Token ids 10..19 start a word (a "▁" piece), 20..29 continue one.
 STARTS = np.array([10 <= i < 20 for i in range(30)])
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
 
 
 def corpus_of(pairs):

@@ -3,7 +3,6 @@ and translates as mtrain does."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -17,7 +16,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed: format=hf is optional (pip install 'mtrain[hf]')"
 )
 
-from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig, to_plain
+from mtrain.config import DataConfig, DecodeConfig, ModelConfig
 from mtrain.decode.translation.translator import translate_encoded
 from mtrain.errors import MtrainError
 from mtrain.export import export_hf_run
@@ -25,18 +24,14 @@ from mtrain.export.hf_generation import max_new_tokens
 from mtrain.export.hf_model import check_hf_exportable
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
+from tests.hf_runs import TEST_SPLIT, random_model, write_run
+from tests.word_lists import GERMAN_WORDS
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 MODEL = dict(encoder_layers=2, decoder_layers=2, d_model=64, heads=4, ffn_dim=128, dropout=0.0, max_positions=128)
 CPU = torch.device("cpu")
-TEST_SPLIT = "test_2016_flickr"
-WORDS = ["ein", "mann", "eine", "frau", "kind", "hund", "katze", "ball", "park", "strasse", "rot", "blau", "gross"]
-WORDS += ["klein", "spielt", "läuft", "sitzt", "auf", "in", "mit"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+WORDS = GERMAN_WORDS
 
 
 def train_spm(
@@ -108,19 +103,6 @@ def copy_batch(generator: torch.Generator, vocab: int, n: int = 64):
     return src, src.eq(pad), tgt_input, src
 
 
-def random_model(tokenizer: Tokenizer, cfg: ModelConfig, seed: int = 1):
-    """An untrained model whose norms and biases are moved away from 1 and 0."""
-    torch.manual_seed(seed)
-    model = build_model(
-        cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
-    ).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                parameter.add_(0.2 * torch.randn_like(parameter))
-    return model
-
-
 @pytest.fixture(scope="module")
 def model(tokenizer):
     """A tiny model trained to copy its input (seconds): its searches have clear winners,
@@ -141,32 +123,6 @@ def model(tokenizer):
         optimizer.step()
     assert loss.item() < 1.0, "the copy model did not learn; the comparisons below would be meaningless"
     return model.eval()
-
-
-def write_run(run: Path, model, cfg: ModelConfig, tokenizer: Tokenizer, data: DataConfig | None = None) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer/, config.yaml, checkpoints/best.pt,
-    metrics.json and an evaluation report."""
-    from mtrain.checkpoint.files import save_checkpoint
-
-    fit = OmegaConf.structured(FitConfig(model=cfg, data=data or DataConfig()))
-    tokenizer.save(run / "tokenizer")
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(fit), encoding="utf-8")
-    save_checkpoint(
-        run / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": to_plain(fit), "update": 250}
-    )
-    metrics = {"updates": 250, "epochs": 1, "train_time_s": 3.5, "device": "cpu", "precision": "fp32",
-               "stop_reason": "max_updates=250 reached",
-               "data": {"corpora": [{"name": "multi30k", "src": "de", "tgt": "en", "tag": None, "weight": 1.0,
-                                     "train": {"kept": 2000, "src_tokens": 45000, "tgt_tokens": 41000}}]}}  # fmt: skip
-    (run / "metrics.json").write_text(json.dumps(metrics), encoding="utf-8")
-    report = {
-        "split": "test", "split_name": TEST_SPLIT, "language_pair": "de-en", "sentences": 100,
-        "checkpoint": {"which": "best", "update": 250}, "decode": {"beam": 5, "length_penalty": 1.0},
-        "metrics": {"bleu": {"name": "BLEU", "score": 12.345, "signature": "nrefs:1|case:mixed|eff:no|tok:13a"}},
-    }  # fmt: skip
-    (run / "eval").mkdir()
-    (run / "eval" / "test.json").write_text(json.dumps(report), encoding="utf-8")
-    return run
 
 
 @pytest.fixture(scope="module")

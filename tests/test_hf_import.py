@@ -26,6 +26,7 @@ transformers = pytest.importorskip(
 )
 
 from mtrain.checkpoint.files import load_run
+from mtrain.cli.fit import run_fit
 from mtrain.config import DataConfig, DecodeConfig, FitConfig, ModelConfig
 from mtrain.decode.translation.translator import translate_encoded
 from mtrain.errors import MtrainError
@@ -36,9 +37,8 @@ from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
 from mtrain.train.init_from import inherited_config, load_parent
 from tests.conftest import test_threads
+from tests.fit_runs import compose_fit, mtrain, one_error_line
 from tests.marian_dirs import build_marian_dir
-from tests.test_fit import compose_fit, mtrain, run_fit
-from tests.test_run_safety import one_error_line
 
 # MarianTokenizer recommends sacremoses, whose normaliser its encoding never calls.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -225,7 +225,7 @@ def test_one_update_then_export_loads_in_transformers_with_equal_log_probs(maria
 
 
 def test_mtrains_own_pegasus_export_reads_back_bit_exactly(tmp_path, multi30k_spm_tokenizer):
-    from tests.test_hf_export import random_model, write_run
+    from tests.hf_runs import random_model, write_run
 
     cfg = ModelConfig(layers=1, d_model=32, heads=2, ffn_dim=64, dropout=0.0, max_positions=64, output_bias=True)
     model = random_model(multi30k_spm_tokenizer, cfg)

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from mtrain import runtime
+from mtrain.cli.fit import run_fit
 from mtrain.train import host_memory as host_memory_module
 from mtrain.train import trainer as trainer_module
-from tests.test_fit import TINY, compose_fit, run_fit
+from tests.fit_runs import TINY, compose_fit
 
 
 def _resident_kib() -> int:

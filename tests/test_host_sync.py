@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mtrain.cli.fit import run_fit
 from mtrain.train.batch_source import BatchSource
 from mtrain.train.step import UpdateStep
 from mtrain.train.trainer import Trainer
 from tests.ddp_probe import run_two_ranks
-from tests.test_fit import TINY, compose_fit, run_fit
+from tests.fit_runs import TINY, compose_fit
 
 SYNCING = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
 

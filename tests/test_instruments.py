@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtrain.cli.fit import run_fit
-from tests.test_fit import TINY, compose_fit
+from tests.fit_runs import TINY, compose_fit
 
 LAYERS = 2  # TINY's encoder and decoder depth
 SUBLAYER_STATS = ("input_mean", "input_std", "output_std")

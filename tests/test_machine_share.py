@@ -14,7 +14,8 @@ import time
 import pytest
 
 from mtrain.machine_share import Share, ShareMeter
-from tests.test_fit import BUDGET_MARGIN_S, REPO, TINY
+from tests.conftest import REPO_ROOT as REPO
+from tests.fit_runs import BUDGET_MARGIN_S, TINY
 
 
 class Clock:

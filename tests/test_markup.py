@@ -14,13 +14,9 @@ from pathlib import Path
 from xml.parsers import expat
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
-from mtrain.checkpoint.files import save_checkpoint
-from mtrain.config import FitConfig, ModelConfig, to_plain
 from mtrain.decode.requests.markup import (
     CDATA_CLOSE,
     CDATA_OPEN,
@@ -31,7 +27,7 @@ from mtrain.decode.requests.markup import (
     strip_markup,
     tags_of,
 )
-from mtrain.model import build_model
+from tests.decoding_run import TRANSLATE_DECODE as DECODE
 from tests.warm_process import run_mtrain
 
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzäöüß.,!?&<>\"'", min_size=1, max_size=8)
@@ -322,8 +318,6 @@ def test_what_cannot_be_read_is_refused_where_it_is(line, fmt, message):
 
 
 # ------------------------------------------------------------------ through `mtrain translate`
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-DECODE = ["decode.beam=2", "decode.max_len_a=0.5", "decode.max_len_b=3", "num_threads=1", "device=cpu"]
 # The issue's cases, one line each: deep nesting, CDATA, a PI with a quoted `>`, html's `<!x>` and `</>`.
 COMMAND_LINES = {
     "xml": [
@@ -337,25 +331,6 @@ COMMAND_LINES = {
         "<!DOCTYPE html>" + "<i>" * 1000 + "Ein <br> Hund" + "</i>" * 1000,
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, multi30k_spm_tokenizer) -> Path:
-    """A run directory as `mtrain fit` leaves it, with an untrained tiny model (de -> en)."""
-    tokenizer = multi30k_spm_tokenizer  # tests/conftest.py: one per worker
-    torch.manual_seed(0)
-    model = build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    )
-    directory = tmp_path_factory.mktemp("run")
-    tokenizer.save(directory / "tokenizer")
-    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
-    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
-    return directory
 
 
 def translate(run_dir: Path, cwd: Path, lines: list[str], *args: str) -> subprocess.CompletedProcess:

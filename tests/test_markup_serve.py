@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from mtrain.decode.requests.markup import parse_markup, tags_of
-from tests.test_serve import DECODE, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
+from tests.servers import DECODE, Server
 
 SENTENCE = "Hallo Welt\nEin <b>Hund</b> läuft ."
 
 
 @pytest.fixture(scope="module")
-def server(run_dir, tmp_path_factory):  # noqa: F811 (run_dir: the fixture imported above)
+def server(run_dir, tmp_path_factory):
     started = Server(f"run={run_dir}", *DECODE, "max_sentences=8", cwd=tmp_path_factory.mktemp("markup_serve"))
     yield started
     assert started.stop() == 0, started.stderr()

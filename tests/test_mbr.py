@@ -22,9 +22,9 @@ from mtrain.decode.selection import selecting as selection_module
 from mtrain.decode.selection.mbr import expected_utilities, rank_by_expected_utility
 from mtrain.decode.selection.utility import bleu_matrix, chrf_matrix
 from mtrain.decode.translation.translator import translate_sentences
-from mtrain.rundir import RunDir
 from tests.conftest import train_spm_tokenizer
-from tests.test_ensemble import SENTENCES, write_run
+from tests.decoding_run import SHORT, write_config, write_test_run
+from tests.decoding_run import TEST_SENTENCES as SENTENCES
 
 CPU = torch.device("cpu")
 WORDS = [
@@ -51,18 +51,10 @@ WORDS = [
     "'s",
     "play",
 ]
-# Short outputs keep untrained models fast: max length 0.5 * source + 3 tokens.
-SHORT = dict(max_len_a=0.5, max_len_b=3)
 
 
 def random_sentences(rng: random.Random, count: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 12))) for _ in range(count)]
-
-
-def write_config(run: Path, src: str, tgt: str) -> Path:
-    """config.yaml as `mtrain fit` writes it, with the run's languages."""
-    RunDir(run).config_file.write_text(OmegaConf.to_yaml({"data": {"src": src, "tgt": tgt}}), encoding="utf-8")
-    return run
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +62,7 @@ def run(tmp_path_factory, data_dir) -> Path:
     """A de->en run of a tiny untrained model (its outputs vary: a fine test of choices)."""
     root = tmp_path_factory.mktemp("mbr_runs")
     tokenizer = train_spm_tokenizer(root / "spm", data_dir, 0)
-    return write_config(write_run(root / "deen", tokenizer, seed=0, update=3), "de", "en")
+    return write_config(write_test_run(root / "deen", tokenizer, seed=0, update=3), "de", "en")
 
 
 @pytest.fixture(scope="module")

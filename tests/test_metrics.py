@@ -16,46 +16,11 @@ from mtrain.errors import MtrainError
 from mtrain.evaluate import metrics as metrics_module
 from mtrain.evaluate.metrics import METRIC_NAMES, score_corpus, score_files, score_stream
 from mtrain.evaluate.references import read_reference_files
+from tests.word_lists import ENGLISH_WORDS
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
 
-WORDS = [
-    "the",
-    "a",
-    "man",
-    "woman",
-    "child",
-    "dog",
-    "cat",
-    "ball",
-    "park",
-    "street",
-    "red",
-    "blue",
-    "green",
-    "big",
-    "small",
-    "old",
-    "young",
-    "is",
-    "are",
-    "plays",
-    "runs",
-    "sits",
-    "walks",
-    "holds",
-    "looks",
-    "at",
-    "on",
-    "in",
-    "with",
-    "near",
-    "through",
-    "two",
-    "three",
-    "people",
-    "group",
-]
+WORDS = ENGLISH_WORDS
 
 
 def make_sentences(rng: random.Random, count: int) -> list[str]:

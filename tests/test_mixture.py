@@ -35,8 +35,7 @@ from mtrain.train.metric_log import MetricLogger
 from mtrain.train.progress import TrainState
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
-from tests.test_config_checks import assert_refused, run_check
-from tests.test_fit import compose_fit
+from tests.fit_runs import assert_refused, compose_fit, run_check
 
 IDS = SpecialIds(unk=0, pad=1, bos=2, eos=3)
 VOCAB = 60

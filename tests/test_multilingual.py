@@ -51,12 +51,7 @@ SPLITS = {"train": 300, "val": 6, "test_2016_flickr": 5}
 MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, dropout=0.0, max_positions=128)
 DECODE = dict(beam=2, max_len_a=0.0, max_len_b=6)
 SENTENCES = ["Ein Hund läuft.", "Zwei Männer stehen vor einem Gebäude.", "", "Un chien court."]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +96,12 @@ def multilingual_config(corpus: Path, directions=DIRECTIONS, lang_tags: bool = T
 
 
 @pytest.fixture(scope="module")
+def model_shape() -> dict:
+    """The shared `model` fixture (tests/conftest.py) at this module's size, over its tokenizer."""
+    return MODEL
+
+
+@pytest.fixture(scope="module")
 def fit_config(corpus):
     return multilingual_config(corpus)
 
@@ -108,18 +109,6 @@ def fit_config(corpus):
 @pytest.fixture(scope="module")
 def languages(fit_config) -> RunLanguages:
     return RunLanguages.of(fit_config.data)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    return build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    ).eval()
 
 
 def write_run(directory: Path, cfg, tokenizer: Tokenizer, model, directions) -> Path:
@@ -641,7 +630,7 @@ def test_the_test_decode_scores_each_direction_and_their_mean(tmp_path, fit_conf
 
 
 def test_the_preset_trains_the_four_directions_as_the_best_bilingual_preset_trains_one():
-    from tests.test_experiments import composed
+    from tests.fit_runs import composed
 
     multilingual, _ = composed("multi30k_multilingual")
     bilingual, _ = composed("multi30k_cpu_best")
@@ -658,7 +647,7 @@ def trained_run(tmp_path_factory, corpus):
     """`mtrain fit` of the four directions (a tiny model, 6 updates, validated twice); its config,
     metrics and directory."""
     from mtrain.cli.fit import run_fit
-    from tests.test_fit import compose_fit
+    from tests.fit_runs import compose_fit
 
     work = tmp_path_factory.mktemp("multilingual_fit")
     corpora = ",".join(f"{{name:multi30k,src:{src},tgt:{tgt}}}" for src, tgt in DIRECTIONS)
@@ -701,7 +690,7 @@ def test_a_multilingual_fit_validates_tests_and_decodes_each_direction(trained_r
     valid = metrics["valid"]
     assert valid["bleu"] == pytest.approx(sum(valid[f"{name}/bleu"] for name in names) / 4)
     assert valid["best_bleu"] >= valid["bleu"] and valid["best_update"] in (3, 6)
-    from tests.test_fit import scalars
+    from tests.fit_runs import scalars
 
     for name in names:  # TensorBoard: each direction's curve beside the mean's (the last validation: update 6)
         assert scalars(run, f"valid/{name}/bleu")[6] == pytest.approx(valid[f"{name}/bleu"])

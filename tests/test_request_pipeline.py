@@ -8,7 +8,6 @@ In-process and cheap: translate's stream on a file, the real app (with its batch
 Starlette's test client, the command line's checks as `mtrain` runs them (`check_before_run`).
 """
 
-# ruff: noqa: F811 (the fixtures imported from tests.test_serve are parameters here)
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,15 +26,14 @@ from mtrain.decode.selection.selecting import describe_search
 from mtrain.decode.text.stream import translate_stream
 from mtrain.serve.app import build_app
 from mtrain.serve.model import open_served_model
-from tests.test_serve import MODEL, model, run_dir, tokenizer  # noqa: F401 (fixtures)
-from tests.test_translate import job
+from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
+from tests.decoding_run import job
 
 SENTENCES = ["Zwei junge Männer stehen vor einem Gebäude.", "Ein Hund.", "Eine Frau spielt Gitarre."]
 MARKUP = ["Zwei <b>junge</b> Männer stehen vor einem Gebäude.", 'Ein <a href="x">Hund</a>.<br/>']
 TERMS = [("Hund", "dog"), ("Gitarre", "guitar")]
 SHORT = {"beam": 2, "max_len_a": 0.5, "max_len_b": 3}
 CPU = torch.device("cpu")
-assert MODEL  # (the fixtures' model)
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ from mtrain.decode.selection.rerank import (
 )
 from mtrain.decode.selection.selecting import SelectingEngine
 from tests.conftest import train_spm_tokenizer
-from tests.test_ensemble import SENTENCES, write_run
-from tests.test_mbr import SHORT, write_config
+from tests.decoding_run import SHORT, write_config, write_test_run
+from tests.decoding_run import TEST_SENTENCES as SENTENCES
 from tests.warm_process import run_mtrain, run_python
 
 CPU = torch.device("cpu")
@@ -41,10 +41,10 @@ def runs(tmp_path_factory, data_dir) -> dict[str, Path]:
     shared = train_spm_tokenizer(root / "spm", data_dir, 0)
     other = train_spm_tokenizer(root / "spm_other", data_dir, 5000)
     return {
-        "deen": write_config(write_run(root / "deen", shared, seed=0, update=3), "de", "en"),
-        "ende": write_config(write_run(root / "ende", shared, seed=1, update=3), "en", "de"),
-        "ende_other": write_config(write_run(root / "ende_other", other, seed=2, update=3), "en", "de"),
-        "deen2": write_config(write_run(root / "deen2", shared, seed=3, update=3), "de", "en"),
+        "deen": write_config(write_test_run(root / "deen", shared, seed=0, update=3), "de", "en"),
+        "ende": write_config(write_test_run(root / "ende", shared, seed=1, update=3), "en", "de"),
+        "ende_other": write_config(write_test_run(root / "ende_other", other, seed=2, update=3), "en", "de"),
+        "deen2": write_config(write_test_run(root / "deen2", shared, seed=3, update=3), "de", "en"),
     }
 
 

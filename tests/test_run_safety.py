@@ -8,7 +8,6 @@ hash of every file of the run directory (train.log and the lock included) before
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -22,6 +21,7 @@ import torch
 
 from mtrain.checkpoint.files import load_checkpoint
 from mtrain.cli.evaluate import score_hypotheses
+from mtrain.cli.fit import run_fit
 from mtrain.cli.translate import run_translate
 from mtrain.config import EvalConfig, TranslateConfig
 from mtrain.errors import MtrainError
@@ -30,9 +30,17 @@ from mtrain.evaluate.metrics import read_lines
 from mtrain.evaluate.scoring import check_references, translate_and_score
 from mtrain.export import export_run
 from mtrain.rundir import RunDir
-from tests.test_config_checks import assert_refused, run_check
-from tests.test_faults import start_fit, wait_for
-from tests.test_fit import TINY, compose_fit, mtrain, run_fit
+from tests.fit_runs import (
+    TINY,
+    assert_refused,
+    compose_fit,
+    mtrain,
+    one_error_line,
+    run_check,
+    snapshot,
+    start_fit,
+    wait_for,
+)
 
 # No test decode (data.splits.test=null): these runs check locks, resumes and refusals.
 FAST = [
@@ -43,15 +51,6 @@ FAST = [
     "decode.beam=1",
     "data.splits.test=null",
 ]
-
-
-def snapshot(run_dir: Path) -> dict:
-    """{relative path: sha256} of every file under `run_dir`."""
-    return {
-        str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(run_dir.rglob("*"))
-        if path.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +75,6 @@ def run_copy(tmp_path, finished_run):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     return common, copy
-
-
-def one_error_line(result) -> str:
-    """The one `mtrain: error:` line of a refused command (and no traceback)."""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mtrain: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    return errors[0]
 
 
 def wait_until_held(run_dir: Path, process) -> None:
@@ -362,7 +354,7 @@ def test_kill_during_a_checkpoint_write_keeps_last_intact(tmp_path, multi30k_sli
 
 
 def test_validate_every_time_validates_on_the_training_clock(tmp_path, multi30k_slice):
-    from tests.test_fit import scalars
+    from tests.fit_runs import scalars
 
     common = [f"data.local_dir={multi30k_slice}", f"data.cache_dir={tmp_path / 'cache'}", *FAST]
     run_fit(

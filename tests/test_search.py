@@ -7,41 +7,18 @@ import itertools
 import pytest
 import torch
 
-from mtrain.config import DecodeConfig, ModelConfig
+from mtrain.config import DecodeConfig
 from mtrain.decode.search.algorithms import BeamSearch, GreedySearch
 from mtrain.decode.search.generator import generate
-from mtrain.decode.search.hypothesis import length_normalise
 from mtrain.decode.search.processors import NoRepeatNgram, apply_length_limits, ban_tokens
 from mtrain.decode.search.sampling import SamplingSearch, truncate_distribution
-from mtrain.model import build_model
+from tests.tiny_models import exhaustive_best
+from tests.tiny_models import search_model as tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 UNK, PAD, BOS, EOS = 0, 1, 2, 3
 NEG_INF = float("-inf")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: thread hand-offs cost more than they save (conftest's default is 2).
-    torch.set_num_threads(1)
-    return
-
-
-def tiny_model(vocab: int, seed: int = 0, sharpness: float = 3.0):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        encoder_layers=1,
-        decoder_layers=2,
-        d_model=16,
-        heads=2,
-        ffn_dim=32,
-        dropout=0.0,
-        vocab_multiple=8,
-        max_positions=64,
-    )
-    model = build_model(cfg, vocab, vocab, PAD, joint_vocab=True).eval()
-    with torch.no_grad():  # sharper distributions than the default init: beams disagree more
-        model.output_proj.weight.mul_(sharpness)
-    return model
 
 
 # ------------------------------------------------------------------ algorithms, one step
@@ -155,26 +132,6 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
 
 
 # ------------------------------------------------------------------ beam search vs exhaustive search
-def exhaustive_best(model, src, max_len: int, alpha: float, vocab: int):
-    """Best (tokens, normalised score) over every output of 1..max_len tokens + EOS."""
-    emittable = [t for t in range(vocab) if t not in (PAD, BOS, EOS)]
-    outputs = [list(seq) for n in range(1, max_len + 1) for seq in itertools.product(emittable, repeat=n)]
-    width = max_len + 1
-    tgt_input = torch.full((len(outputs), width), PAD)
-    labels = torch.full((len(outputs), width), PAD)
-    for i, y in enumerate(outputs):
-        tgt_input[i, : len(y) + 1] = torch.tensor([BOS] + y)
-        labels[i, : len(y) + 1] = torch.tensor(y + [EOS])
-    with torch.no_grad():
-        src_batch = src.expand(len(outputs), -1)
-        lprobs = torch.log_softmax(model(src_batch, src_batch.eq(PAD), tgt_input).float(), dim=-1)
-    token_lprobs = lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1).masked_fill(labels.eq(PAD), 0.0)
-    lengths = labels.ne(PAD).sum(dim=1)
-    scores = length_normalise(token_lprobs.sum(dim=1), lengths, alpha)
-    best = int(scores.argmax())
-    return outputs[best], float(scores[best]), scores
-
-
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 @pytest.mark.parametrize("early_stopping", [True, False])
 def test_full_width_beam_equals_exhaustive_search(alpha, early_stopping):

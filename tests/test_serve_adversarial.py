@@ -24,7 +24,7 @@ from mtrain.serve.guards import (
     host_patterns,
     proxies,
 )
-from tests.test_serve import DECODE, ENV, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
+from tests.servers import DECODE, ENV, Server
 from tests.warm_process import run_mtrain
 
 TRANSLATE = {"text": ["Ein Hund."]}
@@ -33,7 +33,7 @@ FRAMING = {"x-frame-options": "DENY", "x-content-type-options": "nosniff"}
 
 
 @pytest.fixture(scope="module")
-def limited(run_dir, tmp_path_factory):  # noqa: F811 (run_dir: the fixture imported above)
+def limited(run_dir, tmp_path_factory):
     """Two requests a minute per client; no proxy trusted (the default)."""
     started = Server(f"run={run_dir}", *DECODE, "rate_limit_per_minute=2", cwd=tmp_path_factory.mktemp("limited"))
     yield started
@@ -41,7 +41,7 @@ def limited(run_dir, tmp_path_factory):  # noqa: F811 (run_dir: the fixture impo
 
 
 @pytest.fixture(scope="module")
-def proxied(run_dir, tmp_path_factory):  # noqa: F811
+def proxied(run_dir, tmp_path_factory):
     """Two requests a minute per client behind a proxy on 127.0.0.1, reached as translate.example."""
     started = Server(
         f"run={run_dir}",
@@ -56,7 +56,7 @@ def proxied(run_dir, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def guarded(run_dir, tmp_path_factory):  # noqa: F811
+def guarded(run_dir, tmp_path_factory):
     """API keys from a file written on Windows (a byte order mark, CRLF), a page on
     https://app.example calling the API (CORS), the default Host allow-list (loopback)."""
     cwd = tmp_path_factory.mktemp("guarded")
@@ -245,7 +245,7 @@ def test_the_host_allow_list_is_on_for_loopback_only_unless_set():
     assert host_patterns(ServeConfig(allowed_hosts=["*"])) is None
 
 
-def test_wrong_settings_are_one_line_before_the_model_loads(run_dir, tmp_path):  # noqa: F811
+def test_wrong_settings_are_one_line_before_the_model_loads(run_dir, tmp_path):
     result = run_mtrain("serve", f"run={run_dir}", "port=0", "trusted_proxies=[localhost]", env=ENV, cwd=tmp_path)
     assert (result.returncode, result.stderr.decode()) == (
         2,
@@ -263,7 +263,7 @@ def test_wrong_settings_are_one_line_before_the_model_loads(run_dir, tmp_path): 
         assert str(refused.value).startswith(line)
 
 
-def test_terms_as_annotation_of_a_model_that_reads_none_is_refused_at_start(run_dir, tmp_path):  # noqa: F811
+def test_terms_as_annotation_of_a_model_that_reads_none_is_refused_at_start(run_dir, tmp_path):
     """Issue 58: the server started, then refused every request with terms."""
     result = run_mtrain("serve", f"run={run_dir}", "port=0", "decode.term_mode=annotation", env=ENV, cwd=tmp_path)
     assert (result.returncode, result.stderr.decode().splitlines()[-1]) == (

@@ -18,7 +18,7 @@ import pytest
 
 from mtrain.config import DecodeConfig
 from mtrain.serve.protocol import DISCARD_LIMIT_BYTES, NowAndThen, printable
-from tests.test_serve import InProcessServer, StandIn, upper_case
+from tests.servers import InProcessServer, StandIn, upper_case
 
 BIG = json.dumps({"text": ["Ein Hund."] * 800_000}).encode()  # 10 MB, as in issue 40
 TOO_LARGE = {"error": "max_request_bytes: the body is over the limit of 4096 bytes"}

@@ -15,14 +15,14 @@ from mtrain.decode.search.hypothesis import Hypothesis
 from mtrain.errors import MtrainError
 from mtrain.serve.access import RateLimiter, read_api_keys
 from tests.conftest import needed_in_ci
-from tests.test_serve import DECODE, SENTENCES, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
+from tests.servers import DECODE, SENTENCES, Server
 
 KEYS = "# who may translate\nkey-one\n\n  key-two  \nkey-three\n"
 PER_MINUTE = 40
 
 
 @pytest.fixture(scope="module")
-def server(run_dir, tmp_path_factory):  # noqa: F811 (run_dir: the fixture imported above)
+def server(run_dir, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("libretranslate")
     keys = cwd / "keys.txt"
     keys.write_text(KEYS, encoding="utf-8")
@@ -220,7 +220,7 @@ def test_rate_per_client_address_keys_file_and_limiter():
     assert limiter.wait("a") == 0.0
 
 
-def test_key_file_and_settings_refused_in_one_line(tmp_path, run_dir, capsys):  # noqa: F811
+def test_key_file_and_settings_refused_in_one_line(tmp_path, run_dir, capsys):
     from mtrain.cli.common import check_before_run
 
     empty = tmp_path / "keys.txt"

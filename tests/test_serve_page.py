@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import needed_in_ci
-from tests.test_serve import DECODE, SENTENCES, Server, model, run_dir, tokenizer  # noqa: F401 (fixtures)
+from tests.servers import DECODE, SENTENCES, Server
 
 BROWSER = ("chromium", "chromedriver")
 
@@ -47,7 +47,7 @@ def browser(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(run_dir, tmp_path_factory):  # noqa: F811 (run_dir: the fixture imported above)
+def server(run_dir, tmp_path_factory):
     started = Server(f"run={run_dir}", *DECODE, cwd=tmp_path_factory.mktemp("page"))
     yield started
     assert started.stop() == 0, started.stderr()

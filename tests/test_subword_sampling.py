@@ -13,8 +13,8 @@ from mtrain.batches.prepare import prepare_data
 from mtrain.checkpoint.files import load_run
 from mtrain.config import DataConfig, SubwordSamplingConfig, TokenizerConfig
 from mtrain.errors import MtrainError
-from tests.test_fit import TINY, check_resume_is_exact, compose_fit
-from tests.test_prepare import same_arrays, silent
+from tests.fit_runs import TINY, check_resume_is_exact, compose_fit
+from tests.prepared_data import same_arrays, silent
 
 TOKENIZER = TokenizerConfig(vocab_size=600)
 
@@ -114,7 +114,7 @@ def test_bpe_dropout_copies(multi30k_slice, tmp_path):
     assert copy.tgt_lengths.sum() > data.train.tgt_lengths.sum()  # dropped merges: more pieces
 
 
-# Which copy each epoch trains on: tests/test_batch_source.py.
+# Which copy each epoch trains on: tests/test_train_batch_source.py.
 
 
 def test_fit_with_subword_sampling_resumes_exactly_across_copies(multi30k_slice, tmp_path, caplog):

@@ -5,7 +5,6 @@ writes a glossary's terms into the source (decode.term_mode) through translate a
 and the refusals: a misfit file, a model that reads no terms, an export that could not carry them.
 """
 
-# ruff: noqa: F811 (the fixtures imported from tests.test_serve are parameters here)
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +20,7 @@ from starlette.testclient import TestClient
 
 from mtrain.batches.guided_alignment import word_starts, words_of
 from mtrain.checkpoint.files import save_checkpoint
+from mtrain.cli.fit import run_fit
 from mtrain.config import DecodeConfig, FitConfig, ModelConfig, ServeConfig, to_plain, to_typed, with_resolved_model
 from mtrain.config_checks import check_config
 from mtrain.decode.requests.controls import line_controls
@@ -38,11 +38,10 @@ from mtrain.tokenizer.term_factors import annotate, fold_term_columns, source_po
 from mtrain.train.init_from import inherited_config, load_parent
 from mtrain.train.setup import build_fit, prepare_fit_data, resolve_machine
 from tests.conftest import needed_in_ci, test_threads
-from tests.test_finetune import QUICK, TINY_MODEL, parent  # noqa: F401 (fixture)
-from tests.test_fit import compose_fit, mtrain, run_fit
-from tests.test_run_safety import one_error_line
-from tests.test_serve import MODEL, tokenizer  # noqa: F401 (fixture)
-from tests.test_translate import job
+from tests.decoding_run import TINY_MODEL as MODEL  # the shared `model` fixture's (tests/conftest.py)
+from tests.decoding_run import job
+from tests.fit_runs import PARENT_MODEL as TINY_MODEL
+from tests.fit_runs import QUICK, compose_fit, mtrain, one_error_line
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "align_eflomal.py"
 CPU = torch.device("cpu")

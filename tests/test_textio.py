@@ -16,7 +16,7 @@ from mtrain.decode.requests.controls import read_phrases
 from mtrain.decode.requests.terminology import read_glossary
 from mtrain.decode.requests.text_files import read_text_lines
 from mtrain.errors import MtrainError
-from tests.test_markup import DECODE, run_dir  # noqa: F401 (the fixture)
+from tests.decoding_run import TRANSLATE_DECODE as DECODE
 from tests.warm_process import run_mtrain
 
 BOM = b"\xef\xbb\xbf"
@@ -50,7 +50,7 @@ def test_what_would_change_an_entry_is_refused_naming_the_file(tmp_path, data, m
         read_glossary(terms)
 
 
-def translate(run_dir: Path, cwd: Path, *args: str) -> list[str]:  # noqa: F811 (run_dir: the fixture)
+def translate(run_dir: Path, cwd: Path, *args: str) -> list[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = run_mtrain("translate", f"run={run_dir}", *DECODE, *args, cwd=cwd, env=env, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
@@ -64,7 +64,7 @@ def write(path: Path, text: str, variant: str) -> Path:
 
 
 @pytest.mark.parametrize("variant", ["bom", "crlf"])
-def test_translate_reads_windows_files_as_plain_ones(run_dir, tmp_path, variant):  # noqa: F811
+def test_translate_reads_windows_files_as_plain_ones(run_dir, tmp_path, variant):
     """The terms' first entry applies (a BOM used to spoil it), and input, prefixes and
     terms give exactly the output of the same files written plainly."""
     texts = {"in.txt": "Ein Hund.\nEin Mann mit Hut.\n", "prefix.txt": "A\n\n", "terms.tsv": "Hund\tdog\nHut\that\n"}

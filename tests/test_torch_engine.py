@@ -16,13 +16,9 @@ from mtrain.decode.engines.torch_engine import TorchEngine, with_linear_weights_
 from mtrain.decode.search.generator import generate
 from mtrain.model import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
+
 PAD, BOS, EOS = 1, 2, 3
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-    return
 
 
 def tiny_model():

@@ -8,14 +8,11 @@ import copy
 import re
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from mtrain.batches.corpus import EncodedCorpus
 from mtrain.config import Precision, TrainConfig
 from mtrain.model import build_model
-from mtrain.tokenizer import SpecialIds
 from mtrain.train import budget as budget_module
 from mtrain.train.budget import EndCost, budget_reason
 from mtrain.train.builders import build_parts
@@ -23,10 +20,10 @@ from mtrain.train.distributed import DistributedContext
 from mtrain.train.progress import TrainState, ValidationRhythm, training_progress
 from mtrain.train.random_state import seed_everything
 from mtrain.train.trainer import Trainer
-from tests.test_fit import compose_fit
-
-IDS = SpecialIds(unk=0, pad=1, bos=2, eos=3)
-VOCAB = 40
+from tests.fit_runs import compose_fit
+from tests.synthetic_training import IDS, TINY_MODEL, VOCAB
+from tests.synthetic_training import synthetic_corpus as _corpus
+from tests.synthetic_training import synthetic_trainer as _trainer
 
 
 # ---------------------------------------------------------------------- progress rules
@@ -75,39 +72,6 @@ def test_validation_is_due_every_n_updates_and_every_interval_of_training_time()
 
 
 # ---------------------------------------------------------------------- a trainer on a synthetic corpus
-def _corpus(sentences: int = 200, seed: int = 0) -> EncodedCorpus:
-    """Targets a fixed function of the sources: a task whose loss falls within a few updates."""
-    rng = np.random.default_rng(seed)
-    sources = [list(rng.integers(4, VOCAB, rng.integers(3, 12))) for _ in range(sentences)]
-    return EncodedCorpus.from_sequences(
-        [s + [IDS.eos] for s in sources], [[4 + (t * 7) % (VOCAB - 4) for t in s] for s in sources]
-    )
-
-
-TINY_MODEL = [
-    "model.encoder_layers=1",
-    "model.decoder_layers=1",
-    "model.d_model=32",
-    "model.heads=2",
-    "model.ffn_dim=64",
-    "model.dropout=0.0",
-    "train.max_tokens=300",
-    "train.lr=3e-3",
-    "train.warmup_updates=5",
-    "train.valid_bleu=false",
-]
-
-
-def _trainer(overrides=(), validate=None, checkpointer=None) -> Trainer:
-    cfg = compose_fit([*TINY_MODEL, *overrides])
-    seed_everything(cfg.seed)
-    model = build_model(cfg.model, VOCAB, VOCAB, IDS.pad, joint_vocab=True)
-    parts = build_parts(model, cfg.train, cfg.seed, [_corpus()], IDS, torch.device("cpu"), Precision.fp32)
-    return Trainer(
-        cfg.train, parts, DistributedContext(), checkpointer=checkpointer, validate=validate or (lambda: {"loss": 1.0})
-    )
-
-
 def test_run_update_counts_one_update_and_moves_the_weights():
     trainer = _trainer()
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
-from mtrain.checkpoint.files import save_checkpoint
-from mtrain.config import DecodeConfig, FitConfig, ModelConfig, TranslateConfig, to_plain
+from mtrain.config import DecodeConfig, ModelConfig, TranslateConfig
 from mtrain.decode.requests.controls import (
     LineControls,
     encode_request,
@@ -32,51 +30,12 @@ from mtrain.decode.text.textio import InputRepairs, decode_line, read_chunks
 from mtrain.decode.translation.translator import token_budget_batches, translate_sentences
 from mtrain.errors import MtrainError
 from mtrain.model import build_model
-from mtrain.tokenizer import Tokenizer
+from tests.decoding_run import TINY_MODEL, job
 from tests.warm_process import run_mtrain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODEL = dict(encoder_layers=1, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, dropout=0.0, max_positions=64)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)  # tiny models: threads cost more than they save
-    return
-
-
-@pytest.fixture(scope="module")
-def tokenizer(multi30k_spm_tokenizer) -> Tokenizer:
-    return multi30k_spm_tokenizer  # tests/conftest.py: one per worker, shared with the other decoding tests
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    return build_model(
-        ModelConfig(**MODEL),
-        tokenizer.src_vocab_size,
-        tokenizer.tgt_vocab_size,
-        tokenizer.pad_id,
-        joint_vocab=tokenizer.joint,
-    ).eval()
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer, model) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer/ and checkpoints/best.pt."""
-    directory = tmp_path_factory.mktemp("run")
-    tokenizer.save(directory / "tokenizer")
-    config = to_plain(OmegaConf.structured(FitConfig(model=ModelConfig(**MODEL))))
-    save_checkpoint(directory / "checkpoints" / "best.pt", {"model": model.state_dict(), "config": config, "update": 7})
-    return directory
-
-
-def job(**overrides) -> TranslateConfig:
-    decode = overrides.pop("decode", {})
-    cfg = OmegaConf.structured(TranslateConfig)
-    cfg.decode = OmegaConf.merge(cfg.decode, {"beam": 2, "max_len_a": 0.5, "max_len_b": 3, **decode})
-    return OmegaConf.merge(cfg, overrides)
+MODEL = TINY_MODEL  # the shared `model` fixture's (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models
 
 
 SENTENCES = [

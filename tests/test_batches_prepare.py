@@ -13,14 +13,11 @@ import pytest
 from mtrain.batches.encoding import ChunkEncoder
 from mtrain.batches.prepare import prepare_data
 from mtrain.config import DataConfig, TokenizerConfig
+from tests.prepared_data import same_arrays, silent
 from tests.warm_process import run_mtrain
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = TokenizerConfig(vocab_size=600)
-
-
-def silent(_message: str) -> None:
-    pass
 
 
 def slice_config(multi30k_slice: Path, cache: Path, **overrides) -> DataConfig:
@@ -29,13 +26,6 @@ def slice_config(multi30k_slice: Path, cache: Path, **overrides) -> DataConfig:
 
 def lines(path: Path):
     return path.read_text(encoding="utf-8").splitlines()
-
-
-def same_arrays(a, b) -> bool:
-    return all(
-        np.array_equal(getattr(a, name), getattr(b, name))
-        for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets")
-    )
 
 
 def test_prepare_encodes_every_split_and_reports_counts(multi30k_slice, tmp_path):

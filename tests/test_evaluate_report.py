@@ -23,42 +23,6 @@ from mtrain.evaluate.metrics import score_files
 from mtrain.runtime import resolve_precision
 from tests.warm_process import run_mtrain, run_python
 
-WORDS = [
-    "ein",
-    "mann",
-    "eine",
-    "frau",
-    "ein",
-    "kind",
-    "hund",
-    "katze",
-    "ball",
-    "park",
-    "strasse",
-    "rot",
-    "blau",
-    "gross",
-    "klein",
-    "spielt",
-    "läuft",
-    "sitzt",
-    "auf",
-    "in",
-    "mit",
-    "two",
-    "men",
-    "a",
-    "woman",
-    "child",
-    "dog",
-    "cat",
-    "plays",
-    "runs",
-    "sits",
-    "on",
-    "in",
-    "with",
-]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -70,47 +34,6 @@ def run_cli(monkeypatch, *argv: str) -> None:
 
 
 # --------------------------------------------------------------------------- mtrain eval run=
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    """A run directory as `mtrain fit` leaves it: tokenizer, config, three checkpoints of a
-    tiny (untrained) model, and the corpus it names in `data.local_dir`."""
-    from mtrain.checkpoint.files import save_checkpoint
-    from mtrain.config import FitConfig, to_plain
-    from mtrain.model import build_model
-    from mtrain.tokenizer import train_or_load_tokenizer
-
-    root = tmp_path_factory.mktemp("tiny_run")
-    rng = random.Random(5)
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, count in (("train", 300), ("val", 12), ("test", 16)):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(count)]
-        for lang in ("de", "en"):
-            (corpus / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-    cfg = OmegaConf.structured(FitConfig)
-    cfg.data.local_dir = str(corpus)
-    cfg.data.cache_dir = str(root / "cache")
-    cfg.data.splits.test = "test"
-    cfg.tokenizer.vocab_size = 48
-    cfg.model.merge_with({"encoder_layers": 1, "decoder_layers": 1, "d_model": 16, "heads": 2, "ffn_dim": 32})
-    tokenizer = train_or_load_tokenizer(cfg.tokenizer, cfg.data, log=lambda *_: None)
-
-    run = root / "run"
-    tokenizer.save(run / "tokenizer")
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    torch.manual_seed(0)
-    for update in (10, 20, 30):
-        model = build_model(
-            cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.pad_id, joint_vocab=tokenizer.joint
-        )
-        state = {"model": model.state_dict(), "update": update, "config": to_plain(cfg), "mtrain_version": "0.1.0"}
-        save_checkpoint(run / "checkpoints" / f"update_{update}.pt", state)
-        if update == 20:
-            save_checkpoint(run / "checkpoints" / "best.pt", state)
-    return run
 
 
 def test_eval_run_writes_a_complete_report(tiny_run, monkeypatch, capsys, tmp_path):
