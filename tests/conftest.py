@@ -76,6 +76,41 @@ def train_spm_tokenizer(directory: Path, data_dir: Path, first_line: int) -> Tok
     return Tokenizer({"spm.model": directory / "spm.model"})
 
 
+@pytest.fixture(scope="session")
+def fairseq_spm(tmp_path_factory, data_dir) -> Path:
+    """A fairseq-numbered SentencePiece BPE model of Multi30k de+en (tests/m2m100_dirs.py)."""
+    from tests.m2m100_dirs import train_fairseq_spm
+
+    return train_fairseq_spm(tmp_path_factory.mktemp("fairseq_spm"), data_dir)
+
+
+@pytest.fixture(scope="session")
+def m2m100_dir(tmp_path_factory, fairseq_spm) -> Path:
+    """A small random-weight M2M100 directory (M2M100Tokenizer's files), built once a session."""
+    pytest.importorskip("transformers", reason="building M2M100 test models needs transformers")
+    from tests.m2m100_dirs import build_m2m100_dir
+
+    return build_m2m100_dir(tmp_path_factory.mktemp("m2m100") / "hf", fairseq_spm)
+
+
+@pytest.fixture(scope="session")
+def nllb_dir(tmp_path_factory, fairseq_spm) -> Path:
+    """A small random-weight NLLB-200-shaped directory (NllbTokenizer's files, `[lang] x </s>`)."""
+    pytest.importorskip("transformers", reason="building NLLB test models needs transformers")
+    from tests.m2m100_dirs import build_nllb_dir
+
+    return build_nllb_dir(tmp_path_factory.mktemp("nllb") / "hf", fairseq_spm)
+
+
+@pytest.fixture(scope="session")
+def nllb_legacy_dir(tmp_path_factory, fairseq_spm) -> Path:
+    """`nllb_dir`'s model with `legacy_behaviour: true` (sources `x </s> [lang]`)."""
+    pytest.importorskip("transformers", reason="building NLLB test models needs transformers")
+    from tests.m2m100_dirs import build_nllb_dir
+
+    return build_nllb_dir(tmp_path_factory.mktemp("nllb_legacy") / "hf", fairseq_spm, legacy=True)
+
+
 def test_threads() -> int:
     """Threads one test may use: the cores shared among pytest-xdist's parallel workers, at most 2.
 

@@ -98,6 +98,9 @@ class ModelConfig:
     final_norm: bool | None = None
     positions: Positions = Positions.sinusoidal
     max_positions: int = ranged(1024, at_least=1)
+    # The first token's row of a sinusoidal table: M2M100/NLLB number positions from
+    # pad_id + 1 (fairseq's make_positions), so an imported model reads rows 2, 3, ...
+    position_offset: int = ranged(0, at_least=0)
     # Learned W_Q/W_K/W_V in cross-attention; false replaces one with the identity.
     cross_q_proj: bool = True
     cross_k_proj: bool = True
@@ -139,6 +142,11 @@ class ModelConfig:
         if self.positions == Positions.rope and (self.d_model // self.heads) % 2:
             raise MtrainError(
                 f"{prefix}.positions: rope needs an even head size, got d_model/heads = {self.d_model // self.heads}"
+            )
+        if self.position_offset and self.positions not in (Positions.sinusoidal, Positions.sinusoidal_marian):
+            raise MtrainError(
+                f"{prefix}.position_offset={self.position_offset} shifts a sinusoidal table; "
+                f"{prefix}.positions={Positions(self.positions).value} has none (set it to 0)"
             )
 
 

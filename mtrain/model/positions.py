@@ -66,10 +66,13 @@ class SinusoidalPositions(nn.Module):
 
     table: Tensor  # a buffer (register_buffer below)
 
-    def __init__(self, d_model: int, max_positions: int, kind: Positions = Positions.sinusoidal):
+    def __init__(self, d_model: int, max_positions: int, kind: Positions = Positions.sinusoidal, first_row: int = 0):
+        """`first_row`: the table's row of position 0 (`model.position_offset`: M2M100's pad_id + 1)."""
         super().__init__()
         self.max_positions = max_positions
-        self.register_buffer("table", position_table(kind, max_positions, d_model), persistent=False)
+        self.first_row = first_row
+        table = position_table(kind, first_row + max_positions, d_model)[first_row:]
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """(length, d_model) vectors for positions offset .. offset + length - 1."""

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 def _additive_positions(cfg: ModelConfig) -> nn.Module | None:
     if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
-        return SinusoidalPositions(cfg.d_model, cfg.max_positions, Positions(cfg.positions))
+        return SinusoidalPositions(cfg.d_model, cfg.max_positions, Positions(cfg.positions), cfg.position_offset)
     if cfg.positions == Positions.learned:
         return LearnedPositions(cfg.d_model, cfg.max_positions)
     return None  # rope acts inside attention; none adds nothing

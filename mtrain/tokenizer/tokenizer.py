@@ -3,7 +3,9 @@
 A joint vocabulary is one file, `spm.model`; separate vocabularies are `src.model` and
 `tgt.model`. A run started from an imported Marian model (OPUS-MT) keeps that model's files:
 `source.spm`, `target.spm` and `vocab.json` (+ `target_vocab.json` for separate
-vocabularies), whose table numbers the pieces (mtrain.tokenizer.marian_vocab). The special ids are read back from the model files, where training wrote them
+vocabularies), whose table numbers the pieces (mtrain.tokenizer.marian_vocab); one started from
+M2M100 or NLLB-200 keeps `sentencepiece.bpe.model` with its vocab.json or tokenizer.json and
+tokenizer_config.json (fairseq's numbering and language tokens: mtrain.tokenizer.fairseq_vocab). The special ids are read back from the model files, where training wrote them
 (`TokenizerConfig.unk_id/pad_id/bos_id/eos_id`), so a saved tokenizer is self-contained;
 `Tokenizer.special_ids` hands them on together, as one `SpecialIds` value.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtrain.errors import MtrainError
+from mtrain.tokenizer.fairseq_vocab import SPM_FILE, FairseqSentencePiece, fairseq_files, is_fairseq_directory
 from mtrain.tokenizer.marian_vocab import (
     SOURCE_SPM,
     TARGET_SPM,
@@ -58,15 +61,23 @@ class Tokenizer:
     # run, which decoding never emits (mtrain.decode.directions); () for a plain tokenizer.
     source_prefix: tuple[int, ...] = ()
     tag_ids: tuple[int, ...] = ()
+    # The target-language token an M2M100/NLLB model's decoder is forced to emit first (after
+    # its `</s>` start): training targets start with it, decoding forces it; () otherwise.
+    target_prefix: tuple[int, ...] = ()
 
     def __init__(self, files: dict[str, Path]) -> None:
         """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}, or Marian's
         {"source.spm", "target.spm", "vocab.json"[, "target_vocab.json"]: path}."""
         self.files = dict(files)
-        self._src: spm.SentencePieceProcessor | MappedSentencePiece
-        self._tgt: spm.SentencePieceProcessor | MappedSentencePiece
-        self.marian = VOCAB in self.files
-        if self.marian:
+        self._src: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece
+        self._tgt: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece
+        self.fairseq = SPM_FILE in self.files
+        self.marian = VOCAB in self.files and not self.fairseq
+        if self.fairseq:  # one model and one table for both sides
+            self.joint = True
+            src_file = tgt_file = self.files[SPM_FILE]
+            self._src = self._tgt = FairseqSentencePiece(self.files)
+        elif self.marian:
             self.joint = TARGET_VOCAB not in self.files  # one table numbers both sides
             src_file, tgt_file = self.files[SOURCE_SPM], self.files[TARGET_SPM]
             self._src, self._tgt = mapped_side(self.files, source=True), mapped_side(self.files, source=False)
@@ -123,6 +134,23 @@ class Tokenizer:
         tagged.tag_ids = tuple(int(i) for i in tag_ids)
         return tagged
 
+    def with_languages(self, source: str, target: str) -> Tokenizer:
+        """An M2M100/NLLB tokenizer for one direction (`source`, `target`: the model's codes or
+        two-letter ones, `de`): sources start with the source language's token, decoding is forced
+        to start with the target's, and no language token is emitted otherwise. An unknown
+        language is refused in one line naming the nearest codes."""
+        vocab = self._src
+        if not isinstance(vocab, FairseqSentencePiece):
+            raise MtrainError("tokenizer: language codes belong to M2M100/NLLB tokenizers (init_from= such a model)")
+        if vocab.legacy:
+            raise MtrainError(
+                f"{self.files.get('tokenizer_config.json')}: legacy_behaviour: true lays sources out as "
+                "`x </s> [lang]`, which mtrain's corpora (eos last) cannot hold yet; use the current layout"
+            )
+        tagged = self.with_tags([vocab.language_id(source, "source language")], vocab.language_ids())
+        tagged.target_prefix = (vocab.language_id(target, "target language"),)
+        return tagged
+
     def encode_tgt(self, text: str) -> list[int]:
         """Target ids without bos/eos."""
         ids: list[int] = self._tgt.encode(text)  # (SentencePiece's stub types every encode as Any)
@@ -144,7 +172,7 @@ class Tokenizer:
         SentencePiece's vocabulary restriction: a copy of the target model with every other
         piece marked unused, so a text is segmented into allowed pieces (a word made only of
         source-side pieces gets smaller, allowed ones)."""
-        if isinstance(self._tgt, MappedSentencePiece):
+        if isinstance(self._tgt, (MappedSentencePiece, FairseqSentencePiece)):
             encode_mapped: Callable[[str], list[int]] = self._tgt.restricted(allowed_ids)
             return encode_mapped
         from sentencepiece import sentencepiece_model_pb2
@@ -193,6 +221,8 @@ class Tokenizer:
             return cls({JOINT_MODEL: directory / JOINT_MODEL})
         if (directory / SRC_MODEL).is_file() and (directory / TGT_MODEL).is_file():
             return cls({SRC_MODEL: directory / SRC_MODEL, TGT_MODEL: directory / TGT_MODEL})
+        if is_fairseq_directory(directory):
+            return cls(fairseq_files(directory))
         if is_marian_directory(directory):
             return cls(marian_files(directory))
         raise MtrainError(

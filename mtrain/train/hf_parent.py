@@ -22,7 +22,10 @@ vocabulary, a combination of shared/tied embeddings mtrain's model cannot hold, 
 whose languages differ from those the tokenizer config names. The run records where it came
 from in `parent.yaml` (the directory, the architecture, the weights files and their sha256).
 
-M2M100/NLLB are not read: docs/FINETUNE.md says why.
+- **M2M100ForConditionalGeneration** (M2M100, NLLB-200): mtrain's own pre-LN Transformer with
+  a few options (mtrain.train.hf_m2m100); its tokenizer files (`sentencepiece.bpe.model` with
+  vocab.json, or NLLB's tokenizer.json) are kept as they are (mtrain.tokenizer.fairseq_vocab):
+  the decoder starts from `</s>` and is forced to emit the target language's token first.
 """
 
 from __future__ import annotations
@@ -54,14 +57,16 @@ from mtrain.model.embeddings import padded_rows
 from mtrain.model.positions import marian_sinusoidal_table, sinusoidal_table
 from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
+from mtrain.tokenizer.fairseq_vocab import SPM_FILE, TOKENIZER_JSON, is_fairseq_directory
 from mtrain.tokenizer.marian_vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, is_marian_directory
 from mtrain.tokenizer.tokenizer import JOINT_MODEL
 from mtrain.train.hf_config import HfConfig, check_memory, read_config
+from mtrain.train.hf_m2m100 import M2M100, m2m100_state
 from mtrain.train.hf_weights import embedding, layer_names, layer_shape, padded, without_prefix
 
 MARIAN, PEGASUS = "MarianMTModel", "PegasusForConditionalGeneration"
-SUPPORTED = (MARIAN, PEGASUS)
-_MODEL_TYPES = {"marian": MARIAN, "pegasus": PEGASUS}
+SUPPORTED = (MARIAN, M2M100, PEGASUS)
+_MODEL_TYPES = {"marian": MARIAN, "m2m_100": M2M100, "pegasus": PEGASUS}
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -132,6 +137,13 @@ def read_hf_model(directory: Path, source: str) -> ImportedModel:
                 "save the MarianTokenizer beside the model (tokenizer.save_pretrained)"
             )
         tokenizer = Tokenizer.load(directory)
+    elif architecture == M2M100:
+        if not is_fairseq_directory(directory):
+            raise MtrainError(
+                f"{source}: {directory} has no M2M100/NLLB tokenizer files ({SPM_FILE} with vocab.json, or with "
+                f"{TOKENIZER_JSON} and tokenizer_config.json); save the tokenizer beside the model (tokenizer.save_pretrained)"
+            )
+        tokenizer = Tokenizer.load(directory)
     else:
         if not (directory / JOINT_MODEL).is_file():
             raise MtrainError(
@@ -142,10 +154,14 @@ def read_hf_model(directory: Path, source: str) -> ImportedModel:
     weights = without_prefix(_read_weights(weight_files, source))
     if architecture == MARIAN:
         model, state = _marian(config, weights, tokenizer, source)
+    elif architecture == M2M100:
+        model, state = _m2m100(config, weights, tokenizer, source)
     else:
         model, state = _pegasus(config, weights, tokenizer, source)
     tokenizer_config = _read_json(directory / "tokenizer_config.json", source, missing_ok=True)
     languages = (tokenizer_config.get("source_lang"), tokenizer_config.get("target_lang"))
+    if architecture == M2M100:  # (src_lang/tgt_lang there are the tokenizer's defaults, not the model's pair)
+        languages = (None, None)
     return ImportedModel(architecture, model, tokenizer, state, weight_files, _sha256(weight_files), languages)
 
 
@@ -179,16 +195,25 @@ def parent_record(imported: ImportedModel, directory: Path) -> tuple[dict[str, A
 
 def check_languages(imported: ImportedModel, data_cfg: DataConfig, source: str) -> None:
     """Refuse a corpus whose direction is not the model's, when its tokenizer config names one."""
+    if imported.architecture == M2M100:  # one model for every pair of its languages
+        for src, tgt in directions_of(data_cfg):
+            imported.tokenizer.with_languages(src, tgt)
+        return
     model_src, model_tgt = imported.languages
-    directions = [(data_cfg.src, data_cfg.tgt)]
-    directions += [(entry.src or data_cfg.src, entry.tgt or data_cfg.tgt) for entry in data_cfg.corpora or []]
-    for src, tgt in directions:
+    for src, tgt in directions_of(data_cfg):
         for side, given, expected in (("source", src, model_src), ("target", tgt, model_tgt)):
             if expected and given and _language(given) != _language(expected):
                 raise MtrainError(
                     f"data: {src}-{tgt}, but {source} translates {model_src}-{model_tgt} (its tokenizer_config.json): "
                     f"the {side} language differs; fine-tune it on {model_src}-{model_tgt} data or choose another model"
                 )
+
+
+def directions_of(data_cfg: DataConfig) -> list[tuple[str, str]]:
+    """(source, target) of data and of each of its corpora."""
+    directions = [(data_cfg.src, data_cfg.tgt)]
+    directions += [(entry.src or data_cfg.src, entry.tgt or data_cfg.tgt) for entry in data_cfg.corpora or []]
+    return directions
 
 
 # ----------------------------------------------------------------------------- reading
@@ -366,6 +391,34 @@ def _marian(
         )
     state["output_proj.bias"] = padded(bias, padded_rows(tokenizer.tgt_vocab_size, model.vocab_multiple))
     return model, state
+
+
+# ----------------------------------------------------------------------------- M2M100 / NLLB-200
+def _m2m100(
+    config: HfConfig, weights: dict[str, Tensor], tokenizer: Tokenizer, source: str
+) -> tuple[ModelConfig, dict[str, Tensor]]:
+    if not config.tie_word_embeddings or not config.share_encoder_decoder_embeddings:
+        raise MtrainError(
+            f"{source}: config.json unties the embeddings (tie_word_embeddings=false); an M2M100 model has one "
+            "matrix for both sides and the output layer, and so does mtrain's"
+        )
+    if config.vocab_size < tokenizer.src_vocab_size:
+        raise MtrainError(
+            f"{source}: config.json's vocab_size={config.vocab_size} but its tokenizer numbers "
+            f"{tokenizer.src_vocab_size} pieces and language tokens; the vocabulary must fit the embedding "
+            "(is it the model's own tokenizer?)"
+        )
+    _check_special_ids(config, tokenizer, source, decoder_start=tokenizer.bos_id)
+    pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_id
+    model = _model_config(
+        config,
+        source,
+        positions="sinusoidal",
+        position_offset=pad + 1,  # fairseq's make_positions: the first token is at pad_id + 1
+        tie_embeddings=True,
+        output_bias=False,
+    )
+    return model, m2m100_state(weights, model, tokenizer, config.vocab_size, source)
 
 
 # ----------------------------------------------------------------------------- Pegasus (mtrain's export)
