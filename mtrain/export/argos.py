@@ -118,6 +118,8 @@ def export_argos(
         # of one vocabulary with it; CTranslate2 numbers the pieces by its own vocabulary).
         spm_name = "source.spm" if loaded.tokenizer.marian else SPM_FILE if loaded.tokenizer.fairseq else "spm.model"
         (model_dir / spm_name).rename(folder / "sentencepiece.model")
+        if loaded.tokenizer.trimmed is not None:  # init_vocab=corpus: segment into the kept pieces only
+            (folder / "sentencepiece.model").write_bytes(loaded.tokenizer.trimmed.restricted_model_bytes())
         add_source_eos(model_dir / "config.json")
         language_tokens = {}
         if loaded.tokenizer.fairseq:  # M2M100/NLLB: [src_lang] pieces </s>, decoded after the forced tgt_lang

@@ -44,6 +44,7 @@ from mtrain.export.model_card import model_card
 from mtrain.export.portable import name_in_run
 from mtrain.export.target import check_export_target, write_record
 from mtrain.rundir import staged
+from mtrain.tokenizer.trimmed_vocab import transformers_files
 
 
 def import_transformers() -> Any:
@@ -120,7 +121,10 @@ def export_hf_run(
         model.save_pretrained(staging)
         if hf_tokenizer is not None:
             hf_tokenizer.save_pretrained(staging)
-        tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
+        if tokenizer.trimmed is not None:  # init_vocab=corpus: files that give the trimmed ids in transformers
+            transformers_files(tokenizer.trimmed, tokenizer.files, staging)
+        else:
+            tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
         (staging / "README.md").write_text(card, encoding="utf-8")
         record = {"format": "hf", "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         write_record(staging, {**record, **exported, "mtrain_version": __version__})
