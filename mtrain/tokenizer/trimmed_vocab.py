@@ -238,6 +238,11 @@ def transformers_files(vocab: TrimmedVocab, files: dict[str, Path], out_dir: Pat
         (out_dir / VOCAB).write_text(json.dumps(renumbered, ensure_ascii=False), encoding="utf-8")
         written.append(VOCAB)
     else:
+        if TOKENIZER_JSON not in files:
+            raise MtrainError(
+                f"{files[SPM_FILE].parent}: a trimmed NLLB vocabulary is written for transformers as a renumbered "
+                f"{TOKENIZER_JSON}, and the imported model had none; import a directory with NllbTokenizerFast's files"
+            )
         saved = _read_json(files[TOKENIZER_JSON])
         model = saved["model"]
         model["vocab"] = {piece: vocab.new_id[full.ids[piece]] for piece in model["vocab"] if piece in kept_pieces}

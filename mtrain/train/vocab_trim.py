@@ -12,8 +12,10 @@ translate, serve and every export read it) and `parent.yaml` counts.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,16 +38,15 @@ EMBEDDINGS = ("src_embed.tokens.weight", "tgt_embed.tokens.weight", "output_proj
 ENCODE_BATCH = 2000  # lines per SentencePiece call
 
 
-def corpus_ids(tokenizer: Tokenizer, data_cfg: DataConfig) -> set[int]:
+def corpus_ids(vocab: FairseqSentencePiece, data_cfg: DataConfig) -> set[int]:
     """Every id the training corpora of `data_cfg` encode into, both sides."""
     normalize = normalizer(data_cfg.clean.normalize)
     used: set[int] = set()
     for corpus in training_corpora(data_cfg):
         pairs = itertools.islice(corpus.source.pairs("train", ReadStats()), corpus.cfg.train_limit)
         while batch := list(itertools.islice(pairs, ENCODE_BATCH)):
-            for src, tgt in batch:
-                used.update(tokenizer.encode_src(normalize(src)))
-                used.update(tokenizer.encode_tgt(normalize(tgt)))
+            for ids in vocab.encode([normalize(text) for pair in batch for text in pair]):
+                used.update(ids)
     return used
 
 
@@ -53,15 +54,17 @@ def trim_imported(imported: ImportedModel, data_cfg: DataConfig, source: str) ->
     """`imported` with its vocabulary trimmed to `data_cfg`'s corpora and languages, and what
     parent.yaml records of it (`kept` of `of` rows)."""
     tokenizer = imported.tokenizer
-    vocab = tokenizer._src
-    if not tokenizer.fairseq or not isinstance(vocab, FairseqSentencePiece):
+    if not tokenizer.fairseq or tokenizer.trimmed is not None:
         raise MtrainError(
             f"init_vocab=corpus: {source} is a {imported.architecture}; trimming keeps rows of an imported "
             "M2M100/NLLB-200 vocabulary (drop init_vocab)"
         )
+    vocab = FairseqSentencePiece(tokenizer.files)
     languages = sorted({vocab.language_code(code) for pair in directions_of(data_cfg) for code in pair})
-    kept = kept_ids(vocab, corpus_ids(tokenizer, data_cfg), languages, tokenizer.files)
-    directory = Path(tempfile.mkdtemp(prefix="mtrain-trimmed-vocab-"))  # the run copies it to tokenizer/
+    kept = kept_ids(vocab, corpus_ids(vocab, data_cfg), languages, tokenizer.files)
+    # The run copies these files into its tokenizer/; the encoding workers read them until then.
+    directory = Path(tempfile.mkdtemp(prefix="mtrain-trimmed-vocab-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     trimmed = Tokenizer(write_trimmed_tokenizer(tokenizer.files, kept, directory))
     rows = padded_rows(len(kept), imported.model.vocab_multiple)
     matrix = padded(imported.state_dict[EMBEDDINGS[0]][torch.tensor(kept)], rows)  # one matrix: tied
