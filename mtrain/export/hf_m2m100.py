@@ -62,7 +62,7 @@ def check_m2m100_exportable(cfg: ModelConfig, tokenizer: Tokenizer) -> None:
     defaults = {field.name: field.default for field in fields(ModelConfig)}
     plain = to_plain(cfg)
     for name, value in plain.items():
-        if name in MAPPED or name in INFERENCE_IRRELEVANT or name == "position_offset":
+        if name in MAPPED or name in INFERENCE_IRRELEVANT:
             continue
         if name not in defaults or value != defaults[name]:
             raise MtrainError(
