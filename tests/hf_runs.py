@@ -14,8 +14,22 @@ from mtrain.checkpoint.files import save_checkpoint
 from mtrain.config import DataConfig, FitConfig, ModelConfig, to_plain
 from mtrain.model import build_model
 from mtrain.tokenizer import Tokenizer
+from tests.conftest import test_threads
 
 TEST_SPLIT = "test_2016_flickr"
+# A fine-tune of an imported model in one update (the import, export and trimming tests)
+FIT = [
+    "data.train_limit=200",
+    "data.splits.test=null",
+    "train.max_updates=1",
+    "train.validate_every=1",
+    "train.valid_bleu=false",
+    "train.max_tokens=1024",
+    "train.lr=1e-3",
+    "train.warmup_updates=1",
+    "train.precision=fp32",
+    f"train.num_threads={test_threads()}",
+]
 
 
 def random_model(tokenizer: Tokenizer, cfg: ModelConfig, seed: int = 1):

@@ -36,8 +36,8 @@ from mtrain.model import build_model
 from mtrain.train.hf_config import check_memory, read_config
 from mtrain.train.hf_parent import read_hf_model
 from mtrain.train.init_from import inherited_config, load_parent
-from tests.conftest import test_threads
 from tests.fit_runs import compose_fit, mtrain, one_error_line
+from tests.hf_runs import FIT
 from tests.marian_dirs import build_marian_dir
 
 # MarianTokenizer recommends sacremoses, whose normaliser its encoding never calls.
@@ -175,18 +175,6 @@ def test_greedy_and_beam_outputs_equal_generate(marian, test_pairs, beam):
 
 
 # ------------------------------------------------------------------ a fine-tune, exported back
-FIT = [
-    "data.train_limit=200",
-    "data.splits.test=null",
-    "train.max_updates=1",
-    "train.validate_every=1",
-    "train.valid_bleu=false",
-    "train.max_tokens=1024",
-    "train.lr=1e-3",
-    "train.warmup_updates=1",
-    "train.precision=fp32",
-    f"train.num_threads={test_threads()}",
-]
 
 
 def test_one_update_then_export_loads_in_transformers_with_equal_log_probs(marian, multi30k_slice, tmp_path):

@@ -5,7 +5,7 @@ and one after each stack (`norm_position=pre`, `final_norm`), ReLU, biases every
 sinusoids (`positions=sinusoidal`) numbered from pad_id + 1 (`position_offset`), embeddings
 scaled by sqrt(d_model), and one matrix for the source and target embeddings and the output
 layer (`tie_embeddings`, a joint vocabulary). Its layers are named as the BART family names
-them (mtrain.train.hf_weights' table, the final norms included); the sinusoids are not saved.
+them (mtrain.checkpoint.hf_weights' table, the final norms included); the sinusoids are not saved.
 
 config.json's vocab_size may exceed the tokenizer's pieces (NLLB-200's 256,206 rows against
 256,204 pieces): rows no piece numbers are never looked up and their logits are never chosen

@@ -132,7 +132,7 @@ def _check_and_fit(
         check_resumable_config(resume_state, cfg, resume_path)
         check_resumable_terms(resume_state, cfg, resume_path)
     elif cfg.init_from is not None:
-        parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data)
+        parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data, cfg.init_vocab)
         cfg = inherited_config(cfg, parent.config, command_line, f"init_from={cfg.init_from}")
         lineage = parent.lineage
         if lineage.get("architecture") == "M2M100ForConditionalGeneration":
@@ -150,6 +150,13 @@ def _check_and_fit(
             ", Adam's moments" if parent.optimizer is not None else "",
             " ".join(o for o in command_line if str(o).lstrip("+").startswith("model.")) or "as it was",
         )
+        if "vocab" in lineage:
+            log.info(
+                "init_vocab=corpus: %d of the vocabulary's %d rows kept (the corpora's pieces, %s and the specials)",
+                lineage["vocab"]["kept"],
+                lineage["vocab"]["of"],
+                " ".join(lineage["vocab"]["languages"]),
+            )
     if resume_state is not None and is_finished(run.metrics_file):
         state = TrainState(**resume_state["trainer"])
         state.train_budget_seconds = resumed_budget(resume_state, cfg.train, state)

@@ -19,7 +19,7 @@ def main(cfg: FitConfig) -> None:
 
     tokenizer = None
     if cfg.init_from is not None:
-        parent = load_parent(cfg.init_from, cfg.init_weights, False, cfg.data)
+        parent = load_parent(cfg.init_from, cfg.init_weights, False, cfg.data, cfg.init_vocab)
         cfg = inherited_config(with_resolved_model(cfg), parent.config, (), f"init_from={cfg.init_from}")
         tokenizer = parent.tokenizer
     prepared = prepare_data(

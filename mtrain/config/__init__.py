@@ -78,7 +78,7 @@ from mtrain.config.decode import (
     TermPlacement,
     alignment_level,
 )
-from mtrain.config.fit import FitConfig, is_hub_id, with_resolved_model
+from mtrain.config.fit import FitConfig, InitVocab, is_hub_id, with_resolved_model
 from mtrain.config.model import (
     Activation,
     AttentionImpl,
@@ -123,6 +123,7 @@ __all__ = [
     "ExportFormat",
     "FitConfig",
     "HubConfig",
+    "InitVocab",
     "InvalidUtf8",
     "MbrCandidates",
     "MbrConfig",

@@ -7,6 +7,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from mtrain.config.choice import Choice
 from mtrain.config.convert import to_typed
 from mtrain.config.data import DataConfig, corpora_rules
 from mtrain.config.decode import DecodeConfig, DecodeWeights
@@ -15,6 +16,14 @@ from mtrain.config.tokenizer import TokenizerConfig
 from mtrain.config.train import TrainConfig
 from mtrain.config_fields import ranged
 from mtrain.errors import MtrainError
+
+
+class InitVocab(Choice):
+    """Which rows of an imported M2M100/NLLB vocabulary a fine-tune keeps: all of them, or the
+    pieces its training corpora use and the codes of its languages (mtrain.tokenizer.trimmed_vocab)."""
+
+    full = "full"
+    corpus = "corpus"
 
 
 @dataclass
@@ -32,6 +41,9 @@ class FitConfig:
     init_from: str | None = None
     init_weights: DecodeWeights = DecodeWeights.auto  # the parent's EMA or trained weights
     init_keep_optimizer: bool = False  # also take the parent's Adam moments (last.pt holds them)
+    # corpus: trim an imported M2M100/NLLB vocabulary to the pieces the training corpora use and
+    # the run's language codes (NLLB's 256k rows to a few thousand: docs/FINETUNE.md).
+    init_vocab: InitVocab = InitVocab.full
 
     def check(self, prefix: str) -> None:
         corpora_rules(self.data, self.tokenizer)
@@ -42,6 +54,11 @@ class FitConfig:
                 raise MtrainError(
                     "init_keep_optimizer: true needs init_from=RUN_DIR|CHECKPOINT, the run whose "
                     "optimiser state to keep (a resume keeps its own: train.resume=true)"
+                )
+            if self.init_vocab != InitVocab.full:
+                raise MtrainError(
+                    f"init_vocab: {self.init_vocab.value} trims the vocabulary of init_from=MODEL_DIR (an M2M100 or "
+                    "NLLB-200 model), which is not set"
                 )
             if self.init_weights != DecodeWeights.auto:
                 raise MtrainError(

@@ -21,6 +21,12 @@
   scripts/make_argos_splitter.py), which never splits: one line, one sentence, as `mtrain
   translate` and `mtrain serve` read their input. Nothing is downloaded at install or
   translate time.
+- A run started from M2M100/NLLB-200: its sources start with the source language's token
+  (`deu_Latn`), which the model's config asks CTranslate2 to add (`add_source_bos` with that
+  token as `bos_token`), and its translations with the target language's, which Argos forces
+  and strips from the text (metadata.json's `target_prefix`). Argos turns `_` into spaces
+  before it strips that prefix, so the package's vocabulary names the language tokens
+  `<eng-Latn>` (`<en>` for M2M100's `__en__`).
 - The end of the source. mtrain's sources end with `</s>`; Argos passes SentencePiece's pieces
   alone, so the model's config asks CTranslate2 to add it (`add_source_eos`). The model in
   `model/` is therefore not an `mtrain export` directory (mtrain would add a second one) and
@@ -55,6 +61,7 @@ from mtrain.export.ctranslate2_model import export_ctranslate2, run_metadata
 from mtrain.export.portable import name_in_run
 from mtrain.export.target import check_export_target
 from mtrain.rundir import staged
+from mtrain.tokenizer.fairseq_vocab import SPM_FILE
 
 SUFFIX = ".argosmodel"
 SPLITTER = Path(__file__).with_name("keep_lines_whole.onnx")
@@ -109,13 +116,25 @@ def export_argos(
         (model_dir / METADATA_FILE).unlink()
         # A run started from a MarianMTModel: its source model (transformers, too, decodes targets
         # of one vocabulary with it; CTranslate2 numbers the pieces by its own vocabulary).
-        spm_name = "source.spm" if loaded.tokenizer.marian else "spm.model"
+        spm_name = "source.spm" if loaded.tokenizer.marian else SPM_FILE if loaded.tokenizer.fairseq else "spm.model"
         (model_dir / spm_name).rename(folder / "sentencepiece.model")
+        if loaded.tokenizer.trimmed is not None:  # init_vocab=corpus: segment into the kept pieces only
+            (folder / "sentencepiece.model").write_bytes(loaded.tokenizer.trimmed.restricted_model_bytes())
         add_source_eos(model_dir / "config.json")
+        language_tokens = {}
+        if loaded.tokenizer.fairseq:  # M2M100/NLLB: [src_lang] pieces </s>, decoded after the forced tgt_lang
+            directed = loaded.tokenizer.with_languages(src, tgt)
+            rename_language_tokens(model_dir / "shared_vocabulary.json", directed.src_pieces(directed.tag_ids))
+            source_token, target_token = (
+                argos_language_token(piece)
+                for piece in directed.src_pieces(directed.source_prefix + directed.target_prefix)
+            )
+            add_source_language(model_dir / "config.json", source_token)
+            language_tokens = {"target_prefix": target_token}
         (folder / "minisbd").mkdir()
         shutil.copyfile(SPLITTER, folder / "minisbd" / SPLITTER.name)
         origin = {"run": Path(run_dir).resolve().name, "checkpoint": name_in_run(loaded.checkpoint_path, Path(run_dir))}
-        metadata = package_metadata(src, tgt, {**provenance, **origin})
+        metadata = {**package_metadata(src, tgt, {**provenance, **origin}), **language_tokens}
         (folder / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
         (folder / "README.md").write_text(readme(metadata), encoding="utf-8")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -148,6 +167,29 @@ def add_source_eos(config_file: Path) -> None:
     """Have CTranslate2 end every source with the eos piece, as mtrain's sources end."""
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config["add_source_eos"] = True
+    config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def argos_language_token(piece: str) -> str:
+    """An M2M100/NLLB language token as the package's vocabulary names it: Argos 1.11 turns `_`
+    in a translation into a space before it strips the target prefix, which would leave
+    `eng Latn` (or `  en  `) in front of every translation; `<eng-Latn>` survives that."""
+    return f"<{piece.strip('_').replace('_', '-')}>"
+
+
+def rename_language_tokens(vocabulary_file: Path, language_tokens: list[str]) -> None:
+    """Rename `language_tokens` in CTranslate2's vocabulary (`argos_language_token`)."""
+    renamed = set(language_tokens)
+    pieces = json.loads(vocabulary_file.read_text(encoding="utf-8"))
+    pieces = [argos_language_token(piece) if piece in renamed else piece for piece in pieces]
+    vocabulary_file.write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
+
+
+def add_source_language(config_file: Path, language_token: str) -> None:
+    """Have CTranslate2 start every source with an M2M100/NLLB model's source language token
+    (its `bos_token`, which nothing else of a model whose decoder starts from `</s>` uses)."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["add_source_bos"], config["bos_token"] = True, language_token
     config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 

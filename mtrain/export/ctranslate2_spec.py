@@ -10,6 +10,7 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     activation relu|gelu|silu  activation RELU | GELU (erf, as torch's default) | SWISH
     activation swiglu          ffn_glu with SWISH: linear_0 = gate (activated), linear_0_noact = up
     positions sinusoidal(_marian)  the table mtrain computes, stored as `position_encodings`
+    position_offset            the table's rows from that one on (M2M100/NLLB: pad_id + 1)
     positions learned          the trained table
     positions none             an all-zero table (adds nothing, as in mtrain)
     positions rope             rotary on every self-attention, whole head, rotate-half layout
@@ -69,6 +70,7 @@ MAPPED = {
     "final_norm",
     "positions",
     "max_positions",
+    "position_offset",
     "cross_q_proj",
     "cross_k_proj",
     "cross_v_proj",
@@ -211,7 +213,8 @@ def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -
     if cfg.positions == Positions.learned:
         return _numpy(state[f"{embed}.positions.weight"])
     if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
-        return _numpy(position_table(cfg.positions, cfg.max_positions, cfg.d_model))
+        first = int(cfg.position_offset)  # (mtrain.model.positions.SinusoidalPositions' first_row)
+        return _numpy(position_table(cfg.positions, first + cfg.max_positions, cfg.d_model)[first:])
     return np.zeros((cfg.max_positions, cfg.d_model), dtype=np.float32)  # positions=none
 
 

@@ -8,7 +8,9 @@
       spm.model                         that model as trained (what `init_from=` reads back)
 
 A run started from an imported MarianMTModel (its tokenizer is Marian's) is written as a
-MarianMTModel with its MarianTokenizer files instead (hf_marian.py).
+MarianMTModel with its MarianTokenizer files instead (hf_marian.py), and one started from
+M2M100 or NLLB-200 (fairseq's tokenizer) as an M2M100ForConditionalGeneration with its
+tokenizer files (hf_m2m100.py).
       README.md                         the model card (model_card.py)
       mtrain_export.json                what mtrain wrote (format "hf", the files) and from which
                                         checkpoint (mtrain.export.target: what force=true may replace)
@@ -33,6 +35,7 @@ from mtrain.data.tags import lang_tag, reserved_symbols
 from mtrain.decode.engines.directions import RunLanguages
 from mtrain.errors import MtrainError
 from mtrain.export.hf_generation import generation_settings
+from mtrain.export.hf_m2m100 import build_m2m100, m2m100_generation
 from mtrain.export.hf_marian import build_marian
 from mtrain.export.hf_model import build_pegasus, check_hf_exportable
 from mtrain.export.hf_tokenizer import build_hf_tokenizer
@@ -41,6 +44,7 @@ from mtrain.export.portable import name_in_run
 from mtrain.export.target import check_export_target, write_record
 from mtrain.run_summary import load_run_summary
 from mtrain.rundir import staged
+from mtrain.tokenizer.trimmed_vocab import transformers_files
 
 
 def import_transformers() -> Any:
@@ -74,7 +78,7 @@ def export_hf_run(
     transformers.utils.logging.disable_progress_bar()  # the command prints one line when done
     loaded = load_run(run_dir, which=which, weights=weights)
     config, tokenizer = loaded.config, loaded.tokenizer
-    if not tokenizer.marian:  # a run with Marian's tokenizer goes back as a MarianMTModel (hf_marian.py)
+    if not (tokenizer.marian or tokenizer.fairseq):  # those go back as they came (hf_marian.py, hf_m2m100.py)
         check_hf_exportable(config.model, tokenizer.joint)
     languages = RunLanguages.of(config.get("data"))
     tags = reserved_symbols(languages.data)
@@ -87,6 +91,9 @@ def export_hf_run(
         model, hf_tokenizer = build_marian(
             loaded.model.state_dict(), config.model, tokenizer, (data.get("src"), data.get("tgt"))
         )
+    elif tokenizer.fairseq:
+        model = build_m2m100(loaded.model.state_dict(), config.model, tokenizer)
+        hf_tokenizer = None  # its files are the run's tokenizer/, copied below
     else:
         model = build_pegasus(
             loaded.model.state_dict(), config.model, vocab_size, special.pad, special.bos, special.eos
@@ -97,6 +104,9 @@ def export_hf_run(
     generation = generation_settings(
         decode, special, tokenizer.target_symbol_ids(tags), int(config.model.max_positions)
     )
+    if tokenizer.fairseq:
+        targets = languages.target_languages()
+        generation = m2m100_generation(generation, tokenizer, targets[0] if len(targets) == 1 else None)
     model.generation_config = transformers.GenerationConfig(**generation)
     exported = {
         "checkpoint": name_in_run(loaded.checkpoint_path, Path(run_dir)),  # no path of this machine
@@ -109,8 +119,12 @@ def export_hf_run(
 
     with staged(out_dir) as staging:
         model.save_pretrained(staging)
-        hf_tokenizer.save_pretrained(staging)
-        tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
+        if hf_tokenizer is not None:
+            hf_tokenizer.save_pretrained(staging)
+        if tokenizer.trimmed is not None:  # init_vocab=corpus: files that give the trimmed ids in transformers
+            transformers_files(tokenizer.trimmed, tokenizer.files, staging)
+        else:
+            tokenizer.save(staging)  # the SentencePiece file(s) as trained: `init_from=` reads the directory back
         (staging / "README.md").write_text(card, encoding="utf-8")
         record = {"format": "hf", "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         write_record(staging, {**record, **exported, "mtrain_version": __version__})

@@ -22,6 +22,7 @@ Every switch of `ModelConfig` is mapped here, or refused with an MtrainError nam
     shared_norm                the shared norm copied into each sublayer's
     activation relu|gelu|silu  activation_function relu | gelu (erf in both) | silu (swiglu: refused)
     positions sinusoidal(_marian)  mtrain's table (sines, then cosines) as `embed_positions.weight`
+    position_offset            that table's rows from that one on
     positions learned          the trained tables (frozen weights in transformers)
     positions none             an all-zero table
     positions rope             refused: Pegasus adds positions to the embeddings
@@ -207,7 +208,8 @@ def _position_table(state: Mapping[str, Tensor], embed: str, cfg: ModelConfig) -
     if cfg.positions == Positions.learned:
         return state[f"{embed}.positions.weight"]
     if cfg.positions in (Positions.sinusoidal, Positions.sinusoidal_marian):
-        return position_table(cfg.positions, cfg.max_positions, cfg.d_model)
+        first = int(cfg.position_offset)  # (mtrain.model.positions.SinusoidalPositions' first_row)
+        return position_table(cfg.positions, first + cfg.max_positions, cfg.d_model)[first:]
     return torch.zeros(cfg.max_positions, cfg.d_model)  # positions=none
 
 

@@ -38,6 +38,7 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 NLLB_OFFSET = 1  # SentencePiece's piece i (i >= 3) is fairseq's id i + 1
 MASK = "<mask>"
+TRIMMED_VOCAB = "trimmed_vocab.json"  # init_vocab=corpus's map (mtrain.tokenizer.trimmed_vocab)
 
 # M2M100Tokenizer's code lists, in their order (the ids follow vocab.json in this order).
 # fmt: off
@@ -84,7 +85,7 @@ def is_fairseq_directory(directory: Path) -> bool:
 def fairseq_files(directory: Path) -> dict[str, Path]:
     """The tokenizer files of such a directory, by name (those that are there)."""
     directory = Path(directory)
-    names = (SPM_FILE, VOCAB, TOKENIZER_JSON, TOKENIZER_CONFIG)
+    names = (SPM_FILE, VOCAB, TOKENIZER_JSON, TOKENIZER_CONFIG, TRIMMED_VOCAB)
     return {name: directory / name for name in names if (directory / name).is_file()}
 
 

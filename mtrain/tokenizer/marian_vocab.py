@@ -172,10 +172,11 @@ def open_processor(model_file: str) -> Any:
     `model_file`, or, for Marian's source.spm/target.spm, that model numbered by the vocabulary
     file beside it (target_vocab.json for the target when there is one)."""
     path = Path(model_file)
-    from mtrain.tokenizer.fairseq_vocab import SPM_FILE, FairseqSentencePiece, fairseq_files, is_fairseq_directory
+    from mtrain.tokenizer.fairseq_vocab import SPM_FILE, fairseq_files, is_fairseq_directory
+    from mtrain.tokenizer.trimmed_vocab import open_fairseq
 
-    if path.name == SPM_FILE and is_fairseq_directory(path.parent):  # M2M100/NLLB: fairseq's numbering
-        return FairseqSentencePiece(fairseq_files(path.parent))
+    if path.name == SPM_FILE and is_fairseq_directory(path.parent):  # M2M100/NLLB: fairseq's numbering (trimmed)
+        return open_fairseq(fairseq_files(path.parent))
     if path.name in (SOURCE_SPM, TARGET_SPM) and (path.parent / VOCAB).is_file():
         files = marian_files(path.parent)
         return mapped_side(files, source=path.name == SOURCE_SPM)

@@ -33,6 +33,7 @@ from mtrain.tokenizer.marian_vocab import (
     mapped_side,
     marian_files,
 )
+from mtrain.tokenizer.trimmed_vocab import TrimmedVocab, open_fairseq
 
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "src.model"
@@ -69,14 +70,14 @@ class Tokenizer:
         """`files`: {"spm.model": path} or {"src.model": path, "tgt.model": path}, or Marian's
         {"source.spm", "target.spm", "vocab.json"[, "target_vocab.json"]: path}."""
         self.files = dict(files)
-        self._src: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece
-        self._tgt: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece
+        self._src: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece | TrimmedVocab
+        self._tgt: spm.SentencePieceProcessor | MappedSentencePiece | FairseqSentencePiece | TrimmedVocab
         self.fairseq = SPM_FILE in self.files
         self.marian = VOCAB in self.files and not self.fairseq
         if self.fairseq:  # one model and one table for both sides
             self.joint = True
             src_file = tgt_file = self.files[SPM_FILE]
-            self._src = self._tgt = FairseqSentencePiece(self.files)
+            self._src = self._tgt = open_fairseq(self.files)  # (trimmed: init_vocab=corpus)
         elif self.marian:
             self.joint = TARGET_VOCAB not in self.files  # one table numbers both sides
             src_file, tgt_file = self.files[SOURCE_SPM], self.files[TARGET_SPM]
@@ -140,7 +141,7 @@ class Tokenizer:
         to start with the target's, and no language token is emitted otherwise. An unknown
         language is refused in one line naming the nearest codes."""
         vocab = self._src
-        if not isinstance(vocab, FairseqSentencePiece):
+        if not isinstance(vocab, (FairseqSentencePiece, TrimmedVocab)):
             raise MtrainError("tokenizer: language codes belong to M2M100/NLLB tokenizers (init_from= such a model)")
         if vocab.legacy:
             raise MtrainError(
@@ -150,6 +151,11 @@ class Tokenizer:
         tagged = self.with_tags([vocab.language_id(source, "source language")], vocab.language_ids())
         tagged.target_prefix = (vocab.language_id(target, "target language"),)
         return tagged
+
+    @property
+    def trimmed(self) -> TrimmedVocab | None:
+        """The trimmed M2M100/NLLB vocabulary (init_vocab=corpus: its map), or None."""
+        return self._src if isinstance(self._src, TrimmedVocab) else None
 
     def encode_tgt(self, text: str) -> list[int]:
         """Target ids without bos/eos."""
@@ -172,7 +178,7 @@ class Tokenizer:
         SentencePiece's vocabulary restriction: a copy of the target model with every other
         piece marked unused, so a text is segmented into allowed pieces (a word made only of
         source-side pieces gets smaller, allowed ones)."""
-        if isinstance(self._tgt, (MappedSentencePiece, FairseqSentencePiece)):
+        if isinstance(self._tgt, (MappedSentencePiece, FairseqSentencePiece, TrimmedVocab)):
             encode_mapped: Callable[[str], list[int]] = self._tgt.restricted(allowed_ids)
             return encode_mapped
         from sentencepiece import sentencepiece_model_pb2

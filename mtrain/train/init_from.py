@@ -5,6 +5,8 @@ What a fit takes from its parent (fairseq's --finetune-from-model, Marian's --pr
 - or a Hugging Face model directory (a MarianMTModel such as OPUS-MT's, or mtrain's own
   `export format=hf`; a hub id is downloaded, HF_HUB_OFFLINE honoured): its weights, its
   tokenizer files and its config as model and tokenizer sections (mtrain.train.hf_parent);
+  an M2M100/NLLB vocabulary trimmed to the rows the corpora use with `init_vocab=corpus`
+  (mtrain.train.vocab_trim);
 - the weights of one checkpoint: a run directory's `best.pt` (`last.pt` before its first
   validation, as translate/eval find `checkpoint=best`) or the checkpoint file named;
   `init_weights` picks its average (train.ema_decay) or its trained weights (`decode_weights`),
@@ -46,6 +48,7 @@ from mtrain.config import (
     DataConfig,
     DecodeWeights,
     FitConfig,
+    InitVocab,
     ModelConfig,
     Positions,
     TokenizerConfig,
@@ -59,6 +62,7 @@ from mtrain.rundir import RunDir
 from mtrain.tokenizer import Tokenizer
 from mtrain.train.checkpoint_state import has_optimizer_state
 from mtrain.train.hf_parent import check_languages, is_hf_directory, parent_record, read_hf_model, resolve_hub_id
+from mtrain.train.vocab_trim import trim_imported
 
 # Model keys a fine-tune may set to other values than the parent's: regularisation, training-only
 # switches and how the same computation runs. Every other key fixes the weights' shapes or meaning.
@@ -89,7 +93,13 @@ class Parent:
     lineage: Lineage
 
 
-def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bool, data_cfg: DataConfig) -> Parent:
+def load_parent(
+    init_from: str,
+    weights: DecodeWeights | str,
+    keep_optimizer: bool,
+    data_cfg: DataConfig,
+    vocab: InitVocab | str = InitVocab.full,
+) -> Parent:
     """The parent named by `init_from` (a run directory or a checkpoint file), checked: its
     checkpoint loads, holds the weights and optimiser state asked for, and has a tokenizer
     that is the one it was trained with and that holds `data_cfg`'s tag symbols."""
@@ -98,7 +108,12 @@ def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bo
     if not path.exists():
         path = resolve_hub_id(init_from) or path
     if is_hf_directory(path):
-        return _imported_parent(path, weights, keep_optimizer, data_cfg, source)
+        return _imported_parent(path, weights, keep_optimizer, data_cfg, source, InitVocab(vocab))
+    if InitVocab(vocab) != InitVocab.full:
+        raise MtrainError(
+            f"init_vocab={InitVocab(vocab).value}: {source} is a run, whose vocabulary its weights were trained "
+            "with; trimming is for an imported M2M100/NLLB-200 model directory (drop init_vocab)"
+        )
     run, checkpoint = _parent_files(path, source)
     before = _identity(checkpoint)
     sha256 = file_sha256(checkpoint)
@@ -146,7 +161,12 @@ def load_parent(init_from: str, weights: DecodeWeights | str, keep_optimizer: bo
 
 
 def _imported_parent(
-    directory: Path, weights: DecodeWeights | str, keep_optimizer: bool, data_cfg: DataConfig, source: str
+    directory: Path,
+    weights: DecodeWeights | str,
+    keep_optimizer: bool,
+    data_cfg: DataConfig,
+    source: str,
+    vocab: InitVocab = InitVocab.full,
 ) -> Parent:
     """A Hugging Face model directory as the parent (mtrain.train.hf_parent): its weights,
     its tokenizer files as they are, and its config as a model and tokenizer section."""
@@ -159,7 +179,12 @@ def _imported_parent(
     imported = read_hf_model(directory, source)
     check_languages(imported, data_cfg, source)
     _check_tags(imported.tokenizer, data_cfg, source)
+    trimmed = None
+    if vocab == InitVocab.corpus:  # (mtrain.train.vocab_trim: the rows the corpora use)
+        imported, trimmed = trim_imported(imported, data_cfg, source)
     config, lineage = parent_record(imported, directory)
+    if trimmed is not None:
+        lineage["vocab"] = trimmed
     return Parent(
         imported.weight_files[0], imported.state_dict, None, OmegaConf.create(config), imported.tokenizer, lineage
     )
@@ -327,6 +352,7 @@ def resumed_config(cfg: FitConfig, checkpoint: dict[str, Any], path: Path, comma
         init_from=stored.get("init_from"),
         init_weights=DecodeWeights(stored.get("init_weights", "auto")),
         init_keep_optimizer=bool(stored.get("init_keep_optimizer", False)),
+        init_vocab=InitVocab(stored.get("init_vocab", "full")),
     )
 
 
