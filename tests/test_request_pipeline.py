@@ -192,7 +192,9 @@ def cli_refusal(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         check_before_run("translate", argv)
     assert stop.value.code == 2
-    (line,) = capsys.readouterr().err.splitlines()
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    (line,) = err.splitlines()
     return line
 
 
