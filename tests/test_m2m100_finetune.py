@@ -39,6 +39,7 @@ FIT = [
     "train.warmup_updates=1",
     "train.precision=fp32",
     "train.log_every=1",
+    "train.loss_every=2",
     f"train.num_threads={test_threads()}",
 ]
 
