@@ -21,9 +21,14 @@ from mtrain.batches.prepare import language_prefixes  # noqa: E402
 from mtrain.batches.training_set import training_set  # noqa: E402
 from mtrain.checkpoint.files import load_run  # noqa: E402
 from mtrain.checkpoint.hf_weights import layer_names  # noqa: E402
-from mtrain.config import DataConfig, TokenizerConfig  # noqa: E402
+from mtrain.config import DataConfig, DecodeConfig, Engine, TokenizerConfig  # noqa: E402
 from mtrain.data.corpora import training_corpora  # noqa: E402
 from mtrain.data.sources import resolve_source  # noqa: E402
+from mtrain.decode.translation.translator import translate_encoded  # noqa: E402
+from mtrain.errors import MtrainError  # noqa: E402
+from mtrain.export.engine import open_engine  # noqa: E402
+from mtrain.export.hf_generation import max_new_tokens  # noqa: E402
+from mtrain.serve.model import check_target_language, served_directions  # noqa: E402
 from mtrain.tokenizer import Tokenizer  # noqa: E402
 from tests.conftest import test_threads  # noqa: E402
 from tests.test_fit import compose_fit, run_fit, scalars  # noqa: E402
@@ -170,3 +175,78 @@ def test_a_fine_tune_resumes_exactly(nllb_dir, multi30k_slice, tmp_path):
     for step, value in expected.items():
         assert resumed[step] == pytest.approx(value, rel=1e-5), step
     shutil.rmtree(tmp_path / "cache")
+
+
+# ------------------------------------------------------------------ tgt_lang per request
+@pytest.fixture(scope="module")
+def fine_tuned(nllb_dir, multi30k_slice, tmp_path_factory):
+    """A de->en fine-tune of the small NLLB (2 updates) and transformers' M2M100 with its weights."""
+    out = tmp_path_factory.mktemp("nllb_fine_tuned")
+    overrides = [f"init_from={nllb_dir}", f"data.local_dir={multi30k_slice}", f"data.cache_dir={out / 'cache'}"]
+    run_fit(compose_fit([*overrides, *FIT, "train.max_updates=2", "train.validate_every=2"]), out / "run")
+    engine = open_engine(out / "run", Engine.torch, torch.device("cpu"), "fp32", checkpoint="last")
+    return out / "run", engine, hf_model_with(engine.model.float().eval(), nllb_dir)
+
+
+@pytest.mark.parametrize("tgt_lang", ["en", "fra_Latn", "deu_Latn"])
+def test_tgt_lang_forces_its_language_token_as_transformers_generate_does(fine_tuned, nllb_dir, tgt_lang):
+    """One fine-tuned de->en model translates into every language it knows: `tgt_lang` picks the
+    forced first token, and greedy outputs equal generate(forced_bos_token_id=...)."""
+    _, engine, hf_model = fine_tuned
+    tokenizer = engine.tokenizer_for(tgt_lang)
+    code = {"en": "eng_Latn"}.get(tgt_lang, tgt_lang)
+    assert tokenizer.target_prefix == (tokenizer.piece_id(code),)
+    theirs = transformers.NllbTokenizer.from_pretrained(nllb_dir, src_lang="deu_Latn", tgt_lang=code)
+    cfg = DecodeConfig(beam=1)
+    sources = ["Zwei Hunde spielen im Park.", "Ein Mann fährt mit dem Fahrrad.", "Eine Frau liest ein Buch."]
+    encoded = [tokenizer.encode_src(source) + [tokenizer.eos_id] for source in sources]
+    ours = [hyps[0].tokens for hyps in translate_encoded(engine.model, tokenizer, encoded, cfg, torch.device("cpu"))]
+    # mtrain never emits a language token but the forced one; transformers' generate has no rule for
+    # that (forced_bos_token_id only forces the first), and its suppress_tokens runs after the forcing,
+    # which it would undo: so the forced token is given as the decoder's prefix, every language token
+    # suppressed after it
+    suppress = [tokenizer.pad_id, *tokenizer.tag_ids, *range(tokenizer.tgt_vocab_size, hf_model.config.vocab_size)]
+    for source, ids, tokens in zip(sources, encoded, ours, strict=True):
+        assert theirs(source)["input_ids"] == ids
+        assert tokens[0] == tokenizer.target_prefix[0]
+        limit = max_new_tokens(len(ids), cfg.max_len_a, cfg.max_len_b, 128)
+        with torch.no_grad():
+            generated = hf_model.generate(
+                **theirs(source, return_tensors="pt"),
+                decoder_input_ids=torch.tensor([[tokenizer.bos_id, tokenizer.target_prefix[0]]]),
+                num_beams=1,
+                do_sample=False,
+                max_new_tokens=limit,
+                forced_eos_token_id=tokenizer.eos_id,
+                suppress_tokens=suppress,
+            )
+        row = generated[0, 1:].tolist()
+        assert (row[: row.index(tokenizer.eos_id)] if tokenizer.eos_id in row else row) == tokens, source
+
+
+def test_the_same_sentence_into_two_languages_starts_with_two_tokens(fine_tuned):
+    _, engine, _ = fine_tuned
+    firsts = []
+    for tgt_lang in ("en", "fra_Latn"):
+        tokenizer = engine.tokenizer_for(tgt_lang)
+        ids = [tokenizer.encode_src("Zwei Hunde spielen im Park.") + [tokenizer.eos_id]]
+        hyp = translate_encoded(engine.model, tokenizer, ids, DecodeConfig(beam=1), torch.device("cpu"))[0][0]
+        firsts.append(hyp.tokens[0])
+    assert firsts[0] != firsts[1]
+
+
+def test_an_unknown_tgt_lang_is_refused_naming_the_nearest_codes(fine_tuned):
+    _, engine, _ = fine_tuned
+    with pytest.raises(MtrainError, match=r"^tgt_lang=fra_Latm: not a language of this NLLB model .*nearest: fra_Latn"):
+        engine.tokenizer_for("fra_Latm")
+
+
+def test_serve_offers_every_language_of_the_model_and_defaults_to_the_runs_target(fine_tuned):
+    _, engine, _ = fine_tuned
+    languages = engine.languages
+    targets = languages.model_targets(engine.tokenizer)
+    assert targets[0] == "en" and "fra_Latn" in targets and len(targets) > 200
+    directions = served_directions(languages, targets)
+    assert list(directions) == ["de"] and "fra_Latn" in directions["de"] and "de" not in directions["de"]
+    assert check_target_language(None, targets, "en") == "en"
+    assert check_target_language("fra_Latn", targets, "en") == "fra_Latn"
