@@ -127,7 +127,9 @@ def prepare_data(
     sets: list[EncodedTrainingSet] = []
     for corpus in corpora:
         src_prefix, tgt_prefix = language_prefixes(tokenizer, corpus.cfg.src, corpus.cfg.tgt)
-        tag_ids = src_prefix + tag_ids_of(tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus)
+        tag_ids = src_prefix + tag_ids_of(
+            tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus
+        )
         dropped = _union(evals[corpus.direction]) if drop else None
         sets.append(training_set(corpus, data_cfg, tokenizer, model_files, tag_ids, dropped, log, tgt_prefix))
     if not drop:

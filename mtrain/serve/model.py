@@ -155,9 +155,7 @@ def check_alignment_layer(decode: DecodeConfig, decoder_layers: int | None, aske
     )
 
 
-def check_target_language(
-    requested: str | None, allowed: Sequence[str], default: str | None = None
-) -> str | None:
+def check_target_language(requested: str | None, allowed: Sequence[str], default: str | None = None) -> str | None:
     """The language a request translates into: `requested`, one of `allowed`; null is the
     model's one language (None when the model does not say), and refused when it translates
     into several (a multilingual run)."""

@@ -144,9 +144,7 @@ class RunLanguages:
         """Whether the run trained more than one direction (its reports name the direction)."""
         return len(self.directions()) > 1
 
-    def tokenizer_for(
-        self, tokenizer: Tokenizer, tgt: str, src: str | None = None, key: str = "tgt_lang"
-    ) -> Tokenizer:
+    def tokenizer_for(self, tokenizer: Tokenizer, tgt: str, src: str | None = None, key: str = "tgt_lang") -> Tokenizer:
         """`tokenizer` for translating into `tgt` (a language of `target_languages`): the tag
         ids at the start of every source, every tag of the run banned from the output. An
         M2M100/NLLB tokenizer instead starts sources with the language token of `src` (by default
