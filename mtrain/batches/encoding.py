@@ -30,7 +30,7 @@ Pair = tuple[str, str]
 class EncodedChunk:
     src_tokens: np.ndarray  # all source sentences back to back, each followed by eos
     src_lengths: np.ndarray  # (n,) including the eos
-    tgt_tokens: np.ndarray  # target ids only (bos/eos are added when batching)
+    tgt_tokens: np.ndarray  # target ids after the target prefix, if any (bos/eos are added when batching)
     tgt_lengths: np.ndarray  # (n,)
     hashes: np.ndarray | None  # (n,) pair hashes (training split: deduplication, overlap)
     rejected: dict[str, int]  # pairs filtered out, by reason
@@ -43,7 +43,9 @@ class ChunkEncoder:
 
     `clean` is the `data.clean` section as a dict for the training split, None for
     validation/test (encoded as they are). `src_prefix`: tag ids that start every source
-    (mtrain.data.tags; not counted by the length filters). `drop_sources`: sorted source
+    (mtrain.data.tags; not counted by the length filters). `tgt_prefix`: ids that start every
+    target (an M2M100/NLLB model's target-language token, which its decoder is taught to emit
+    first; not counted by the length filters either). `drop_sources`: sorted source
     hashes of the evaluation sets whose pairs are dropped (`data.clean.drop_eval_overlap`).
     """
 
@@ -56,10 +58,12 @@ class ChunkEncoder:
         clean: dict[str, Any] | None,
         src_prefix: Sequence[int] = (),
         drop_sources: np.ndarray | None = None,
+        tgt_prefix: Sequence[int] = (),
     ):
         self.src_model, self.tgt_model = src_model, tgt_model
         self.eos_id = eos_id
         self.src_prefix = [int(token) for token in src_prefix]
+        self.tgt_prefix = [int(token) for token in tgt_prefix]
         self.drop_sources = drop_sources
         self.dtype = np.dtype(dtype)
         self.clean = CleanConfig(**clean) if clean is not None else None
@@ -104,7 +108,7 @@ class ChunkEncoder:
         src_tokens, src_lengths = flatten_sequences(
             src_ids, rows, src_lengths, self.dtype, self.eos_id, self.src_prefix
         )
-        tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None)
+        tgt_tokens, tgt_lengths = flatten_sequences(tgt_ids, rows, tgt_lengths, self.dtype, None, self.tgt_prefix)
         return EncodedChunk(src_tokens, src_lengths, tgt_tokens, tgt_lengths, hashes, rejected, src_hashes, rows)
 
 

@@ -2,7 +2,8 @@
 
 They are encoded as they are (never filtered), with the direction's tags at the start of each
 source (`<2xx>` with data.lang_tags), and kept as raw text for BLEU. An entry is keyed by the
-tokenizer, the split's source fingerprint, the direction and the tag ids, so changing
+tokenizer, the split's source fingerprint, the direction, the tag ids and the target prefix
+(an M2M100/NLLB target-language token that starts every target), so changing
 `data.splits.test` re-encodes that test set only (a few thousand sentences, in this process).
 Entries live under `<cache>/eval/`, beside the training corpora's `<cache>/corpora/`.
 """
@@ -51,6 +52,7 @@ def eval_set(
     model_files: tuple[str, str],
     tag_ids: list[int],
     log: Log,
+    tgt_prefix: list[int] | None = None,
 ) -> EvalSet:
     """`split` (valid or test) of `direction` from its cache entry, encoded first if there is none."""
     if split == "test" and data.splits.test is None:  # no test split: nothing to read or store
@@ -62,13 +64,22 @@ def eval_set(
             "no test split",
         )
     src, tgt = direction
+    tgt_prefix = tgt_prefix or []
     key = fingerprint(
-        "eval", CACHE_FORMAT, tokenizer.fingerprint, source.fingerprint(split), src, tgt, tag_ids, data.invalid_utf8
+        "eval",
+        CACHE_FORMAT,
+        tokenizer.fingerprint,
+        source.fingerprint(split),
+        src,
+        tgt,
+        tag_ids,
+        data.invalid_utf8,
+        *([tgt_prefix] if tgt_prefix else []),  # (absent otherwise: native runs' entries keep their keys)
     )
     entry = cache_root(data.cache_dir) / "eval" / f"{data.name}-{src}-{tgt}-{split}-{key[:16]}"
     if not is_complete(entry):
         with build_entry(entry, log) as staging:
-            _encode(staging, split, direction, source, data, tokenizer, model_files, tag_ids, log)
+            _encode(staging, split, direction, source, data, tokenizer, model_files, tag_ids, log, tgt_prefix)
     stored = json.loads((entry / "text.json").read_text(encoding="utf-8"))
     text = ParallelText(stored["src"], stored["tgt"])
     counts = json.loads((entry / "summary.json").read_text(encoding="utf-8"))
@@ -87,6 +98,7 @@ def _encode(
     model_files: tuple[str, str],
     tag_ids: list[int],
     log: Log,
+    tgt_prefix: list[int],
 ) -> None:
     stats = ReadStats()
     text = ParallelText()
@@ -102,7 +114,9 @@ def _encode(
             f"data: the {split} split of {source.description} ({direction[0]}->{direction[1]}) has no sentences"
         )
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
-    encoder = ChunkEncoder(*model_files, tokenizer.eos_id, dtype.name, clean=None, src_prefix=tag_ids)
+    encoder = ChunkEncoder(
+        *model_files, tokenizer.eos_id, dtype.name, clean=None, src_prefix=tag_ids, tgt_prefix=tgt_prefix
+    )
     writer = CorpusWriter(staging / split, dtype)
     for start in range(0, len(text), data.chunk_size):
         chunk = encoder(

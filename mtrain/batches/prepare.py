@@ -126,9 +126,12 @@ def prepare_data(
         evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
     sets: list[EncodedTrainingSet] = []
     for corpus in corpora:
-        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus)
+        src_prefix, tgt_prefix = language_prefixes(tokenizer, corpus.cfg.src, corpus.cfg.tgt)
+        tag_ids = src_prefix + tag_ids_of(
+            tokenizer, source_tags(data_cfg, corpus.cfg.tgt, corpus.tag), data_cfg, corpus
+        )
         dropped = _union(evals[corpus.direction]) if drop else None
-        sets.append(training_set(corpus, data_cfg, tokenizer, model_files, tag_ids, dropped, log))
+        sets.append(training_set(corpus, data_cfg, tokenizer, model_files, tag_ids, dropped, log, tgt_prefix))
     if not drop:
         evals = _evaluation_sets(data_cfg, eval_sources, tokenizer, model_files, log)
 
@@ -136,7 +139,9 @@ def prepare_data(
     for direction in run_directions(data_cfg):
         valid, test = evals[direction]
         assert valid.corpus is not None  # only the test split can be switched off (data.splits.test=null)
-        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
+        tag_ids = language_prefixes(tokenizer, *direction)[0] + tag_ids_of(
+            tokenizer, source_tags(data_cfg, direction[1]), data_cfg
+        )
         directions.append(
             DirectionData(direction[0], direction[1], tag_ids, valid.corpus, valid.text, test.corpus, test.text)
         )
@@ -188,12 +193,24 @@ def _evaluation_sets(
     """(valid, test) EvalSets of every direction trained."""
     evals = {}
     for direction, source in sources.items():
-        tag_ids = tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
+        src_prefix, tgt_prefix = language_prefixes(tokenizer, *direction)
+        tag_ids = src_prefix + tag_ids_of(tokenizer, source_tags(data_cfg, direction[1]), data_cfg)
         evals[direction] = tuple(
-            eval_set(split, direction, source, data_cfg, tokenizer, model_files, tag_ids, log)
+            eval_set(split, direction, source, data_cfg, tokenizer, model_files, tag_ids, log, tgt_prefix)
             for split in ("valid", "test")
         )
     return evals
+
+
+def language_prefixes(tokenizer: Tokenizer, src: str, tgt: str) -> tuple[list[int], list[int]]:
+    """(source prefix, target prefix) of a direction: an M2M100/NLLB tokenizer's language tokens
+    (`[src_lang] x </s>` in, `[tgt_lang] y </s>` as labels after the `</s>` start, as transformers
+    and fairseq train these models), nothing for any other tokenizer (its tags come from
+    data.lang_tags). An unknown language is refused in one line naming the nearest codes."""
+    if not tokenizer.fairseq:
+        return [], []
+    directed = tokenizer.with_languages(src, tgt)
+    return list(directed.source_prefix), list(directed.target_prefix)
 
 
 def _union(pair: tuple[EvalSet, ...]) -> EvalHashes:

@@ -2,7 +2,9 @@
 
 The entry is keyed by what determines its arrays and nothing else: the corpus's source
 fingerprint of its training split, its direction, `data.clean`, its train_limit,
-`data.invalid_utf8`, the tokenizer and the tag ids its sources start with (plus the
+`data.invalid_utf8`, the tokenizer, the tag ids its sources start with and the ids its
+targets start with (an M2M100/NLLB target-language token: another pair's entry is never
+reused) (plus the
 evaluation sets' hashes when `data.clean.drop_eval_overlap` drops pairs by them). So another
 validation or test split, or another corpus beside it, finds the entry as it was. Beside the
 token arrays the entry keeps the hashes of the kept pairs (`src.hashes`, `pair.hashes`,
@@ -67,10 +69,13 @@ def training_set(
     tag_ids: list[int],
     drop: EvalHashes | None,
     log: Log,
+    tgt_prefix: list[int] | None = None,
 ) -> EncodedTrainingSet:
     """`corpus`'s training split from its cache entry, encoded first if there is none.
-    `drop`: the evaluation sets whose sources are dropped (data.clean.drop_eval_overlap)."""
+    `drop`: the evaluation sets whose sources are dropped (data.clean.drop_eval_overlap).
+    `tgt_prefix`: ids that start every target (an M2M100/NLLB model's target-language token)."""
     cfg = corpus.cfg
+    tgt_prefix = tgt_prefix or []
     key = fingerprint(
         "corpus",
         CACHE_FORMAT,
@@ -83,6 +88,7 @@ def training_set(
         data.invalid_utf8,
         tag_ids,
         drop.digest() if drop is not None else None,
+        *([tgt_prefix] if tgt_prefix else []),  # (absent otherwise: the entries of native runs keep their keys)
     )
     # Named by the corpus, not its label (which depends on the other entries of data.corpora).
     entry = cache_root(data.cache_dir) / "corpora" / f"{cfg.name}-{cfg.src}-{cfg.tgt}-{key[:16]}"
@@ -92,7 +98,7 @@ def training_set(
     else:
         start = time.perf_counter()
         with build_entry(entry, log) as staging:
-            counts = _encode(staging, corpus, data, tokenizer, model_files, tag_ids, drop, log)
+            counts = _encode(staging, corpus, data, tokenizer, model_files, tag_ids, drop, log, tgt_prefix)
             stored: dict[str, Any] = {"train": counts, "seconds": round(time.perf_counter() - start, 2)}
             (staging / "summary.json").write_text(json.dumps(stored, indent=1), encoding="utf-8")
         rate = counts["read"] / max(stored["seconds"], 1e-9)
@@ -122,6 +128,7 @@ def _encode(
     tag_ids: list[int],
     drop: EvalHashes | None,
     log: Log,
+    tgt_prefix: list[int],
 ) -> dict[str, Any]:
     """Write train/ (arrays and hashes) into `staging`; returns the counts for summary.json."""
     cfg = corpus.cfg
@@ -135,6 +142,7 @@ def _encode(
         clean=to_plain(data.clean),
         src_prefix=tag_ids,
         drop_sources=drop.sources if drop is not None else None,
+        tgt_prefix=tgt_prefix,
     )
     deduplicator = Deduplicator() if data.clean.deduplicate else None
     writer = CorpusWriter(staging / "train", dtype)

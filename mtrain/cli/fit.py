@@ -135,13 +135,6 @@ def _check_and_fit(
         parent = load_parent(cfg.init_from, cfg.init_weights, cfg.init_keep_optimizer, cfg.data, cfg.init_vocab)
         cfg = inherited_config(cfg, parent.config, command_line, f"init_from={cfg.init_from}")
         lineage = parent.lineage
-        if lineage.get("architecture") == "M2M100ForConditionalGeneration":
-            # Read and decoded exactly (tests/test_hf_m2m100.py), but the training batches do not
-            # yet start targets with the forced target-language token: refused, not trained wrong.
-            raise MtrainError(
-                f"init_from={cfg.init_from}: M2M100/NLLB models are read, but fine-tuning them (targets that start "
-                "with the target-language token) is not built yet (issue 62)"
-            )
         log.info(
             "init_from: %s (update %d, %s weights%s), its tokenizer and model (%s)",
             lineage["checkpoint"],

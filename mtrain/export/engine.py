@@ -56,8 +56,9 @@ class RunEngine:
     engine: Engine = Engine.torch  # the engine that decodes (an export directory: ctranslate2, whatever was asked)
 
     def tokenizer_for(self, tgt_lang: str | None, key: str = "tgt_lang") -> Any:
-        """The tokenizer that translates into `tgt_lang` (null: the run's one target language);
-        MtrainError naming `key` for a language the run does not translate into."""
+        """The tokenizer that translates into `tgt_lang` (null: the run's one target language; an
+        M2M100/NLLB model: any language it knows); MtrainError naming `key` for a language the
+        run does not translate into."""
         if self.languages is None:
             if tgt_lang is not None:
                 raise MtrainError(
@@ -65,7 +66,9 @@ class RunEngine:
                     "translates; leave tgt_lang unset"
                 )
             return self.tokenizer
-        return self.languages.tokenizer_for(self.tokenizer, self.languages.target(tgt_lang, key))
+        if getattr(self.tokenizer, "fairseq", False) and tgt_lang is not None:  # M2M100/NLLB: any language it knows
+            return self.languages.tokenizer_for(self.tokenizer, tgt_lang, key=key)
+        return self.languages.tokenizer_for(self.tokenizer, self.languages.target(tgt_lang, key), key=key)
 
 
 def open_engine(

@@ -185,7 +185,7 @@ def build_app(model: ServedModel, cfg: ServeConfig, glossary: Glossary | None = 
         body = read_translate_request(await request.body())
         request.state.sentences = len(body.text)
         try:
-            tgt_lang = check_target_language(body.tgt_lang, model.target_languages())
+            tgt_lang = check_target_language(body.tgt_lang, model.target_languages(), model.tgt_lang)
         except UnknownTargetLanguage as error:
             raise Rejected(422, str(error)) from None
         check_text(body.text, cfg)

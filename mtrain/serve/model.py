@@ -155,12 +155,14 @@ def check_alignment_layer(decode: DecodeConfig, decoder_layers: int | None, aske
     )
 
 
-def check_target_language(requested: str | None, allowed: Sequence[str]) -> str | None:
+def check_target_language(requested: str | None, allowed: Sequence[str], default: str | None = None) -> str | None:
     """The language a request translates into: `requested`, one of `allowed`; null is the
     model's one language (None when the model does not say), and refused when it translates
     into several (a multilingual run)."""
     choices = ", ".join(repr(language) for language in allowed)
     if requested is None:
+        if default is not None:  # (the run's one target, where the model knows more: M2M100/NLLB)
+            return default
         if len(allowed) > 1:
             raise UnknownTargetLanguage(f"tgt_lang: null, but this model translates into {choices}; name one")
         return allowed[0] if allowed else None
@@ -219,9 +221,10 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
             threads,
             decoder_layers=depth,
         )
-    tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.target_languages()}
+    # (an M2M100/NLLB model: every language it knows, each forcing its own language token first)
+    tokenizers = {tgt: opened.tokenizer_for(tgt) for tgt in languages.model_targets(opened.tokenizer)}
     # A bilingual run's pair (health); a multilingual one has no single pair: each request names its target.
-    src, tgt = languages.directions()[0] if len(tokenizers) == 1 else (None, None)
+    src, tgt = languages.directions()[0] if len(languages.target_languages()) == 1 else (None, None)
     if len(tokenizers) > 1:
         log.info("multilingual: translates into %s (a request names one in tgt_lang)", ", ".join(tokenizers))
     default = tokenizers[tgt] if tgt is not None else opened.tokenizer
@@ -238,7 +241,7 @@ def open_served_model(cfg: ServeConfig, device: torch.device, threads: int) -> S
         limit,
         threads,
         tokenizers,
-        served_directions(languages),
+        served_directions(languages, list(tokenizers)),
         decoder_layers=depth,
     )
 
@@ -254,8 +257,9 @@ def served_name(cfg: ServeConfig, opened: Any) -> str:
     return name
 
 
-def served_directions(languages: RunLanguages) -> dict[str, list[str]]:
-    """Source language -> the target languages a request may ask for from it."""
+def served_directions(languages: RunLanguages, targets: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Source language -> the target languages a request may ask for from it; `targets`: those
+    the model translates into beyond the run's (an M2M100/NLLB model's languages)."""
     directions: dict[str, list[str]] = {}
     for src, tgt in languages.directions():
         directions.setdefault(src, [])
@@ -263,4 +267,6 @@ def served_directions(languages: RunLanguages) -> dict[str, list[str]]:
             directions[src] = [target for target in languages.target_languages() if target != src]
         elif tgt not in directions[src]:
             directions[src].append(tgt)
+    for src, served in directions.items():
+        served += [target for target in targets if target != src and target not in served]
     return directions

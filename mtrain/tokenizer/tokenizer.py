@@ -135,11 +135,17 @@ class Tokenizer:
         tagged.tag_ids = tuple(int(i) for i in tag_ids)
         return tagged
 
-    def with_languages(self, source: str, target: str) -> Tokenizer:
+    def language_codes(self) -> list[str]:
+        """The language codes of an M2M100/NLLB tokenizer (`de`, `deu_Latn`), in id order; [] otherwise."""
+        return self._src.languages if isinstance(self._src, FairseqSentencePiece) else []
+
+    def with_languages(
+        self, source: str, target: str, source_key: str = "source language", target_key: str = "target language"
+    ) -> Tokenizer:
         """An M2M100/NLLB tokenizer for one direction (`source`, `target`: the model's codes or
         two-letter ones, `de`): sources start with the source language's token, decoding is forced
         to start with the target's, and no language token is emitted otherwise. An unknown
-        language is refused in one line naming the nearest codes."""
+        language is refused in one line naming the nearest codes and the key given."""
         vocab = self._src
         if not isinstance(vocab, (FairseqSentencePiece, TrimmedVocab)):
             raise MtrainError("tokenizer: language codes belong to M2M100/NLLB tokenizers (init_from= such a model)")
@@ -148,8 +154,8 @@ class Tokenizer:
                 f"{self.files.get('tokenizer_config.json')}: legacy_behaviour: true lays sources out as "
                 "`x </s> [lang]`, which mtrain's corpora (eos last) cannot hold yet; use the current layout"
             )
-        tagged = self.with_tags([vocab.language_id(source, "source language")], vocab.language_ids())
-        tagged.target_prefix = (vocab.language_id(target, "target language"),)
+        tagged = self.with_tags([vocab.language_id(source, source_key)], vocab.language_ids())
+        tagged.target_prefix = (vocab.language_id(target, target_key),)
         return tagged
 
     @property

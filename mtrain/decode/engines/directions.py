@@ -144,11 +144,28 @@ class RunLanguages:
         """Whether the run trained more than one direction (its reports name the direction)."""
         return len(self.directions()) > 1
 
-    def tokenizer_for(self, tokenizer: Tokenizer, tgt: str) -> Tokenizer:
+    def tokenizer_for(self, tokenizer: Tokenizer, tgt: str, src: str | None = None, key: str = "tgt_lang") -> Tokenizer:
         """`tokenizer` for translating into `tgt` (a language of `target_languages`): the tag
-        ids at the start of every source, every tag of the run banned from the output."""
+        ids at the start of every source, every tag of the run banned from the output. An
+        M2M100/NLLB tokenizer instead starts sources with the language token of `src` (by default
+        the run's source language of that target) and forces the target's token first: `tgt` may
+        be any language the model knows (a language it does not: refused naming `key` and the
+        nearest codes)."""
+        if tokenizer.fairseq:
+            return tokenizer.with_languages(src or self.source_of(tgt), tgt, "src_lang", key)
         prefix = [tokenizer.symbol_id(symbol) for symbol in source_tags(self.data, tgt)]
         return tokenizer.with_tags(prefix, tokenizer.target_symbol_ids(reserved_symbols(self.data)))
+
+    def model_targets(self, tokenizer: Tokenizer) -> list[str]:
+        """The languages a request may name: the run's target languages, and for an M2M100/NLLB
+        model every language it knows (one imported model translates into each)."""
+        languages = self.target_languages()
+        return languages + [code for code in tokenizer.language_codes() if code not in languages]
+
+    def source_of(self, tgt: str) -> str:
+        """The source language of the run's first direction into `tgt` (else of its first)."""
+        directions = self.directions()
+        return next((s for s, t in directions if t == tgt), directions[0][0])
 
     def reserving(self, tokenizer: Tokenizer) -> Tokenizer:
         """`tokenizer` with every tag of the run banned from the output and no source prefix:
