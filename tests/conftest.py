@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import logging
 import os
 from pathlib import Path
 
@@ -247,6 +248,23 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _few_threads():
     torch.set_num_threads(test_threads())
+
+
+def _drop_handlers_on_closed_streams() -> None:
+    for logger in (logging.getLogger(), logging.getLogger("mtrain")):
+        for handler in list(logger.handlers):
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                logger.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_into_a_closed_capture():
+    """A command run in-process (Hydra configures logging) leaves handlers writing to the
+    stdout/stderr a capturing test had then; once that capture is closed, any later log line
+    in this worker prints a 'Logging error' traceback into the next test's stderr."""
+    _drop_handlers_on_closed_streams()
+    yield
+    _drop_handlers_on_closed_streams()
 
 
 def needed_in_ci(module: str, install: str):
