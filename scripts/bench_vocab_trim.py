@@ -15,6 +15,10 @@
 2. In fresh processes, alternately, full and trimmed: `init_from=` the directory with the
    Multi30k de-en training slice (--train-limit pairs), then --warmup updates and --updates
    timed ones; target tokens/s, the model's parameters, and the process's peak RSS (VmHWM).
+3. With --transformers, a third arm in its own process: a plain transformers training loop
+   (`M2M100ForConditionalGeneration.from_pretrained`, `torch.optim.AdamW` at train.lr, labels
+   with pad as -100) over the very batches mtrain's full-vocabulary run trains on (its batch
+   source, same order and token budget), fp32, the same threads.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -65,7 +70,7 @@ def one(directory: Path, work: Path, vocab: str, threads: int, updates: int, war
 
     overrides = [
         f"init_from={directory}",
-        f"init_vocab={vocab}",
+        f"init_vocab={'full' if vocab == 'transformers' else vocab}",  # (transformers: the full run's batches)
         f"data.cache_dir={work / 'cache'}",
         f"data.train_limit={train_limit}",
         "data.splits.test=null",
@@ -77,7 +82,7 @@ def one(directory: Path, work: Path, vocab: str, threads: int, updates: int, war
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = with_resolved_model(compose(config_name="fit", overrides=overrides))
     start = time.perf_counter()
-    parent = load_parent(str(directory), "auto", False, cfg.data, vocab)
+    parent = load_parent(str(directory), "auto", False, cfg.data, "full" if vocab == "transformers" else vocab)
     cfg = inherited_config(cfg, parent.config, [], f"init_from={directory}")
     machine = resolve_machine(cfg)
     data = prepare_fit_data(cfg, machine, tokenizer=parent.tokenizer)
@@ -85,6 +90,8 @@ def one(directory: Path, work: Path, vocab: str, threads: int, updates: int, war
     del parent
     import_seconds = time.perf_counter() - start
     trainer = fit.trainer
+    if vocab == "transformers":
+        return plain_transformers_loop(directory, trainer, cfg.train.lr, updates, warmup, import_seconds)
     for _ in range(warmup):
         trainer.run_update()
     tokens, start = 0, time.perf_counter()
@@ -105,6 +112,53 @@ def one(directory: Path, work: Path, vocab: str, threads: int, updates: int, war
     )
 
 
+def plain_transformers_loop(
+    directory: Path, trainer: Any, lr: float, updates: int, warmup: int, setup_s: float
+) -> dict:
+    """transformers' own model and AdamW over the batches of mtrain's full-vocabulary run (the
+    batch source's next updates: the same sentences, padding and token budget)."""
+    import torch
+    from transformers import M2M100ForConditionalGeneration
+
+    model = M2M100ForConditionalGeneration.from_pretrained(directory, torch_dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8)
+
+    def update() -> int:
+        batches = trainer.parts.batches.next_update(trainer.state)
+        tokens = 0
+        optimizer.zero_grad(set_to_none=True)
+        for batch in batches:
+            labels = batch.tgt_output.masked_fill(batch.tgt_output == model.config.pad_token_id, -100)
+            out = model(
+                input_ids=batch.src_tokens,
+                attention_mask=(~batch.src_padding_mask).long(),
+                decoder_input_ids=batch.tgt_input,
+                labels=labels,
+            )
+            out.loss.backward()
+            tokens += batch.num_tgt_tokens
+        optimizer.step()
+        return tokens
+
+    for _ in range(warmup):
+        update()
+    tokens, start = 0, time.perf_counter()
+    for _ in range(updates):
+        tokens += update()
+    seconds = time.perf_counter() - start
+    peak = int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM:")).split()[1]) / 1024
+    return dict(
+        vocab="transformers",
+        rows=model.config.vocab_size,
+        parameters=sum(p.numel() for p in model.parameters()),
+        tokens_per_second=tokens / seconds,
+        seconds_per_update=seconds / updates,
+        import_and_setup_seconds=setup_s,
+        peak_rss_mb=peak,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_vocab_trim"))
@@ -117,7 +171,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--train-limit", type=int, default=5000)
-    parser.add_argument("--one", choices=["full", "corpus"], help=argparse.SUPPRESS)  # a child process's run
+    parser.add_argument("--transformers", action="store_true", help="also a plain transformers loop, same batches")
+    parser.add_argument("--one", choices=["full", "corpus", "transformers"], help=argparse.SUPPRESS)  # a child's run
     args = parser.parse_args()
     directory = args.work / (f"nllb-600m-shape-{args.layers}-layers" if args.nllb_600m else "nllb-small")
     if args.one:
@@ -128,6 +183,8 @@ def main() -> None:
     build(directory, args.data_dir, args.nllb_600m, args.layers)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", MTRAIN_DATA_DIR=str(args.data_dir))
     results: dict[str, list[dict]] = {"full": [], "corpus": []}
+    if args.transformers:
+        results["transformers"] = []
     for _ in range(args.rounds):
         for vocab in results:
             command = [sys.executable, "-W", "ignore", __file__, "--one", vocab, *sys.argv[1:]]
@@ -139,7 +196,7 @@ def main() -> None:
         speeds = " ".join(f"{run['tokens_per_second']:.0f}" for run in runs)
         run = runs[-1]
         print(
-            f"init_vocab={vocab:6s}: {run['parameters'] / 1e6:.2f}M parameters | {speeds} target tokens/s | "
+            f"{vocab:12s}: {run['parameters'] / 1e6:.2f}M parameters | {speeds} target tokens/s | "
             f"{run['seconds_per_update']:.2f} s/update | peak RSS {max(r['peak_rss_mb'] for r in runs):.0f} MB | "
             f"import + data {run['import_and_setup_seconds']:.1f} s"
         )
@@ -147,6 +204,11 @@ def main() -> None:
         r["tokens_per_second"] for r in results["full"]
     )
     print(f"trimmed / full tokens/s: {ratio:.2f}")
+    if args.transformers:
+        against = sum(r["tokens_per_second"] for r in results["full"]) / sum(
+            r["tokens_per_second"] for r in results["transformers"]
+        )
+        print(f"mtrain full / transformers tokens/s (same batches): {against:.2f}")
 
 
 if __name__ == "__main__":
