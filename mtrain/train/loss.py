@@ -27,6 +27,12 @@ from mtrain.model import Seq2SeqTransformer
 # cache; a GPU takes 32M elements (128 MiB) at a time, few launches per batch.
 _CPU_CHUNK_ELEMENTS = 1 << 21
 _GPU_CHUNK_ELEMENTS = 1 << 25
+# ... but never fewer rows than this per chunk: each chunk reads the whole output matrix, so with
+# a large vocabulary (NLLB's 256k rows: 8 rows a chunk, the 1 GB matrix read 128 times for 1,024
+# targets) the products turned memory-bound: a full-vocabulary NLLB-shaped update ran at 0.36x a
+# plain transformers loop on the same batches (scripts/bench_vocab_trim.py --transformers).
+# Up to 8k-piece vocabularies (the CPU presets) the budget already gives 256 rows or more.
+_MIN_CHUNK_ROWS = 256
 
 
 def _chunk_count(rows: int, vocab: int, like: Tensor, static_rows: bool) -> int:
@@ -38,7 +44,8 @@ def _chunk_count(rows: int, vocab: int, like: Tensor, static_rows: bool) -> int:
     if torch.compiler.is_compiling() and not static_rows:
         return 1
     budget = _GPU_CHUNK_ELEMENTS if like.is_cuda else _CPU_CHUNK_ELEMENTS
-    return max(1, -(-rows * vocab // budget))
+    rows_per_chunk = max(_MIN_CHUNK_ROWS, budget // vocab)
+    return max(1, -(-rows // rows_per_chunk))
 
 
 class _FusedOutputLoss(torch.autograd.Function):
