@@ -25,11 +25,12 @@ import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import sentencepiece as spm
 
 from mtrain.errors import MtrainError
+from mtrain.tokenizer.piece_table import PieceTable
 
 SPM_FILE = "sentencepiece.bpe.model"
 VOCAB = "vocab.json"
@@ -96,7 +97,7 @@ def _read_json(path: Path) -> Any:
         raise MtrainError(f"{path}: not readable JSON ({error})") from error
 
 
-class FairseqSentencePiece:
+class FairseqSentencePiece(PieceTable):
     """A SentencePiece model numbered by fairseq's dictionary, with language tokens (see the
     module docstring); the interface of SentencePieceProcessor that `Tokenizer` calls."""
 
@@ -172,16 +173,7 @@ class FairseqSentencePiece:
         """The ids of every language token (never emitted but where forced)."""
         return sorted(self.ids[token] for token in self.language_tokens.values())
 
-    # -- what SentencePieceProcessor offers and mtrain calls
-    @overload
-    def encode(self, text: str) -> list[int]: ...
-    @overload
-    def encode(self, text: list[str]) -> list[list[int]]: ...
-    def encode(self, text: str | list[str]) -> list[int] | list[list[int]]:
-        if isinstance(text, str):
-            return self._encode_one(text)
-        return [self._encode_one(line) for line in text]
-
+    # -- what SentencePieceProcessor offers and mtrain calls (the rest: PieceTable)
     def _encode_one(self, text: str) -> list[int]:
         return [self._spm_to_id[i] for i in self.model.encode(text)]
 
@@ -190,50 +182,8 @@ class FairseqSentencePiece:
         text: str = self.model.decode_pieces(pieces)
         return text
 
-    def unk_id(self) -> int:
-        return self._unk
-
-    def pad_id(self) -> int:
-        return self._pad
-
     def bos_id(self) -> int:
         return self._eos  # the decoder starts from </s>
-
-    def eos_id(self) -> int:
-        return self._eos
-
-    def get_piece_size(self) -> int:
-        return len(self.pieces)
-
-    def id_to_piece(self, index: int) -> str:
-        return self.pieces[int(index)]
-
-    def piece_to_id(self, piece: str) -> int:
-        return self.ids.get(piece, self._unk)
-
-    def is_control(self, index: int) -> bool:
-        return int(index) in self._control
-
-    def is_unknown(self, index: int) -> bool:
-        return int(index) == self._unk
-
-    def restricted(self, allowed_ids: Sequence[int]) -> Any:
-        """An encoder (text -> ids) that uses only the pieces `allowed_ids`."""
-        from sentencepiece import sentencepiece_model_pb2
-
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(self.model.serialized_model_proto())
-        keep = {self.pieces[int(i)] for i in allowed_ids}
-        for piece in proto.pieces:
-            if piece.piece not in keep and piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL:
-                piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNUSED
-        model = spm.SentencePieceProcessor()
-        model.LoadFromSerializedProto(proto.SerializeToString())
-
-        def encode(text: str) -> list[int]:
-            return [self.piece_to_id(piece) for piece in model.encode(text, out_type=str)]
-
-        return encode
 
 
 def _m2m100_table(

@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import sentencepiece as spm
 
 from mtrain.errors import MtrainError
+from mtrain.tokenizer.piece_table import PieceTable
 
 SOURCE_SPM = "source.spm"
 TARGET_SPM = "target.spm"
@@ -57,7 +58,7 @@ def read_vocabulary(path: Path) -> dict[str, int]:
     return table
 
 
-class MappedSentencePiece:
+class MappedSentencePiece(PieceTable):
     """A SentencePiece model whose pieces get their ids from a vocabulary table."""
 
     def __init__(self, model_file: Path, vocab_file: Path, decoding_model_file: Path | None = None) -> None:
@@ -83,16 +84,7 @@ class MappedSentencePiece:
         ]
         self._spm_unk = self.model.unk_id()
 
-    # -- what SentencePieceProcessor offers and mtrain calls
-    @overload
-    def encode(self, text: str) -> list[int]: ...
-    @overload
-    def encode(self, text: list[str]) -> list[list[int]]: ...
-    def encode(self, text: str | list[str]) -> list[int] | list[list[int]]:
-        if isinstance(text, str):
-            return self._encode_one(text)
-        return [self._encode_one(line) for line in text]
-
+    # -- what SentencePieceProcessor offers and mtrain calls (the rest: PieceTable)
     def _encode_one(self, text: str) -> list[int]:
         code: list[int] = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:  # MarianTokenizer.remove_language_code
@@ -108,51 +100,8 @@ class MappedSentencePiece:
         text: str = self.decoding_model.decode_pieces(pieces)
         return text.replace("▁", " ").strip()
 
-    def unk_id(self) -> int:
-        return self._unk
-
-    def pad_id(self) -> int:
-        return self._pad
-
     def bos_id(self) -> int:
         return self._pad  # the decoder starts from <pad>
-
-    def eos_id(self) -> int:
-        return self._eos
-
-    def get_piece_size(self) -> int:
-        return len(self.pieces)
-
-    def id_to_piece(self, index: int) -> str:
-        return self.pieces[int(index)]
-
-    def piece_to_id(self, piece: str) -> int:
-        return self.ids.get(piece, self._unk)
-
-    def is_control(self, index: int) -> bool:
-        return int(index) in self._control
-
-    def is_unknown(self, index: int) -> bool:
-        return int(index) == self._unk
-
-    def restricted(self, allowed_ids: Sequence[int]) -> Any:
-        """An encoder (text -> ids) that uses only the pieces `allowed_ids` (see
-        `Tokenizer.target_encoder_within`)."""
-        from sentencepiece import sentencepiece_model_pb2
-
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(self.model.serialized_model_proto())
-        keep = {self.pieces[int(i)] for i in allowed_ids}
-        for piece in proto.pieces:
-            if piece.piece not in keep and piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL:
-                piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.UNUSED
-        model = spm.SentencePieceProcessor()
-        model.LoadFromSerializedProto(proto.SerializeToString())
-
-        def encode(text: str) -> list[int]:
-            return [self.piece_to_id(piece) for piece in model.encode(text, out_type=str)]
-
-        return encode
 
 
 def is_marian_directory(directory: Path) -> bool:
